@@ -1,0 +1,14 @@
+#include "cli/commands.h"
+
+namespace shardfit::cli {
+
+std::string& command_line() {
+  static std::string line;
+  return line;
+}
+
+std::vector<Command> make_commands(CLI::App& app) {
+  return {add_models_command(app), add_run_command(app)};
+}
+
+}  // namespace shardfit::cli

@@ -1,0 +1,42 @@
+// The subcommands. Each registers its options on the CLI11 app and returns a
+// function that runs it after parsing and returns the process exit code.
+#pragma once
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace shardfit::cli {
+
+constexpr int kExitOk = 0;
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitEnvironment = 3;
+
+// Bad input found after parsing: one line naming the input.
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// A rank died, a rendezvous timed out, a collective failed.
+struct EnvironmentFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+std::vector<Command> make_commands(CLI::App& app);
+
+// The command line as typed, for reports (set by main).
+std::string& command_line();
+
+// Each subcommand's registration (one file each).
+Command add_models_command(CLI::App& app);
+Command add_run_command(CLI::App& app);
+
+}  // namespace shardfit::cli

@@ -1,0 +1,57 @@
+// shardfit: the command-line front end. Each subcommand parses its options
+// with CLI11 and hands off to a library; this file owns the exit-code
+// contract (SPEC): 0 done, 1 the job's check failed, 2 bad input (one line
+// on stderr naming the input), 3 the environment failed.
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  using namespace shardfit::cli;
+  CLI::App app{"shardfit: plan, run and check sharded data-parallel training memory",
+               "shardfit"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Print help for every subcommand");
+  std::vector<Command> commands = make_commands(app);
+  command_line() = "shardfit";
+  for (int i = 1; i < argc; ++i) command_line() += std::string(" ") + argv[i];
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, naming the input: CLI11's message already quotes the option.
+    std::string what = e.what();
+    for (auto& c : what) if (c == '\n') c = ' ';
+    std::cerr << "shardfit: error: " << what << "\n";
+    return kExitBadInput;
+  }
+  for (auto& c : commands) {
+    if (!c.app->parsed()) continue;
+    try {
+      return c.run();
+    } catch (const BadInput& e) {
+      std::cerr << "shardfit " << c.app->get_name() << ": error: " << e.what() << "\n";
+      return kExitBadInput;
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "shardfit " << c.app->get_name() << ": error: " << e.what() << "\n";
+      return kExitBadInput;
+    } catch (const EnvironmentFailure& e) {
+      std::cerr << "shardfit " << c.app->get_name() << ": failed: " << e.what() << "\n";
+      return kExitEnvironment;
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      what = what.substr(0, what.find('\n'));
+      std::cerr << "shardfit " << c.app->get_name() << ": internal error: " << what << "\n";
+      return kExitEnvironment;
+    }
+  }
+  return kExitBadInput;
+}

@@ -1,0 +1,108 @@
+#include "executor/meter.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <unordered_map>
+
+namespace shardfit::executor {
+
+namespace {
+struct LiveBlock {
+  int64_t bytes;
+  const TrackingAllocator* owner;
+  c10::DeleterFnPtr base_deleter;
+};
+// Every live block of every TrackingAllocator, by address.
+std::mutex g_blocks_mu;
+std::unordered_map<void*, LiveBlock>& live_blocks() {
+  static auto* blocks = new std::unordered_map<void*, LiveBlock>();  // outlives static storages
+  return *blocks;
+}
+}  // namespace
+
+TrackingAllocator::TrackingAllocator(c10::Allocator* base)
+    : base_(base ? base : c10::GetDefaultCPUAllocator()) {}
+
+TrackingAllocator& TrackingAllocator::cpu() {
+  static TrackingAllocator* meter = [] {
+    auto* m = new TrackingAllocator(c10::GetCPUAllocator());  // never freed: storages outlive main
+    // Priority above LibTorch's own registration, so nothing replaces it.
+    c10::SetCPUAllocator(m, /*priority=*/100);
+    return m;
+  }();
+  return *meter;
+}
+
+static void raise_peak(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t seen = peak.load();
+  while (value > seen && !peak.compare_exchange_weak(seen, value)) {
+  }
+}
+
+void TrackingAllocator::on_alloc(int64_t bytes) const {
+  const int64_t now = allocated_.fetch_add(bytes) + bytes;
+  raise_peak(peak_, now);
+  raise_peak(peak_since_mark_, now);
+  num_allocs_.fetch_add(1);
+}
+
+c10::DataPtr TrackingAllocator::allocate(size_t nbytes) const {
+  const auto bytes = static_cast<int64_t>(nbytes);
+  const int64_t budget = budget_.load();
+  if (budget > 0 && allocated_.load() + bytes > budget) {
+    C10_THROW_ERROR(OutOfMemoryError,
+                    "shardfit: out of memory: tried to allocate " + std::to_string(bytes) +
+                        " bytes with " + std::to_string(allocated_.load()) + " of " +
+                        std::to_string(budget) + " budget bytes in use");
+  }
+  void* data = base_->raw_allocate(nbytes);
+  if (data != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(g_blocks_mu);
+      live_blocks()[data] = LiveBlock{bytes, this, base_->raw_deleter()};
+    }
+    on_alloc(bytes);
+  }
+  return {data, data, &TrackingAllocator::release, c10::Device(c10::DeviceType::CPU)};
+}
+
+void TrackingAllocator::release(void* data) {
+  if (data == nullptr) return;
+  LiveBlock block{};
+  {
+    std::lock_guard<std::mutex> lock(g_blocks_mu);
+    auto it = live_blocks().find(data);
+    if (it == live_blocks().end()) return;  // not ours: never happens for our DataPtrs
+    block = it->second;
+    live_blocks().erase(it);
+  }
+  block.owner->allocated_.fetch_sub(block.bytes);
+  block.base_deleter(data);
+}
+
+void TrackingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_.store(allocated_.load());
+  peak_since_mark_.store(allocated_.load());
+  timeline_.clear();
+}
+
+void TrackingAllocator::mark(const std::string& phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = allocated_.load();
+  timeline_.push_back({phase, now, peak_since_mark_.exchange(now)});
+}
+
+std::vector<TimelinePoint> TrackingAllocator::timeline() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timeline_;
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
+  const std::string what = e.what();
+  return what.find("out of memory") != std::string::npos;
+}
+
+}  // namespace shardfit::executor

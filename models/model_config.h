@@ -1,0 +1,60 @@
+// Model configurations: the built-in registry (`shardfit models`) and the
+// Hugging Face `config.json` reader. No LibTorch here: the planner core and
+// the CLI's input checks use it without building a model.
+//
+// Names follow Hugging Face so a user can read a config.json next to ours:
+// GPT-2 (`n_embd`, `n_layer`, ...) and BERT (`hidden_size`, ...) are mapped to
+// one struct whose fields say what they are.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardfit::models {
+
+enum class Family { kGpt2, kBert };
+
+struct ModelConfig {
+  std::string name;  // "gpt2-large", or the config.json path it came from
+  Family family = Family::kGpt2;
+  int64_t vocab_size = 0;
+  int64_t max_positions = 0;   // gpt2: n_positions; bert: max_position_embeddings
+  int64_t hidden = 0;          // gpt2: n_embd; bert: hidden_size
+  int64_t layers = 0;          // gpt2: n_layer; bert: num_hidden_layers
+  int64_t heads = 0;           // gpt2: n_head; bert: num_attention_heads
+  int64_t intermediate = 0;    // gpt2: n_inner (default 4*n_embd); bert: intermediate_size
+  int64_t type_vocab_size = 0; // bert only (segment embeddings)
+  int64_t num_labels = 0;      // bert only (sequence classification head)
+  double layer_norm_eps = 1e-5;
+  double initializer_range = 0.02;
+  // Dropout probabilities. gpt2: resid_pdrop, embd_pdrop, attn_pdrop;
+  // bert: hidden_dropout_prob (used for both hidden and embeddings),
+  // attention_probs_dropout_prob.
+  double hidden_dropout = 0.1;
+  double embd_dropout = 0.1;
+  double attn_dropout = 0.1;
+  std::string activation;      // "gelu_new" (gpt2, tanh approximation) or "gelu" (bert, erf)
+
+  // Exact parameter count, from shapes alone (tied GPT-2 output embedding
+  // counted once). Equal to the sum of numel over the built module's
+  // parameters; tests check both agree.
+  int64_t param_count() const;
+};
+
+// Built-in names: gpt2, gpt2-medium, gpt2-large, gpt2-xl, bert-base,
+// bert-large, gpt2-tiny, bert-tiny.
+const std::vector<ModelConfig>& builtin_models();
+
+// A built-in name or a path to a Hugging Face config.json (model_type gpt2
+// or bert). Throws std::invalid_argument with one line naming the input and
+// what is wrong (unknown name, unreadable file, malformed JSON, missing or
+// bad field, unsupported model_type).
+ModelConfig resolve_model(const std::string& name_or_path);
+
+// Reads a config.json text; `origin` names it in errors.
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& origin);
+
+const char* family_name(Family f);
+
+}  // namespace shardfit::models

@@ -1,0 +1,87 @@
+// What the tracer hands to the simulator: the model's module tree and the
+// storage events of one forward + loss + backward on one rank, recorded on
+// the meta device. Nothing here depends on LibTorch, so the simulator, the
+// allocator models and their tests build in seconds.
+//
+// What the trace holds and what it does not:
+//  - It holds every activation / temporary storage that the model code
+//    allocates and frees, in order, with the op that made it, the innermost
+//    module it happened in, and the phase.
+//  - It does NOT hold parameters, gradients, optimizer state or
+//    communication buffers: those depend on the sharding strategy and are
+//    added by the StepSimulator from the ShardLayout. (The tracer pre-sets
+//    every parameter's .grad so that AccumulateGrad adds in place, exactly as
+//    the executor's flat gradient views make it do; the transient gradient
+//    each backward op produces is in the trace, the accumulated one is not.)
+//  - Sizes are the storage's nbytes as LibTorch asked its allocator for them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardfit::planner {
+
+enum class Phase : uint8_t {
+  kForward,    // forward and loss
+  kBackward,   // autograd backward
+  kRecompute,  // forward re-run inside backward under activation checkpointing
+};
+
+enum class DType : uint8_t { kF32, kF16, kBF16 };
+inline int64_t dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+struct ParamInfo {
+  std::string name;  // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+};
+
+struct ModuleNode {
+  std::string path;  // "" for the root, else e.g. "transformer.h.0.attn"
+  std::string type;  // e.g. "GPT2Block"
+  int parent = -1;   // index into ModelTrace::modules, -1 for the root
+  std::vector<int> children;      // in registration order
+  std::vector<ParamInfo> params;  // owned directly; a tied parameter appears once,
+                                  // under the module that registered it first
+  bool is_block = false;          // a transformer block: what wrap=block makes a unit
+};
+
+struct MemEvent {
+  enum Kind : uint8_t {
+    kAlloc,        // storage `tensor` of `bytes` allocated
+    kFree,         // storage `tensor` freed
+    kModuleBegin,  // module `module` starts running in `phase`
+    kModuleEnd,    // module `module` finished in `phase`
+  };
+  Kind kind = kAlloc;
+  Phase phase = Phase::kForward;
+  int module = 0;       // innermost module active (index into modules)
+  int64_t tensor = -1;  // storage id, unique within one trace (alloc/free only)
+  int64_t bytes = 0;    // alloc only
+  int op = -1;          // index into ModelTrace::op_names; -1 when none
+};
+
+// Module begin/end events in the backward phase come from identity autograd
+// nodes on each module's output (begin) and input (end), i.e. they bracket
+// exactly the autograd work of that module, as FSDP's pre/post-backward
+// hooks do.
+struct ModelTrace {
+  std::string model_name;
+  int64_t batch = 0;    // sequences per rank
+  int64_t seq_len = 0;
+  DType compute_dtype = DType::kF32;
+  std::vector<ModuleNode> modules;  // modules[0] is the root
+  std::vector<MemEvent> events;
+  std::vector<std::string> op_names;
+  double forward_flops = 0;    // multiply-adds × 2 of matmul-like ops in forward
+  double backward_flops = 0;   // same, in backward (and recompute)
+  int64_t param_numel() const {
+    int64_t n = 0;
+    for (const auto& m : modules)
+      for (const auto& p : m.params) n += p.numel;
+    return n;
+  }
+};
+
+}  // namespace shardfit::planner

@@ -1,0 +1,126 @@
+#include "reports/run_report.h"
+
+#include <stdexcept>
+
+namespace shardfit::reports {
+namespace {
+
+constexpr const char* kSchema = "shardfit.report/1";
+
+nlohmann::json figures_json(const MemoryFigures& f) {
+  nlohmann::json timeline = nlohmann::json::array();
+  for (const auto& s : f.timeline)
+    timeline.push_back({{"phase", s.phase},
+                        {"allocated_bytes", s.allocated_bytes},
+                        {"reserved_bytes", s.reserved_bytes},
+                        {"peak_allocated_bytes", s.peak_allocated_bytes}});
+  return {{"peak_allocated_bytes", f.peak_allocated_bytes},
+          {"peak_reserved_bytes", f.peak_reserved_bytes},
+          {"timeline", timeline}};
+}
+
+const nlohmann::json& field(const nlohmann::json& j, const char* name, const std::string& where) {
+  if (!j.is_object() || !j.contains(name))
+    throw std::invalid_argument(where + ": missing field '" + name + "'");
+  return j.at(name);
+}
+
+template <typename T>
+T get(const nlohmann::json& j, const char* name, const std::string& where) {
+  const auto& v = field(j, name, where);
+  try {
+    return v.get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw std::invalid_argument(where + ": field '" + name + "' has the wrong type");
+  }
+}
+
+MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
+  MemoryFigures f;
+  f.peak_allocated_bytes = get<int64_t>(j, "peak_allocated_bytes", where);
+  f.peak_reserved_bytes = get<int64_t>(j, "peak_reserved_bytes", where);
+  for (const auto& s : field(j, "timeline", where)) {
+    TimelineSample t;
+    t.phase = get<std::string>(s, "phase", where + ".timeline");
+    t.allocated_bytes = get<int64_t>(s, "allocated_bytes", where + ".timeline");
+    t.reserved_bytes = s.value("reserved_bytes", t.allocated_bytes);
+    t.peak_allocated_bytes = s.value("peak_allocated_bytes", t.allocated_bytes);
+    f.timeline.push_back(t);
+  }
+  return f;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const RunReport& r) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& rk : r.ranks) {
+    nlohmann::json j = {{"rank", rk.rank}, {"measured", figures_json(rk.measured)}};
+    j["predicted"] = rk.predicted ? figures_json(*rk.predicted) : nlohmann::json(nullptr);
+    j["peak_error_pct"] = rk.peak_error_pct ? nlohmann::json(*rk.peak_error_pct) : nullptr;
+    j["oom"] = rk.oom;
+    if (rk.oom) j["oom_message"] = rk.oom_message;
+    ranks.push_back(j);
+  }
+  auto opt = [](const std::optional<int64_t>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  return {{"schema", kSchema},
+          {"candidate", r.candidate},
+          {"model", r.model},
+          {"hardware", r.hardware},
+          {"run",
+           {{"batch_per_gpu", r.batch_per_gpu},
+            {"world_size", r.world_size},
+            {"backend", r.backend},
+            {"device", r.device},
+            {"steps", r.steps},
+            {"loss", r.loss},
+            {"tokens_per_s", r.tokens_per_s}}},
+          {"ranks", ranks},
+          {"max_batch", {{"predicted", opt(r.max_batch_predicted)}, {"measured", opt(r.max_batch_measured)}}},
+          {"command", r.command},
+          {"created", r.created}};
+}
+
+RunReport report_from_json(const nlohmann::json& j, const std::string& origin) {
+  if (!j.is_object() || !j.contains("schema") || j["schema"] != kSchema)
+    throw std::invalid_argument(origin + ": not a shardfit report (expected \"schema\": \"" +
+                                kSchema + "\")");
+  RunReport r;
+  r.candidate = get<std::string>(j, "candidate", origin);
+  r.model = field(j, "model", origin);
+  r.hardware = field(j, "hardware", origin);
+  const auto& run = field(j, "run", origin);
+  const std::string w = origin + ": run";
+  r.batch_per_gpu = get<int64_t>(run, "batch_per_gpu", w);
+  r.world_size = get<int>(run, "world_size", w);
+  r.backend = get<std::string>(run, "backend", w);
+  r.device = get<std::string>(run, "device", w);
+  r.steps = get<int64_t>(run, "steps", w);
+  r.loss = get<std::vector<double>>(run, "loss", w);
+  r.tokens_per_s = get<double>(run, "tokens_per_s", w);
+  for (const auto& rk : field(j, "ranks", origin)) {
+    RankReport x;
+    const std::string wr = origin + ": ranks";
+    x.rank = get<int>(rk, "rank", wr);
+    x.measured = figures_from(field(rk, "measured", wr), wr + ".measured");
+    if (rk.contains("predicted") && !rk["predicted"].is_null())
+      x.predicted = figures_from(rk["predicted"], wr + ".predicted");
+    if (rk.contains("peak_error_pct") && !rk["peak_error_pct"].is_null())
+      x.peak_error_pct = rk["peak_error_pct"].get<double>();
+    x.oom = rk.value("oom", false);
+    x.oom_message = rk.value("oom_message", "");
+    r.ranks.push_back(x);
+  }
+  if (j.contains("max_batch")) {
+    const auto& mb = j["max_batch"];
+    if (mb.contains("predicted") && !mb["predicted"].is_null()) r.max_batch_predicted = mb["predicted"].get<int64_t>();
+    if (mb.contains("measured") && !mb["measured"].is_null()) r.max_batch_measured = mb["measured"].get<int64_t>();
+  }
+  r.command = j.value("command", "");
+  r.created = j.value("created", "");
+  return r;
+}
+
+}  // namespace shardfit::reports

@@ -1,0 +1,60 @@
+// The run report (SPEC: "schema": "shardfit.report/1"): what a run measured
+// on each rank, and beside it what the planner predicted for the same
+// candidate and batch. Written by `shardfit run`, read by `compare` and
+// `report`. No LibTorch here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardfit::reports {
+
+struct TimelineSample {
+  std::string phase;
+  int64_t allocated_bytes = 0;
+  int64_t reserved_bytes = 0;
+  int64_t peak_allocated_bytes = 0;  // highest since the previous sample
+};
+
+struct MemoryFigures {
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  std::vector<TimelineSample> timeline;
+};
+
+struct RankReport {
+  int rank = 0;
+  MemoryFigures measured;
+  std::optional<MemoryFigures> predicted;  // absent until a plan is attached
+  std::optional<double> peak_error_pct;    // 100 × (predicted − measured) / measured
+  bool oom = false;                        // the run hit the memory budget
+  std::string oom_message;
+};
+
+struct RunReport {
+  std::string candidate;  // e.g. "ddp/fp32/wrap=none"
+  nlohmann::json model;     // {"name", "params", "seq_len"}
+  nlohmann::json hardware;  // {"profile", "device_mem_bytes", ...}
+  int64_t batch_per_gpu = 0;
+  int world_size = 1;
+  std::string backend;  // "gloo", "nccl", "loopback", "none" (one rank)
+  std::string device;   // "cpu" or "cuda"
+  int64_t steps = 0;
+  std::vector<double> loss;
+  double tokens_per_s = 0;
+  std::vector<RankReport> ranks;
+  std::optional<int64_t> max_batch_predicted, max_batch_measured;
+  std::string command;  // the command line that made it
+  std::string created;  // ISO 8601 date-time
+};
+
+nlohmann::json to_json(const RunReport& r);
+// Validates the schema tag and the fields; throws std::invalid_argument
+// with one line naming `origin` and the field.
+RunReport report_from_json(const nlohmann::json& j, const std::string& origin);
+
+}  // namespace shardfit::reports
