@@ -17,16 +17,16 @@ class GPT2AttentionImpl : public ModuleBase {
     c_proj = register_module(
         "c_proj", Conv1D(c.hidden, c.hidden, c.initializer_range / std::sqrt(2.0 * c.layers), o));
   }
-  // x: [b, s, H]; causal: [s, s] bool, true where a position may attend.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal) {
-    return call({x, causal}, [this](const std::vector<torch::Tensor>& in) {
+  // x: [b, s, H]; future: [s, s] bool, true where a position may NOT attend.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& future) {
+    return call({x, future}, [this](const std::vector<torch::Tensor>& in) {
       const auto& h = in[0];
       const int64_t b = h.size(0), s = h.size(1), nh = cfg.heads, hd = cfg.hidden / cfg.heads;
       auto qkv = c_attn(h).split(cfg.hidden, /*dim=*/2);
       auto heads = [&](const torch::Tensor& t) { return t.view({b, s, nh, hd}).permute({0, 2, 1, 3}); };
       auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
       auto w = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(hd));
-      w = w.masked_fill(in[1].logical_not(), -std::numeric_limits<float>::infinity());
+      w = w.masked_fill(in[1], -std::numeric_limits<float>::infinity());
       w = torch::softmax(w, -1);
       w = maybe_dropout(w, cfg.attn_dropout, is_training());
       auto y = torch::matmul(w, v).permute({0, 2, 1, 3}).contiguous().view({b, s, cfg.hidden});
@@ -66,8 +66,8 @@ class GPT2BlockImpl : public ModuleBase {
     ln_2 = register_module("ln_2", LayerNorm(c.hidden, c.layer_norm_eps, o));
     mlp = register_module("mlp", GPT2MLP(c, o));
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal) {
-    return call({x, causal}, [this](const std::vector<torch::Tensor>& in) {
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& future) {
+    return call({x, future}, [this](const std::vector<torch::Tensor>& in) {
       auto h = in[0] + attn(ln_1(in[0]), in[1]);
       return h + mlp(ln_2(h));
     });
@@ -97,9 +97,9 @@ class GPT2ModelImpl : public ModuleBase {
       auto pos = torch::arange(s, opts_long).unsqueeze(0);
       // One [s, s] causal mask per step, shared by every layer (Hugging Face
       // keeps an n_positions² byte buffer in each layer instead).
-      auto causal = torch::ones({s, s}, opts_long.dtype(torch::kBool)).tril();
+      auto future = torch::ones({s, s}, opts_long.dtype(torch::kBool)).triu(1);
       auto x = maybe_dropout(wte(in[0]) + wpe(pos), cfg.embd_dropout, is_training());
-      for (auto& block : blocks) x = block(x, causal);
+      for (auto& block : blocks) x = block(x, future);
       return ln_f(x);
     });
   }

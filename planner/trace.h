@@ -1,0 +1,42 @@
+// The tracer: builds a model on the meta device and runs one forward, loss
+// and backward at the requested batch and sequence length, recording every
+// storage allocated and freed (a recording allocator for kMeta), the op that
+// made it (a RecordFunction observer), the module and phase it happened in
+// (a ModuleRunner with backward callbacks), and the FLOPs of matmul-like ops.
+// No data is touched, so GPT-2 XL traces in milliseconds, and a new model is
+// planned by tracing it: no hand-written activation formulas.
+#pragma once
+
+#include <vector>
+
+#include "models/model_config.h"
+#include "planner/model_trace.h"
+
+namespace shardfit::planner {
+
+struct TraceOptions {
+  int64_t batch = 1;
+  int64_t seq_len = 128;
+  DType dtype = DType::kF32;  // parameters and compute (mixed precision: the 2-byte type)
+  // Modules (indices into the module table) run under activation
+  // checkpointing; empty = none.
+  std::vector<int> checkpoint_modules;
+  // Whose kernels the meta kernels imitate where allocations differ by
+  // device (LayerNorm statistics in fp32 for 2-byte inputs on CUDA).
+  bool target_cuda = true;
+};
+
+// The module table (ModelTrace::modules) alone: cheap, no forward.
+std::vector<ModuleNode> module_tree(const models::ModelConfig& config);
+
+// One traced forward + loss + backward. Throws std::invalid_argument for
+// batch < 1 or a sequence the model cannot take.
+ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& options);
+
+// Registers meta-device kernels for the ops LibTorch 1.13 lacks them for
+// (embedding, layer norm, dropout and their backward). Each is registered
+// only when the running LibTorch has none, so a newer one keeps its own.
+// Idempotent; trace_step calls it.
+void register_missing_meta_kernels();
+
+}  // namespace shardfit::planner
