@@ -8,7 +8,7 @@ std::string& command_line() {
 }
 
 std::vector<Command> make_commands(CLI::App& app) {
-  return {add_models_command(app), add_run_command(app)};
+  return {add_models_command(app), add_plan_command(app), add_run_command(app)};
 }
 
 }  // namespace shardfit::cli

@@ -38,5 +38,9 @@ std::string& command_line();
 // Each subcommand's registration (one file each).
 Command add_models_command(CLI::App& app);
 Command add_run_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
+
+// Where the device profiles are: $SHARDFIT_PROFILES, else next to the binary.
+std::string profiles_dir();
 
 }  // namespace shardfit::cli

@@ -1,0 +1,97 @@
+// `shardfit plan`: predict, without running anything, each candidate's peak
+// memory and the largest batch per GPU that fits.
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/validators.h"
+#include "models/model_config.h"
+#include "planner/plan_builder.h"
+
+namespace shardfit::cli {
+namespace {
+
+struct PlanArgs {
+  std::string model;
+  int64_t seq_len = 128;
+  int gpus = 1;
+  int nodes = 1;
+  std::string device;
+  std::string gpu_mem;
+  std::string strategies;
+  std::string precision = "all";
+  std::string optimizer = "adamw";
+  std::string objective = "throughput";
+  std::string out;
+  bool json = false;
+};
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : std::string();
+}
+
+int run(const PlanArgs& a) {
+  planner::PlanRequest r;
+  r.model = models::resolve_model(a.model);
+  r.seq_len = a.seq_len;
+  r.gpus_per_node = a.gpus;
+  r.nodes = a.nodes;
+  r.profile = planner::load_profile(a.device, profiles_dir());
+  if (!a.gpu_mem.empty()) {
+    try {
+      r.device_mem_bytes = planner::parse_size_bytes(a.gpu_mem);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(std::string("--gpu-mem: ") + e.what());
+    }
+  }
+  r.candidates.strategies = planner::split_list(a.strategies);
+  r.candidates.precisions = planner::split_list(a.precision);
+  if (a.optimizer != "adamw" && a.optimizer != "sgd")
+    throw BadInput("--optimizer " + a.optimizer + ": expected adamw or sgd");
+  r.optimizer = a.optimizer == "adamw" ? planner::Optimizer::kAdamW : planner::Optimizer::kSgd;
+  r.objective = planner::parse_objective(a.objective);
+
+  const planner::Plan plan = planner::build_plan(r);
+  if (!a.out.empty()) {
+    std::ofstream probe(a.out, std::ios::app);
+    if (!probe) throw BadInput("--out " + a.out + ": cannot write file");
+    probe.close();
+    planner::write_plan_file(a.out, plan);
+  }
+  if (a.json)
+    std::cout << planner::plan_to_json_text(plan);
+  else
+    std::cout << planner::format_plan_table(plan);
+  return kExitOk;
+}
+
+}  // namespace
+
+std::string profiles_dir() { return planner::find_profiles_dir(planner::default_profile_dirs(self_exe())); }
+
+Command add_plan_command(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "plan", "Predict each strategy's peak memory, largest batch per GPU and speed, without running");
+  auto a = std::make_shared<PlanArgs>();
+  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->required();
+  sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
+  sub->add_option("--gpus", a->gpus, "GPUs per node")->capture_default_str()->check(AtLeastOne);
+  sub->add_option("--nodes", a->nodes, "Nodes")->capture_default_str()->check(AtLeastOne);
+  sub->add_option("--device", a->device, "Device profile name (profiles/*.json) or path")->required();
+  sub->add_option("--gpu-mem", a->gpu_mem, "Override the device memory (24GiB, 512MiB, bytes)");
+  sub->add_option("--strategies", a->strategies,
+                  "Comma-separated candidate ids or shardings (ddp, zero1, zero2, zero3, hybrid); default all");
+  sub->add_option("--precision", a->precision, "fp32, fp16, bf16 or all (comma-separated)")->capture_default_str();
+  sub->add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
+  sub->add_option("--objective", a->objective, "throughput (fastest that fits) or batch (largest batch)")
+      ->capture_default_str();
+  sub->add_option("--out", a->out, "Write the plan JSON here");
+  sub->add_flag("--json", a->json, "Print the plan JSON instead of the table");
+  return {sub, [a] { return run(*a); }};
+}
+
+}  // namespace shardfit::cli

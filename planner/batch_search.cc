@@ -1,0 +1,53 @@
+#include "planner/batch_search.h"
+
+#include <algorithm>
+
+namespace shardfit::planner {
+
+AffineTrace::AffineTrace(ModelTrace t1, const ModelTrace& t2) : base_(std::move(t1)) {
+  if (t2.batch != base_.batch + 1 || base_.events.size() != t2.events.size())
+    throw std::logic_error("trace of " + base_.model_name + " is not batch-affine: event counts differ between batch " +
+                           std::to_string(base_.batch) + " and " + std::to_string(t2.batch));
+  bytes_per_batch_.resize(base_.events.size());
+  for (size_t i = 0; i < base_.events.size(); ++i) {
+    const auto& a = base_.events[i];
+    const auto& b = t2.events[i];
+    if (a.kind != b.kind || a.module != b.module || a.phase != b.phase || a.tensor != b.tensor ||
+        b.bytes < a.bytes)
+      throw std::logic_error("trace of " + base_.model_name +
+                             " is not batch-affine at event " + std::to_string(i));
+    bytes_per_batch_[i] = b.bytes - a.bytes;
+  }
+  forward_flops_per_batch_ = t2.forward_flops - base_.forward_flops;
+  backward_flops_per_batch_ = t2.backward_flops - base_.backward_flops;
+}
+
+ModelTrace AffineTrace::at(int64_t batch) const {
+  if (batch < base_.batch)
+    throw std::logic_error("affine trace from batch " + std::to_string(base_.batch) + " asked for batch " +
+                           std::to_string(batch));
+  const int64_t steps = batch - base_.batch;
+  ModelTrace t = base_;
+  t.batch = batch;
+  for (size_t i = 0; i < t.events.size(); ++i) t.events[i].bytes += steps * bytes_per_batch_[i];
+  t.forward_flops += steps * forward_flops_per_batch_;
+  t.backward_flops += steps * backward_flops_per_batch_;
+  return t;
+}
+
+int64_t search_max_batch(const std::function<bool(int64_t)>& fits, int64_t max_batch) {
+  if (max_batch < 1 || !fits(1)) return 0;
+  int64_t good = 1, bad = -1;
+  while (bad < 0) {  // double until something does not fit
+    const int64_t next = std::min(good * 2, max_batch);
+    if (next == good) return good;
+    if (fits(next)) good = next; else bad = next;
+  }
+  while (bad - good > 1) {
+    const int64_t mid = good + (bad - good) / 2;
+    if (fits(mid)) good = mid; else bad = mid;
+  }
+  return good;
+}
+
+}  // namespace shardfit::planner

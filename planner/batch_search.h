@@ -1,0 +1,40 @@
+// Batch-size search. Every activation of a transformer step is (batch ×
+// something) or independent of batch, so two traces at consecutive batches
+// k and k+1 give every storage's size at any batch ≥ k exactly:
+// bytes(b) = bytes(k) + (b − k)·(bytes(k+1) − bytes(k)). The planner traces
+// at batch 1 (exact: some ops take other paths for a batch of one, e.g.
+// matmul folds a unit batch dimension, so batch 1 is not on the line), 2
+// and 3, and simulates any batch from those instead of tracing each batch
+// it tries.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+
+#include "planner/model_trace.h"
+
+namespace shardfit::planner {
+
+// The two traces must be of the same model and options at consecutive
+// batches k and k+1; throws std::logic_error if their event streams differ
+// in anything but sizes (then the model is not batch-affine there).
+class AffineTrace {
+ public:
+  AffineTrace(ModelTrace at_batch_k, const ModelTrace& at_batch_k1);
+  // The trace at `batch` (≥ k).
+  ModelTrace at(int64_t batch) const;
+  const ModelTrace& base() const { return base_; }
+
+ private:
+  ModelTrace base_;                       // batch k
+  std::vector<int64_t> bytes_per_batch_;  // per event: bytes(2) − bytes(1)
+  double forward_flops_per_batch_ = 0, backward_flops_per_batch_ = 0;
+};
+
+// The largest b in [0, max_batch] with fits(b) true, assuming fits is
+// monotone (true up to some b, false after); fits(0) is never asked.
+// Doubling then bisection: O(log b) calls.
+int64_t search_max_batch(const std::function<bool(int64_t)>& fits, int64_t max_batch);
+
+}  // namespace shardfit::planner

@@ -1,0 +1,209 @@
+#include "planner/plan_builder.h"
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+#include "planner/batch_search.h"
+#include "planner/shard_layout.h"
+#include "planner/time_model.h"
+#include "planner/trace.h"
+#include "planner/wrap_policy.h"
+
+namespace shardfit::planner {
+
+std::vector<int> checkpoint_modules(const std::vector<ModuleNode>& modules,
+                                    const UnitPartition& units) {
+  std::vector<bool> chosen(modules.size(), false);
+  for (const auto& u : units.units)
+    if (u.root_module != 0) chosen[u.root_module] = true;
+  bool any = false;
+  for (bool c : chosen) any = any || c;
+  if (!any)
+    for (size_t m = 0; m < modules.size(); ++m) chosen[m] = modules[m].is_block;
+  std::vector<int> out;
+  for (size_t m = 0; m < modules.size(); ++m) {
+    if (!chosen[m]) continue;
+    bool nested = false;  // an ancestor already recomputes this module
+    for (int p = modules[m].parent; p >= 0 && !nested; p = modules[p].parent) nested = chosen[p];
+    if (!nested) out.push_back(static_cast<int>(m));
+  }
+  return out;
+}
+
+namespace {
+
+MemoryBreakdown to_breakdown(const CategoryBytes& c) {
+  MemoryBreakdown b;
+  b.params_bytes = c[static_cast<int>(Category::kParams)];
+  b.grads_bytes = c[static_cast<int>(Category::kGrads)];
+  b.optimizer_bytes = c[static_cast<int>(Category::kOptimizer)];
+  b.activations_bytes = c[static_cast<int>(Category::kActivations)];
+  b.comm_buffers_bytes = c[static_cast<int>(Category::kCommBuffers)];
+  b.temporaries_bytes = c[static_cast<int>(Category::kTemporaries)];
+  b.overhead_bytes = c[static_cast<int>(Category::kOverhead)];
+  return b;
+}
+
+std::vector<Precision> supported(const DeviceProfile& p) {
+  std::vector<Precision> out;
+  for (Precision x : {Precision::kFp32, Precision::kFp16, Precision::kBf16})
+    if (p.supports(compute_dtype(x))) out.push_back(x);
+  return out;
+}
+
+// A model's traces for one (precision, checkpointing) pair at every batch:
+// exact at batch 1, affine from batches 2 and 3 beyond.
+class BatchTraces {
+ public:
+  BatchTraces(ModelTrace at1, ModelTrace at2, const ModelTrace& at3)
+      : at1_(std::move(at1)), affine_(std::move(at2), at3) {}
+  ModelTrace at(int64_t batch) const { return batch == 1 ? at1_ : affine_.at(batch); }
+
+ private:
+  ModelTrace at1_;
+  AffineTrace affine_;
+};
+
+class TraceCache {
+ public:
+  TraceCache(const models::ModelConfig& m, int64_t seq, bool cuda) : model_(m), seq_(seq), cuda_(cuda) {}
+  const BatchTraces& get(DType dtype, const std::vector<int>& ckpt) {
+    // fp16 and bf16 allocate the same bytes: one trace serves both.
+    const DType key_dtype = dtype == DType::kBF16 ? DType::kF16 : dtype;
+    std::string key = std::to_string(static_cast<int>(key_dtype)) + ":";
+    for (int m : ckpt) key += std::to_string(m) + ",";
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return *it->second;
+    TraceOptions o;
+    o.seq_len = seq_;
+    o.dtype = key_dtype;
+    o.checkpoint_modules = ckpt;
+    o.target_cuda = cuda_;
+    o.batch = 1;
+    ModelTrace t1 = trace_step(model_, o);
+    o.batch = 2;
+    ModelTrace t2 = trace_step(model_, o);
+    o.batch = 3;
+    ModelTrace t3 = trace_step(model_, o);
+    auto entry = std::make_unique<BatchTraces>(std::move(t1), std::move(t2), t3);
+    return *cache_.emplace(key, std::move(entry)).first->second;
+  }
+
+ private:
+  models::ModelConfig model_;
+  int64_t seq_;
+  bool cuda_;
+  std::map<std::string, std::unique_ptr<BatchTraces>> cache_;
+};
+
+}  // namespace
+
+Plan build_plan(const PlanRequest& r) {
+  if (r.gpus_per_node < 1) throw std::invalid_argument("--gpus " + std::to_string(r.gpus_per_node) + ": must be at least 1");
+  if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
+  if (r.seq_len < 2 || r.seq_len > r.model.max_positions)
+    throw std::invalid_argument("--seq-len " + std::to_string(r.seq_len) + ": " + r.model.name +
+                                " takes 2.." + std::to_string(r.model.max_positions) + " tokens");
+  const int world = r.gpus_per_node * r.nodes;
+  const bool cuda = r.profile.kind == DeviceKind::kCuda;
+  const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
+  const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
+
+  CandidateOptions copts = r.candidates;
+  copts.supported_precisions = supported(r.profile);
+  copts.device_name = r.profile.name;
+  copts.nodes = r.nodes;
+  const std::vector<Candidate> candidates = enumerate_candidates(copts);
+
+  Plan plan;
+  plan.model = {r.model.name, r.model.param_count(), r.seq_len};
+  plan.hardware.profile = r.profile.name;
+  plan.hardware.device_mem_bytes = device_mem;
+  plan.hardware.gpus_per_node = r.gpus_per_node;
+  plan.hardware.nodes = r.nodes;
+  plan.optimizer = r.optimizer == Optimizer::kAdamW ? "adamw" : "sgd";
+  plan.objective = r.objective;
+
+  const std::vector<ModuleNode> modules = module_tree(r.model);
+  std::map<std::string, UnitPartition> partitions;
+  TraceCache traces(r.model, r.seq_len, cuda);
+  SimOptions sim_options;
+  if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = {r.profile.cublas_workspace_bytes};
+
+  for (const Candidate& c : candidates) {
+    auto pit = partitions.find(c.wrap);
+    if (pit == partitions.end())
+      pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
+    const UnitPartition& units = pit->second;
+    const DType dtype = compute_dtype(c.precision);
+    const BatchTraces& trace = traces.get(dtype, c.ckpt ? checkpoint_modules(modules, units) : std::vector<int>{});
+
+    Strategy s;
+    s.sharding = c.sharding;
+    s.offload = c.offload;
+    s.ckpt = c.ckpt;
+    s.compute_dtype = dtype;
+    s.optimizer = r.optimizer;
+    s.world_size = world;
+    s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
+
+    auto simulate = [&](int64_t batch, bool timeline) {
+      StepSimulator sim(trace.at(batch), units);
+      std::unique_ptr<AllocatorModel> alloc;
+      if (r.profile.allocator == AllocatorKind::kExact)
+        alloc = std::make_unique<ExactAllocator>(budget);
+      else
+        alloc = std::make_unique<CudaCachingAllocatorModel>(budget);
+      SimOptions o = sim_options;
+      o.record_timeline = timeline;
+      return sim.simulate(s, *alloc, o);
+    };
+
+    PlanCandidate pc;
+    pc.candidate = c;
+    pc.units = static_cast<int>(units.units.size());
+    pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return !simulate(b, false).oom; }, r.max_batch);
+    const int64_t at = std::max<int64_t>(pc.max_batch_per_gpu, 1);
+    const StepSimResult fit = simulate(at, false);
+    pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
+    pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
+    pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
+    pc.predicted.peak_host_bytes = fit.peak_host_bytes;
+    if (pc.max_batch_per_gpu >= r.max_batch) {
+      pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
+    } else {
+      const StepSimResult next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, false) : fit;
+      pc.limit = std::string(category_name(next.oom_category)) + " in " + next.oom_label;
+    }
+    if (pc.max_batch_per_gpu > 0) {
+      StepTimeInputs ti;
+      ti.candidate = c;
+      const ModelTrace t = trace.at(pc.max_batch_per_gpu);
+      ti.forward_flops = t.forward_flops;
+      ti.backward_flops = t.backward_flops;
+      const StepSimulator order(t, units);  // the time model wants units in forward order
+      for (int u : order.forward_order())
+        ti.unit_padded_numel.push_back(padded_numel(units.units[u].numel, s.shard_group_size));
+      ti.batch = pc.max_batch_per_gpu;
+      ti.seq_len = r.seq_len;
+      ti.world_size = world;
+      ti.shard_group_size = s.shard_group_size;
+      ti.nodes = r.nodes;
+      ti.optimizer_states = r.optimizer == Optimizer::kAdamW ? 2 : 0;
+      const StepTime st = estimate_step_time(ti, r.profile);
+      pc.predicted.step_time_s = st.step_time_s;
+      pc.predicted.tokens_per_s = st.tokens_per_s;
+      pc.predicted.compute_s = st.compute_s;
+      pc.predicted.comm_s = st.comm_s;
+      pc.predicted.exposed_comm_s = st.exposed_comm_s;
+      pc.predicted.offload_s = st.offload_s;
+      pc.predicted.optimizer_s = st.optimizer_s;
+    }
+    plan.candidates.push_back(std::move(pc));
+  }
+  if (auto best = choose(plan.candidates, r.objective)) plan.chosen = plan.candidates[*best].id();
+  return plan;
+}
+
+}  // namespace shardfit::planner

@@ -1,0 +1,42 @@
+// `shardfit plan` end to end: trace the model (twice per distinct precision
+// and checkpointing set, at batch 1 and 2 — see batch_search.h), then for
+// every candidate build its units, simulate whole steps through the device's
+// allocator model to find the largest batch per GPU that fits, say what
+// stops the next one, and estimate its step time.
+#pragma once
+
+#include <cstdint>
+
+#include "models/model_config.h"
+#include "planner/candidate.h"
+#include "planner/plan_output.h"
+#include "planner/profile.h"
+#include "planner/step_simulator.h"
+
+namespace shardfit::planner {
+
+struct PlanRequest {
+  models::ModelConfig model;
+  int64_t seq_len = 128;
+  int gpus_per_node = 1;
+  int nodes = 1;
+  DeviceProfile profile;
+  int64_t device_mem_bytes = 0;  // 0: the profile's memory (CPU: unlimited)
+  CandidateOptions candidates;   // strategies/precisions filters; the rest is filled in
+  Optimizer optimizer = Optimizer::kAdamW;
+  Objective objective = Objective::kThroughput;
+  int64_t max_batch = 4096;      // search cap (only reached without a memory limit)
+};
+
+// Throws std::invalid_argument (one line) for impossible requests: zero
+// GPUs, a sequence the model cannot take, memory smaller than the fixed
+// overheads, filters that leave no candidate.
+Plan build_plan(const PlanRequest& request);
+
+// The modules a +ckpt candidate checkpoints under `units`: every unit's root
+// module except the model root and units nested in another checkpointed
+// one; when the policy makes no unit but the root, the transformer blocks.
+std::vector<int> checkpoint_modules(const std::vector<ModuleNode>& modules,
+                                    const UnitPartition& units);
+
+}  // namespace shardfit::planner

@@ -1,0 +1,419 @@
+#include "planner/plan_output.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "planner/profile.h"
+
+namespace shardfit::planner {
+namespace {
+
+using nlohmann::json;
+
+// Reads one JSON object's fields, naming the full field path in errors so a
+// hand-edited plan says exactly what to fix.
+class FieldReader {
+ public:
+  FieldReader(const json& node, std::string path, const std::string& origin)
+      : node_(node), path_(std::move(path)), origin_(origin) {
+    if (!node_.is_object()) fail_at(path_.empty() ? "(top level)" : path_, "must be an object");
+  }
+
+  [[noreturn]] void fail_at(const std::string& field, const std::string& what) const {
+    throw std::invalid_argument(origin_ + ": field '" + field + "' " + what);
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    fail_at(field(key), what);
+  }
+  std::string field(const std::string& key) const {
+    return path_.empty() ? key : path_ + "." + key;
+  }
+
+  bool has(const std::string& key) const { return node_.contains(key); }
+
+  const json& need(const std::string& key) const {
+    auto it = node_.find(key);
+    if (it == node_.end()) fail(key, "is missing");
+    return *it;
+  }
+
+  FieldReader object(const std::string& key) const {
+    return FieldReader(need(key), field(key), origin_);
+  }
+
+  std::string text(const std::string& key) const {
+    const json& v = need(key);
+    if (!v.is_string()) fail(key, "must be a string");
+    return v.get<std::string>();
+  }
+
+  bool boolean(const std::string& key) const {
+    const json& v = need(key);
+    if (!v.is_boolean()) fail(key, "must be true or false");
+    return v.get<bool>();
+  }
+
+  int64_t integer(const std::string& key, int64_t min_value) const {
+    const json& v = need(key);
+    if (!v.is_number_integer()) fail(key, "must be a whole number");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})
+      fail(key, "is too large");
+    int64_t value = v.get<int64_t>();
+    if (value < min_value) fail(key, "must be >= " + std::to_string(min_value));
+    return value;
+  }
+  int64_t optional_integer(const std::string& key, int64_t min_value) const {
+    return has(key) ? integer(key, min_value) : 0;
+  }
+
+  double number(const std::string& key) const {
+    const json& v = need(key);
+    if (!v.is_number()) fail(key, "must be a number");
+    double value = v.get<double>();
+    if (!(value >= 0)) fail(key, "must be >= 0");
+    return value;
+  }
+  double optional_number(const std::string& key) const { return has(key) ? number(key) : 0.0; }
+
+  const json& node() const { return node_; }
+  const std::string& origin() const { return origin_; }
+
+ private:
+  const json& node_;
+  std::string path_;
+  std::string origin_;
+};
+
+json breakdown_to_json(const MemoryBreakdown& b) {
+  return json{{"params", b.params_bytes},
+              {"grads", b.grads_bytes},
+              {"optimizer", b.optimizer_bytes},
+              {"activations", b.activations_bytes},
+              {"comm_buffers", b.comm_buffers_bytes},
+              {"temporaries", b.temporaries_bytes},
+              {"overhead", b.overhead_bytes}};
+}
+
+MemoryBreakdown breakdown_from(const FieldReader& r) {
+  MemoryBreakdown b;
+  b.params_bytes = r.integer("params", 0);
+  b.grads_bytes = r.integer("grads", 0);
+  b.optimizer_bytes = r.integer("optimizer", 0);
+  b.activations_bytes = r.integer("activations", 0);
+  b.comm_buffers_bytes = r.integer("comm_buffers", 0);
+  b.temporaries_bytes = r.integer("temporaries", 0);
+  b.overhead_bytes = r.integer("overhead", 0);
+  return b;
+}
+
+Prediction prediction_from(const FieldReader& r) {
+  Prediction p;
+  p.peak_reserved_bytes = r.integer("peak_reserved_bytes", 0);
+  p.peak_allocated_bytes = r.integer("peak_allocated_bytes", 0);
+  p.breakdown = breakdown_from(r.object("breakdown_bytes"));
+  p.step_time_s = r.number("step_time_s");
+  p.tokens_per_s = r.number("tokens_per_s");
+  p.peak_host_bytes = r.optional_integer("peak_host_bytes", 0);
+  if (r.has("time_breakdown_s")) {
+    FieldReader t = r.object("time_breakdown_s");
+    p.compute_s = t.optional_number("compute");
+    p.comm_s = t.optional_number("comm");
+    p.exposed_comm_s = t.optional_number("exposed_comm");
+    p.offload_s = t.optional_number("offload");
+    p.optimizer_s = t.optional_number("optimizer");
+  }
+  return p;
+}
+
+PlanCandidate candidate_from(const FieldReader& r) {
+  PlanCandidate pc;
+  std::string id = r.text("id");
+  try {
+    pc.candidate = parse_candidate(id);
+  } catch (const std::invalid_argument& e) {
+    r.fail("id", std::string("is not a candidate id: ") + e.what());
+  }
+  // The spelled-out fields must agree with the id: a plan edited by hand in
+  // one place and not the other would otherwise run something else.
+  const Candidate& c = pc.candidate;
+  auto disagree = [&](const std::string& key, const std::string& value) {
+    r.fail(key, "is '" + value + "' but id '" + id + "' says otherwise");
+  };
+  std::string sharding = r.text("sharding");
+  try {
+    if (parse_sharding(sharding) != c.sharding) disagree("sharding", sharding);
+  } catch (const std::invalid_argument&) {
+    r.fail("sharding", "is '" + sharding + "', not a sharding name");
+  }
+  if (r.boolean("offload") != c.offload) disagree("offload", c.offload ? "false" : "true");
+  if (r.boolean("activation_checkpointing") != c.ckpt)
+    disagree("activation_checkpointing", c.ckpt ? "false" : "true");
+  std::string precision = r.text("precision");
+  if (precision != precision_name(c.precision)) disagree("precision", precision);
+  std::string wrap = r.text("wrap");
+  std::string canonical_wrap;
+  try {
+    canonical_wrap = parse_wrap(wrap);
+  } catch (const std::invalid_argument&) {
+    r.fail("wrap", "is '" + wrap + "', not a wrap policy");
+  }
+  if (canonical_wrap != c.wrap) disagree("wrap", wrap);
+
+  pc.max_batch_per_gpu = r.integer("max_batch_per_gpu", 0);
+  pc.predicted = prediction_from(r.object("predicted"));
+  pc.limit = r.text("limit");
+  pc.units = static_cast<int>(r.optional_integer("units", 0));
+  return pc;
+}
+
+Plan plan_from(const json& j, const std::string& origin) {
+  FieldReader r(j, "", origin);
+  std::string schema = r.text("schema");
+  if (schema != kPlanSchema)
+    r.fail("schema", "is '" + schema + "', expected '" + kPlanSchema + "'");
+
+  Plan plan;
+  FieldReader model = r.object("model");
+  plan.model.name = model.text("name");
+  plan.model.params = model.integer("params", 0);
+  plan.model.seq_len = model.integer("seq_len", 1);
+
+  FieldReader hw = r.object("hardware");
+  plan.hardware.profile = hw.text("profile");
+  plan.hardware.device_mem_bytes = hw.integer("device_mem_bytes", 0);
+  plan.hardware.gpus_per_node = static_cast<int>(hw.integer("gpus_per_node", 1));
+  plan.hardware.nodes = static_cast<int>(hw.integer("nodes", 1));
+
+  if (r.has("optimizer")) plan.optimizer = r.text("optimizer");
+  if (r.has("objective")) {
+    std::string objective = r.text("objective");
+    try {
+      plan.objective = parse_objective(objective);
+    } catch (const std::invalid_argument&) {
+      r.fail("objective", "is '" + objective + "' (use throughput or batch)");
+    }
+  }
+
+  const json& list = r.need("candidates");
+  if (!list.is_array()) r.fail("candidates", "must be an array");
+  std::set<std::string> ids;
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::string path = "candidates[" + std::to_string(i) + "]";
+    plan.candidates.push_back(candidate_from(FieldReader(list[i], path, origin)));
+    if (!ids.insert(plan.candidates.back().id()).second)
+      r.fail_at(path + ".id", "repeats '" + plan.candidates.back().id() + "'");
+  }
+
+  const json& chosen = r.need("chosen");
+  if (chosen.is_string()) {
+    const PlanCandidate* found = plan.find(chosen.get<std::string>());
+    if (!found)
+      r.fail("chosen", "is '" + chosen.get<std::string>() + "', which is not among the candidates");
+    plan.chosen = found->id();
+  } else if (!chosen.is_null()) {
+    r.fail("chosen", "must be a candidate id or null");
+  }
+  return plan;
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4g", s);
+  return buf;
+}
+
+std::string format_count(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0f", x);
+  return buf;
+}
+
+std::string gib_number(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+}  // namespace
+
+const char* objective_name(Objective objective) {
+  return objective == Objective::kBatch ? "batch" : "throughput";
+}
+
+Objective parse_objective(const std::string& text) {
+  if (text == "throughput") return Objective::kThroughput;
+  if (text == "batch") return Objective::kBatch;
+  throw std::invalid_argument("unknown objective '" + text + "' (use throughput or batch)");
+}
+
+const PlanCandidate* Plan::find(const std::string& id) const {
+  std::string canonical;
+  try {
+    canonical = parse_candidate(id).to_id();
+  } catch (const std::invalid_argument&) {
+    return nullptr;
+  }
+  for (const PlanCandidate& c : candidates)
+    if (c.id() == canonical) return &c;
+  return nullptr;
+}
+
+std::optional<size_t> choose(const std::vector<PlanCandidate>& candidates, Objective objective) {
+  std::optional<size_t> best;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const PlanCandidate& c = candidates[i];
+    if (c.max_batch_per_gpu < 1) continue;
+    if (!best) {
+      best = i;
+      continue;
+    }
+    const PlanCandidate& b = candidates[*best];
+    bool better = false;
+    if (objective == Objective::kThroughput) {
+      better = c.predicted.tokens_per_s > b.predicted.tokens_per_s ||
+               (c.predicted.tokens_per_s == b.predicted.tokens_per_s &&
+                c.max_batch_per_gpu > b.max_batch_per_gpu);
+    } else {
+      better = c.max_batch_per_gpu > b.max_batch_per_gpu ||
+               (c.max_batch_per_gpu == b.max_batch_per_gpu &&
+                c.predicted.tokens_per_s > b.predicted.tokens_per_s);
+    }
+    if (better) best = i;
+  }
+  return best;
+}
+
+void to_json(json& j, const PlanCandidate& c) {
+  const Prediction& p = c.predicted;
+  j = json{{"id", c.id()},
+           {"sharding", sharding_name(c.candidate.sharding)},
+           {"offload", c.candidate.offload},
+           {"activation_checkpointing", c.candidate.ckpt},
+           {"precision", precision_name(c.candidate.precision)},
+           {"wrap", c.candidate.wrap},
+           {"max_batch_per_gpu", c.max_batch_per_gpu},
+           {"predicted",
+            {{"peak_reserved_bytes", p.peak_reserved_bytes},
+             {"peak_allocated_bytes", p.peak_allocated_bytes},
+             {"breakdown_bytes", breakdown_to_json(p.breakdown)},
+             {"step_time_s", p.step_time_s},
+             {"tokens_per_s", p.tokens_per_s},
+             {"peak_host_bytes", p.peak_host_bytes},
+             {"time_breakdown_s",
+              {{"compute", p.compute_s},
+               {"comm", p.comm_s},
+               {"exposed_comm", p.exposed_comm_s},
+               {"offload", p.offload_s},
+               {"optimizer", p.optimizer_s}}}}},
+           {"limit", c.limit},
+           {"units", c.units}};
+}
+
+void to_json(json& j, const Plan& plan) {
+  json candidates = json::array();
+  for (const PlanCandidate& c : plan.candidates) candidates.push_back(c);
+  j = json{
+      {"schema", kPlanSchema},
+      {"model",
+       {{"name", plan.model.name}, {"params", plan.model.params}, {"seq_len", plan.model.seq_len}}},
+      {"hardware",
+       {{"profile", plan.hardware.profile},
+        {"device_mem_bytes", plan.hardware.device_mem_bytes},
+        {"gpus_per_node", plan.hardware.gpus_per_node},
+        {"nodes", plan.hardware.nodes}}},
+      {"optimizer", plan.optimizer},
+      {"objective", objective_name(plan.objective)},
+      {"candidates", std::move(candidates)},
+      {"chosen", plan.chosen.empty() ? json(nullptr) : json(plan.chosen)}};
+}
+
+void from_json(const json& j, Plan& plan) { plan = plan_from(j, "plan"); }
+
+std::string plan_to_json_text(const Plan& plan) { return json(plan).dump(2) + "\n"; }
+
+Plan parse_plan(const std::string& json_text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw std::invalid_argument(origin + ": malformed JSON: " + e.what());
+  }
+  return plan_from(j, origin);
+}
+
+Plan read_plan_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot read plan file '" + path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_plan(text.str(), "plan file " + path);
+}
+
+void write_plan_file(const std::string& path, const Plan& plan) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << plan_to_json_text(plan);
+  out.flush();
+  if (!out) throw std::invalid_argument("cannot write plan file '" + path + "'");
+}
+
+std::string format_plan_table(const Plan& plan) {
+  std::vector<const PlanCandidate*> rows;
+  for (const PlanCandidate& c : plan.candidates) rows.push_back(&c);
+  std::stable_sort(rows.begin(), rows.end(), [](const PlanCandidate* a, const PlanCandidate* b) {
+    if (a->max_batch_per_gpu != b->max_batch_per_gpu)
+      return a->max_batch_per_gpu > b->max_batch_per_gpu;
+    return a->predicted.tokens_per_s > b->predicted.tokens_per_s;
+  });
+
+  const std::vector<std::string> header = {
+      "",      "candidate", "max batch/GPU", "reserved GiB", "allocated GiB",
+      "limit", "step s",    "tokens/s"};
+  // Right-align numbers so they line up by magnitude.
+  const std::vector<bool> right = {false, false, true, true, true, false, true, true};
+  std::vector<std::vector<std::string>> cells = {header};
+  for (const PlanCandidate* c : rows) {
+    bool fits = c->max_batch_per_gpu > 0;
+    cells.push_back(
+        {c->id() == plan.chosen ? "*" : "", c->id(), std::to_string(c->max_batch_per_gpu),
+         gib_number(c->predicted.peak_reserved_bytes),
+         gib_number(c->predicted.peak_allocated_bytes), c->limit.empty() ? "-" : c->limit,
+         fits ? format_seconds(c->predicted.step_time_s) : "-",
+         fits ? format_count(c->predicted.tokens_per_s) : "-"});
+  }
+  std::vector<size_t> width(header.size(), 0);
+  for (const auto& row : cells)
+    for (size_t k = 0; k < row.size(); ++k) width[k] = std::max(width[k], row[k].size());
+
+  std::ostringstream out;
+  const PlanHardware& hw = plan.hardware;
+  out << plan.model.name << ", seq len " << plan.model.seq_len << ", " << hw.world_size() << " GPU"
+      << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
+  if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";
+  out << ", usable memory "
+      << (hw.device_mem_bytes > 0 ? format_gib(hw.device_mem_bytes) : std::string("unlimited"))
+      << " per GPU\n";
+  for (const auto& row : cells) {
+    std::string line;
+    for (size_t k = 0; k < row.size(); ++k) {
+      std::string pad(width[k] - row[k].size(), ' ');
+      if (k) line += "  ";
+      line += right[k] ? pad + row[k] : row[k] + pad;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
+  if (plan.chosen.empty()) {
+    out << "no candidate fits batch 1 on this device\n";
+  } else {
+    out << "* chosen: " << plan.chosen << " (objective: " << objective_name(plan.objective)
+        << ")\n";
+  }
+  return out.str();
+}
+
+}  // namespace shardfit::planner

@@ -1,0 +1,124 @@
+// The plan: what `shardfit plan` predicts for every candidate (max batch per
+// GPU, peak memory and its breakdown at that batch, what stops one more, step
+// time, tokens/s) and which candidate it chooses. This header holds the plan
+// as structs, its JSON form (SPEC.md's "shardfit.plan/1", plus extra fields
+// SPEC allows), the choice by objective, and the plain-text table the CLI
+// prints. `validate` and `run --plan` read plans back through from_json,
+// which checks the schema and every field and names the bad one in a
+// one-line error.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/candidate.h"
+
+namespace shardfit::planner {
+
+inline constexpr const char kPlanSchema[] = "shardfit.plan/1";
+
+// SPEC's memory classes, at the predicted peak (allocated bytes; overhead is
+// what the device holds besides tensors: caching-allocator slack, workspaces).
+struct MemoryBreakdown {
+  int64_t params_bytes = 0;
+  int64_t grads_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t activations_bytes = 0;
+  int64_t comm_buffers_bytes = 0;
+  int64_t temporaries_bytes = 0;
+  int64_t overhead_bytes = 0;
+  int64_t total_bytes() const {
+    return params_bytes + grads_bytes + optimizer_bytes + activations_bytes + comm_buffers_bytes +
+           temporaries_bytes + overhead_bytes;
+  }
+};
+
+// The prediction at a candidate's max batch (at batch 1 when nothing fits,
+// so the user sees by how much).
+struct Prediction {
+  int64_t peak_reserved_bytes = 0;   // decides OOM under the caching allocator
+  int64_t peak_allocated_bytes = 0;  // decides OOM under the exact allocator
+  MemoryBreakdown breakdown;
+  double step_time_s = 0;
+  double tokens_per_s = 0;  // global
+  // Extras (not in SPEC's minimum; absent in a plan reads as 0).
+  int64_t peak_host_bytes = 0;  // host memory per rank (offload state)
+  double compute_s = 0;         // time parts, see time_model.h
+  double comm_s = 0;
+  double exposed_comm_s = 0;
+  double offload_s = 0;
+  double optimizer_s = 0;
+};
+
+struct PlanCandidate {
+  Candidate candidate;
+  int64_t max_batch_per_gpu = 0;  // 0 = not even batch 1 fits
+  Prediction predicted;
+  // What stops max+1: the memory class and where in the step, e.g.
+  // "activations in step2/backward/transformer.h.35".
+  std::string limit;
+  int units = 0;  // extra: wrapped units (FSDP instances); 0 = unknown
+  std::string id() const { return candidate.to_id(); }
+};
+
+struct PlanModel {
+  std::string name;
+  int64_t params = 0;  // exact parameter count
+  int64_t seq_len = 0;
+};
+
+struct PlanHardware {
+  std::string profile;
+  int64_t device_mem_bytes = 0;  // the budget planned against (after --gpu-mem)
+  int gpus_per_node = 1;
+  int nodes = 1;
+  int world_size() const { return gpus_per_node * nodes; }
+};
+
+enum class Objective : uint8_t {
+  kThroughput,  // highest tokens/s among those that fit batch 1; ties: larger batch
+  kBatch,       // largest max batch; ties: higher tokens/s
+};
+const char* objective_name(Objective objective);  // "throughput", "batch"
+// Throws std::invalid_argument: "unknown objective 'x' (use throughput or batch)".
+Objective parse_objective(const std::string& text);
+
+struct Plan {
+  PlanModel model;
+  PlanHardware hardware;
+  std::string optimizer = "adamw";               // extra
+  Objective objective = Objective::kThroughput;  // extra
+  std::vector<PlanCandidate> candidates;
+  std::string chosen;  // a candidate id; "" (JSON null) when nothing fits
+
+  // nullptr when `id` (any spelling parse_candidate accepts) is not planned.
+  const PlanCandidate* find(const std::string& id) const;
+};
+
+// The index of the best candidate under `objective`, or nullopt when none
+// fits batch 1. Full ties keep the earlier candidate.
+std::optional<size_t> choose(const std::vector<PlanCandidate>& candidates, Objective objective);
+
+// JSON, found by nlohmann through ADL (`json j = plan; Plan p = j;`).
+// from_json throws std::invalid_argument naming the field
+// ("plan: field 'candidates[2].predicted.step_time_s' must be a number").
+void to_json(nlohmann::json& j, const Plan& plan);
+void from_json(const nlohmann::json& j, Plan& plan);
+void to_json(nlohmann::json& j, const PlanCandidate& candidate);
+
+// Text <-> Plan. `origin` (a file name) prefixes error messages.
+std::string plan_to_json_text(const Plan& plan);  // pretty, trailing newline
+Plan parse_plan(const std::string& json_text, const std::string& origin = "plan");
+// Throw std::invalid_argument naming the path when it cannot be read/written.
+Plan read_plan_file(const std::string& path);
+void write_plan_file(const std::string& path, const Plan& plan);
+
+// The table `shardfit plan` prints: a header line (model, seq len, GPUs ×
+// profile, usable memory), one row per candidate sorted by max batch then
+// tokens/s (both descending), the chosen row marked with '*', sizes in GiB.
+std::string format_plan_table(const Plan& plan);
+
+}  // namespace shardfit::planner

@@ -1,0 +1,386 @@
+#include "planner/profile.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+namespace shardfit::planner {
+namespace {
+
+using nlohmann::json;
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
+// Reads typed fields out of a profile's JSON, naming the file and the dotted
+// field in every error, so a user fixing a profile sees exactly what to edit.
+class ProfileReader {
+ public:
+  ProfileReader(const json& root, std::string origin) : root_(root), origin_(std::move(origin)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw std::invalid_argument("device profile " + origin_ + ": field '" + field + "' " + what);
+  }
+
+  // The node at a dotted path, or nullptr when absent.
+  const json* find(const std::string& dotted) const {
+    const json* node = &root_;
+    std::stringstream parts(dotted);
+    std::string key;
+    while (std::getline(parts, key, '.')) {
+      if (!node->is_object()) return nullptr;
+      auto it = node->find(key);
+      if (it == node->end()) return nullptr;
+      node = &*it;
+    }
+    return node;
+  }
+
+  const json& need(const std::string& dotted) const {
+    const json* node = find(dotted);
+    if (!node) fail(dotted, "is missing");
+    return *node;
+  }
+
+  std::string text(const std::string& dotted) const {
+    const json& node = need(dotted);
+    if (!node.is_string()) fail(dotted, "must be a string");
+    return node.get<std::string>();
+  }
+
+  double number(const std::string& dotted) const {
+    const json& node = need(dotted);
+    if (!node.is_number()) fail(dotted, "must be a number");
+    double value = node.get<double>();
+    if (!std::isfinite(value) || value < 0) fail(dotted, "must be a finite number >= 0");
+    return value;
+  }
+
+  // Absent = 0: used for optional dtypes (no bf16 on Turing).
+  double optional_number(const std::string& dotted) const {
+    return find(dotted) ? number(dotted) : 0.0;
+  }
+
+  int64_t bytes(const std::string& dotted) const {
+    const json& node = need(dotted);
+    if (!node.is_number_integer() || node.get<int64_t>() < 0)
+      fail(dotted, "must be a whole number of bytes >= 0");
+    return node.get<int64_t>();
+  }
+
+  double fraction(const std::string& dotted) const {
+    double value = number(dotted);
+    if (value <= 0 || value > 1) fail(dotted, "must be in (0, 1]");
+    return value;
+  }
+
+ private:
+  const json& root_;
+  std::string origin_;
+};
+
+// Every number in a profile must say where it came from: collects the dotted
+// paths of all numeric leaves outside "sources".
+void collect_numeric_paths(const json& node, const std::string& prefix,
+                           std::vector<std::string>* out) {
+  if (node.is_object()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (prefix.empty() && it.key() == "sources") continue;
+      collect_numeric_paths(*it, prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+    }
+  } else if (node.is_number()) {
+    out->push_back(prefix);
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot read device profile file '" + path + "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+double DeviceProfile::peak_flops_per_s(DType dtype) const {
+  switch (dtype) {
+    case DType::kF32:
+      return fp32_flops_per_s;
+    case DType::kF16:
+      return fp16_flops_per_s;
+    case DType::kBF16:
+      return bf16_flops_per_s;
+  }
+  return 0;
+}
+
+double DeviceProfile::flops_efficiency(DType dtype) const {
+  switch (dtype) {
+    case DType::kF32:
+      return efficiency.flops_fp32;
+    case DType::kF16:
+      return efficiency.flops_fp16;
+    case DType::kBF16:
+      return efficiency.flops_bf16;
+  }
+  return 0;
+}
+
+int64_t DeviceProfile::allocator_budget_bytes(int64_t device_mem_bytes, int world_size) const {
+  if (device_mem_bytes == 0) return 0;  // unlimited stays unlimited
+  // NCCL only opens a communicator (and its buffers) with a peer to talk to.
+  int64_t nccl_bytes = world_size > 1 ? nccl_buffers_bytes : 0;
+  int64_t outside_bytes = cuda_context_bytes + nccl_bytes;
+  if (device_mem_bytes <= outside_bytes) {
+    throw std::invalid_argument("device memory " + format_gib(device_mem_bytes) +
+                                " is not above the fixed overheads of " + name + " (" +
+                                format_gib(outside_bytes) + " = CUDA context " +
+                                format_gib(cuda_context_bytes) + " + NCCL buffers " +
+                                format_gib(nccl_bytes) + "); give a larger --gpu-mem");
+  }
+  return device_mem_bytes - outside_bytes;
+}
+
+DeviceProfile parse_profile(const std::string& json_text, const std::string& origin) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    // nlohmann's message is one line: "[json.exception.parse_error.101] ...".
+    throw std::invalid_argument("device profile " + origin + ": malformed JSON: " + e.what());
+  }
+  if (!root.is_object())
+    throw std::invalid_argument("device profile " + origin +
+                                ": malformed JSON: top level must be an object");
+  ProfileReader r(root, origin);
+
+  DeviceProfile p;
+  p.path = origin;
+  p.name = r.text("name");
+  p.description = r.find("description") ? r.text("description") : "";
+  std::string kind = r.text("kind");
+  if (kind == "cuda") {
+    p.kind = DeviceKind::kCuda;
+  } else if (kind == "cpu") {
+    p.kind = DeviceKind::kCpu;
+  } else {
+    r.fail("kind", "must be \"cuda\" or \"cpu\", not \"" + kind + "\"");
+  }
+  std::string allocator = r.text("allocator");
+  if (allocator == "cuda_caching") {
+    p.allocator = AllocatorKind::kCudaCaching;
+  } else if (allocator == "exact") {
+    p.allocator = AllocatorKind::kExact;
+  } else {
+    r.fail("allocator", "must be \"cuda_caching\" or \"exact\", not \"" + allocator + "\"");
+  }
+  p.memory_bytes = r.bytes("memory_bytes");
+  if (p.kind == DeviceKind::kCuda && p.memory_bytes == 0)
+    r.fail("memory_bytes", "must be > 0 for a cuda device");
+  p.cuda_context_bytes = r.bytes("overheads_bytes.cuda_context");
+  p.cublas_workspace_bytes = r.bytes("overheads_bytes.cublas_workspace");
+  p.nccl_buffers_bytes = r.bytes("overheads_bytes.nccl_buffers");
+
+  p.fp32_flops_per_s = r.number("peak_flops_per_s.fp32");
+  if (p.fp32_flops_per_s <= 0) r.fail("peak_flops_per_s.fp32", "must be > 0");
+  p.fp16_flops_per_s = r.optional_number("peak_flops_per_s.fp16");
+  p.bf16_flops_per_s = r.optional_number("peak_flops_per_s.bf16");
+
+  p.memory_bytes_per_s = r.number("memory_bytes_per_s");
+  p.gpu_link = {r.text("gpu_link.kind"), r.number("gpu_link.bytes_per_s")};
+  p.host_link = {r.text("host_link.kind"), r.number("host_link.bytes_per_s")};
+  p.inter_node_link = {r.text("inter_node_link.kind"), r.number("inter_node_link.bytes_per_s")};
+  p.host_memory_bytes_per_s = r.number("host_memory_bytes_per_s");
+  // Rates divide bytes in the time model: zero would mean infinite time.
+  for (const char* field : {"memory_bytes_per_s", "gpu_link.bytes_per_s", "host_link.bytes_per_s",
+                            "inter_node_link.bytes_per_s", "host_memory_bytes_per_s"}) {
+    if (r.number(field) <= 0) r.fail(field, "must be > 0");
+  }
+
+  ProfileEfficiency& e = p.efficiency;
+  e.flops_fp32 = r.fraction("efficiency.flops.fp32");
+  // A dtype the device supports needs an efficiency; one it lacks must not
+  // have one, so a half-edited profile is caught.
+  if (p.fp16_flops_per_s > 0) e.flops_fp16 = r.fraction("efficiency.flops.fp16");
+  if (p.bf16_flops_per_s > 0) e.flops_bf16 = r.fraction("efficiency.flops.bf16");
+  if (p.fp16_flops_per_s == 0 && r.find("efficiency.flops.fp16"))
+    r.fail("efficiency.flops.fp16", "is given but peak_flops_per_s.fp16 is not");
+  if (p.bf16_flops_per_s == 0 && r.find("efficiency.flops.bf16"))
+    r.fail("efficiency.flops.bf16", "is given but peak_flops_per_s.bf16 is not");
+  e.collective = r.fraction("efficiency.collective");
+  e.host_link = r.fraction("efficiency.host_link");
+  e.memory = r.fraction("efficiency.memory");
+  e.host_memory = r.fraction("efficiency.host_memory");
+
+  const json& sources = r.need("sources");
+  if (!sources.is_object()) r.fail("sources", "must be an object");
+  for (auto it = sources.begin(); it != sources.end(); ++it) {
+    if (!it->is_string() || it->get<std::string>().empty())
+      r.fail("sources." + it.key(), "must be a non-empty string");
+    p.sources[it.key()] = it->get<std::string>();
+  }
+  std::vector<std::string> numeric_paths;
+  collect_numeric_paths(root, "", &numeric_paths);
+  for (const std::string& field : numeric_paths) {
+    if (!p.sources.count(field))
+      r.fail(field,
+             "has no entry in 'sources' (say where the number came "
+             "from: datasheet, measured (date, how), or estimate: why)");
+  }
+  return p;
+}
+
+DeviceProfile load_profile(const std::string& name_or_path, const std::string& profiles_dir) {
+  bool is_path = name_or_path.find('/') != std::string::npos || ends_with(name_or_path, ".json");
+  if (is_path) return parse_profile(read_file(name_or_path), name_or_path);
+
+  std::vector<std::string> known = list_profiles(profiles_dir);
+  if (std::find(known.begin(), known.end(), name_or_path) == known.end()) {
+    throw std::invalid_argument("unknown device profile '" + name_or_path + "' (known: " +
+                                (known.empty() ? "none in " + profiles_dir : join(known, ", ")) +
+                                "; or give a path to a .json profile)");
+  }
+  std::string path = profiles_dir + "/" + name_or_path + ".json";
+  DeviceProfile p = parse_profile(read_file(path), path);
+  if (p.name != name_or_path) {
+    throw std::invalid_argument("device profile " + path + ": field 'name' is '" + p.name +
+                                "' but the file is " + name_or_path + ".json");
+  }
+  return p;
+}
+
+std::vector<std::string> list_profiles(const std::string& profiles_dir) {
+  std::vector<std::string> names;
+  DIR* dir = ::opendir(profiles_dir.c_str());
+  if (!dir) return names;
+  while (const dirent* entry = ::readdir(dir)) {
+    std::string file = entry->d_name;
+    if (ends_with(file, ".json") && file.size() > 5)
+      names.push_back(file.substr(0, file.size() - 5));
+  }
+  ::closedir(dir);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string find_profiles_dir(const std::vector<std::string>& candidate_dirs) {
+  if (const char* env = std::getenv("SHARDFIT_PROFILES"); env && *env) {
+    // An explicit setting that points nowhere is a mistake to report, not a
+    // reason to silently fall back to another directory.
+    if (!is_directory(env))
+      throw std::invalid_argument(std::string("SHARDFIT_PROFILES='") + env +
+                                  "' is not a directory");
+    return env;
+  }
+  for (const std::string& dir : candidate_dirs) {
+    if (is_directory(dir) && !list_profiles(dir).empty()) return dir;
+  }
+  throw std::invalid_argument(
+      "no device profiles directory found (looked in: " +
+      (candidate_dirs.empty() ? std::string("nothing") : join(candidate_dirs, ", ")) +
+      "); set SHARDFIT_PROFILES to the profiles/ directory");
+}
+
+std::vector<std::string> default_profile_dirs(const std::string& exe_path) {
+  std::string exe_dir = ".";
+  size_t slash = exe_path.rfind('/');
+  if (slash != std::string::npos) exe_dir = exe_path.substr(0, slash);
+  if (exe_dir.empty()) exe_dir = "/";
+  return {exe_dir + "/../profiles", exe_dir + "/../share/shardfit/profiles",
+          exe_dir + "/../../profiles"};
+}
+
+int64_t parse_size_bytes(const std::string& text) {
+  auto bad = [&](const std::string& why) -> std::invalid_argument {
+    return std::invalid_argument("bad size '" + text + "': " + why +
+                                 " (examples: 24GiB, 512MiB, 1.5GB, 123456 for bytes)");
+  };
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  size_t number_begin = i;
+  bool seen_digit = false, seen_dot = false;
+  while (i < text.size()) {
+    char c = text[i];
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      seen_digit = true;
+    } else if (c == '.' && !seen_dot) {
+      seen_dot = true;
+    } else {
+      break;
+    }
+    ++i;
+  }
+  if (!seen_digit) {
+    throw bad(i < text.size() && text[i] == '-' ? "must not be negative" : "expected a number");
+  }
+  std::string number = text.substr(number_begin, i - number_begin);
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  std::string unit;
+  while (i < text.size() && !std::isspace(static_cast<unsigned char>(text[i])))
+    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i++])));
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  if (i != text.size()) throw bad("unexpected text after the unit");
+
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},
+      {"b", 1},
+      {"kib", 1024.0},
+      {"mib", 1024.0 * 1024},
+      {"gib", 1024.0 * 1024 * 1024},
+      {"tib", 1024.0 * 1024 * 1024 * 1024},
+      {"kb", 1e3},
+      {"mb", 1e6},
+      {"gb", 1e9},
+      {"tb", 1e12},
+  };
+  auto unit_it = kUnits.find(unit);
+  if (unit_it == kUnits.end()) {
+    // "24G" is ambiguous (GiB for Slurm and PyTorch, GB on the box): ask.
+    throw bad("unknown unit '" + unit +
+              "', use B, KiB, MiB, GiB, TiB, KB, MB, "
+              "GB or TB");
+  }
+  double value = std::strtod(number.c_str(), nullptr) * unit_it->second;
+  // 2^63 is exactly representable; anything at or past it overflows int64.
+  if (!(value < 9223372036854775808.0)) throw bad("too large");
+  double whole = std::round(value);
+  if (std::fabs(value - whole) > 1e-6 * std::max(1.0, value) && unit_it->second == 1) {
+    throw bad("a byte count must be a whole number");
+  }
+  return static_cast<int64_t>(whole);
+}
+
+std::string format_gib(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+}  // namespace shardfit::planner

@@ -1,0 +1,129 @@
+// Device profiles: what the planner knows about one accelerator (or CPU
+// rank) before anything runs — its memory, the allocator that decides OOM on
+// it, the memory taken outside that allocator, and the rates the time model
+// turns bytes and FLOPs into seconds with. Profiles live as JSON under
+// profiles/; every number in them carries a `sources` entry (datasheet,
+// spec, or "estimate: why"), and the loader refuses a profile with a number
+// that has none. This header also holds the two small parsers the CLI needs
+// around profiles: sizes such as `24GiB` (for --gpu-mem) and finding the
+// profiles directory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "planner/model_trace.h"
+
+namespace shardfit::planner {
+
+enum class DeviceKind : uint8_t { kCuda, kCpu };
+
+// Which allocator model decides OOM: PyTorch's CUDA caching allocator
+// (reserved segments, rounding) or an exact byte count (the CPU tracking
+// allocator).
+enum class AllocatorKind : uint8_t { kCudaCaching, kExact };
+
+// A data path and its rate. `bytes_per_s` is per direction per GPU: what one
+// rank can push while every other rank pushes too, which is what a ring
+// collective's per-rank traffic is divided by.
+struct LinkSpec {
+  std::string kind;  // e.g. "PCIe 3.0 x16", "NVLink 3 via NVSwitch"
+  double bytes_per_s = 0;
+};
+
+// Fractions of the peak rates that real training reaches. All estimates
+// (the profiles say so); the time model multiplies peaks by these.
+struct ProfileEfficiency {
+  double flops_fp32 = 0;   // of peak FP32 FLOP/s, for a transformer step
+  double flops_fp16 = 0;   // of peak FP16 tensor FLOP/s (0 if unsupported)
+  double flops_bf16 = 0;   // of peak BF16 tensor FLOP/s (0 if unsupported)
+  double collective = 0;   // of the link rate, for a NCCL/gloo ring collective
+  double host_link = 0;    // of the host link rate, for offload copies
+  double memory = 0;       // of device memory bandwidth, for the optimizer step
+  double host_memory = 0;  // of host memory bandwidth, for a CPU optimizer step
+};
+
+struct DeviceProfile {
+  std::string name;         // "titan-rtx-24gb"
+  std::string description;  // human words, for reports
+  std::string path;         // the file it was loaded from
+  DeviceKind kind = DeviceKind::kCuda;
+  AllocatorKind allocator = AllocatorKind::kCudaCaching;
+
+  // Total device memory as cudaMemGetInfo reports it; 0 = unlimited (CPU,
+  // where the budget comes from --gpu-mem).
+  int64_t memory_bytes = 0;
+
+  // Fixed overheads, none measured by us (see the profile's sources).
+  // The CUDA context and NCCL's buffers are cudaMalloc'ed outside the caching
+  // allocator, so they shrink what it can reserve; NCCL's only exist when
+  // world size > 1. cuBLAS's workspace goes through the caching allocator,
+  // so it is an allocation the simulator charges, not a deduction.
+  int64_t cuda_context_bytes = 0;
+  int64_t cublas_workspace_bytes = 0;
+  int64_t nccl_buffers_bytes = 0;
+
+  // Peak dense FLOP/s (no sparsity) per compute dtype; 0 = not supported
+  // (no BF16 before Ampere).
+  double fp32_flops_per_s = 0;
+  double fp16_flops_per_s = 0;
+  double bf16_flops_per_s = 0;
+
+  double memory_bytes_per_s = 0;       // device memory bandwidth
+  LinkSpec gpu_link;                   // GPU to GPU inside a node
+  LinkSpec host_link;                  // device to host (offload copies)
+  LinkSpec inter_node_link;            // between nodes, per GPU (an assumption)
+  double host_memory_bytes_per_s = 0;  // host DRAM, for the CPU optimizer step
+  ProfileEfficiency efficiency;
+
+  // Dotted field path ("peak_flops_per_s.fp16") -> where the number came from.
+  std::map<std::string, std::string> sources;
+
+  bool supports(DType dtype) const { return peak_flops_per_s(dtype) > 0; }
+  double peak_flops_per_s(DType dtype) const;
+  double flops_efficiency(DType dtype) const;
+
+  // What the caching allocator (or the exact allocator) may hold at most on
+  // a device of `device_mem_bytes` (the profile's, or --gpu-mem's): the
+  // total less the memory held outside the allocator. 0 stays 0 (unlimited).
+  // Throws std::invalid_argument, showing the arithmetic, when the overheads
+  // alone do not fit.
+  int64_t allocator_budget_bytes(int64_t device_mem_bytes, int world_size) const;
+};
+
+// Loads a profile by name (looked up as `<profiles_dir>/<name>.json`) or by
+// path (anything containing '/' or ending in ".json"). Throws
+// std::invalid_argument with a one-line message: an unknown name lists the
+// known profiles; a malformed file names the file and the field.
+DeviceProfile load_profile(const std::string& name_or_path, const std::string& profiles_dir);
+
+// Parses a profile from JSON text; `origin` names it in error messages.
+DeviceProfile parse_profile(const std::string& json_text, const std::string& origin);
+
+// Names of the profiles in `profiles_dir` (file stems of *.json), sorted.
+std::vector<std::string> list_profiles(const std::string& profiles_dir);
+
+// The profiles directory: $SHARDFIT_PROFILES when set (it must exist), else
+// the first of `candidate_dirs` that is a directory holding a *.json file.
+// Throws std::invalid_argument naming the places it looked.
+std::string find_profiles_dir(const std::vector<std::string>& candidate_dirs);
+
+// The usual candidates for an executable at `exe_path` (e.g. from
+// /proc/self/exe): <exe dir>/../profiles, <exe dir>/../share/shardfit/profiles,
+// <exe dir>/../../profiles (a build tree inside the source tree). Callers
+// append the source tree's profiles/ when they know it.
+std::vector<std::string> default_profile_dirs(const std::string& exe_path);
+
+// Parses a memory size: a number with an optional unit, binary (KiB, MiB,
+// GiB, TiB) or decimal (B, KB, MB, GB, TB), case-insensitive, optional
+// space: "24GiB", "512MiB", "1.5GB", "123456". Throws std::invalid_argument
+// with a one-line message naming the text on anything else (negative, bare
+// "G", a fraction of a byte, overflow).
+int64_t parse_size_bytes(const std::string& text);
+
+// "23.65 GiB": bytes as GiB with two decimals, for tables and messages.
+std::string format_gib(int64_t bytes);
+
+}  // namespace shardfit::planner

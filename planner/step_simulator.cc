@@ -1,0 +1,625 @@
+#include "planner/step_simulator.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "planner/shard_layout.h"
+
+namespace shardfit::planner {
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::kParams:
+      return "params";
+    case Category::kGrads:
+      return "grads";
+    case Category::kOptimizer:
+      return "optimizer";
+    case Category::kActivations:
+      return "activations";
+    case Category::kCommBuffers:
+      return "comm_buffers";
+    case Category::kTemporaries:
+      return "temporaries";
+    case Category::kOverhead:
+      return "overhead";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kNumSteps = 2;
+// AdamW's exp_avg and exp_avg_sq, each fp32: torch.optim.AdamW's state.
+constexpr int64_t kFp32Bytes = 4;
+
+std::string bad_trace(const ModelTrace& trace, size_t event, const std::string& what) {
+  return "trace of " + trace.model_name + ": event " + std::to_string(event) + " " + what;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ indexing
+
+// Labels: labels_[0] = "init"; step k (0-based) starts at
+// 1 + k * (2U + 1): forward/u at +u, backward/u at +U+u, optimizer at +2U.
+// Event::label holds the offset within a step.
+StepSimulator::StepSimulator(const ModelTrace& trace, const UnitPartition& units)
+    : trace_dtype_(trace.compute_dtype) {
+  const int num_modules = static_cast<int>(trace.modules.size());
+  const int num_units = static_cast<int>(units.units.size());
+  if (num_units == 0) throw std::invalid_argument("step simulator needs at least one unit");
+  std::vector<int> unit_of_root(num_modules, -1);
+  for (int u = 0; u < num_units; ++u) {
+    const int root = units.units[u].root_module;
+    if (root < 0 || root >= num_modules) {
+      throw std::invalid_argument("unit " + units.units[u].name + " has root module " +
+                                  std::to_string(root) + " outside the trace's " +
+                                  std::to_string(num_modules) + " modules");
+    }
+    unit_of_root[root] = u;
+    if (root == 0) root_unit_ = u;
+    unit_numel_.push_back(units.units[u].numel);
+  }
+
+  // First pass: where each unit's backward first begins and last ends, and
+  // the order units first run forward.
+  std::vector<size_t> first_bwd_begin(num_units, SIZE_MAX), last_bwd_end(num_units, SIZE_MAX);
+  std::vector<bool> ran_forward(num_units, false);
+  for (size_t i = 0; i < trace.events.size(); ++i) {
+    const MemEvent& e = trace.events[i];
+    if (e.kind != MemEvent::kModuleBegin && e.kind != MemEvent::kModuleEnd) continue;
+    if (e.module < 0 || e.module >= num_modules)
+      throw std::invalid_argument(bad_trace(trace, i, "has no module"));
+    const int u = unit_of_root[e.module];
+    if (u < 0) continue;
+    if (e.phase == Phase::kForward && e.kind == MemEvent::kModuleBegin && !ran_forward[u]) {
+      ran_forward[u] = true;
+      forward_order_.push_back(u);
+    } else if (e.phase == Phase::kBackward) {
+      if (e.kind == MemEvent::kModuleBegin && first_bwd_begin[u] == SIZE_MAX)
+        first_bwd_begin[u] = i;
+      if (e.kind == MemEvent::kModuleEnd) last_bwd_end[u] = i;
+    }
+  }
+  for (int u = 0; u < num_units; ++u) {
+    if (!ran_forward[u]) forward_order_.push_back(u);
+  }
+  // BACKWARD_PRE prefetches the unit that ran forward just before this one:
+  // the next in backward order (FSDP's _get_handle_to_prefetch).
+  backward_prefetch_.assign(num_units, -1);
+  for (size_t k = 1; k < forward_order_.size(); ++k)
+    backward_prefetch_[forward_order_[k]] = forward_order_[k - 1];
+
+  // Second pass: the flat event array, trace ids renumbered 0..T-1.
+  std::unordered_map<int64_t, int32_t> dense_id;
+  std::vector<bool> live;
+  std::vector<int> fwd_depth(num_units, 0), rcp_depth(num_units, 0);
+  std::vector<int> fwd_stack, bwd_stack;  // active units, for labels
+  bool backward_started = false;
+  events_.reserve(trace.events.size());
+  auto stack_label = [&](bool forward) {
+    const std::vector<int>& s = forward ? fwd_stack : bwd_stack;
+    const int u = s.empty() ? root_unit_ : s.back();  // outside every unit: the root's phase
+    return static_cast<int32_t>(forward ? u : num_units + u);
+  };
+  // Tracks nesting; true on the outermost begin and its matching end (an
+  // unmatched end is ignored).
+  auto outermost = [](int& depth, bool begin) {
+    if (begin) return depth++ == 0;
+    if (depth == 0) return false;
+    return --depth == 0;
+  };
+  auto pop = [](std::vector<int>& s, int u) {
+    auto it = std::find(s.rbegin(), s.rend(), u);
+    if (it != s.rend()) s.erase(std::next(it).base());
+  };
+  for (size_t i = 0; i < trace.events.size(); ++i) {
+    const MemEvent& e = trace.events[i];
+    const bool forward = e.phase == Phase::kForward;
+    if (!forward && !backward_started) {
+      backward_started = true;
+      events_.push_back(Event{Event::kBackwardStart, stack_label(false), -1, -1, 0});
+    }
+    switch (e.kind) {
+      case MemEvent::kAlloc: {
+        auto [it, inserted] = dense_id.emplace(e.tensor, static_cast<int32_t>(dense_id.size()));
+        if (inserted) live.push_back(false);
+        if (live[it->second])
+          throw std::invalid_argument(bad_trace(trace, i, "allocates a live tensor"));
+        if (e.bytes < 0)
+          throw std::invalid_argument(bad_trace(trace, i, "allocates negative bytes"));
+        live[it->second] = true;
+        events_.push_back(Event{Event::kAlloc, stack_label(forward), -1, it->second, e.bytes});
+        break;
+      }
+      case MemEvent::kFree: {
+        auto it = dense_id.find(e.tensor);
+        if (it == dense_id.end() || !live[it->second]) {
+          throw std::invalid_argument(bad_trace(trace, i, "frees a tensor that is not live"));
+        }
+        live[it->second] = false;
+        events_.push_back(Event{Event::kFree, stack_label(forward), -1, it->second, 0});
+        break;
+      }
+      case MemEvent::kModuleBegin:
+      case MemEvent::kModuleEnd: {
+        const int u = unit_of_root[e.module];
+        if (u < 0) break;
+        const bool begin = e.kind == MemEvent::kModuleBegin;
+        if (e.phase == Phase::kForward) {
+          // Only the outermost call of a unit's root module gathers/reshards.
+          if (!outermost(fwd_depth[u], begin)) break;
+          if (begin) fwd_stack.push_back(u);
+          events_.push_back(Event{begin ? Event::kForwardBegin : Event::kForwardEnd,
+                                  stack_label(true), u, -1, 0});
+          if (!begin) pop(fwd_stack, u);
+        } else if (e.phase == Phase::kBackward) {
+          // A unit used twice has two backward spans: FSDP's pre-backward
+          // runs at the first, its post-backward (reduce-scatter) at the last.
+          if (i != (begin ? first_bwd_begin[u] : last_bwd_end[u])) break;
+          if (begin) bwd_stack.push_back(u);
+          events_.push_back(Event{begin ? Event::kBackwardBegin : Event::kBackwardEnd,
+                                  stack_label(false), u, -1, 0});
+          if (!begin) pop(bwd_stack, u);
+        } else if (outermost(rcp_depth[u], begin) && begin) {
+          events_.push_back(Event{Event::kRecomputeBegin, stack_label(false), u, -1, 0});
+        }
+        break;
+      }
+    }
+  }
+  num_trace_tensors_ = static_cast<int64_t>(dense_id.size());
+  for (int64_t id = 0; id < num_trace_tensors_; ++id) {
+    if (live[id]) leftover_ids_.push_back(id);
+  }
+
+  labels_.push_back("init");
+  for (int step = 1; step <= kNumSteps; ++step) {
+    const std::string prefix = "step" + std::to_string(step) + "/";
+    for (const Unit& unit : units.units) labels_.push_back(prefix + "forward/" + unit.name);
+    for (const Unit& unit : units.units) labels_.push_back(prefix + "backward/" + unit.name);
+    labels_.push_back(prefix + "optimizer");
+  }
+}
+
+// ------------------------------------------------------------ replay
+
+// One run of init + steps through one allocator. Each unit's flat parameter
+// is SHARDED (only the shard exists) or UNSHARDED (the gathered c*P_u buffer
+// exists too). FSDP2's third state, SHARDED_POST_FORWARD (resharding after
+// forward onto a smaller group), is not a strategy here: zero3 goes straight
+// back to SHARDED.
+class StepReplay {
+ public:
+  StepReplay(const StepSimulator& sim, const Strategy& strategy, AllocatorModel& allocator,
+             const SimOptions& options, StepSimResult* result);
+  void run();
+
+ private:
+  enum class ParamState : uint8_t { kSharded, kUnsharded };
+  // Per-unit buffer ids: base_ + u * kNumSlots + slot.
+  enum Slot : int {
+    kFullParam,      // ddp/zero1: the unit's full flat param (fp32, or c bytes for zero1+offload)
+    kComputeCopy,    // ddp/zero1 mixed: the c-byte copy forward/backward read
+    kShardParam,     // zero2/3/hybrid: the fp32 shard
+    kUnsharded,      // zero2/3/hybrid: the gathered c*P_u param
+    kGatherStaging,  // low-precision cast or host-to-device copy feeding the all-gather
+    kUnshardedGrad,  // zero2/3/hybrid: c*P_u grad, reduce-scatter input
+    kShardGrad,      // zero2/3/hybrid: fp32 shard grad
+    kReduceScatterOut,
+    kExpAvg,
+    kExpAvgSq,
+    kDenom,    // AdamW's sqrt(v) + eps for one flat tensor
+    kGradF32,  // fp32 copy of a low-precision grad for the update
+    kNumSlots,
+  };
+
+  int64_t unit_id(int u, Slot s) const { return base_ + int64_t{u} * kNumSlots + s; }
+  // zero2/zero3/hybrid keep only shards between uses; ddp/zero1 keep full params.
+  bool sharded_params() const {
+    return strategy_.sharding != Sharding::kDdp && strategy_.sharding != Sharding::kZero1;
+  }
+  bool reshard_after_forward() const {
+    return strategy_.sharding == Sharding::kZero3 || strategy_.sharding == Sharding::kHybrid;
+  }
+
+  bool alloc(int64_t id, int64_t bytes, int stream, Category category);
+  void free(int64_t id);
+  void host_alloc(int64_t bytes);
+  void mark(int label);
+
+  bool init();
+  void zero_grad();
+  bool replay_trace();
+  bool on_backward_start();
+  bool pre_forward(int u);
+  void post_forward(int u);
+  bool pre_backward(int u);
+  bool post_backward(int u);
+  bool recompute_begin(int u);
+  bool unshard(int u);
+  void reshard(int u);
+  bool optimizer_step();
+
+  const StepSimulator& sim_;
+  const Strategy& strategy_;
+  AllocatorModel& allocator_;
+  const SimOptions& options_;
+  StepSimResult* result_;
+
+  const int num_units_;
+  const int group_;  // N: ranks a flat param is sharded over (1 for ddp)
+  const int64_t c_;  // compute dtype bytes
+  const bool mixed_;
+  const int root_unit_;  // the unit whose root is the model root
+  const int64_t base_;   // first id after the trace's tensors
+  int64_t flat_grad_id_;
+  int64_t overhead_id_;
+  std::vector<int64_t> padded_;  // P_u
+  std::vector<int64_t> shard_;   // s_u
+  int64_t total_padded_ = 0;
+
+  bool flat_grad_live_ = false;
+  std::vector<ParamState> state_;
+  std::vector<bool> shard_grad_live_;  // device or host, by strategy
+  std::vector<bool> optimizer_state_live_;
+  std::vector<uint8_t> id_category_;
+  CategoryBytes category_bytes_{};
+  int label_ = 0;
+  int step_base_ = 0;
+  int peak_allocated_label_ = 0;
+  int peak_reserved_label_ = 0;
+  int64_t host_bytes_ = 0;
+};
+
+StepReplay::StepReplay(const StepSimulator& sim, const Strategy& strategy,
+                       AllocatorModel& allocator, const SimOptions& options, StepSimResult* result)
+    : sim_(sim),
+      strategy_(strategy),
+      allocator_(allocator),
+      options_(options),
+      result_(result),
+      num_units_(sim.num_units()),
+      group_(strategy.sharding == Sharding::kDdp ? 1 : strategy.shard_group_size),
+      c_(dtype_bytes(strategy.compute_dtype)),
+      mixed_(strategy.compute_dtype != DType::kF32),
+      root_unit_(sim.root_unit_),
+      base_(sim.num_trace_tensors_) {
+  flat_grad_id_ = base_ + int64_t{num_units_} * kNumSlots;
+  overhead_id_ = flat_grad_id_ + 1;
+  for (int u = 0; u < num_units_; ++u) {
+    padded_.push_back(padded_numel(sim.unit_numel_[u], group_));
+    shard_.push_back(padded_.back() / group_);
+    total_padded_ += padded_.back();
+  }
+  state_.assign(num_units_, ParamState::kSharded);
+  shard_grad_live_.assign(num_units_, false);
+  optimizer_state_live_.assign(num_units_, false);
+  id_category_.assign(overhead_id_ + options.overhead_bytes.size(), 0);
+}
+
+bool StepReplay::alloc(int64_t id, int64_t bytes, int stream, Category category) {
+  if (!allocator_.alloc(id, bytes, stream)) {
+    result_->oom = true;
+    result_->oom_label = sim_.labels_[label_];
+    result_->oom_category = category;
+    result_->oom_request_bytes = bytes;
+    return false;
+  }
+  id_category_[id] = static_cast<uint8_t>(category);
+  category_bytes_[static_cast<int>(category)] += allocator_.charged_bytes(id);
+  if (allocator_.allocated_bytes() > result_->peak_allocated_bytes) {
+    result_->peak_allocated_bytes = allocator_.allocated_bytes();
+    result_->peak_breakdown_bytes = category_bytes_;
+    peak_allocated_label_ = label_;
+  }
+  if (allocator_.reserved_bytes() > result_->peak_reserved_bytes) {
+    result_->peak_reserved_bytes = allocator_.reserved_bytes();
+    peak_reserved_label_ = label_;
+  }
+  return true;
+}
+
+void StepReplay::free(int64_t id) {
+  category_bytes_[id_category_[id]] -= allocator_.charged_bytes(id);  // 0 when not live
+  allocator_.free(id);
+}
+
+void StepReplay::host_alloc(int64_t bytes) {
+  host_bytes_ += bytes;
+  result_->peak_host_bytes = std::max(result_->peak_host_bytes, host_bytes_);
+}
+
+void StepReplay::mark(int label) {
+  if (!options_.record_timeline) return;
+  result_->timeline.push_back(TimelinePoint{sim_.labels_[label], allocator_.allocated_bytes(),
+                                            allocator_.reserved_bytes(), category_bytes_});
+}
+
+void StepReplay::run() {
+  allocator_.reset();
+  label_ = 0;
+  bool ok = init();
+  for (int step = 0; ok && step < kNumSteps; ++step) {
+    step_base_ = 1 + step * (2 * num_units_ + 1);
+    label_ = step_base_;
+    zero_grad();
+    ok = replay_trace() && optimizer_step();
+  }
+  result_->peak_allocated_label = sim_.labels_[peak_allocated_label_];
+  result_->peak_reserved_label = sim_.labels_[peak_reserved_label_];
+  result_->num_alloc_retries = allocator_.num_alloc_retries();
+}
+
+// Fixed overheads first (they exist before the model does), then each
+// unit's persistent parameter storage.
+bool StepReplay::init() {
+  for (size_t i = 0; i < options_.overhead_bytes.size(); ++i) {
+    if (!alloc(overhead_id_ + i, options_.overhead_bytes[i], kComputeStream, Category::kOverhead))
+      return false;
+  }
+  for (int u = 0; u < num_units_; ++u) {
+    if (!sharded_params()) {
+      if (strategy_.offload) {
+        // zero1+offload: the fp32 master shard lives on the host; the device
+        // keeps only the params forward and backward read.
+        host_alloc(kFp32Bytes * shard_[u]);
+        if (!alloc(unit_id(u, kFullParam), c_ * padded_[u], kComputeStream, Category::kParams))
+          return false;
+      } else {
+        if (!alloc(unit_id(u, kFullParam), kFp32Bytes * padded_[u], kComputeStream,
+                   Category::kParams))
+          return false;
+        if (mixed_ &&
+            !alloc(unit_id(u, kComputeCopy), c_ * padded_[u], kComputeStream, Category::kParams)) {
+          return false;
+        }
+      }
+    } else if (strategy_.offload) {
+      host_alloc(kFp32Bytes * shard_[u]);  // SHARDED, on the host
+    } else if (!alloc(unit_id(u, kShardParam), kFp32Bytes * shard_[u], kComputeStream,
+                      Category::kParams)) {
+      return false;  // SHARDED, on the device
+    }
+  }
+  mark(0);
+  return true;
+}
+
+// zero2/3/hybrid free last step's shard grads (optimizer.zero_grad(
+// set_to_none=True)); ddp/zero1 zero their flat grad buffer in place.
+void StepReplay::zero_grad() {
+  if (!sharded_params()) return;
+  for (int u = 0; u < num_units_; ++u) {
+    if (!shard_grad_live_[u]) continue;
+    if (strategy_.offload) {
+      host_bytes_ -= kFp32Bytes * shard_[u];
+    } else {
+      free(unit_id(u, kShardGrad));
+    }
+    shard_grad_live_[u] = false;
+  }
+}
+
+bool StepReplay::replay_trace() {
+  for (const StepSimulator::Event& ev : sim_.events_) {
+    label_ = step_base_ + ev.label;
+    switch (ev.op) {
+      case StepSimulator::Event::kAlloc:
+        if (!alloc(ev.id, ev.bytes, kComputeStream, Category::kActivations)) return false;
+        break;
+      case StepSimulator::Event::kFree:
+        free(ev.id);
+        break;
+      case StepSimulator::Event::kBackwardStart:
+        if (!on_backward_start()) return false;
+        break;
+      case StepSimulator::Event::kForwardBegin:
+        if (!pre_forward(ev.unit)) return false;
+        break;
+      case StepSimulator::Event::kForwardEnd:
+        post_forward(ev.unit);
+        mark(step_base_ + ev.unit);
+        break;
+      case StepSimulator::Event::kBackwardBegin:
+        if (!pre_backward(ev.unit)) return false;
+        break;
+      case StepSimulator::Event::kBackwardEnd:
+        if (!post_backward(ev.unit)) return false;
+        mark(step_base_ + num_units_ + ev.unit);
+        break;
+      case StepSimulator::Event::kRecomputeBegin:
+        if (!recompute_begin(ev.unit)) return false;
+        break;
+    }
+  }
+  // The forward/backward scope ends: whatever the trace left live (the loss)
+  // goes before the optimizer step.
+  for (int64_t id : sim_.leftover_ids_) free(id);
+  return true;
+}
+
+// ddp/zero1: the flat grad buffer (DDP's gradient_as_bucket_view buckets) is
+// created when the first backward starts and kept for the whole run.
+bool StepReplay::on_backward_start() {
+  if (sharded_params() || flat_grad_live_) return true;
+  flat_grad_live_ = true;
+  return alloc(flat_grad_id_, c_ * total_padded_, kComputeStream, Category::kGrads);
+}
+
+// SHARDED -> UNSHARDED: all-gather the unit's flat param. The input is the
+// fp32 shard itself, unless it must first be cast to c bytes (mixed) or
+// copied from the host (offload): then a c*s_u staging buffer feeds the
+// gather and is freed once it is done.
+bool StepReplay::unshard(int u) {
+  const bool staged = mixed_ || strategy_.offload;
+  if (staged &&
+      !alloc(unit_id(u, kGatherStaging), c_ * shard_[u], kCommStream, Category::kTemporaries)) {
+    return false;
+  }
+  if (!alloc(unit_id(u, kUnsharded), c_ * padded_[u], kCommStream, Category::kParams)) return false;
+  if (staged) free(unit_id(u, kGatherStaging));
+  state_[u] = ParamState::kUnsharded;
+  return true;
+}
+
+// UNSHARDED -> SHARDED: drop the gathered buffer; the shard was never gone.
+void StepReplay::reshard(int u) {
+  free(unit_id(u, kUnsharded));
+  state_[u] = ParamState::kSharded;
+}
+
+// Pre-forward: zero2/3/hybrid gather the unit if it is SHARDED (zero2 and
+// the zero3 root are still UNSHARDED from an earlier call).
+bool StepReplay::pre_forward(int u) {
+  if (!sharded_params() || state_[u] == ParamState::kUnsharded) return true;
+  return unshard(u);
+}
+
+// Post-forward: zero3/hybrid go UNSHARDED -> SHARDED, except the root unit,
+// which backward needs first (FSDP's root does not reshard after forward);
+// zero2 stays UNSHARDED until its backward ends.
+void StepReplay::post_forward(int u) {
+  if (reshard_after_forward() && u != root_unit_ && state_[u] == ParamState::kUnsharded) reshard(u);
+}
+
+// Pre-backward: regather if SHARDED, prefetch the next unit in backward
+// order (BACKWARD_PRE), then the unsharded grad autograd accumulates into.
+bool StepReplay::pre_backward(int u) {
+  if (!sharded_params()) return true;
+  if (state_[u] == ParamState::kSharded && !unshard(u)) return false;
+  const int next = sim_.backward_prefetch_[u];
+  if (strategy_.backward_prefetch && next >= 0 && state_[next] == ParamState::kSharded &&
+      !unshard(next)) {
+    return false;
+  }
+  return alloc(unit_id(u, kUnshardedGrad), c_ * padded_[u], kComputeStream, Category::kGrads);
+}
+
+// A checkpointed unit re-runs its forward inside its backward: it must be
+// UNSHARDED (pre_backward normally did it already).
+bool StepReplay::recompute_begin(int u) {
+  if (!sharded_params() || state_[u] == ParamState::kUnsharded) return true;
+  return unshard(u);
+}
+
+// Post-backward: reduce-scatter the unsharded grad into this rank's fp32
+// shard grad, then free the unsharded grad and go UNSHARDED -> SHARDED.
+// ddp/zero1 all-reduce the flat grads in place; zero1+offload then copies its
+// own slice to the host.
+bool StepReplay::post_backward(int u) {
+  const int64_t shard_grad_bytes = kFp32Bytes * shard_[u];
+  if (!sharded_params()) {
+    if (strategy_.offload && !shard_grad_live_[u]) {
+      host_alloc(shard_grad_bytes);
+      shard_grad_live_[u] = true;
+    }
+    return true;
+  }
+  if (!mixed_ && !strategy_.offload) {
+    // fp32: the reduce-scatter output is the shard grad itself.
+    if (!alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads))
+      return false;
+  } else {
+    // mixed: a c*s_u output upcast into the fp32 shard grad; offload: the
+    // output goes device-to-host (and is upcast there when mixed).
+    const Category out_category = mixed_ ? Category::kCommBuffers : Category::kGrads;
+    if (!alloc(unit_id(u, kReduceScatterOut), c_ * shard_[u], kCommStream, out_category))
+      return false;
+    if (strategy_.offload) {
+      host_alloc(shard_grad_bytes);
+    } else if (!alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads)) {
+      return false;
+    }
+    free(unit_id(u, kReduceScatterOut));
+  }
+  shard_grad_live_[u] = true;
+  free(unit_id(u, kUnshardedGrad));
+  if (state_[u] == ParamState::kUnsharded) reshard(u);
+  return true;
+}
+
+// AdamW over one flat tensor at a time (the unit's full param for ddp, its
+// shard otherwise): state created lazily in step 1, then the update's
+// temporaries, freed before the next tensor.
+bool StepReplay::optimizer_step() {
+  label_ = step_base_ + 2 * num_units_;
+  const bool adamw = strategy_.optimizer == Optimizer::kAdamW;
+  for (int u = 0; u < num_units_; ++u) {
+    const int64_t n = strategy_.sharding == Sharding::kDdp ? padded_[u] : shard_[u];
+    if (strategy_.offload) {
+      // The update runs on the host; zero1 then copies its updated shard
+      // back through a staging buffer and all-gathers it in place.
+      if (adamw && !optimizer_state_live_[u]) host_alloc(2 * kFp32Bytes * n);
+      optimizer_state_live_[u] = true;
+      if (!sharded_params()) {
+        if (!alloc(unit_id(u, kGatherStaging), c_ * shard_[u], kCommStream, Category::kTemporaries))
+          return false;
+        free(unit_id(u, kGatherStaging));
+      }
+      continue;
+    }
+    if (adamw && !optimizer_state_live_[u]) {
+      if (!alloc(unit_id(u, kExpAvg), kFp32Bytes * n, kComputeStream, Category::kOptimizer))
+        return false;
+      if (!alloc(unit_id(u, kExpAvgSq), kFp32Bytes * n, kComputeStream, Category::kOptimizer))
+        return false;
+    }
+    optimizer_state_live_[u] = true;
+    // ddp/zero1 mixed: the fp32 master update needs an fp32 copy of the
+    // c-byte grad; zero2/3 shard grads are fp32 already.
+    const bool upcast_grad = mixed_ && !sharded_params();
+    if (upcast_grad &&
+        !alloc(unit_id(u, kGradF32), kFp32Bytes * n, kComputeStream, Category::kTemporaries)) {
+      return false;
+    }
+    if (adamw && !alloc(unit_id(u, kDenom), kFp32Bytes * n, kComputeStream, Category::kTemporaries))
+      return false;
+    free(unit_id(u, kDenom));
+    free(unit_id(u, kGradF32));
+    // zero1: all-gather the updated shards in place; mixed ddp/zero1: refresh
+    // the compute copy in place. Neither allocates.
+  }
+  mark(step_base_ + 2 * num_units_);
+  return true;
+}
+
+// ------------------------------------------------------------ entry
+
+StepSimResult StepSimulator::simulate(const Strategy& strategy, AllocatorModel& allocator,
+                                      const SimOptions& options) const {
+  const std::string name = sharding_name(strategy.sharding);
+  if (strategy.world_size < 1) {
+    throw std::invalid_argument("world size " + std::to_string(strategy.world_size) +
+                                " must be at least 1");
+  }
+  if (strategy.sharding == Sharding::kDdp && strategy.offload) {
+    throw std::invalid_argument(
+        "ddp+offload: offload needs a sharded strategy (zero1, zero2, zero3, hybrid)");
+  }
+  if (strategy.sharding != Sharding::kDdp) {
+    const int n = strategy.shard_group_size;
+    if (n < 1 || strategy.world_size % n != 0) {
+      throw std::invalid_argument(name + ": world size " + std::to_string(strategy.world_size) +
+                                  " is not a multiple of shard group " + std::to_string(n));
+    }
+    if (strategy.sharding != Sharding::kHybrid && n != strategy.world_size) {
+      throw std::invalid_argument(name + " shards over the whole world: shard group " +
+                                  std::to_string(n) + " != world size " +
+                                  std::to_string(strategy.world_size));
+    }
+  }
+  if (strategy.compute_dtype != trace_dtype_) {
+    throw std::invalid_argument(
+        "strategy computes in " + std::to_string(dtype_bytes(strategy.compute_dtype)) +
+        "-byte dtype but the trace was recorded in " + std::to_string(dtype_bytes(trace_dtype_)) +
+        "-byte dtype; trace it again");
+  }
+  StepSimResult result;
+  StepReplay(*this, strategy, allocator, options, &result).run();
+  return result;
+}
+
+}  // namespace shardfit::planner

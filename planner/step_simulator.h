@@ -1,0 +1,179 @@
+// Simulates the device memory of a short training run on ONE rank: init,
+// step 1 and step 2 (AdamW creates its state lazily inside step 1's optimizer
+// step, so step 2 is the steady state). The traced activation events are
+// replayed in order, and around them the simulator adds what the sharding
+// strategy does at unit boundaries: gathers and frees of flat parameters,
+// gradient buffers, reduce-scatter outputs, mixed-precision casts, offload
+// staging, and the optimizer step. Every buffer goes through an
+// AllocatorModel, so the peak is what that allocator would report.
+//
+// The semantics below are what shardfit's executor does; the two must change
+// together. With P_u a unit's flat numel padded to the shard group N
+// (shard_layout.h), s_u = P_u / N its shard and c the compute dtype's bytes:
+//  - ddp: fp32 flat params 4*P_u per unit (mixed: plus a persistent c*P_u
+//    compute copy); one flat grad buffer c*sum(P_u) allocated when step 1's
+//    backward starts and kept; all-reduce in place; AdamW on full params.
+//    P_u is not padded (N = 1): nothing is sharded.
+//  - zero1: params and grads as ddp; AdamW state sharded (8*s_u); after the
+//    update the shards are all-gathered in place into the full params.
+//  - zero2: fp32 shards 4*s_u; gathered (c*P_u) at forward begin and kept
+//    through backward; unsharded grad c*P_u from backward begin; at backward
+//    end reduce-scattered into an fp32 shard grad 4*s_u (kept until the next
+//    zero_grad) and the unsharded param and grad are freed.
+//  - zero3: zero2, but the unsharded param is freed at forward end (the root
+//    unit's only after its backward), re-gathered at backward begin, and
+//    backward prefetch gathers the unit that runs backward next.
+//  - hybrid: zero3 within a shard group of N = GPUs per node.
+//  - +offload: fp32 shards, shard grads and AdamW state live in host memory
+//    (peak_host_bytes); gathers go through a c*s_u host-to-device staging
+//    buffer; the optimizer runs on the host. zero1+offload keeps only the
+//    c*P_u compute params and the flat grads on the device.
+// Trace tensors still live when a step's backward ends (the loss) are freed
+// before the optimizer step, as the executor's forward/backward scope ends.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "planner/allocator_model.h"
+#include "planner/candidate.h"  // Sharding, sharding_name()
+#include "planner/model_trace.h"
+#include "planner/wrap_policy.h"
+
+namespace shardfit::planner {
+
+// The breakdown keys of SPEC.md's plan JSON, in that order.
+enum class Category : uint8_t {
+  kParams,
+  kGrads,
+  kOptimizer,
+  kActivations,
+  kCommBuffers,
+  kTemporaries,
+  kOverhead,
+};
+inline constexpr int kNumCategories = 7;
+// "params", "grads", "optimizer", "activations", "comm_buffers",
+// "temporaries", "overhead".
+const char* category_name(Category c);
+using CategoryBytes = std::array<int64_t, kNumCategories>;
+
+enum class Optimizer : uint8_t {
+  kAdamW,  // exp_avg + exp_avg_sq: 8 bytes of state per element
+  kSgd,    // plain SGD without momentum: no state
+};
+
+// Allocation streams: the caching allocator never hands a block cached on
+// one stream to another.
+inline constexpr int kComputeStream = 0;
+inline constexpr int kCommStream =
+    1;  // all-gather outputs, reduce-scatter buffers, casts feeding them
+
+struct Strategy {
+  Sharding sharding = Sharding::kDdp;
+  bool offload = false;  // zero1/zero2/zero3/hybrid only
+  bool ckpt = false;     // informational: checkpointing is already in the trace
+  // kF32: fp32 everywhere. kF16/kBF16: mixed precision, 2-byte compute
+  // params and grads, fp32 master weights and optimizer state. Must match
+  // ModelTrace::compute_dtype.
+  DType compute_dtype = DType::kF32;
+  Optimizer optimizer = Optimizer::kAdamW;
+  int world_size = 1;
+  // Ranks a flat parameter is sharded over: world_size for zero1/2/3, GPUs
+  // per node for hybrid; ignored for ddp.
+  int shard_group_size = 1;
+  // FSDP's BackwardPrefetch.BACKWARD_PRE (its default); matters for
+  // zero3/hybrid only.
+  bool backward_prefetch = true;
+};
+
+struct SimOptions {
+  // Fixed device allocations made before anything else (CUDA context,
+  // library workspaces, communicator buffers), category "overhead".
+  std::vector<int64_t> overhead_bytes;
+  // The batch search only needs peaks: skip building the timeline.
+  bool record_timeline = true;
+};
+
+struct TimelinePoint {
+  // "init", "step1/forward/<unit>", "step1/backward/<unit>",
+  // "step1/optimizer", ... where <unit> is Unit::name ("root" for the root).
+  std::string label;
+  int64_t allocated_bytes = 0;
+  int64_t reserved_bytes = 0;
+  CategoryBytes category_bytes{};  // allocated, by category
+};
+
+struct StepSimResult {
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  std::string peak_allocated_label;  // the phase that set each peak
+  std::string peak_reserved_label;
+  CategoryBytes peak_breakdown_bytes{};  // allocated bytes at the allocated peak
+  int64_t num_alloc_retries = 0;
+  bool oom = false;
+  std::string oom_label;                           // phase of the failed allocation
+  Category oom_category = Category::kActivations;  // what it was for
+  int64_t oom_request_bytes = 0;
+  int64_t peak_host_bytes = 0;          // offload: host-resident shards, grads, state
+  std::vector<TimelinePoint> timeline;  // a point after each phase; empty if not recorded
+};
+
+// Built once per (trace, units): indexes the trace so that simulate(), which
+// the planner calls for every candidate and batch, walks a flat event array
+// with no string or map work.
+class StepSimulator {
+ public:
+  // Throws std::invalid_argument on a malformed trace (a free of a tensor that
+  // is not live, a module index out of range, an allocation of a live id).
+  StepSimulator(const ModelTrace& trace, const UnitPartition& units);
+
+  // Resets `allocator` and runs init, step 1 and step 2 through it, stopping at
+  // the first allocation that does not fit. Throws std::invalid_argument on an
+  // impossible strategy (offload with ddp, world not a multiple of the shard
+  // group, compute dtype other than the trace's).
+  StepSimResult simulate(const Strategy& strategy, AllocatorModel& allocator,
+                         const SimOptions& options = {}) const;
+
+  // Units in the order their forward first begins in the trace (units that
+  // never run come last, in index order).
+  const std::vector<int>& forward_order() const { return forward_order_; }
+  int num_units() const { return static_cast<int>(unit_numel_.size()); }
+  int64_t num_trace_tensors() const { return num_trace_tensors_; }
+
+  // One entry of the flattened trace that simulate() walks.
+  struct Event {
+    enum Op : uint8_t {
+      kAlloc,           // trace tensor `id` of `bytes`
+      kFree,            // trace tensor `id`
+      kBackwardStart,   // the first backward (or recompute) event of the step
+      kForwardBegin,    // unit `unit`'s forward starts (outermost call)
+      kForwardEnd,      // ... and ends
+      kBackwardBegin,   // unit's first backward begin in the step
+      kBackwardEnd,     // unit's last backward end in the step
+      kRecomputeBegin,  // unit's checkpointed forward re-runs in backward
+    };
+    Op op = kAlloc;
+    int32_t label = 0;  // index into the per-step labels (see .cc)
+    int32_t unit = -1;
+    int32_t id = -1;
+    int64_t bytes = 0;
+  };
+
+ private:
+  friend class StepReplay;
+
+  DType trace_dtype_;
+  std::vector<Event> events_;
+  std::vector<int64_t> leftover_ids_;  // trace tensors live at the end of backward
+  int64_t num_trace_tensors_ = 0;
+  std::vector<int64_t> unit_numel_;
+  int root_unit_ = 0;  // the unit rooted at the model root
+  std::vector<int> forward_order_;
+  std::vector<int> backward_prefetch_;  // unit -> unit to prefetch at its backward begin, -1 none
+  std::vector<std::string> labels_;     // "init", then per step: forward/u, backward/u, optimizer
+};
+
+}  // namespace shardfit::planner

@@ -1,0 +1,173 @@
+#include "planner/time_model.h"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace shardfit::planner {
+namespace {
+
+// fp32 master weights, gradients handed to the optimizer and optimizer
+// states are 4 bytes per element whatever the compute precision.
+constexpr double kMasterBytes = 4;
+
+// Overlappable and exposed communication of one phase, in seconds.
+struct PhaseComm {
+  double overlappable_s = 0;
+  double exposed_s = 0;
+  double total_s() const { return overlappable_s + exposed_s; }
+};
+
+double phase_time(double compute_s, const PhaseComm& comm) {
+  return std::max(compute_s, comm.overlappable_s) + comm.exposed_s;
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("time model: " + what);
+}
+
+}  // namespace
+
+double all_gather_bytes_per_rank(double bytes, int ranks) {
+  return ranks <= 1 ? 0.0 : bytes * (ranks - 1) / ranks;
+}
+
+double reduce_scatter_bytes_per_rank(double bytes, int ranks) {
+  return all_gather_bytes_per_rank(bytes, ranks);
+}
+
+double all_reduce_bytes_per_rank(double bytes, int ranks) {
+  return 2 * all_gather_bytes_per_rank(bytes, ranks);
+}
+
+StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profile) {
+  const Candidate& c = in.candidate;
+  check(!in.unit_padded_numel.empty(), "no units");
+  check(in.batch >= 1 && in.seq_len >= 1, "batch and seq_len must be >= 1");
+  check(in.world_size >= 1 && in.nodes >= 1 && in.shard_group_size >= 1,
+        "world_size, nodes and shard_group_size must be >= 1");
+  check(in.world_size % in.nodes == 0, "world_size " + std::to_string(in.world_size) +
+                                           " is not a multiple of nodes " +
+                                           std::to_string(in.nodes));
+  check(in.world_size % in.shard_group_size == 0, "world_size " + std::to_string(in.world_size) +
+                                                      " is not a multiple of shard_group_size " +
+                                                      std::to_string(in.shard_group_size));
+  check(in.forward_flops >= 0 && in.backward_flops >= 0 && in.optimizer_states >= 0,
+        "negative flops or optimizer states");
+  const DType dtype = compute_dtype(c.precision);
+  check(profile.supports(dtype),
+        std::string(precision_name(c.precision)) + " is not supported by " + profile.name);
+
+  StepTime t;
+  // --- compute ---
+  const double flops_per_s = profile.peak_flops_per_s(dtype) * profile.flops_efficiency(dtype);
+  t.forward_compute_s = in.forward_flops / flops_per_s;
+  t.backward_compute_s = in.backward_flops / flops_per_s;
+  t.compute_s = t.forward_compute_s + t.backward_compute_s;
+
+  // --- communication ---
+  const double elem_bytes = static_cast<double>(dtype_bytes(dtype));
+  const double model_numel = static_cast<double>(
+      std::accumulate(in.unit_padded_numel.begin(), in.unit_padded_numel.end(), int64_t{0}));
+  // Backward finishes with the first forward unit: its reduction is the one
+  // nothing is left to hide behind; forward starts with its gather.
+  const double first_unit_numel = static_cast<double>(in.unit_padded_numel.front());
+  const double last_unit_numel = static_cast<double>(in.unit_padded_numel.back());
+  const int n = in.world_size;
+  const double collective_eff = profile.efficiency.collective;
+  const double intra_per_s = profile.gpu_link.bytes_per_s * collective_eff;
+  const double inter_per_s = profile.inter_node_link.bytes_per_s * collective_eff;
+  // A ring over ranks on several nodes crosses the inter-node link, and runs
+  // at its slowest hop.
+  const double world_ring_per_s = in.nodes > 1 ? std::min(intra_per_s, inter_per_s) : intra_per_s;
+
+  PhaseComm fwd, bwd;
+  double post_step_comm_s = 0;
+  int optimizer_shard_ranks = 1;  // the optimizer updates model / this many
+  int gather_passes = 0;          // param gathers per step (for offload copies)
+  switch (c.sharding) {
+    case Sharding::kDdp:
+    case Sharding::kZero1: {
+      const double grad_bytes = model_numel * elem_bytes;
+      const double last_bucket_bytes = std::min(grad_bytes, static_cast<double>(kDdpBucketBytes));
+      const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s;
+      const double exposed_s = all_reduce_bytes_per_rank(last_bucket_bytes, n) / world_ring_per_s;
+      bwd = {total_s - exposed_s, exposed_s};
+      t.intra_node_comm_bytes = all_reduce_bytes_per_rank(grad_bytes, n);
+      if (c.sharding == Sharding::kZero1) {
+        // Every rank updated a shard of the fp32 params; all ranks need all.
+        const double param_bytes = model_numel * kMasterBytes;
+        post_step_comm_s = all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s;
+        t.intra_node_comm_bytes += all_gather_bytes_per_rank(param_bytes, n);
+        optimizer_shard_ranks = n;
+        gather_passes = 1;
+      }
+      break;
+    }
+    case Sharding::kZero2:
+    case Sharding::kZero3:
+    case Sharding::kHybrid: {
+      const bool hybrid = c.sharding == Sharding::kHybrid;
+      const int g = hybrid ? in.shard_group_size : n;
+      check(!hybrid || g * in.nodes == n, "hybrid needs shard_group_size x nodes = world_size (" +
+                                              std::to_string(g) + " x " + std::to_string(in.nodes) +
+                                              " != " + std::to_string(n) + ")");
+      // Hybrid's shard group is one node: its ring never leaves the node.
+      const double ring_per_s = hybrid ? intra_per_s : world_ring_per_s;
+      auto ring_s = [&](double numel) {
+        return all_gather_bytes_per_rank(numel * elem_bytes, g) / ring_per_s;
+      };
+      fwd = {ring_s(model_numel) - ring_s(first_unit_numel), ring_s(first_unit_numel)};
+      const bool regather = c.sharding != Sharding::kZero2;  // zero2 keeps params for backward
+      const int backward_collectives = regather ? 2 : 1;     // (AG +) RS
+      // Exposed in backward: the last reduce-scatter (first forward unit's)
+      // and, when params are re-gathered, the first backward unit's gather.
+      const double bwd_exposed_s =
+          ring_s(first_unit_numel) + (regather ? ring_s(last_unit_numel) : 0.0);
+      bwd = {backward_collectives * ring_s(model_numel) - bwd_exposed_s, bwd_exposed_s};
+      t.intra_node_comm_bytes =
+          (1 + backward_collectives) * all_gather_bytes_per_rank(model_numel * elem_bytes, g);
+      if (hybrid && in.nodes > 1) {
+        // Replicas average their shard of the grads across nodes, unit by
+        // unit after each reduce-scatter: overlappable except the last.
+        auto inter_s = [&](double numel) {
+          return all_reduce_bytes_per_rank(numel / g * elem_bytes, in.nodes) / inter_per_s;
+        };
+        bwd.overlappable_s += inter_s(model_numel) - inter_s(first_unit_numel);
+        bwd.exposed_s += inter_s(first_unit_numel);
+        t.inter_node_comm_bytes = all_reduce_bytes_per_rank(model_numel / g * elem_bytes, in.nodes);
+      }
+      optimizer_shard_ranks = g;
+      gather_passes = c.sharding == Sharding::kZero2 ? 1 : 2;
+      break;
+    }
+  }
+  t.comm_s = fwd.total_s() + bwd.total_s() + post_step_comm_s;
+
+  // --- optimizer and offload ---
+  const double shard_numel = model_numel / optimizer_shard_ranks;
+  // fp32 param read + write, grad read, each state read + write.
+  const double optimizer_bytes = shard_numel * kMasterBytes * (3 + 2 * in.optimizer_states);
+  if (c.offload) {
+    const int copies = gather_passes + 1;  // params in per pass, grads out once
+    t.host_link_bytes = copies * shard_numel * kMasterBytes;
+    t.offload_s =
+        t.host_link_bytes / (profile.host_link.bytes_per_s * profile.efficiency.host_link);
+    t.optimizer_s =
+        optimizer_bytes / (profile.host_memory_bytes_per_s * profile.efficiency.host_memory);
+  } else {
+    t.optimizer_s = optimizer_bytes / (profile.memory_bytes_per_s * profile.efficiency.memory);
+  }
+
+  const double forward_s = phase_time(t.forward_compute_s, fwd);
+  const double backward_s = phase_time(t.backward_compute_s, bwd);
+  t.step_time_s = forward_s + backward_s + post_step_comm_s + t.optimizer_s + t.offload_s;
+  t.exposed_comm_s = forward_s + backward_s + post_step_comm_s - t.compute_s;
+  t.tokens_per_s = t.step_time_s > 0 ? static_cast<double>(in.batch) *
+                                           static_cast<double>(in.seq_len) * n / t.step_time_s
+                                     : 0.0;
+  return t;
+}
+
+}  // namespace shardfit::planner

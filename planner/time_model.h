@@ -1,0 +1,103 @@
+// Step time: how long one training step of one candidate takes on one rank,
+// and so the global tokens/s the plan ranks candidates by. A roofline-style
+// model, deliberately simple, because its job is to order strategies and give
+// the right magnitude, not to predict to the percent:
+//
+//  - Compute: the trace's matmul FLOPs / (peak FLOP/s of the compute dtype ×
+//    the profile's efficiency). Forward and backward separately (backward
+//    includes the recompute under +ckpt). The efficiency absorbs everything
+//    the FLOP count leaves out (elementwise ops, launches).
+//  - Communication, per rank, ring algorithms over n ranks: an all-gather or
+//    reduce-scatter of M bytes moves (n−1)/n·M, an all-reduce 2(n−1)/n·M.
+//      ddp    all-reduce of grads, bucketed (25 MiB, DDP's default) during
+//             backward.
+//      zero1  the same, plus an all-gather of the updated fp32 params after
+//             the optimizer step.
+//      zero2  all-gather of params in forward (kept through backward),
+//             reduce-scatter of grads in backward.
+//      zero3  all-gather in forward, again in backward, reduce-scatter in
+//             backward.
+//      hybrid zero3 inside a node (shard group), plus an all-reduce of each
+//             grad shard across nodes over the inter-node link.
+//    Params travel in the compute dtype, grads are reduced in it (SPEC: mixed
+//    precision reduces in low precision). Rates: the GPU link inside a node;
+//    a ring that spans nodes runs at the slower of GPU and inter-node link.
+//  - Overlap, per phase: phase time = max(compute, overlappable comm) +
+//    exposed comm. Exposed = what nothing can hide: in forward the first
+//    unit's all-gather (there is no earlier compute to prefetch behind); in
+//    backward the last reduce-scatter or all-reduce (the first unit's, or
+//    DDP's last bucket) and, for zero3/hybrid, the re-gather of the first
+//    unit backward runs (the last forward unit); after the step, zero1's
+//    param all-gather. With one unit (wrap=none) everything is exposed, as
+//    it really is.
+//  - Offload (fully exposed, a conservative simplification): host→device copy
+//    of the rank's fp32 param shard once per gather pass (zero3/hybrid: 2,
+//    zero1/zero2: 1) and device→host copy of its fp32 grad shard, over the
+//    host link; the optimizer then runs on the CPU.
+//  - Optimizer: bytes touched (fp32 param read+write, grad read, each state
+//    read+write) over the rank's optimizer shard / (memory bandwidth ×
+//    efficiency), on the device, or on the host under offload.
+//
+// step_time_s = forward phase + backward phase + optimizer_s + offload_s +
+// post-step comm. tokens_per_s = batch × seq_len × world / step_time_s:
+// global tokens per second.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/candidate.h"
+#include "planner/profile.h"
+
+namespace shardfit::planner {
+
+// DDP's default bucket_cap_mb: the last bucket's all-reduce cannot overlap
+// backward.
+constexpr int64_t kDdpBucketBytes = int64_t{25} << 20;
+
+struct StepTimeInputs {
+  Candidate candidate;        // sharding, offload, precision (wrap and ckpt
+                              // act through the two fields below)
+  double forward_flops = 0;   // whole step on one rank at `batch`
+  double backward_flops = 0;  // including recompute under +ckpt
+  // Each unit's flat parameter numel, padded as the layout pads it for the
+  // shard group, in forward execution order. Their sum is the whole model.
+  std::vector<int64_t> unit_padded_numel;
+  int64_t batch = 1;  // sequences per rank
+  int64_t seq_len = 1;
+  int world_size = 1;        // all ranks
+  int shard_group_size = 1;  // ranks a unit is sharded over (zero*: world,
+                             // hybrid: GPUs per node, ddp: ignored)
+  int nodes = 1;
+  int optimizer_states = 2;  // fp32 states per param: AdamW 2, SGD 0
+};
+
+struct StepTime {
+  double step_time_s = 0;
+  double tokens_per_s = 0;  // global: batch × seq_len × world / step_time_s
+  // The parts, for the report. compute_s and comm_s are totals, before
+  // overlap; exposed_comm_s is the share of comm_s that adds to the step.
+  double compute_s = 0;
+  double forward_compute_s = 0;
+  double backward_compute_s = 0;
+  double comm_s = 0;
+  double exposed_comm_s = 0;
+  double offload_s = 0;    // host<->device copies
+  double optimizer_s = 0;  // on the device, or on the CPU under offload
+  // Bytes this rank sends per step, by link.
+  double intra_node_comm_bytes = 0;
+  double inter_node_comm_bytes = 0;
+  double host_link_bytes = 0;
+};
+
+// Throws std::invalid_argument (one line) on inconsistent inputs: no units,
+// batch or sizes < 1, world not a multiple of the shard group, a precision
+// the profile lacks.
+StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profile);
+
+// Bytes one rank sends in a ring collective of `bytes` over `ranks` ranks.
+double all_gather_bytes_per_rank(double bytes, int ranks);      // (n−1)/n·M
+double reduce_scatter_bytes_per_rank(double bytes, int ranks);  // (n−1)/n·M
+double all_reduce_bytes_per_rank(double bytes, int ranks);      // 2(n−1)/n·M
+
+}  // namespace shardfit::planner

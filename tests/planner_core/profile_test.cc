@@ -1,0 +1,248 @@
+// Device profiles: every shipped profile loads, says where each number came
+// from, and the loader's and size parser's errors are one line naming the
+// input.
+#include "planner/profile.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+namespace shardfit::planner {
+namespace {
+
+const std::string kProfilesDir = std::string(SHARDFIT_SOURCE_DIR) + "/profiles";
+
+// The message of the std::invalid_argument `fn` throws; fails the test if it
+// throws nothing.
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected std::invalid_argument";
+  return "";
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(ProfileTest, ShipsEveryProfileSpecAsksFor) {
+  std::vector<std::string> names = list_profiles(kProfilesDir);
+  for (const char* name : {"titan-rtx-24gb", "rtx3090-24gb", "v100-32gb", "a100-40gb", "a100-80gb",
+                           "h100-80gb", "h200-141gb", "cpu"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
+}
+
+TEST(ProfileTest, EveryShippedProfileLoadsAndSourcesEveryNumber) {
+  for (const std::string& name : list_profiles(kProfilesDir)) {
+    SCOPED_TRACE(name);
+    DeviceProfile p = load_profile(name, kProfilesDir);  // refuses unsourced numbers
+    EXPECT_EQ(p.name, name);
+    EXPECT_FALSE(p.description.empty());
+    EXPECT_TRUE(p.supports(DType::kF32));
+    EXPECT_GT(p.sources.size(), 15u);
+    for (const auto& [field, source] : p.sources) EXPECT_GT(source.size(), 10u) << field;
+    if (p.kind == DeviceKind::kCuda) {
+      EXPECT_EQ(p.allocator, AllocatorKind::kCudaCaching);
+      EXPECT_GT(p.memory_bytes, int64_t{20} << 30);
+      EXPECT_GT(p.cuda_context_bytes, 0);
+      EXPECT_TRUE(p.supports(DType::kF16));
+      // Tensor cores: mixed precision peaks above FP32 (only ~2x on GeForce
+      // Ampere, whose FP32 rate doubled and FP32-accumulate rate halved).
+      EXPECT_GT(p.fp16_flops_per_s, 1.9 * p.fp32_flops_per_s);
+    }
+  }
+}
+
+TEST(ProfileTest, KnowsWhichCardsLackBf16) {
+  EXPECT_FALSE(load_profile("titan-rtx-24gb", kProfilesDir).supports(DType::kBF16));
+  EXPECT_FALSE(load_profile("v100-32gb", kProfilesDir).supports(DType::kBF16));
+  for (const char* name : {"rtx3090-24gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"})
+    EXPECT_TRUE(load_profile(name, kProfilesDir).supports(DType::kBF16)) << name;
+}
+
+TEST(ProfileTest, TitanRtxMatchesTheReferenceCapacity) {
+  DeviceProfile p = load_profile("titan-rtx-24gb", kProfilesDir);
+  EXPECT_EQ(format_gib(p.memory_bytes), "23.65 GiB");  // as PyTorch reported it
+  EXPECT_NE(p.sources.at("memory_bytes").find("23.65"), std::string::npos);
+  EXPECT_DOUBLE_EQ(p.fp32_flops_per_s, 16.3e12);
+}
+
+TEST(ProfileTest, CpuProfileIsExactUnlimitedAndHonest) {
+  DeviceProfile p = load_profile("cpu", kProfilesDir);
+  EXPECT_EQ(p.kind, DeviceKind::kCpu);
+  EXPECT_EQ(p.allocator, AllocatorKind::kExact);
+  EXPECT_EQ(p.memory_bytes, 0);
+  EXPECT_NE(p.sources.at("peak_flops_per_s.fp32").find("not measured"), std::string::npos);
+  EXPECT_EQ(p.allocator_budget_bytes(0, 4), 0);  // unlimited stays unlimited
+}
+
+TEST(ProfileTest, AllocatorBudgetSubtractsWhatLivesOutsideTheAllocator) {
+  DeviceProfile p = load_profile("titan-rtx-24gb", kProfilesDir);
+  int64_t mem = int64_t{24} << 30;
+  EXPECT_EQ(p.allocator_budget_bytes(mem, 1), mem - p.cuda_context_bytes);
+  EXPECT_EQ(p.allocator_budget_bytes(mem, 2), mem - p.cuda_context_bytes - p.nccl_buffers_bytes);
+  std::string err = error_of([&] { p.allocator_budget_bytes(int64_t{100} << 20, 2); });
+  EXPECT_NE(err.find("titan-rtx-24gb"), std::string::npos) << err;
+  EXPECT_NE(err.find("--gpu-mem"), std::string::npos) << err;
+}
+
+TEST(ProfileTest, UnknownNameListsTheKnownProfilesOnOneLine) {
+  std::string err = error_of([] { load_profile("titan-rtx", kProfilesDir); });
+  EXPECT_NE(err.find("'titan-rtx'"), std::string::npos) << err;
+  EXPECT_NE(err.find("titan-rtx-24gb"), std::string::npos) << err;
+  EXPECT_NE(err.find("h200-141gb"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+}
+
+TEST(ProfileTest, LoadsByPath) {
+  std::string path = write_temp("copy.json", read_text(kProfilesDir + "/a100-40gb.json"));
+  EXPECT_EQ(load_profile(path, "/nonexistent").name, "a100-40gb");
+  std::string err = error_of([] { load_profile("/nonexistent/x.json", kProfilesDir); });
+  EXPECT_NE(err.find("/nonexistent/x.json"), std::string::npos) << err;
+}
+
+TEST(ProfileTest, MalformedJsonNamesTheFile) {
+  std::string path = write_temp("broken.json", "{\"name\": \"x\",");
+  std::string err = error_of([&] { load_profile(path, kProfilesDir); });
+  EXPECT_NE(err.find(path), std::string::npos) << err;
+  EXPECT_NE(err.find("malformed JSON"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+}
+
+TEST(ProfileTest, MissingOrBadFieldsNameFileAndField) {
+  nlohmann::json good = nlohmann::json::parse(read_text(kProfilesDir + "/v100-32gb.json"));
+
+  nlohmann::json missing = good;
+  missing["gpu_link"].erase("bytes_per_s");
+  std::string path = write_temp("missing.json", missing.dump());
+  std::string err = error_of([&] { load_profile(path, kProfilesDir); });
+  EXPECT_NE(err.find(path), std::string::npos) << err;
+  EXPECT_NE(err.find("'gpu_link.bytes_per_s' is missing"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+
+  nlohmann::json wrong_type = good;
+  wrong_type["memory_bytes"] = "32 GB";
+  err = error_of([&] { parse_profile(wrong_type.dump(), "v.json"); });
+  EXPECT_NE(err.find("'memory_bytes'"), std::string::npos) << err;
+
+  nlohmann::json bad_fraction = good;
+  bad_fraction["efficiency"]["collective"] = 1.5;
+  err = error_of([&] { parse_profile(bad_fraction.dump(), "v.json"); });
+  EXPECT_NE(err.find("'efficiency.collective'"), std::string::npos) << err;
+
+  nlohmann::json bad_kind = good;
+  bad_kind["kind"] = "tpu";
+  err = error_of([&] { parse_profile(bad_kind.dump(), "v.json"); });
+  EXPECT_NE(err.find("'kind'"), std::string::npos) << err;
+}
+
+TEST(ProfileTest, RefusesANumberWithoutASource) {
+  nlohmann::json p = nlohmann::json::parse(read_text(kProfilesDir + "/a100-80gb.json"));
+  p["sources"].erase("memory_bytes_per_s");
+  std::string err = error_of([&] { parse_profile(p.dump(), "a.json"); });
+  EXPECT_NE(err.find("'memory_bytes_per_s' has no entry in 'sources'"), std::string::npos) << err;
+
+  // An extra number anywhere needs a source too.
+  p = nlohmann::json::parse(read_text(kProfilesDir + "/a100-80gb.json"));
+  p["gpu_link"]["latency_s"] = 5e-6;
+  err = error_of([&] { parse_profile(p.dump(), "a.json"); });
+  EXPECT_NE(err.find("'gpu_link.latency_s'"), std::string::npos) << err;
+}
+
+TEST(ProfileTest, FileNameAndNameMustAgree) {
+  std::string dir = testing::TempDir() + "/mismatch_profiles";
+  ASSERT_EQ(system(("mkdir -p '" + dir + "'").c_str()), 0);
+  std::ofstream(dir + "/other.json") << read_text(kProfilesDir + "/cpu.json");
+  std::string err = error_of([&] { load_profile("other", dir); });
+  EXPECT_NE(err.find("'name'"), std::string::npos) << err;
+}
+
+TEST(ProfileTest, ParsesSizes) {
+  EXPECT_EQ(parse_size_bytes("24GiB"), int64_t{24} << 30);
+  EXPECT_EQ(parse_size_bytes("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(parse_size_bytes("1.5GB"), 1500000000);
+  EXPECT_EQ(parse_size_bytes("123456"), 123456);
+  EXPECT_EQ(parse_size_bytes("123456B"), 123456);
+  EXPECT_EQ(parse_size_bytes("8 kib"), 8192);
+  EXPECT_EQ(parse_size_bytes("0.5KiB"), 512);
+  EXPECT_EQ(parse_size_bytes("2TB"), 2000000000000);
+  EXPECT_EQ(parse_size_bytes("23.65GiB"), 25393994138);  // round(23.65 * 2^30)
+  EXPECT_EQ(parse_size_bytes("0"), 0);
+}
+
+TEST(ProfileTest, SizeErrorsAreOneLineAndNameTheText) {
+  for (const char* text :
+       {"", "GiB", "24G", "-1GiB", "1.5", "12 GiB extra", "1.2.3MiB", "99999999999TiB", "abc"}) {
+    std::string err = error_of([&] { parse_size_bytes(text); });
+    EXPECT_NE(err.find(std::string("'") + text + "'"), std::string::npos) << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  }
+  EXPECT_NE(error_of([] { parse_size_bytes("24G"); }).find("GiB"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_size_bytes("-5"); }).find("negative"), std::string::npos);
+}
+
+class ProfilesDirTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    const char* env = getenv("SHARDFIT_PROFILES");
+    if (env) saved_ = env;
+    had_env_ = env != nullptr;
+    unsetenv("SHARDFIT_PROFILES");
+  }
+  void TearDown() override {
+    if (had_env_) {
+      setenv("SHARDFIT_PROFILES", saved_.c_str(), 1);
+    } else {
+      unsetenv("SHARDFIT_PROFILES");
+    }
+  }
+  bool had_env_ = false;
+  std::string saved_;
+};
+
+TEST_F(ProfilesDirTest, TakesTheFirstCandidateHoldingProfiles) {
+  std::string empty_dir = testing::TempDir() + "/empty_profiles";
+  ASSERT_EQ(system(("mkdir -p '" + empty_dir + "'").c_str()), 0);
+  EXPECT_EQ(find_profiles_dir({"/nonexistent", empty_dir, kProfilesDir}), kProfilesDir);
+}
+
+TEST_F(ProfilesDirTest, EnvironmentWins) {
+  std::string dir = testing::TempDir();
+  setenv("SHARDFIT_PROFILES", dir.c_str(), 1);
+  EXPECT_EQ(find_profiles_dir({kProfilesDir}), dir);
+  setenv("SHARDFIT_PROFILES", "/nonexistent/profiles", 1);
+  std::string err = error_of([] { find_profiles_dir({kProfilesDir}); });
+  EXPECT_NE(err.find("/nonexistent/profiles"), std::string::npos) << err;
+}
+
+TEST_F(ProfilesDirTest, NothingFoundSaysWhereItLooked) {
+  std::string err = error_of([] { find_profiles_dir({"/nonexistent/a", "/nonexistent/b"}); });
+  EXPECT_NE(err.find("/nonexistent/a"), std::string::npos) << err;
+  EXPECT_NE(err.find("SHARDFIT_PROFILES"), std::string::npos) << err;
+}
+
+TEST(ProfileTest, DefaultDirsSitNextToTheExecutable) {
+  std::vector<std::string> dirs = default_profile_dirs("/opt/shardfit/bin/shardfit");
+  ASSERT_FALSE(dirs.empty());
+  EXPECT_EQ(dirs[0], "/opt/shardfit/bin/../profiles");
+}
+
+}  // namespace
+}  // namespace shardfit::planner

@@ -1,0 +1,233 @@
+// Time model: exact answers on a fake device with round numbers (worked by
+// hand in the comments), then the physics the plan ranks by on a real
+// profile: more sharding moves more bytes, offload costs time, tensor cores
+// speed up mixed precision.
+#include "planner/time_model.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace shardfit::planner {
+namespace {
+
+const std::string kProfilesDir = std::string(SHARDFIT_SOURCE_DIR) + "/profiles";
+
+// Round numbers so every expected value below is worked out by hand.
+DeviceProfile fake_device() {
+  DeviceProfile p;
+  p.name = "fake";
+  p.fp32_flops_per_s = 1e12;
+  p.fp16_flops_per_s = 8e12;
+  p.memory_bytes_per_s = 100e9;
+  p.gpu_link = {"fake link", 10e9};
+  p.inter_node_link = {"fake net", 1e9};
+  p.host_link = {"fake pcie", 2e9};
+  p.host_memory_bytes_per_s = 10e9;
+  p.efficiency = {/*flops_fp32=*/0.5, /*flops_fp16=*/0.25, /*flops_bf16=*/0,
+                  /*collective=*/0.5, /*host_link=*/0.5,   /*memory=*/0.5,
+                  /*host_memory=*/0.5};
+  return p;
+}
+
+TEST(TimeModelTest, RingVolumes) {
+  EXPECT_DOUBLE_EQ(all_gather_bytes_per_rank(100, 4), 75);
+  EXPECT_DOUBLE_EQ(reduce_scatter_bytes_per_rank(100, 4), 75);
+  EXPECT_DOUBLE_EQ(all_reduce_bytes_per_rank(100, 4), 150);
+  EXPECT_DOUBLE_EQ(all_reduce_bytes_per_rank(100, 1), 0);  // alone: nothing to send
+}
+
+TEST(TimeModelTest, DdpByHand) {
+  StepTimeInputs in;
+  in.candidate = parse_candidate("ddp/fp32/wrap=none");
+  in.forward_flops = 1e12;   // / (1e12 × 0.5) = 2 s
+  in.backward_flops = 2e12;  // 4 s
+  in.unit_padded_numel = {50'000'000};
+  in.batch = 4;
+  in.seq_len = 128;
+  in.world_size = 2;
+  in.shard_group_size = 2;
+  StepTime t = estimate_step_time(in, fake_device());
+
+  EXPECT_DOUBLE_EQ(t.forward_compute_s, 2);
+  EXPECT_DOUBLE_EQ(t.backward_compute_s, 4);
+  // All-reduce of 2e8 grad bytes over 2 ranks: 2·(1/2)·2e8 = 2e8 bytes at
+  // 10e9 × 0.5 = 5e9 B/s = 0.04 s; all but the last 25 MiB bucket hides
+  // behind the 4 s of backward; that bucket, 26214400 B, takes 0.00524288 s.
+  EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 2e8);
+  EXPECT_DOUBLE_EQ(t.comm_s, 0.04);
+  EXPECT_NEAR(t.exposed_comm_s, 0.00524288, 1e-12);
+  // AdamW on device: 5e7 × 4 B × (3 + 2·2) = 1.4e9 B at 100e9 × 0.5 = 0.028 s.
+  EXPECT_DOUBLE_EQ(t.optimizer_s, 0.028);
+  EXPECT_DOUBLE_EQ(t.offload_s, 0);
+  EXPECT_NEAR(t.step_time_s, 2 + 4 + 0.00524288 + 0.028, 1e-12);
+  // Global tokens: 4 × 128 × 2 ranks per step.
+  EXPECT_NEAR(t.tokens_per_s, 1024 / t.step_time_s, 1e-9);
+}
+
+TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
+  StepTimeInputs in;
+  in.candidate = parse_candidate("zero3+offload/fp16/wrap=size:2000");
+  in.forward_flops = 2e12;   // / (8e12 × 0.25) = 1 s
+  in.backward_flops = 4e12;  // 2 s
+  in.unit_padded_numel = {10'000'000, 20'000'000, 20'000'000};
+  in.batch = 1;
+  in.seq_len = 1000;
+  in.world_size = 4;
+  in.shard_group_size = 4;
+  StepTime t = estimate_step_time(in, fake_device());
+
+  // One gather of the model in fp16: (3/4)·5e7·2 B = 7.5e7 B / 5e9 = 0.015 s;
+  // forward: AG; backward: AG + RS. Exposed: the first unit's forward AG
+  // (1e7 elements: 0.003 s), in backward the last unit's re-gather (0.006 s)
+  // and the first unit's RS (0.003 s).
+  EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 3 * 7.5e7);
+  EXPECT_NEAR(t.comm_s, 0.045, 1e-12);
+  EXPECT_NEAR(t.exposed_comm_s, 0.012, 1e-12);
+  // Offload: shard = 1.25e7 params; 2 param copies in + 1 grad copy out, fp32:
+  // 3 × 5e7 B = 1.5e8 B at 2e9 × 0.5 = 0.15 s. CPU AdamW: 1.25e7 × 28 B =
+  // 3.5e8 B at 10e9 × 0.5 = 0.07 s.
+  EXPECT_DOUBLE_EQ(t.host_link_bytes, 1.5e8);
+  EXPECT_NEAR(t.offload_s, 0.15, 1e-12);
+  EXPECT_NEAR(t.optimizer_s, 0.07, 1e-12);
+  EXPECT_NEAR(t.step_time_s, 1.003 + 2.009 + 0.15 + 0.07, 1e-12);
+  EXPECT_NEAR(t.tokens_per_s, 4000 / t.step_time_s, 1e-9);
+}
+
+TEST(TimeModelTest, HybridAddsAnInterNodeAllReduceOfTheShard) {
+  StepTimeInputs in;
+  in.candidate = parse_candidate("hybrid/fp32/wrap=block");
+  in.forward_flops = 1e12;   // 2 s: hides every overlappable collective
+  in.backward_flops = 2e12;  // 4 s
+  in.unit_padded_numel = {10'000'000, 40'000'000};
+  in.world_size = 4;
+  in.shard_group_size = 2;
+  in.nodes = 2;
+  StepTime t = estimate_step_time(in, fake_device());
+  // Inside a node (2 ranks): (1/2)·5e7·4 B = 1e8 B per collective, 3 of them.
+  EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 3e8);
+  // Across nodes: all-reduce of the 2.5e7-element shard, fp32, 2 nodes:
+  // 2·(1/2)·1e8 = 1e8 B at 1e9 × 0.5 = 0.2 s, exposed: the first unit's,
+  // 5e6 elements: 0.04 s.
+  EXPECT_DOUBLE_EQ(t.inter_node_comm_bytes, 1e8);
+  // Exposed inside the node: the first unit's gather and reduce-scatter, 2e7
+  // B each at 5e9 B/s = 0.004 s, and the last unit's backward re-gather, 8e7
+  // B = 0.016 s; plus 0.04 s across nodes.
+  EXPECT_NEAR(t.exposed_comm_s, 0.004 + 0.016 + 0.004 + 0.04, 1e-12);
+  EXPECT_NEAR(t.comm_s, 3 * 0.02 + 0.2, 1e-12);
+}
+
+TEST(TimeModelTest, RejectsInconsistentInputs) {
+  StepTimeInputs in;
+  in.candidate = parse_candidate("zero3/bf16/wrap=block");
+  in.unit_padded_numel = {100};
+  EXPECT_THROW(estimate_step_time(in, fake_device()), std::invalid_argument);  // no bf16
+  in.candidate = parse_candidate("zero3/fp32/wrap=block");
+  in.unit_padded_numel = {};
+  EXPECT_THROW(estimate_step_time(in, fake_device()), std::invalid_argument);
+  in.unit_padded_numel = {100};
+  in.world_size = 3;
+  in.shard_group_size = 2;
+  EXPECT_THROW(estimate_step_time(in, fake_device()), std::invalid_argument);
+  in.shard_group_size = 3;
+  in.batch = 0;
+  EXPECT_THROW(estimate_step_time(in, fake_device()), std::invalid_argument);
+}
+
+// GPT-2 Large-sized step on 2 Titan RTX, as in the reference: 774M params in
+// 38 units (embeddings + 36 blocks + the rest), `batch` sequences of 128.
+StepTime gpt2_large_on_titans(const std::string& id, int64_t batch = 8) {
+  static const DeviceProfile titan = load_profile("titan-rtx-24gb", kProfilesDir);
+  StepTimeInputs in;
+  in.candidate = parse_candidate(id);
+  const double params = 774'030'080, tokens = static_cast<double>(batch) * 128;
+  in.forward_flops = 2 * params * tokens;
+  in.backward_flops = 4 * params * tokens * (in.candidate.ckpt ? 1.5 : 1.0);
+  if (in.candidate.wrap == "none") {
+    in.unit_padded_numel = {774'030'080};
+  } else {
+    in.unit_padded_numel.push_back(64'000'000);  // sums to 774,030,080
+    for (int i = 0; i < 36; ++i) in.unit_padded_numel.push_back(19'680'000);
+    in.unit_padded_numel.push_back(1'550'080);
+  }
+  in.batch = batch;
+  in.seq_len = 128;
+  in.world_size = 2;
+  in.shard_group_size = 2;
+  return estimate_step_time(in, titan);
+}
+
+TEST(TimeModelTest, MoreShardingMovesMoreBytes) {
+  StepTime ddp = gpt2_large_on_titans("ddp/fp32/wrap=none");
+  StepTime zero1 = gpt2_large_on_titans("zero1/fp32/wrap=none");
+  StepTime zero2 = gpt2_large_on_titans("zero2/fp32/wrap=size:1000000");
+  StepTime zero3 = gpt2_large_on_titans("zero3/fp32/wrap=size:1000000");
+  // ZeRO-2 moves exactly what DDP moves (all-gather + reduce-scatter =
+  // all-reduce, as the ZeRO paper says); ZeRO-1 adds a param all-gather;
+  // ZeRO-3 gathers again in backward: 1.5x DDP.
+  EXPECT_DOUBLE_EQ(zero2.intra_node_comm_bytes, ddp.intra_node_comm_bytes);
+  EXPECT_NEAR(zero2.comm_s, ddp.comm_s, 1e-12);
+  EXPECT_GT(zero1.comm_s, ddp.comm_s);
+  EXPECT_GT(zero3.comm_s, zero2.comm_s);
+  EXPECT_NEAR(zero3.intra_node_comm_bytes, 1.5 * ddp.intra_node_comm_bytes, 1);
+  EXPECT_GE(zero3.step_time_s, zero2.step_time_s);
+  // Where communication dominates (batch 1), the extra gathers show.
+  EXPECT_GT(gpt2_large_on_titans("zero3/fp32/wrap=size:1000000", 1).step_time_s,
+            gpt2_large_on_titans("zero2/fp32/wrap=size:1000000", 1).step_time_s);
+}
+
+TEST(TimeModelTest, OneUnitHidesNothing) {
+  // wrap=none: the single gather must finish before any compute starts.
+  StepTime none = gpt2_large_on_titans("zero3/fp32/wrap=none");
+  StepTime blocks = gpt2_large_on_titans("zero3/fp32/wrap=block");
+  EXPECT_NEAR(none.comm_s, blocks.comm_s, 1e-9);
+  EXPECT_NEAR(none.exposed_comm_s, none.comm_s, 1e-9);
+  EXPECT_GT(none.step_time_s, blocks.step_time_s);
+}
+
+TEST(TimeModelTest, DdpFp16IsTheFastestAsInTheReference) {
+  double fp16 = gpt2_large_on_titans("ddp/fp16/wrap=none").step_time_s;
+  for (const char* id : {"ddp/fp32/wrap=none", "zero2/fp32/wrap=size:1000000",
+                         "zero3/fp32/wrap=size:2000", "zero3+offload/fp32/wrap=size:2000"})
+    EXPECT_LT(fp16, gpt2_large_on_titans(id).step_time_s) << id;
+}
+
+TEST(TimeModelTest, OffloadCostsTime) {
+  for (const char* sharding : {"zero1", "zero2", "zero3"}) {
+    std::string wrap = std::string(sharding) == "zero1" ? "none" : "size:2000";
+    StepTime on_device = gpt2_large_on_titans(std::string(sharding) + "/fp32/wrap=" + wrap);
+    StepTime offload = gpt2_large_on_titans(std::string(sharding) + "+offload/fp32/wrap=" + wrap);
+    EXPECT_GT(offload.step_time_s, on_device.step_time_s) << sharding;
+    EXPECT_GT(offload.offload_s, 0) << sharding;
+    EXPECT_GT(offload.optimizer_s, on_device.optimizer_s) << sharding << ": CPU AdamW is slower";
+  }
+}
+
+TEST(TimeModelTest, TensorCoresSpeedUpMixedPrecision) {
+  StepTime fp32 = gpt2_large_on_titans("ddp/fp32/wrap=none");
+  StepTime fp16 = gpt2_large_on_titans("ddp/fp16/wrap=none");
+  EXPECT_LT(fp16.compute_s, fp32.compute_s);
+  EXPECT_LT(fp16.comm_s, fp32.comm_s);  // half the bytes
+  EXPECT_LT(fp16.step_time_s, fp32.step_time_s);
+  EXPECT_GT(fp16.tokens_per_s, fp32.tokens_per_s);
+}
+
+TEST(TimeModelTest, CheckpointingCostsRecompute) {
+  EXPECT_GT(gpt2_large_on_titans("zero3+ckpt/fp32/wrap=block").step_time_s,
+            gpt2_large_on_titans("zero3/fp32/wrap=block").step_time_s);
+}
+
+TEST(TimeModelTest, OneRankCommunicatesNothing) {
+  StepTimeInputs in;
+  in.candidate = parse_candidate("zero3/fp32/wrap=block");
+  in.forward_flops = 1e9;
+  in.backward_flops = 2e9;
+  in.unit_padded_numel = {1000, 2000};
+  StepTime t = estimate_step_time(in, fake_device());
+  EXPECT_EQ(t.comm_s, 0);
+  EXPECT_EQ(t.exposed_comm_s, 0);
+}
+
+}  // namespace
+}  // namespace shardfit::planner
