@@ -35,6 +35,44 @@ ModelTrace AffineTrace::at(int64_t batch) const {
   return t;
 }
 
+std::vector<int64_t> AffineTrace::alloc_bytes(int64_t batch) const {
+  if (batch < base_.batch)
+    throw std::logic_error("affine trace from batch " + std::to_string(base_.batch) + " asked for batch " +
+                           std::to_string(batch));
+  const int64_t steps = batch - base_.batch;
+  std::vector<int64_t> out;
+  out.reserve(base_.events.size() / 2);
+  for (size_t i = 0; i < base_.events.size(); ++i)
+    if (base_.events[i].kind == MemEvent::kAlloc) out.push_back(base_.events[i].bytes + steps * bytes_per_batch_[i]);
+  return out;
+}
+
+int64_t search_max_batch_below(const std::function<bool(int64_t)>& fits, int64_t upper) {
+  if (upper < 1) return 0;
+  if (fits(upper)) return upper;
+  int64_t bad = upper, step = 1, good = 0;
+  while (true) {  // gallop down until something fits
+    const int64_t probe = bad - step;
+    if (probe < 1) break;
+    if (fits(probe)) {
+      good = probe;
+      break;
+    }
+    bad = probe;
+    step *= 2;
+  }
+  if (good == 0) {
+    if (bad == 1) return 0;
+    if (!fits(1)) return 0;
+    good = 1;
+  }
+  while (bad - good > 1) {
+    const int64_t mid = good + (bad - good) / 2;
+    if (fits(mid)) good = mid; else bad = mid;
+  }
+  return good;
+}
+
 int64_t search_max_batch(const std::function<bool(int64_t)>& fits, int64_t max_batch) {
   if (max_batch < 1 || !fits(1)) return 0;
   int64_t good = 1, bad = -1;

@@ -24,6 +24,8 @@ class AffineTrace {
   AffineTrace(ModelTrace at_batch_k, const ModelTrace& at_batch_k1);
   // The trace at `batch` (≥ k).
   ModelTrace at(int64_t batch) const;
+  // Only the sizes of its allocations, in trace order (cheap).
+  std::vector<int64_t> alloc_bytes(int64_t batch) const;
   const ModelTrace& base() const { return base_; }
 
  private:
@@ -36,5 +38,11 @@ class AffineTrace {
 // monotone (true up to some b, false after); fits(0) is never asked.
 // Doubling then bisection: O(log b) calls.
 int64_t search_max_batch(const std::function<bool(int64_t)>& fits, int64_t max_batch);
+
+// The largest b in [0, upper] with fits(b), when fits(upper + 1) is known to
+// be false (a bound from a cheaper model: the caching allocator never
+// reserves less than the exact allocator allocates). Steps down 1, 2, 4, ...
+// from `upper`, then bisects.
+int64_t search_max_batch_below(const std::function<bool(int64_t)>& fits, int64_t upper);
 
 }  // namespace shardfit::planner

@@ -59,20 +59,51 @@ class BatchTraces {
   BatchTraces(ModelTrace at1, ModelTrace at2, const ModelTrace& at3)
       : at1_(std::move(at1)), affine_(std::move(at2), at3) {}
   ModelTrace at(int64_t batch) const { return batch == 1 ? at1_ : affine_.at(batch); }
+  const ModelTrace& at1() const { return at1_; }
+  const AffineTrace& affine() const { return affine_; }
 
  private:
   ModelTrace at1_;
   AffineTrace affine_;
 };
 
+// Simulates one candidate's unit partition at any batch, re-sizing one
+// simulator instead of re-indexing a trace per batch tried.
+class BatchSimulator {
+ public:
+  BatchSimulator(const BatchTraces& traces, const UnitPartition& units)
+      : traces_(traces), at1_(traces.at1(), units), at_n_(traces.affine().base(), units) {}
+  StepSimResult simulate(int64_t batch, const Strategy& s, AllocatorModel& alloc, const SimOptions& o) {
+    alloc.reset();
+    if (batch == 1) return at1_.simulate(s, alloc, o);
+    if (batch != sized_for_) {
+      at_n_.set_alloc_bytes(traces_.affine().alloc_bytes(batch));
+      sized_for_ = batch;
+    }
+    return at_n_.simulate(s, alloc, o);
+  }
+  const std::vector<int>& forward_order() const { return at1_.forward_order(); }
+
+ private:
+  const BatchTraces& traces_;
+  StepSimulator at1_, at_n_;
+  int64_t sized_for_ = 2;
+};
+
+// fp16 and bf16 allocate the same bytes: one trace serves both.
+std::string trace_key(DType dtype, const std::vector<int>& ckpt) {
+  const DType key_dtype = dtype == DType::kBF16 ? DType::kF16 : dtype;
+  std::string key = std::to_string(static_cast<int>(key_dtype)) + ":";
+  for (int m : ckpt) key += std::to_string(m) + ",";
+  return key;
+}
+
 class TraceCache {
  public:
   TraceCache(const models::ModelConfig& m, int64_t seq, bool cuda) : model_(m), seq_(seq), cuda_(cuda) {}
   const BatchTraces& get(DType dtype, const std::vector<int>& ckpt) {
-    // fp16 and bf16 allocate the same bytes: one trace serves both.
     const DType key_dtype = dtype == DType::kBF16 ? DType::kF16 : dtype;
-    std::string key = std::to_string(static_cast<int>(key_dtype)) + ":";
-    for (int m : ckpt) key += std::to_string(m) + ",";
+    const std::string key = trace_key(dtype, ckpt);
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
     TraceOptions o;
@@ -131,13 +162,20 @@ Plan build_plan(const PlanRequest& r) {
   SimOptions sim_options;
   if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = {r.profile.cublas_workspace_bytes};
 
+  std::map<std::string, std::unique_ptr<BatchSimulator>> simulators;
+  ExactAllocator exact_alloc(budget);
+  CudaCachingAllocatorModel cuda_alloc(budget);
+  SimOptions no_timeline = sim_options;
+  no_timeline.record_timeline = false;
+
   for (const Candidate& c : candidates) {
     auto pit = partitions.find(c.wrap);
     if (pit == partitions.end())
       pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
     const UnitPartition& units = pit->second;
     const DType dtype = compute_dtype(c.precision);
-    const BatchTraces& trace = traces.get(dtype, c.ckpt ? checkpoint_modules(modules, units) : std::vector<int>{});
+    const std::vector<int> ckpt = c.ckpt ? checkpoint_modules(modules, units) : std::vector<int>{};
+    const BatchTraces& trace = traces.get(dtype, ckpt);
 
     Strategy s;
     s.sharding = c.sharding;
@@ -148,24 +186,29 @@ Plan build_plan(const PlanRequest& r) {
     s.world_size = world;
     s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
 
-    auto simulate = [&](int64_t batch, bool timeline) {
-      StepSimulator sim(trace.at(batch), units);
-      std::unique_ptr<AllocatorModel> alloc;
-      if (r.profile.allocator == AllocatorKind::kExact)
-        alloc = std::make_unique<ExactAllocator>(budget);
-      else
-        alloc = std::make_unique<CudaCachingAllocatorModel>(budget);
-      SimOptions o = sim_options;
-      o.record_timeline = timeline;
-      return sim.simulate(s, *alloc, o);
+    const std::string sim_key = trace_key(dtype, ckpt) + "|" + c.wrap;
+    auto sit = simulators.find(sim_key);
+    if (sit == simulators.end())
+      sit = simulators.emplace(sim_key, std::make_unique<BatchSimulator>(trace, units)).first;
+    BatchSimulator& sim = *sit->second;
+    const bool cuda_allocator = r.profile.allocator == AllocatorKind::kCudaCaching;
+    auto simulate = [&](int64_t batch, bool cuda_model) {
+      AllocatorModel& alloc = cuda_model ? static_cast<AllocatorModel&>(cuda_alloc) : exact_alloc;
+      return sim.simulate(batch, s, alloc, no_timeline);
     };
 
     PlanCandidate pc;
     pc.candidate = c;
     pc.units = static_cast<int>(units.units.size());
+    // The exact allocator's answer bounds the caching allocator's from above
+    // (reserved ≥ allocated) and costs a fraction: search with it, then step
+    // down with the caching-allocator model only as far as it needs.
     pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return !simulate(b, false).oom; }, r.max_batch);
+    if (cuda_allocator && pc.max_batch_per_gpu < r.max_batch)
+      pc.max_batch_per_gpu =
+          search_max_batch_below([&](int64_t b) { return !simulate(b, true).oom; }, pc.max_batch_per_gpu);
     const int64_t at = std::max<int64_t>(pc.max_batch_per_gpu, 1);
-    const StepSimResult fit = simulate(at, false);
+    const StepSimResult fit = simulate(at, cuda_allocator);
     pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
     pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
     pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
@@ -173,7 +216,7 @@ Plan build_plan(const PlanRequest& r) {
     if (pc.max_batch_per_gpu >= r.max_batch) {
       pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
     } else {
-      const StepSimResult next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, false) : fit;
+      const StepSimResult next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, cuda_allocator) : fit;
       pc.limit = std::string(category_name(next.oom_category)) + " in " + next.oom_label;
     }
     if (pc.max_batch_per_gpu > 0) {
@@ -182,8 +225,7 @@ Plan build_plan(const PlanRequest& r) {
       const ModelTrace t = trace.at(pc.max_batch_per_gpu);
       ti.forward_flops = t.forward_flops;
       ti.backward_flops = t.backward_flops;
-      const StepSimulator order(t, units);  // the time model wants units in forward order
-      for (int u : order.forward_order())
+      for (int u : sim.forward_order())  // the time model wants units in forward order
         ti.unit_padded_numel.push_back(padded_numel(units.units[u].numel, s.shard_group_size));
       ti.batch = pc.max_batch_per_gpu;
       ti.seq_len = r.seq_len;

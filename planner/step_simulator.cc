@@ -131,6 +131,7 @@ StepSimulator::StepSimulator(const ModelTrace& trace, const UnitPartition& units
         if (e.bytes < 0)
           throw std::invalid_argument(bad_trace(trace, i, "allocates negative bytes"));
         live[it->second] = true;
+        alloc_events_.push_back(static_cast<int32_t>(events_.size()));
         events_.push_back(Event{Event::kAlloc, stack_label(forward), -1, it->second, e.bytes});
         break;
       }
@@ -620,6 +621,13 @@ StepSimResult StepSimulator::simulate(const Strategy& strategy, AllocatorModel& 
   StepSimResult result;
   StepReplay(*this, strategy, allocator, options, &result).run();
   return result;
+}
+
+void StepSimulator::set_alloc_bytes(const std::vector<int64_t>& bytes) {
+  if (bytes.size() != alloc_events_.size())
+    throw std::invalid_argument("set_alloc_bytes: " + std::to_string(bytes.size()) + " sizes for " +
+                                std::to_string(alloc_events_.size()) + " allocations");
+  for (size_t i = 0; i < bytes.size(); ++i) events_[alloc_events_[i]].bytes = bytes[i];
 }
 
 }  // namespace shardfit::planner

@@ -140,6 +140,11 @@ class StepSimulator {
   // Units in the order their forward first begins in the trace (units that
   // never run come last, in index order).
   const std::vector<int>& forward_order() const { return forward_order_; }
+
+  // Replaces the sizes of the trace's allocations (in trace order) without
+  // re-indexing: the batch search re-sizes one simulator per batch it tries
+  // (AffineTrace::alloc_bytes) instead of building a new one.
+  void set_alloc_bytes(const std::vector<int64_t>& bytes);
   int num_units() const { return static_cast<int>(unit_numel_.size()); }
   int64_t num_trace_tensors() const { return num_trace_tensors_; }
 
@@ -167,6 +172,7 @@ class StepSimulator {
 
   DType trace_dtype_;
   std::vector<Event> events_;
+  std::vector<int32_t> alloc_events_;  // index in events_ of each trace allocation
   std::vector<int64_t> leftover_ids_;  // trace tensors live at the end of backward
   int64_t num_trace_tensors_ = 0;
   std::vector<int64_t> unit_numel_;
