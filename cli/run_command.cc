@@ -10,6 +10,7 @@
 #include "cli/validators.h"
 #include "executor/trainer.h"
 #include "models/model_config.h"
+#include "planner/profile.h"
 #include "reports/run_report.h"
 
 namespace shardfit::cli {
@@ -25,6 +26,7 @@ struct RunArgs {
   std::string data = "synthetic";
   std::string device = "cpu";
   std::string out;
+  std::string gpu_mem;
   double lr = executor::AdamWOptions{}.lr;
   double weight_decay = executor::AdamWOptions{}.weight_decay;
   std::string command_line;
@@ -54,6 +56,13 @@ int run(const RunArgs& a) {
   o.data = a.data;
   o.adamw.lr = a.lr;
   o.adamw.weight_decay = a.weight_decay;
+  if (!a.gpu_mem.empty()) {
+    try {
+      o.budget_bytes = planner::parse_size_bytes(a.gpu_mem);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(std::string("--gpu-mem: ") + e.what());
+    }
+  }
 
   const int64_t log_every = std::max<int64_t>(1, a.steps / 20);
   auto result = executor::train_single_rank(o, [&](const executor::StepLog& s) {
@@ -65,7 +74,8 @@ int run(const RunArgs& a) {
   reports::RunReport r;
   r.candidate = a.strategy;
   r.model = {{"name", cfg.name}, {"params", result.param_count}, {"seq_len", o.seq_len}};
-  r.hardware = {{"profile", "cpu"}, {"device_mem_bytes", nullptr}};
+  r.hardware = {{"profile", "cpu"},
+                {"device_mem_bytes", o.budget_bytes > 0 ? nlohmann::json(o.budget_bytes) : nlohmann::json(nullptr)}};
   r.batch_per_gpu = o.batch;
   r.world_size = 1;
   r.backend = "none";
@@ -115,6 +125,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()->check(Positive);
   sub->add_option("--weight-decay", a->weight_decay, "AdamW decoupled weight decay")->capture_default_str()
       ->check(NonNegative);
+  sub->add_option("--gpu-mem", a->gpu_mem,
+                  "Cap the rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM");
   sub->add_option("--out", a->out, "Write the report JSON here");
   return {sub, [a] {
             a->command_line = command_line();

@@ -33,15 +33,31 @@ TrainResult train_single_rank(const TrainOptions& o, const std::function<void(co
     AdamW optimizer(model->parameters(), o.adamw);
     meter.mark("init");
 
+    // One flat gradient buffer, the parameters' .grad are views into it, and
+    // it is zeroed (not freed) between steps: DDP's gradient_as_bucket_view,
+    // and what the planner charges for ddp. Allocated at the first backward.
+    torch::Tensor flat_grads;
+    auto attach_flat_grads = [&] {
+      int64_t total = 0;
+      for (const auto& p : model->parameters()) total += p.numel();
+      flat_grads = torch::zeros({total}, torch::kFloat);
+      int64_t offset = 0;
+      for (auto& p : model->parameters()) {
+        p.mutable_grad() = flat_grads.narrow(0, offset, p.numel()).view(p.sizes());
+        offset += p.numel();
+      }
+    };
+
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     auto timed_from = start;
     for (int64_t step = 1; step <= o.steps; ++step) {
       const std::string tag = "step" + std::to_string(step);
-      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // set_to_none
+      if (flat_grads.defined()) flat_grads.zero_();
       models::Batch batch = data->get(step, 0, o.batch);
       auto loss = model->forward_loss(batch);
       meter.mark(tag + "/forward");
+      if (!flat_grads.defined()) attach_flat_grads();
       loss.backward();
       meter.mark(tag + "/backward");
       optimizer.step();
