@@ -66,6 +66,12 @@ int run(const PlanArgs& a) {
     std::cout << planner::plan_to_json_text(plan);
   else
     std::cout << planner::format_plan_table(plan);
+  if (plan.chosen.empty()) {
+    std::cout.flush();
+    throw BadInput("no candidate fits batch 1 of " + r.model.name + " in " +
+                   planner::format_gib(plan.hardware.device_mem_bytes) +
+                   " per GPU: use more GPUs, a larger device or a smaller model");
+  }
   return kExitOk;
 }
 

@@ -50,8 +50,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_native_layer_norm_backward(
 
 std::tuple<at::Tensor, at::Tensor> meta_native_dropout(const at::Tensor& input, double,
                                                        c10::optional<bool>) {
-  return {at::empty(input.sizes(), input.options()),
-          at::empty(input.sizes(), input.options().dtype(at::kBool))};
+  if (g_target_cuda) {  // one fused kernel: output, then the byte mask
+    auto out = at::empty(input.sizes(), input.options());
+    return {out, at::empty(input.sizes(), input.options().dtype(at::kBool))};
+  }
+  // CPU (1.13 native_dropout_cpu): the byte mask, a bernoulli noise tensor in
+  // the input's dtype, the output = input * noise * scale; the noise is freed
+  // on return. Measured: the meter sees exactly this sequence.
+  auto mask = at::empty(input.sizes(), input.options().dtype(at::kBool));
+  auto noise = at::empty(input.sizes(), input.options());
+  auto out = at::empty(input.sizes(), input.options());
+  return {out, mask};
 }
 
 at::Tensor meta_native_dropout_backward(const at::Tensor& grad, const at::Tensor&, double) {
