@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 
 #include "planner/batch_search.h"
 #include "planner/shard_layout.h"
@@ -162,20 +163,37 @@ Plan build_plan(const PlanRequest& r) {
   SimOptions sim_options;
   if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = {r.profile.cublas_workspace_bytes};
 
-  std::map<std::string, std::unique_ptr<BatchSimulator>> simulators;
-  ExactAllocator exact_alloc(budget);
-  CudaCachingAllocatorModel cuda_alloc(budget);
   SimOptions no_timeline = sim_options;
   no_timeline.record_timeline = false;
 
+  // Phase 1, serial (one trace at a time): every candidate's units and traces.
+  struct Work {
+    const UnitPartition* units;
+    const BatchTraces* trace;
+    std::string sim_key;
+  };
+  std::vector<Work> work;
   for (const Candidate& c : candidates) {
     auto pit = partitions.find(c.wrap);
     if (pit == partitions.end())
       pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
-    const UnitPartition& units = pit->second;
     const DType dtype = compute_dtype(c.precision);
-    const std::vector<int> ckpt = c.ckpt ? checkpoint_modules(modules, units) : std::vector<int>{};
-    const BatchTraces& trace = traces.get(dtype, ckpt);
+    const std::vector<int> ckpt = c.ckpt ? checkpoint_modules(modules, pit->second) : std::vector<int>{};
+    work.push_back({&pit->second, &traces.get(dtype, ckpt), trace_key(dtype, ckpt) + "|" + c.wrap});
+  }
+
+  // Phase 2, parallel: each worker simulates every k-th candidate with its
+  // own simulators and allocator models (they keep state between batches).
+  plan.candidates.resize(candidates.size());
+  auto evaluate = [&](size_t first, size_t stride) {
+    std::map<std::string, std::unique_ptr<BatchSimulator>> simulators;
+    ExactAllocator exact_alloc(budget);
+    CudaCachingAllocatorModel cuda_alloc(budget);
+    for (size_t ci = first; ci < candidates.size(); ci += stride) {
+    const Candidate& c = candidates[ci];
+    const UnitPartition& units = *work[ci].units;
+    const DType dtype = compute_dtype(c.precision);
+    const BatchTraces& trace = *work[ci].trace;
 
     Strategy s;
     s.sharding = c.sharding;
@@ -186,7 +204,7 @@ Plan build_plan(const PlanRequest& r) {
     s.world_size = world;
     s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
 
-    const std::string sim_key = trace_key(dtype, ckpt) + "|" + c.wrap;
+    const std::string& sim_key = work[ci].sim_key;
     auto sit = simulators.find(sim_key);
     if (sit == simulators.end())
       sit = simulators.emplace(sim_key, std::make_unique<BatchSimulator>(trace, units)).first;
@@ -242,8 +260,23 @@ Plan build_plan(const PlanRequest& r) {
       pc.predicted.offload_s = st.offload_s;
       pc.predicted.optimizer_s = st.optimizer_s;
     }
-    plan.candidates.push_back(std::move(pc));
-  }
+    plan.candidates[ci] = std::move(pc);
+    }
+  };
+  const size_t workers = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), 4);
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(workers);
+  for (size_t w = 0; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      try {
+        evaluate(w, workers);
+      } catch (...) {
+        errors[w] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
   if (auto best = choose(plan.candidates, r.objective)) plan.chosen = plan.candidates[*best].id();
   return plan;
 }
