@@ -612,7 +612,8 @@ StepSimResult StepSimulator::simulate(const Strategy& strategy, AllocatorModel& 
                                   std::to_string(strategy.world_size));
     }
   }
-  if (strategy.compute_dtype != trace_dtype_) {
+  // fp16 and bf16 allocate alike: a trace of either serves both.
+  if (dtype_bytes(strategy.compute_dtype) != dtype_bytes(trace_dtype_)) {
     throw std::invalid_argument(
         "strategy computes in " + std::to_string(dtype_bytes(strategy.compute_dtype)) +
         "-byte dtype but the trace was recorded in " + std::to_string(dtype_bytes(trace_dtype_)) +
