@@ -115,6 +115,7 @@ TORCH_MODULE(GPT2Model);
 class TiedLMHeadImpl : public ModuleBase {
  public:
   explicit TiedLMHeadImpl(Embedding wte) : ModuleBase("Linear"), wte_(std::move(wte)) {}
+  std::vector<std::string> borrowed_params() const override { return {wte_->path() + ".weight"}; }
   torch::Tensor forward(const torch::Tensor& x) {
     return call({x}, [this](const std::vector<torch::Tensor>& in) {
       return torch::matmul(in[0], wte_->weight.t());

@@ -57,6 +57,9 @@ class ModuleBase : public torch::nn::Module {
   // the root); set by index_modules() once the model is built.
   int index() const { return index_; }
   const std::string& path() const { return path_; }
+  // Full names of parameters this module uses but does not own (tied
+  // weights), so wrap policies keep owner and user in one unit.
+  virtual std::vector<std::string> borrowed_params() const { return {}; }
 
   torch::Tensor call(const std::vector<torch::Tensor>& inputs, const ModuleFn& fn) {
     ModuleRunner* runner = current_runner();

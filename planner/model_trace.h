@@ -45,6 +45,11 @@ struct ModuleNode {
   std::vector<ParamInfo> params;  // owned directly; a tied parameter appears once,
                                   // under the module that registered it first
   bool is_block = false;          // a transformer block: what wrap=block makes a unit
+  // Parameters this module uses but another module owns (GPT-2's lm_head
+  // borrows transformer.wte.weight). Wrap policies keep an owner and its
+  // borrowers in one unit: a unit resharded after its forward would free a
+  // weight that a later module still reads.
+  std::vector<std::string> borrowed_params;
 };
 
 struct MemEvent {

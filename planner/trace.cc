@@ -207,6 +207,7 @@ std::vector<ModuleNode> build_module_table(models::TrainableModel& model) {
     auto* base = dynamic_cast<models::ModuleBase*>(item.value().get());
     n.type = base ? base->type_name() : item.value()->name();
     n.is_block = base && base->is_block();
+    if (base) n.borrowed_params = base->borrowed_params();
     if (!n.path.empty()) {
       const auto dot = n.path.rfind('.');
       n.parent = by_path.at(dot == std::string::npos ? "" : n.path.substr(0, dot));

@@ -1,6 +1,7 @@
 #include "planner/wrap_policy.h"
 
 #include <boost/graph/depth_first_search.hpp>
+#include <algorithm>
 #include <charconv>
 #include <stdexcept>
 
@@ -117,8 +118,33 @@ UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPol
   std::vector<bool> is_unit_root(n, false);
   is_unit_root[0] = true;  // the root is always a unit, holding what remains
 
+  // Tied weights: a module whose subtree owns a parameter that a module
+  // outside it borrows cannot be a unit (its reshard would free the weight
+  // under the borrower). Mark the owner's ancestors up to, not including,
+  // the lowest common ancestor with the borrower.
+  std::vector<bool> wrappable(n, true);
+  auto ancestors = [&](int m) {
+    std::vector<int> chain;
+    for (int a = m; a >= 0; a = modules[a].parent) chain.push_back(a);
+    return chain;
+  };
+  for (int borrower = 0; borrower < n; ++borrower) {
+    for (const std::string& name : modules[borrower].borrowed_params) {
+      int owner = -1;
+      for (int m = 0; m < n && owner < 0; ++m)
+        for (const ParamInfo& p : modules[m].params)
+          if (p.name == name) owner = m;
+      if (owner < 0) continue;
+      const std::vector<int> up = ancestors(borrower);
+      for (int a : ancestors(owner)) {
+        if (std::find(up.begin(), up.end(), a) != up.end()) break;  // common ancestor
+        wrappable[a] = false;
+      }
+    }
+  }
+
   if (policy.kind == WrapPolicy::Kind::kBlock) {
-    for (int i = 1; i < n; ++i) is_unit_root[i] = modules[i].is_block;
+    for (int i = 1; i < n; ++i) is_unit_root[i] = modules[i].is_block && wrappable[i];
   } else if (policy.kind == WrapPolicy::Kind::kSize) {
     // _recursive_wrap: visiting children before parents, a module's
     // unwrapped count is its own parameters plus whatever its children did
@@ -130,7 +156,7 @@ UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPol
       int64_t count = 0;
       for (const ParamInfo& p : modules[v].params) count += p.numel;
       for (int c : modules[v].children) count += unwrapped[c];
-      if (v != 0 && !is_container(modules[v]) && count >= policy.min_num_params) {
+      if (v != 0 && !is_container(modules[v]) && wrappable[v] && count >= policy.min_num_params) {
         is_unit_root[v] = true;
         count = 0;  // all of it now lives in the new unit
       }

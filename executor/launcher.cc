@@ -1,0 +1,461 @@
+// The launcher: torchrun's environment contract, and `--nproc` local ranks
+// as child processes with prefixed output and failure handling.
+#include "executor/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+
+extern char** environ;
+
+namespace shardfit::executor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// SPEC's exit codes, as ranks and the launcher use them.
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitEnvironment = 3;
+
+std::string seconds_str(std::chrono::milliseconds t) {
+  char s[32];
+  std::snprintf(s, sizeof(s), "%g s", t.count() / 1000.0);
+  return s;
+}
+
+const char* const kRunnerHint = ": run under torchrun, or pass --nproc N to start local ranks";
+
+int env_int(const char* name, bool required, int fallback, int min, int max) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) {
+    if (required) throw std::invalid_argument(std::string(name) + " is not set" + kRunnerHint);
+    return fallback;
+  }
+  errno = 0;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (errno || *end || end == v)
+    throw std::invalid_argument(std::string(name) + "=" + v + ": not an integer" + kRunnerHint);
+  if (x < min || x > max)
+    throw std::invalid_argument(std::string(name) + "=" + v + ": must be in " + std::to_string(min) +
+                                ".." + std::to_string(max));
+  return static_cast<int>(x);
+}
+
+std::string join_ranks(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+// Variables the launcher sets for its children; inherited values are dropped.
+const char* const kRankVariables[] = {
+    "RANK",      "WORLD_SIZE", "LOCAL_RANK",      "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+    "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",     "ROLE_WORLD_SIZE",  "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT"};
+
+bool is_rank_variable(const char* entry) {
+  for (const char* name : kRankVariables) {
+    size_t n = std::strlen(name);
+    if (std::strncmp(entry, name, n) == 0 && entry[n] == '=') return true;
+  }
+  return false;
+}
+
+// One child's output stream, cut into lines.
+struct OutputPipe {
+  int fd = -1;
+  int rank = 0;
+  bool is_stderr = false;
+  std::string partial;
+};
+
+// Longest line kept whole; longer output without a newline is passed on in
+// pieces of this size.
+constexpr size_t kMaxLineBytes = 64 * 1024;
+
+struct Child {
+  pid_t pid = -1;
+  bool running = true;
+  bool stop_sent = false;  // SIGTERM from us
+  bool kill_sent = false;  // SIGKILL from us
+  RankExit exit;
+};
+
+void default_line_sink(int rank, bool is_stderr, const std::string& line) {
+  std::FILE* f = is_stderr ? stderr : stdout;
+  std::fprintf(f, "[rank %d] %s\n", rank, line.c_str());
+  std::fflush(f);
+}
+
+}  // namespace
+
+RankEnv rank_env_from_environment() {
+  RankEnv e;
+  e.world_size = env_int("WORLD_SIZE", true, 1, 1, 1 << 20);
+  e.rank = env_int("RANK", true, 0, 0, e.world_size - 1);
+  e.local_world_size = env_int("LOCAL_WORLD_SIZE", false, e.world_size, 1, e.world_size);
+  e.local_rank = env_int("LOCAL_RANK", true, 0, 0, e.local_world_size - 1);
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (!addr || !*addr) throw std::invalid_argument(std::string("MASTER_ADDR is not set") + kRunnerHint);
+  e.master_addr = addr;
+  e.master_port = env_int("MASTER_PORT", true, 0, 1, 65535);
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  e.store_hosted_by_agent = agent && std::string(agent) == "True";
+  if (e.store_hosted_by_agent)
+    e.store_prefix = "/worker/attempt_" +
+                     std::to_string(env_int("TORCHELASTIC_RESTART_COUNT", false, 0, 0, 1 << 20));
+  return e;
+}
+
+CommOptions comm_options_for(const RankEnv& env, Backend backend, std::chrono::milliseconds timeout) {
+  CommOptions o;
+  o.backend = backend;
+  o.rank = env.rank;
+  o.world_size = env.world_size;
+  o.master_addr = env.master_addr;
+  o.master_port = env.master_port;
+  o.timeout = timeout;
+  o.store_hosted_by_agent = env.store_hosted_by_agent;
+  o.store_prefix = env.store_prefix;
+  return o;
+}
+
+std::string RankExit::describe() const {
+  switch (how) {
+    case How::kExited: return "exited with code " + std::to_string(code);
+    case How::kSignaled: {
+      const char* name = strsignal(code);
+      return "was killed by signal " + std::to_string(code) + (name ? std::string(" (") + name + ")" : "");
+    }
+    case How::kStopped: return "was stopped by the launcher";
+  }
+  return "?";
+}
+
+std::vector<std::string> without_nproc_option(const std::vector<std::string>& argv) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (i > 0 && argv[i] == "--nproc") {
+      ++i;  // and its value
+      continue;
+    }
+    if (i > 0 && argv[i].rfind("--nproc=", 0) == 0) continue;
+    out.push_back(argv[i]);
+  }
+  return out;
+}
+
+int pick_free_port(const std::string& addr) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    throw std::runtime_error(std::string("cannot pick a free port: socket: ") + std::strerror(errno));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  const std::string ip = addr == "localhost" ? "127.0.0.1" : addr;
+  if (inet_pton(AF_INET, ip.c_str(), &sa.sin_addr) != 1) {
+    close(fd);
+    throw std::invalid_argument("master address " + addr + ": not an IPv4 address");
+  }
+  socklen_t len = sizeof(sa);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    int err = errno;
+    close(fd);
+    throw std::runtime_error("cannot pick a free port on " + addr + ": " + std::strerror(err));
+  }
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+std::string rank_report_path(const std::string& out, int rank) {
+  const std::string ext = ".json";
+  std::string base = out;
+  if (base.size() > ext.size() && base.compare(base.size() - ext.size(), ext.size(), ext) == 0)
+    base.resize(base.size() - ext.size());
+  return base + ".rank" + std::to_string(rank) + ext;
+}
+
+std::vector<std::string> rank_report_paths(const std::string& out, int world_size) {
+  std::vector<std::string> paths;
+  for (int r = 0; r < world_size; ++r) paths.push_back(rank_report_path(out, r));
+  return paths;
+}
+
+LaunchResult launch_local(int nproc, const std::vector<std::string>& argv, const LaunchOptions& options) {
+  if (nproc < 1) throw std::invalid_argument("--nproc " + std::to_string(nproc) + ": must be at least 1");
+  if (argv.empty())
+    throw std::invalid_argument("launch_local: argv is empty (argv[0] is the program name)");
+  LaunchResult result;
+  result.master_port = options.master_port > 0 ? options.master_port : pick_free_port(options.master_addr);
+  auto sink = options.on_line ? options.on_line : default_line_sink;
+
+  // Everything a child needs is built before fork: between fork and exec a
+  // child of a multi-threaded parent may only make async-signal-safe calls.
+  std::vector<std::string> base_env;
+  bool omp_set = false;
+  for (char** e = environ; *e; ++e) {
+    if (is_rank_variable(*e)) continue;
+    if (std::strncmp(*e, "OMP_NUM_THREADS=", 16) == 0) omp_set = true;
+    base_env.push_back(*e);
+  }
+  if (!omp_set && nproc > 1) {
+    // As torchrun does: N ranks each using every core oversubscribe the CPU.
+    spdlog::warn("setting OMP_NUM_THREADS=1 for each of the {} ranks (set it yourself to override)", nproc);
+    base_env.push_back("OMP_NUM_THREADS=1");
+  }
+  std::vector<const char*> child_argv;
+  for (const auto& a : argv) child_argv.push_back(a.c_str());
+  child_argv.push_back(nullptr);
+
+  std::vector<Child> children(static_cast<size_t>(nproc));
+  std::vector<OutputPipe> pipes;
+  auto stop = [&](int sig) {
+    for (auto& c : children)
+      if (c.running) {
+        kill(c.pid, sig);
+        (sig == SIGKILL ? c.kill_sent : c.stop_sent) = true;
+      }
+  };
+
+  for (int r = 0; r < nproc; ++r) {
+    std::vector<std::string> env = base_env;
+    auto set = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
+    set("RANK", std::to_string(r));
+    set("WORLD_SIZE", std::to_string(nproc));
+    set("LOCAL_RANK", std::to_string(r));
+    set("LOCAL_WORLD_SIZE", std::to_string(nproc));
+    set("GROUP_RANK", "0");
+    set("ROLE_RANK", std::to_string(r));
+    set("ROLE_WORLD_SIZE", std::to_string(nproc));
+    set("MASTER_ADDR", options.master_addr);
+    set("MASTER_PORT", std::to_string(result.master_port));
+    std::vector<const char*> envp;
+    for (const auto& kv : env) envp.push_back(kv.c_str());
+    envp.push_back(nullptr);
+
+    int out[2], err[2];
+    // O_CLOEXEC: a later child must not inherit this child's pipes, or they
+    // would never reach end-of-file.
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      stop(SIGKILL);
+      throw std::runtime_error(std::string("cannot start rank ") + std::to_string(r) + ": pipe: " +
+                               std::strerror(errno));
+    }
+    const pid_t parent = getpid();
+    const char* exec_failed = "launcher: cannot execute the program\n";
+    pid_t pid = fork();
+    if (pid < 0) {
+      stop(SIGKILL);
+      throw std::runtime_error(std::string("cannot start rank ") + std::to_string(r) + ": fork: " +
+                               std::strerror(errno));
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a rank must not outlive its launcher
+      if (getppid() != parent) _exit(125);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      signal(SIGTERM, SIG_DFL);
+      signal(SIGPIPE, SIG_DFL);
+      int devnull = open("/dev/null", O_RDONLY);
+      if (devnull >= 0) dup2(devnull, 0);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      execve(options.executable.c_str(), const_cast<char* const*>(child_argv.data()),
+             const_cast<char* const*>(envp.data()));
+      ssize_t ignored = write(2, exec_failed, std::strlen(exec_failed));
+      (void)ignored;
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    pipes.push_back({out[0], r, false, {}});
+    pipes.push_back({err[0], r, true, {}});
+    children[r].pid = pid;
+    children[r].exit.rank = r;
+  }
+
+  auto drain = [&](OutputPipe& p) {
+    char buf[8192];
+    for (;;) {
+      ssize_t n = read(p.fd, buf, sizeof(buf));
+      if (n > 0) {
+        p.partial.append(buf, static_cast<size_t>(n));
+        size_t start = 0, nl;
+        while ((nl = p.partial.find('\n', start)) != std::string::npos) {
+          sink(p.rank, p.is_stderr, p.partial.substr(start, nl - start));
+          start = nl + 1;
+        }
+        p.partial.erase(0, start);
+        while (p.partial.size() >= kMaxLineBytes) {
+          sink(p.rank, p.is_stderr, p.partial.substr(0, kMaxLineBytes));
+          p.partial.erase(0, kMaxLineBytes);
+        }
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      // End of file (or an error): pass on what is left.
+      if (!p.partial.empty()) sink(p.rank, p.is_stderr, p.partial);
+      p.partial.clear();
+      close(p.fd);
+      p.fd = -1;
+      return;
+    }
+  };
+
+  enum class Phase { kRunning, kSurvivorGrace, kStopping };
+  Phase phase = Phase::kRunning;
+  const auto start = Clock::now();
+  Clock::time_point grace_end{}, kill_at{};
+  bool timed_out = false;
+  Clock::time_point all_reaped_at{};
+  bool all_reaped = false;
+
+  auto begin_stopping = [&] {
+    phase = Phase::kStopping;
+    stop(SIGTERM);
+    kill_at = Clock::now() + options.kill_grace;
+  };
+
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<OutputPipe*> owners;
+    for (auto& p : pipes)
+      if (p.fd >= 0) {
+        fds.push_back({p.fd, POLLIN, 0});
+        owners.push_back(&p);
+      }
+    if (all_reaped && (fds.empty() || Clock::now() - all_reaped_at > std::chrono::seconds(1))) break;
+    if (!fds.empty()) {
+      poll(fds.data(), fds.size(), 50);
+      for (size_t i = 0; i < fds.size(); ++i)
+        if (fds[i].revents) drain(*owners[i]);
+    } else {
+      usleep(50 * 1000);
+    }
+
+    // Reap. Failures found in one pass are reported together: the rank that
+    // died and a survivor whose collective failed at once can end within
+    // the same few milliseconds.
+    std::vector<int> new_failures;
+    for (auto& c : children) {
+      if (!c.running) continue;
+      int status = 0;
+      pid_t got = waitpid(c.pid, &status, WNOHANG);
+      if (got != c.pid) continue;
+      c.running = false;
+      if (c.stop_sent || c.kill_sent) {
+        c.exit.how = RankExit::How::kStopped;
+        c.exit.code = WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status);
+      } else if (WIFEXITED(status)) {
+        c.exit.how = RankExit::How::kExited;
+        c.exit.code = WEXITSTATUS(status);
+        if (c.exit.code != 0) new_failures.push_back(c.exit.rank);
+      } else {
+        c.exit.how = RankExit::How::kSignaled;
+        c.exit.code = WTERMSIG(status);
+        new_failures.push_back(c.exit.rank);
+      }
+    }
+    const bool any_running =
+        std::any_of(children.begin(), children.end(), [](const Child& c) { return c.running; });
+    if (!any_running && !all_reaped) {
+      all_reaped = true;
+      all_reaped_at = Clock::now();
+    }
+
+    const auto now = Clock::now();
+    if (phase == Phase::kRunning && !new_failures.empty()) {
+      result.failed_ranks = new_failures;
+      std::string next;
+      if (any_running)
+        next = options.survivor_grace.count() > 0
+                   ? "; the other ranks may run on for " + seconds_str(options.survivor_grace)
+                   : "; stopping the other ranks";
+      for (int r : new_failures) spdlog::warn("rank {} {}{}", r, children[r].exit.describe(), next);
+      if (options.survivor_grace.count() > 0) {
+        phase = Phase::kSurvivorGrace;
+        grace_end = now + options.survivor_grace;
+      } else {
+        begin_stopping();
+      }
+    } else if (phase == Phase::kRunning && options.timeout.count() > 0 && now - start > options.timeout &&
+               any_running) {
+      timed_out = true;
+      for (const auto& c : children)
+        if (c.running) result.failed_ranks.push_back(c.exit.rank);
+      spdlog::warn("run timed out after {}; stopping rank(s) {}", seconds_str(options.timeout),
+                   join_ranks(result.failed_ranks));
+      begin_stopping();
+    } else if (phase == Phase::kSurvivorGrace) {
+      // Ranks that fail on their own now are failures too (usually
+      // collectives that lost the first one); the culprit is sorted first.
+      for (int r : new_failures) {
+        result.failed_ranks.push_back(r);
+        spdlog::warn("rank {} {}", r, children[r].exit.describe());
+      }
+      if (now > grace_end && any_running) begin_stopping();
+    }
+    if (phase == Phase::kStopping && now > kill_at && any_running) {
+      bool first = false;
+      for (const auto& c : children) first |= c.running && !c.kill_sent;
+      if (first) stop(SIGKILL);
+    }
+  }
+  for (auto& p : pipes)
+    if (p.fd >= 0) close(p.fd);
+
+  for (const auto& c : children) result.ranks.push_back(c.exit);
+  if (timed_out) {
+    result.exit_code = kExitEnvironment;
+    result.error = "run timed out after " + seconds_str(options.timeout) + ": rank(s) " +
+                   join_ranks(result.failed_ranks) + " still running (hung?), stopped";
+    return result;
+  }
+  if (result.failed_ranks.empty()) return result;
+
+  // The culprit: a rank that crashed or gave its own verdict comes before a
+  // rank that exited 3 because a collective with the culprit failed.
+  std::vector<int> order = result.failed_ranks;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    auto victim = [&](int r) {
+      const RankExit& e = result.ranks[r];
+      return e.how == RankExit::How::kExited && e.code == kExitEnvironment;
+    };
+    return !victim(a) && victim(b);
+  });
+  const RankExit& culprit = result.ranks[order.front()];
+  const bool verdict = culprit.how == RankExit::How::kExited &&
+                       (culprit.code == kExitCheckFailed || culprit.code == kExitBadInput);
+  result.exit_code = verdict ? culprit.code : kExitEnvironment;
+  result.error = "rank " + std::to_string(culprit.rank) + " " + culprit.describe();
+  for (size_t i = 1; i < order.size(); ++i)
+    result.error += ", rank " + std::to_string(order[i]) + " " + result.ranks[order[i]].describe();
+  std::vector<int> stopped;
+  for (const auto& e : result.ranks)
+    if (e.how == RankExit::How::kStopped) stopped.push_back(e.rank);
+  if (!stopped.empty()) result.error += "; stopped rank(s) " + join_ranks(stopped);
+  return result;
+}
+
+}  // namespace shardfit::executor
