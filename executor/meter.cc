@@ -8,8 +8,10 @@
 namespace shardfit::executor {
 
 namespace {
+std::atomic<int> g_untracked_depth{0};
+
 struct LiveBlock {
-  int64_t bytes;
+  int64_t bytes;  // 0 for an untracked block
   const TrackingAllocator* owner;
   c10::DeleterFnPtr base_deleter;
 };
@@ -48,9 +50,10 @@ void TrackingAllocator::on_alloc(int64_t bytes) const {
 }
 
 c10::DataPtr TrackingAllocator::allocate(size_t nbytes) const {
-  const auto bytes = static_cast<int64_t>(nbytes);
+  const bool tracked = g_untracked_depth.load() == 0;
+  const auto bytes = tracked ? static_cast<int64_t>(nbytes) : 0;
   const int64_t budget = budget_.load();
-  if (budget > 0 && allocated_.load() + bytes > budget) {
+  if (tracked && budget > 0 && allocated_.load() + bytes > budget) {
     C10_THROW_ERROR(OutOfMemoryError,
                     "shardfit: out of memory: tried to allocate " + std::to_string(bytes) +
                         " bytes with " + std::to_string(allocated_.load()) + " of " +
@@ -62,7 +65,7 @@ c10::DataPtr TrackingAllocator::allocate(size_t nbytes) const {
       std::lock_guard<std::mutex> lock(g_blocks_mu);
       live_blocks()[data] = LiveBlock{bytes, this, base_->raw_deleter()};
     }
-    on_alloc(bytes);
+    if (tracked) on_alloc(bytes);
   }
   return {data, data, &TrackingAllocator::release, c10::Device(c10::DeviceType::CPU)};
 }
@@ -98,6 +101,9 @@ std::vector<TimelinePoint> TrackingAllocator::timeline() const {
   std::lock_guard<std::mutex> lock(mu_);
   return timeline_;
 }
+
+ScopedUntracked::ScopedUntracked() { g_untracked_depth.fetch_add(1); }
+ScopedUntracked::~ScopedUntracked() { g_untracked_depth.fetch_sub(1); }
 
 bool is_out_of_memory(const std::exception& e) {
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;

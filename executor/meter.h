@@ -66,6 +66,18 @@ class TrackingAllocator final : public c10::Allocator {
   std::vector<TimelinePoint> timeline_;
 };
 
+// While alive, allocations on this process are not counted (and their frees
+// are not subtracted): for memory that stands outside the device being
+// emulated, e.g. the full model built on the host before its shards are
+// cut, as FSDP builds on CPU or meta and moves only shards to the GPU.
+class ScopedUntracked {
+ public:
+  ScopedUntracked();
+  ~ScopedUntracked();
+  ScopedUntracked(const ScopedUntracked&) = delete;
+  ScopedUntracked& operator=(const ScopedUntracked&) = delete;
+};
+
 // True when `e` (or its message) is the meter's or LibTorch's out-of-memory
 // error.
 bool is_out_of_memory(const std::exception& e);

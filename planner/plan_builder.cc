@@ -281,4 +281,59 @@ Plan build_plan(const PlanRequest& r) {
   return plan;
 }
 
+CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, int64_t batch) {
+  if (batch < 1) throw std::invalid_argument("batch " + std::to_string(batch) + ": must be at least 1");
+  const int world = r.gpus_per_node * r.nodes;
+  const bool cuda = r.profile.kind == DeviceKind::kCuda;
+  const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
+  const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
+  const std::vector<ModuleNode> modules = module_tree(r.model);
+  const UnitPartition units = wrap_modules(modules, WrapPolicy::parse(c.wrap));
+  TraceOptions o;
+  o.batch = batch;
+  o.seq_len = r.seq_len;
+  o.dtype = compute_dtype(c.precision);
+  o.target_cuda = cuda;
+  if (c.ckpt) o.checkpoint_modules = checkpoint_modules(modules, units);
+  const ModelTrace trace = trace_step(r.model, o);
+
+  Strategy s;
+  s.sharding = c.sharding;
+  s.offload = c.offload;
+  s.ckpt = c.ckpt;
+  s.compute_dtype = o.dtype;
+  s.optimizer = r.optimizer;
+  s.world_size = world;
+  s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
+  SimOptions so;
+  if (cuda && r.profile.cublas_workspace_bytes > 0) so.overhead_bytes = {r.profile.cublas_workspace_bytes};
+  const StepSimulator sim(trace, units);
+  std::unique_ptr<AllocatorModel> alloc;
+  if (r.profile.allocator == AllocatorKind::kExact)
+    alloc = std::make_unique<ExactAllocator>(budget);
+  else
+    alloc = std::make_unique<CudaCachingAllocatorModel>(budget);
+
+  CandidatePrediction out;
+  out.sim = sim.simulate(s, *alloc, so);
+  out.units = static_cast<int>(units.units.size());
+  if (!out.sim.oom) {
+    StepTimeInputs ti;
+    ti.candidate = c;
+    ti.forward_flops = trace.forward_flops;
+    ti.backward_flops = trace.backward_flops;
+    for (int u : sim.forward_order()) ti.unit_padded_numel.push_back(padded_numel(units.units[u].numel, s.shard_group_size));
+    ti.batch = batch;
+    ti.seq_len = r.seq_len;
+    ti.world_size = world;
+    ti.shard_group_size = s.shard_group_size;
+    ti.nodes = r.nodes;
+    ti.optimizer_states = r.optimizer == Optimizer::kAdamW ? 2 : 0;
+    const StepTime st = estimate_step_time(ti, r.profile);
+    out.step_time_s = st.step_time_s;
+    out.tokens_per_s = st.tokens_per_s;
+  }
+  return out;
+}
+
 }  // namespace shardfit::planner

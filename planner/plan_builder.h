@@ -33,6 +33,17 @@ struct PlanRequest {
 // overheads, filters that leave no candidate.
 Plan build_plan(const PlanRequest& request);
 
+// One candidate at one batch, simulated with its timeline: what `run`
+// reports beside its measurements. `request.candidates` is ignored.
+struct CandidatePrediction {
+  StepSimResult sim;        // peaks, breakdown, timeline (labels match the executor's marks)
+  double step_time_s = 0;   // 0 when the batch does not fit
+  double tokens_per_s = 0;
+  int units = 0;
+};
+CandidatePrediction predict_candidate(const PlanRequest& request, const Candidate& candidate,
+                                      int64_t batch);
+
 // The modules a +ckpt candidate checkpoints under `units`: every unit's root
 // module except the model root and units nested in another checkpointed
 // one; when the policy makes no unit but the root, the transformer blocks.
