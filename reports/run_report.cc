@@ -14,9 +14,11 @@ nlohmann::json figures_json(const MemoryFigures& f) {
                         {"allocated_bytes", s.allocated_bytes},
                         {"reserved_bytes", s.reserved_bytes},
                         {"peak_allocated_bytes", s.peak_allocated_bytes}});
-  return {{"peak_allocated_bytes", f.peak_allocated_bytes},
-          {"peak_reserved_bytes", f.peak_reserved_bytes},
-          {"timeline", timeline}};
+  nlohmann::json j = {{"peak_allocated_bytes", f.peak_allocated_bytes},
+                      {"peak_reserved_bytes", f.peak_reserved_bytes},
+                      {"timeline", timeline}};
+  if (!f.breakdown_bytes.empty()) j["breakdown_bytes"] = f.breakdown_bytes;
+  return j;
 }
 
 const nlohmann::json& field(const nlohmann::json& j, const char* name, const std::string& where) {
@@ -47,6 +49,8 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
     t.peak_allocated_bytes = s.value("peak_allocated_bytes", t.allocated_bytes);
     f.timeline.push_back(t);
   }
+  if (j.contains("breakdown_bytes") && j["breakdown_bytes"].is_object())
+    f.breakdown_bytes = j["breakdown_bytes"].get<std::map<std::string, int64_t>>();
   return f;
 }
 

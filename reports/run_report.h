@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ struct MemoryFigures {
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   std::vector<TimelineSample> timeline;
+  // Bytes by memory class at the peak (SPEC's breakdown keys); the planner
+  // knows it, the meter does not (empty = unknown).
+  std::map<std::string, int64_t> breakdown_bytes;
 };
 
 struct RankReport {
