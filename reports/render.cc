@@ -53,7 +53,7 @@ std::string phase_kind(const std::string& phase) {
 
 std::string run_summary_md(const RunReport& r) {
   std::ostringstream o;
-  o << "| | |\n|---|---|\n";
+  o << "| run | |\n|---|---|\n";
   o << "| candidate | `" << r.candidate << "` |\n";
   o << "| model | " << r.model.value("name", "?") << ", " << r.model.value("params", 0)
     << " parameters, sequence " << r.model.value("seq_len", 0) << " |\n";
@@ -113,7 +113,7 @@ std::string breakdown_md(const RunReport& r) {
 }  // namespace
 
 std::string render_timeline_svg(const RunReport& r) {
-  const int width = 960, height = 420, left = 70, right = 20, top = 30, bottom = 90;
+  const int width = 960, height = 460, left = 70, right = 90, top = 30, bottom = 120;
   const int plot_w = width - left - right, plot_h = height - top - bottom;
   size_t n = 0;
   int64_t ymax = 1;
@@ -173,21 +173,26 @@ std::string render_timeline_svg(const RunReport& r) {
   }
   if (budget > 0)
     o << "<line x1='" << left << "' y1='" << y_of(budget) << "' x2='" << left + plot_w << "' y2='" << y_of(budget)
-      << "' stroke='red' stroke-dasharray='2,3'/><text x='" << left + plot_w - 4 << "' y='" << y_of(budget) - 4
-      << "' text-anchor='end' fill='red'>budget " << mib(budget) << " MiB</text>\n";
+      << "' stroke='red' stroke-dasharray='2,3'/><text x='" << left + plot_w + 4 << "' y='" << y_of(budget) + 4
+      << "' fill='red'>budget</text>\n";
   const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
-  int legend_y = top + 4;
   for (size_t ri = 0; ri < r.ranks.size(); ++ri) {
     const auto& k = r.ranks[ri];
     const char* color = colors[ri % 8];
     auto polyline = [&](const std::vector<TimelineSample>& t, const char* dash) {
       if (t.empty()) return;
+      // Through each phase's peak (mid-phase) to its end value: the line
+      // shows how high memory went inside a phase, not just where it ended.
       o << "<polyline fill='none' stroke='" << color << "' stroke-width='1.6'" << dash << " points='";
-      for (size_t i = 0; i < t.size(); ++i) o << x_of(i) << "," << y_of(t[i].allocated_bytes) << " ";
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (i > 0) o << (x_of(i - 1) + x_of(i)) / 2 << "," << y_of(t[i].peak_allocated_bytes) << " ";
+        o << x_of(i) << "," << y_of(t[i].allocated_bytes) << " ";
+      }
       o << "'/>\n";
-      for (size_t i = 0; i < t.size(); ++i)
-        o << "<circle cx='" << x_of(i) << "' cy='" << y_of(t[i].peak_allocated_bytes) << "' r='2' fill='" << color
-          << "'><title>" << escape(t[i].phase) << ": peak " << mib(t[i].peak_allocated_bytes) << " MiB</title></circle>\n";
+      for (size_t i = 1; i < t.size(); ++i)
+        o << "<circle cx='" << (x_of(i - 1) + x_of(i)) / 2 << "' cy='" << y_of(t[i].peak_allocated_bytes)
+          << "' r='2.5' fill='" << color << "'><title>" << escape(t[i].phase) << ": peak "
+          << mib(t[i].peak_allocated_bytes) << " MiB</title></circle>\n";
     };
     polyline(k.measured.timeline, "");
     if (k.predicted) polyline(k.predicted->timeline, " stroke-dasharray='6,4'");
@@ -195,19 +200,19 @@ std::string render_timeline_svg(const RunReport& r) {
     size_t at = 0;
     for (size_t i = 0; i < k.measured.timeline.size(); ++i)
       if (k.measured.timeline[i].peak_allocated_bytes > k.measured.timeline[at].peak_allocated_bytes) at = i;
-    if (!k.measured.timeline.empty())
-      o << "<text x='" << x_of(at) + 4 << "' y='" << y_of(k.measured.peak_allocated_bytes) - 6 << "' fill='" << color
+    if (!k.measured.timeline.empty() && ri == 0) {
+      const double px = at > 0 ? (x_of(at - 1) + x_of(at)) / 2 : x_of(at);
+      o << "<text x='" << px + 6 << "' y='" << y_of(k.measured.peak_allocated_bytes) - 6 << "' fill='" << color
         << "'>peak " << mib(k.measured.peak_allocated_bytes) << " MiB</text>\n";
-    o << "<line x1='" << left + plot_w - 200 << "' y1='" << legend_y << "' x2='" << left + plot_w - 180 << "' y2='"
-      << legend_y << "' stroke='" << color << "' stroke-width='2'/><text x='" << left + plot_w - 175 << "' y='"
-      << legend_y + 4 << "'>rank " << k.rank << " measured</text>\n";
-    legend_y += 14;
-    if (k.predicted) {
-      o << "<line x1='" << left + plot_w - 200 << "' y1='" << legend_y << "' x2='" << left + plot_w - 180
-        << "' y2='" << legend_y << "' stroke='" << color << "' stroke-width='2' stroke-dasharray='6,4'/><text x='"
-        << left + plot_w - 175 << "' y='" << legend_y + 4 << "'>rank " << k.rank << " predicted</text>\n";
-      legend_y += 14;
     }
+    // Legend: one row under the plot, two entries per rank.
+    const int lx = left + static_cast<int>(ri % 4) * 220, ly = height - 14 - 14 * static_cast<int>(ri / 4);
+    o << "<line x1='" << lx << "' y1='" << ly << "' x2='" << lx + 20 << "' y2='" << ly << "' stroke='" << color
+      << "' stroke-width='2'/><text x='" << lx + 24 << "' y='" << ly + 4 << "'>rank " << k.rank << " measured</text>\n";
+    if (k.predicted)
+      o << "<line x1='" << lx + 110 << "' y1='" << ly << "' x2='" << lx + 130 << "' y2='" << ly << "' stroke='"
+        << color << "' stroke-width='2' stroke-dasharray='6,4'/><text x='" << lx + 134 << "' y='" << ly + 4
+        << "'>predicted</text>\n";
   }
   o << "<text x='" << left << "' y='18' font-size='13'>Memory timeline: " << escape(r.candidate)
     << " (blue band forward, orange backward, green optimizer)</text>\n";
