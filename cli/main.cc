@@ -20,6 +20,18 @@ int main(int argc, char** argv) {
   std::vector<Command> commands = make_commands(app);
   command_line() = "shardfit";
   for (int i = 1; i < argc; ++i) command_line() += std::string(" ") + argv[i];
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (const auto& c : commands) {
+      known = known || c.app->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + c.app->get_name();
+    }
+    if (!known) {
+      std::cerr << "shardfit: error: unknown subcommand '" << argv[1] << "' (" << names << ")\n";
+      return kExitBadInput;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -42,8 +42,7 @@ static void raise_peak(std::atomic<int64_t>& peak, int64_t value) {
   }
 }
 
-void TrackingAllocator::on_alloc(int64_t bytes) const {
-  const int64_t now = allocated_.fetch_add(bytes) + bytes;
+void TrackingAllocator::on_alloc(int64_t now) const {
   raise_peak(peak_, now);
   raise_peak(peak_since_mark_, now);
   num_allocs_.fetch_add(1);
@@ -53,19 +52,36 @@ c10::DataPtr TrackingAllocator::allocate(size_t nbytes) const {
   const bool tracked = g_untracked_depth.load() == 0;
   const auto bytes = tracked ? static_cast<int64_t>(nbytes) : 0;
   const int64_t budget = budget_.load();
-  if (tracked && budget > 0 && allocated_.load() + bytes > budget) {
-    C10_THROW_ERROR(OutOfMemoryError,
-                    "shardfit: out of memory: tried to allocate " + std::to_string(bytes) +
-                        " bytes with " + std::to_string(allocated_.load()) + " of " +
-                        std::to_string(budget) + " budget bytes in use");
+  int64_t now = 0;
+  if (tracked) {
+    // Reserve the bytes first (atomically under the budget, so two threads
+    // cannot both pass), then allocate; give them back if that fails.
+    int64_t seen = allocated_.load();
+    do {
+      if (budget > 0 && seen + bytes > budget) {
+        C10_THROW_ERROR(OutOfMemoryError,
+                        "shardfit: out of memory: tried to allocate " + std::to_string(bytes) +
+                            " bytes with " + std::to_string(seen) + " of " + std::to_string(budget) +
+                            " budget bytes in use");
+      }
+    } while (!allocated_.compare_exchange_weak(seen, seen + bytes));
+    now = seen + bytes;
   }
-  void* data = base_->raw_allocate(nbytes);
-  if (data != nullptr) {
+  void* data = nullptr;
+  try {
+    data = base_->raw_allocate(nbytes);
+  } catch (...) {
+    allocated_.fetch_sub(bytes);
+    throw;
+  }
+  if (data == nullptr) {
+    allocated_.fetch_sub(bytes);
+  } else {
     {
       std::lock_guard<std::mutex> lock(g_blocks_mu);
       live_blocks()[data] = LiveBlock{bytes, this, base_->raw_deleter()};
     }
-    if (tracked) on_alloc(bytes);
+    if (tracked) on_alloc(now);
   }
   return {data, data, &TrackingAllocator::release, c10::Device(c10::DeviceType::CPU)};
 }

@@ -54,7 +54,7 @@ class TrackingAllocator final : public c10::Allocator {
 
  private:
   static void release(void* data);
-  void on_alloc(int64_t bytes) const;
+  void on_alloc(int64_t allocated_now) const;  // peaks and counts
 
   c10::Allocator* base_;
   mutable std::atomic<int64_t> allocated_{0};

@@ -178,7 +178,8 @@ class BertModelImpl : public ModuleBase {
     return call({batch.input_ids, batch.token_type_ids, batch.attention_mask},
                 [this](const std::vector<torch::Tensor>& in) {
                   auto x = embeddings(in[0], in[1]);
-                  // Hugging Face's extended mask: (1 - mask) * dtype.min, [b,1,1,s].
+                  // Hugging Face's extended mask, [b,1,1,s]: (1 - mask) * -10000 (transformers
+                  // before 4.21; later versions use dtype.min: the same softmax).
                   auto keep = in[2].unsqueeze(1).unsqueeze(2).to(x.scalar_type());
                   auto mask_bias = (1.0 - keep) * -1e4;
                   return pooler(encoder(x, mask_bias));

@@ -87,7 +87,7 @@ nlohmann::json to_json(const RunReport& r) {
           {"created", r.created}};
 }
 
-RunReport report_from_json(const nlohmann::json& j, const std::string& origin) {
+RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object() || !j.contains("schema") || j["schema"] != kSchema)
     throw std::invalid_argument(origin + ": not a shardfit report (expected \"schema\": \"" +
                                 kSchema + "\")");
@@ -125,6 +125,16 @@ RunReport report_from_json(const nlohmann::json& j, const std::string& origin) {
   r.command = j.value("command", "");
   r.created = j.value("created", "");
   return r;
+}
+
+RunReport report_from_json(const nlohmann::json& j, const std::string& origin) {
+  try {
+    return report_from_json_unchecked(j, origin);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of the wrong type somewhere the checked getters do not cover.
+    std::string what = e.what();
+    throw std::invalid_argument(origin + ": a field has the wrong type (" + what.substr(0, what.find('\n')) + ")");
+  }
 }
 
 }  // namespace shardfit::reports
