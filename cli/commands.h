@@ -41,6 +41,7 @@ Command add_run_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
+Command add_validate_command(CLI::App& app);
 
 // Where the device profiles are: $SHARDFIT_PROFILES, else next to the binary.
 std::string profiles_dir();

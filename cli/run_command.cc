@@ -1,15 +1,45 @@
-// `shardfit run`: execute a candidate for real and measure it.
+// `shardfit run`: execute a candidate for real and measure it, beside the
+// planner's prediction for the same candidate, batch and world.
+//
+// Who runs what:
+//  - `--nproc N`: this process is the launcher (launch_local): it starts N
+//    copies of itself as ranks and exits with their verdict (3 naming the
+//    rank when one dies). Rank 0 gathers every rank's figures over the
+//    communicator and writes the one report.
+//  - RANK/WORLD_SIZE/... in the environment (our launcher, torchrun): one
+//    rank of a gloo job.
+//  - `--backend loopback`: one process rehearses rank --rank of a world of
+//    --world-size: the same buffers, collectives done locally.
+//  - otherwise one rank alone: the engine on a world of one, or with
+//    --reference-trainer the plain single-rank trainer (no flat params, no
+//    hooks, per-parameter AdamW): the independent reference the parity
+//    tests compare every strategy against.
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
 #include "cli/validators.h"
+#include "executor/comm.h"
+#include "executor/engine.h"
+#include "executor/launcher.h"
+#include "executor/meter.h"
 #include "executor/trainer.h"
 #include "models/model_config.h"
+#include "planner/candidate.h"
+#include "planner/plan_builder.h"
+#include "planner/plan_output.h"
 #include "planner/profile.h"
 #include "reports/run_report.h"
 
@@ -29,7 +59,31 @@ struct RunArgs {
   std::string gpu_mem;
   double lr = executor::AdamWOptions{}.lr;
   double weight_decay = executor::AdamWOptions{}.weight_decay;
+  int nproc = 0;
+  std::string backend = "gloo";
+  int rank = 0;        // loopback
+  int world_size = 0;  // loopback; 0 = 1
+  int gpus_per_node = 0;
+  double timeout_s = 300;
+  std::string plan;
+  std::string candidate;
+  int64_t grad_accum = 1;
+  double clip_grad_norm = 0;
+  bool reference_trainer = false;
+  // Which options the user gave (a plan fills in the others).
+  bool batch_given = false, seq_len_given = false, strategy_given = false;
   std::string command_line;
+};
+
+// What one job runs, after the plan (if any) and the defaults are applied.
+struct Job {
+  models::ModelConfig model;
+  planner::Candidate candidate;
+  int64_t batch = 1;
+  int64_t seq_len = 128;
+  int64_t budget_bytes = 0;
+  int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
+  int plan_gpus_per_node = 0;  // the plan's GPUs per node
 };
 
 std::string now_iso8601() {
@@ -39,73 +93,369 @@ std::string now_iso8601() {
   return buf;
 }
 
-int run(const RunArgs& a) {
-  models::ModelConfig cfg = models::resolve_model(a.model);
-  if (a.device != "cpu")
-    throw BadInput("--device " + a.device + ": this build runs on cpu only (no CUDA LibTorch)");
-  if (a.strategy != "ddp/fp32/wrap=none")
-    throw BadInput("--strategy " + a.strategy +
-                   ": one-rank runs train ddp/fp32/wrap=none; sharded strategies need the "
-                   "multi-rank executor, which this build does not have yet");
-  executor::TrainOptions o;
-  o.model = cfg;
-  o.batch = a.batch;
-  o.seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(128, cfg.max_positions);
-  o.steps = a.steps;
-  o.seed = a.seed;
-  o.data = a.data;
-  o.adamw.lr = a.lr;
-  o.adamw.weight_decay = a.weight_decay;
+std::vector<std::string> own_argv() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  std::string arg;
+  while (std::getline(f, arg, '\0')) argv.push_back(arg);
+  return argv;
+}
+
+Job resolve_job(const RunArgs& a) {
+  Job job;
+  std::string strategy = a.strategy;
+  std::string model_name = a.model;
+  if (!a.plan.empty()) {
+    const planner::Plan plan = planner::read_plan_file(a.plan);
+    const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
+    if (id.empty())
+      throw BadInput("--plan " + a.plan + ": no candidate fits batch 1, so there is none to run (name one with --candidate)");
+    const planner::PlanCandidate* c = plan.find(id);
+    if (c == nullptr) throw BadInput("--candidate " + id + ": not among the candidates of " + a.plan);
+    if (a.strategy_given && planner::parse_candidate(a.strategy).to_id() != c->id())
+      throw BadInput("--strategy " + a.strategy + ": conflicts with --plan's candidate " + c->id());
+    if (!a.model.empty() && a.model != plan.model.name)
+      throw BadInput("--model " + a.model + ": the plan " + a.plan + " is for " + plan.model.name);
+    if (!a.batch_given && c->max_batch_per_gpu < 1)
+      throw BadInput("--plan " + a.plan + ": " + c->id() + " fits no batch (max batch 0); pass --batch to run it anyway");
+    strategy = c->id();
+    model_name = plan.model.name;
+    job.batch = a.batch_given ? a.batch : c->max_batch_per_gpu;
+    job.seq_len = a.seq_len_given ? a.seq_len : plan.model.seq_len;
+    job.budget_bytes = plan.hardware.device_mem_bytes;
+    job.plan_world = plan.hardware.world_size();
+    job.plan_gpus_per_node = plan.hardware.gpus_per_node;
+  } else {
+    if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
+    job.batch = a.batch;
+  }
+  job.model = models::resolve_model(model_name);
+  job.candidate = planner::parse_candidate(strategy);
+  if (a.plan.empty() || a.seq_len_given)
+    job.seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(128, job.model.max_positions);
   if (!a.gpu_mem.empty()) {
     try {
-      o.budget_bytes = planner::parse_size_bytes(a.gpu_mem);
+      job.budget_bytes = planner::parse_size_bytes(a.gpu_mem);
     } catch (const std::invalid_argument& e) {
       throw BadInput(std::string("--gpu-mem: ") + e.what());
     }
   }
+  return job;
+}
 
-  const int64_t log_every = std::max<int64_t>(1, a.steps / 20);
-  auto result = executor::train_single_rank(o, [&](const executor::StepLog& s) {
-    if (s.step % log_every == 0 || s.step == s.steps || s.step == 1)
-      spdlog::info("step {}/{}  loss {:.4f}  {:.0f} tokens/s  {:.1f} s", s.step, s.steps, s.loss,
-                   s.tokens_per_s, s.elapsed_s);
-  });
+executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int shard_group_size) {
+  executor::EngineOptions o;
+  o.model = job.model;
+  o.candidate = job.candidate;
+  o.batch = job.batch;
+  o.seq_len = job.seq_len;
+  o.steps = a.steps;
+  o.grad_accum = a.grad_accum;
+  o.seed = a.seed;
+  o.data = a.data;
+  o.adamw.lr = a.lr;
+  o.adamw.weight_decay = a.weight_decay;
+  o.clip_grad_norm = a.clip_grad_norm;
+  o.shard_group_size = shard_group_size;
+  o.budget_bytes = job.budget_bytes;
+  return o;
+}
 
-  reports::RunReport r;
-  r.candidate = a.strategy;
-  r.model = {{"name", cfg.name}, {"params", result.param_count}, {"seq_len", o.seq_len}};
-  r.hardware = {{"profile", "cpu"},
-                {"device_mem_bytes", o.budget_bytes > 0 ? nlohmann::json(o.budget_bytes) : nlohmann::json(nullptr)}};
-  r.batch_per_gpu = o.batch;
-  r.world_size = 1;
-  r.backend = "none";
-  r.device = "cpu";
-  r.steps = static_cast<int64_t>(result.loss.size());
-  r.loss = result.loss;
-  r.tokens_per_s = result.tokens_per_s;
-  reports::RankReport rank;
-  rank.rank = 0;
-  rank.measured.peak_allocated_bytes = rank.measured.peak_reserved_bytes = result.peak_allocated_bytes;
-  for (const auto& t : result.timeline)
-    rank.measured.timeline.push_back({t.phase, t.allocated_bytes, t.allocated_bytes, t.peak_allocated_bytes});
-  rank.oom = result.oom;
-  rank.oom_message = result.oom_message;
-  r.ranks.push_back(rank);
+// The planner's figures for this job, on the cpu profile (exact allocator)
+// under the same budget; nullopt (with a warning) when no profile is found.
+std::optional<planner::CandidatePrediction> predict(const Job& job, int world, int gpus_per_node) {
+  try {
+    planner::PlanRequest r;
+    r.model = job.model;
+    r.seq_len = job.seq_len;
+    r.profile = planner::load_profile("cpu", profiles_dir());
+    r.device_mem_bytes = job.budget_bytes;
+    if (job.candidate.sharding == planner::Sharding::kHybrid) {
+      r.gpus_per_node = gpus_per_node;
+      r.nodes = world / gpus_per_node;
+    } else {
+      r.gpus_per_node = world;
+      r.nodes = 1;
+    }
+    return planner::predict_candidate(r, job.candidate, job.batch);
+  } catch (const std::exception& e) {
+    spdlog::warn("no prediction in the report: {}", e.what());
+    return std::nullopt;
+  }
+}
+
+reports::MemoryFigures predicted_figures(const planner::StepSimResult& sim) {
+  reports::MemoryFigures f;
+  f.peak_allocated_bytes = sim.peak_allocated_bytes;
+  f.peak_reserved_bytes = sim.peak_reserved_bytes;
+  for (const auto& p : sim.timeline)
+    f.timeline.push_back({p.label, p.allocated_bytes, p.reserved_bytes, p.allocated_bytes});
+  for (int c = 0; c < planner::kNumCategories; ++c)
+    f.breakdown_bytes[planner::category_name(static_cast<planner::Category>(c))] = sim.peak_breakdown_bytes[c];
+  return f;
+}
+
+reports::RankReport rank_report(int rank, int64_t peak, const std::vector<executor::TimelinePoint>& timeline,
+                                bool oom, const std::string& oom_message) {
+  reports::RankReport r;
+  r.rank = rank;
+  r.measured.peak_allocated_bytes = r.measured.peak_reserved_bytes = peak;  // CPU: nothing is cached
+  for (const auto& t : timeline)
+    r.measured.timeline.push_back({t.phase, t.allocated_bytes, t.allocated_bytes, t.peak_allocated_bytes});
+  r.oom = oom;
+  r.oom_message = oom_message;
+  return r;
+}
+
+void attach_prediction(std::vector<reports::RankReport>& ranks,
+                       const std::optional<planner::CandidatePrediction>& pred) {
+  if (!pred) return;
+  for (auto& r : ranks) {
+    r.predicted = predicted_figures(pred->sim);
+    if (r.measured.peak_allocated_bytes > 0)
+      r.peak_error_pct = 100.0 * static_cast<double>(pred->sim.peak_allocated_bytes - r.measured.peak_allocated_bytes) /
+                         static_cast<double>(r.measured.peak_allocated_bytes);
+  }
+}
+
+// Every rank's JSON text, on every rank: lengths, then the bytes, each
+// all-gathered (a zero-padded all-reduce). Host memory, not counted.
+std::vector<std::string> all_gather_strings(executor::Communicator& comm, const std::string& mine) {
+  executor::ScopedUntracked host;
+  const int n = comm.world_size();
+  torch::Tensor lengths = torch::zeros({n}, torch::kLong);
+  lengths[comm.rank()] = static_cast<int64_t>(mine.size());
+  comm.all_reduce(lengths, executor::ReduceOp::kSum);
+  int64_t longest = 0;
+  for (int r = 0; r < n; ++r) longest = std::max(longest, lengths[r].item<int64_t>());
+  torch::Tensor bytes = torch::zeros({n * std::max<int64_t>(longest, 1)}, torch::kUInt8);
+  std::memcpy(bytes.data_ptr<uint8_t>() + comm.rank() * longest, mine.data(), mine.size());
+  comm.all_reduce(bytes, executor::ReduceOp::kSum);
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) {
+    const char* p = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()) + r * longest;
+    out.emplace_back(p, static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return out;
+}
+
+nlohmann::json rank_json(const reports::RankReport& r) {
+  nlohmann::json timeline = nlohmann::json::array();
+  for (const auto& t : r.measured.timeline) timeline.push_back({t.phase, t.allocated_bytes, t.peak_allocated_bytes});
+  return {{"rank", r.rank}, {"peak", r.measured.peak_allocated_bytes}, {"timeline", timeline},
+          {"oom", r.oom}, {"oom_message", r.oom_message}};
+}
+
+reports::RankReport rank_from_json(const nlohmann::json& j) {
+  std::vector<executor::TimelinePoint> timeline;
+  for (const auto& t : j.at("timeline"))
+    timeline.push_back({t.at(0).get<std::string>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>()});
+  return rank_report(j.at("rank").get<int>(), j.at("peak").get<int64_t>(), timeline, j.at("oom").get<bool>(),
+                     j.at("oom_message").get<std::string>());
+}
+
+void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
   r.command = a.command_line;
   r.created = now_iso8601();
-
-  std::printf("%s  %s  batch %lld x seq %lld  steps %zu\n", cfg.name.c_str(), a.strategy.c_str(),
-              static_cast<long long>(o.batch), static_cast<long long>(o.seq_len), result.loss.size());
-  if (!result.loss.empty())
-    std::printf("loss %.4f -> %.4f   %.0f tokens/s   peak allocated %.2f MiB\n", result.loss.front(),
-                result.loss.back(), result.tokens_per_s, result.peak_allocated_bytes / 1048576.0);
-  if (result.oom) std::printf("out of memory: %s\n", result.oom_message.c_str());
+  std::printf("%s  %s  %d rank(s) x batch %lld x seq %lld  steps %zu\n", job.model.name.c_str(), r.candidate.c_str(),
+              r.world_size, static_cast<long long>(r.batch_per_gpu), static_cast<long long>(job.seq_len),
+              r.loss.size());
+  if (!r.loss.empty())
+    std::printf("loss %.4f -> %.4f   %.0f tokens/s\n", r.loss.front(), r.loss.back(), r.tokens_per_s);
+  for (const auto& rk : r.ranks) {
+    std::printf("rank %d: peak allocated %.3f MiB", rk.rank, rk.measured.peak_allocated_bytes / 1048576.0);
+    if (rk.predicted)
+      std::printf(", predicted %.3f MiB (%+.3f%%)", rk.predicted->peak_allocated_bytes / 1048576.0,
+                  rk.peak_error_pct.value_or(0.0));
+    std::printf("%s\n", rk.oom ? "  OUT OF MEMORY" : "");
+    if (rk.oom && rk.rank == r.ranks.front().rank) std::printf("out of memory: %s\n", rk.oom_message.c_str());
+  }
+  std::fflush(stdout);
   if (!a.out.empty()) {
     std::ofstream f(a.out);
     if (!f) throw BadInput("--out " + a.out + ": cannot write file");
     f << reports::to_json(r).dump(2) << "\n";
   }
+}
+
+reports::RunReport report_skeleton(const Job& job, int64_t params, int world, int gpus_per_node,
+                                   const std::string& backend) {
+  reports::RunReport r;
+  r.candidate = job.candidate.to_id();
+  r.model = {{"name", job.model.name}, {"params", params}, {"seq_len", job.seq_len}};
+  r.hardware = {{"profile", "cpu"},
+                {"device_mem_bytes", job.budget_bytes > 0 ? nlohmann::json(job.budget_bytes) : nlohmann::json(nullptr)},
+                {"gpus_per_node", gpus_per_node},
+                {"nodes", std::max(1, world / std::max(1, gpus_per_node))}};
+  r.batch_per_gpu = job.batch;
+  r.world_size = world;
+  r.backend = backend;
+  r.device = "cpu";
+  return r;
+}
+
+std::function<void(const executor::StepLog&)> step_logger(int64_t steps) {
+  const int64_t log_every = std::max<int64_t>(1, steps / 20);
+  return [log_every](const executor::StepLog& s) {
+    if (s.step % log_every == 0 || s.step == s.steps || s.step == 1)
+      spdlog::info("step {}/{}  loss {:.4f}  {:.0f} tokens/s  {:.1f} s", s.step, s.steps, s.loss, s.tokens_per_s,
+                   s.elapsed_s);
+  };
+}
+
+// Test-only: SHARDFIT_TEST_DIE_AT_STEP=K kills rank SHARDFIT_TEST_DIE_RANK
+// (default 1) with SIGKILL as step K begins: a rank that dies mid-run.
+std::function<void(int64_t)> test_death_hook(int rank) {
+  const char* at = std::getenv("SHARDFIT_TEST_DIE_AT_STEP");
+  if (at == nullptr) return {};
+  const int64_t step = std::atoll(at);
+  const char* who = std::getenv("SHARDFIT_TEST_DIE_RANK");
+  const int victim = who ? std::atoi(who) : 1;
+  if (rank != victim) return {};
+  return [step](int64_t s) {
+    if (s != step) return;
+    std::fflush(nullptr);
+    ::raise(SIGKILL);
+  };
+}
+
+// One rank alone, ddp/fp32/wrap=none: the single-rank trainer, as before.
+int run_single_rank_trainer(const RunArgs& a, const Job& job) {
+  executor::TrainOptions o;
+  o.model = job.model;
+  o.batch = job.batch;
+  o.seq_len = job.seq_len;
+  o.steps = a.steps;
+  o.seed = a.seed;
+  o.data = a.data;
+  o.adamw.lr = a.lr;
+  o.adamw.weight_decay = a.weight_decay;
+  o.budget_bytes = job.budget_bytes;
+  auto result = executor::train_single_rank(o, step_logger(a.steps));
+  reports::RunReport r = report_skeleton(job, result.param_count, 1, 1, "none");
+  r.steps = static_cast<int64_t>(result.loss.size());
+  r.loss = result.loss;
+  r.tokens_per_s = result.tokens_per_s;
+  r.ranks.push_back(rank_report(0, result.peak_allocated_bytes, result.timeline, result.oom, result.oom_message));
+  attach_prediction(r.ranks, predict(job, 1, 1));
+  write_and_print(a, r, job);
   return kExitOk;
+}
+
+// This process is one rank of `comm` (gloo or loopback).
+int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int gpus_per_node,
+             const std::string& backend_label) {
+  executor::EngineOptions o = engine_options(a, job, gpus_per_node);
+  o.on_step_begin = test_death_hook(comm.rank());
+  const bool leader = comm.rank() == 0 || comm.backend() == executor::Backend::kLoopback;
+  if (!leader) spdlog::set_level(spdlog::level::warn);
+  executor::EngineResult result = executor::train_data_parallel(o, comm, step_logger(a.steps));
+  reports::RankReport mine =
+      rank_report(comm.rank(), result.peak_allocated_bytes, result.timeline, result.oom, result.oom_message);
+
+  std::vector<reports::RankReport> ranks;
+  if (comm.backend() == executor::Backend::kGloo && comm.world_size() > 1) {
+    for (const std::string& text : all_gather_strings(comm, rank_json(mine).dump()))
+      ranks.push_back(rank_from_json(nlohmann::json::parse(text)));
+  } else {
+    ranks.push_back(mine);
+  }
+  if (leader) {
+    const int world = comm.world_size();
+    reports::RunReport r = report_skeleton(job, result.param_count, world, gpus_per_node, backend_label);
+    r.steps = static_cast<int64_t>(result.loss.size());
+    r.loss = result.loss;
+    r.tokens_per_s = result.tokens_per_s;
+    r.ranks = std::move(ranks);
+    attach_prediction(r.ranks, predict(job, world, gpus_per_node));
+    write_and_print(a, r, job);
+  }
+  comm.barrier();  // rank 0 hosts the store: nobody leaves before everybody is done
+  return kExitOk;
+}
+
+int launch(const RunArgs& a, int nproc) {
+  executor::LaunchOptions lo;
+  lo.timeout = std::chrono::milliseconds(0);  // each rank's collectives time out on their own
+  // Let the survivors' own errors (naming the peer they lost) reach the log.
+  lo.survivor_grace = std::chrono::milliseconds(static_cast<int64_t>(std::min(a.timeout_s, 3.0) * 1000));
+  const executor::LaunchResult res = executor::launch_local(nproc, executor::without_nproc_option(own_argv()), lo);
+  if (res.exit_code == kExitEnvironment) throw EnvironmentFailure(res.error);
+  if (res.exit_code != kExitOk) std::cerr << "shardfit run: " << res.error << "\n";
+  return res.exit_code;
+}
+
+int run(const RunArgs& a) {
+  if (a.device == "cuda")
+    throw BadInput("--device cuda: this build has no CUDA (LibTorch for CPU); use --device cpu");
+  if (a.device != "cpu") throw BadInput("--device " + a.device + ": expected cpu or cuda");
+  const executor::Backend backend = executor::parse_backend(a.backend);
+  if (backend == executor::Backend::kNccl)
+    throw BadInput("--backend nccl: needs CUDA, which this build does not have; use gloo");
+  if (a.grad_accum < 1) throw BadInput("--grad-accum " + std::to_string(a.grad_accum) + ": must be at least 1");
+  const Job job = resolve_job(a);
+  const bool in_job = std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
+
+  // How many ranks, and who am I.
+  int nproc = a.nproc;
+  if (backend == executor::Backend::kLoopback && nproc > 0)
+    throw BadInput("--nproc with --backend loopback: loopback is one process; use --world-size N [--rank R]");
+  if (!in_job && nproc == 0 && backend == executor::Backend::kGloo && job.plan_world > 1) nproc = job.plan_world;
+  if (a.reference_trainer && (nproc > 0 || in_job || backend == executor::Backend::kLoopback))
+    throw BadInput("--reference-trainer: one rank only (no --nproc, torchrun or loopback)");
+  int world = 1;
+  if (nproc > 0 && !in_job) {
+    world = nproc;
+  } else if (in_job) {
+    world = std::atoi(std::getenv("WORLD_SIZE"));
+  } else if (backend == executor::Backend::kLoopback) {
+    world = a.world_size > 0 ? a.world_size : (job.plan_world > 0 ? job.plan_world : 1);
+    if (a.rank < 0 || a.rank >= world)
+      throw BadInput("--rank " + std::to_string(a.rank) + ": outside the world of " + std::to_string(world));
+  }
+  if (job.plan_world > 0 && world != job.plan_world)
+    throw BadInput(std::to_string(world) + " ranks for a plan of " + std::to_string(job.plan_world) + " GPUs (" +
+                   a.plan + "): run it with --nproc " + std::to_string(job.plan_world));
+  int gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : job.plan_gpus_per_node;
+  if (gpus_per_node <= 0) {
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    gpus_per_node = in_job && local ? std::atoi(local) : world;
+  }
+  const executor::EngineOptions checked = engine_options(a, job, gpus_per_node);
+  executor::check_engine_options(checked, world);  // one line, before any rank starts
+
+  if (nproc > 0 && !in_job) return launch(a, nproc);
+
+  try {
+    if (in_job) {
+      const executor::RankEnv env = executor::rank_env_from_environment();
+      // Ranks on one host share its cores.
+      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+      torch::set_num_threads(static_cast<int>(std::max(1u, cores / std::max(1, env.local_world_size))));
+      auto comm = executor::make_communicator(
+          executor::comm_options_for(env, backend, std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000))));
+      return run_rank(a, job, *comm, gpus_per_node, executor::backend_name(backend));
+    }
+    if (backend == executor::Backend::kLoopback) {
+      executor::CommOptions co;
+      co.backend = executor::Backend::kLoopback;
+      co.rank = a.rank;
+      co.world_size = world;
+      auto comm = executor::make_communicator(co);
+      return run_rank(a, job, *comm, gpus_per_node, "loopback");
+    }
+    if (a.reference_trainer) {
+      if (job.candidate.to_id() != "ddp/fp32/wrap=none" || a.grad_accum != 1 || a.clip_grad_norm != 0)
+        throw BadInput("--reference-trainer: trains ddp/fp32/wrap=none only, without --grad-accum or --clip-grad-norm");
+      return run_single_rank_trainer(a, job);
+    }
+    executor::CommOptions co;
+    co.backend = executor::Backend::kLoopback;  // a world of one: nothing to communicate
+    auto comm = executor::make_communicator(co);
+    return run_rank(a, job, *comm, 1, "none");
+  } catch (const executor::CommError& e) {
+    throw EnvironmentFailure(e.what());
+  }
 }
 
 }  // namespace
@@ -113,22 +463,51 @@ int run(const RunArgs& a) {
 Command add_run_command(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Train a candidate for real on this machine and measure its memory");
   auto a = std::make_shared<RunArgs>();
-  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->required();
-  sub->add_option("--strategy", a->strategy, "Candidate id (one rank: ddp/fp32/wrap=none)")->capture_default_str();
-  sub->add_option("--batch", a->batch, "Sequences per step")->capture_default_str()->check(AtLeastOne);
-  sub->add_option("--seq-len", a->seq_len, "Tokens per sequence (default: min(128, model positions))")
-      ->check(AtLeastOne);
+  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json");
+  auto* strategy = sub->add_option("--strategy", a->strategy,
+                                   "Candidate id: SHARDING[+offload][+ckpt]/PRECISION/wrap=POLICY")
+                       ->capture_default_str();
+  auto* batch = sub->add_option("--batch", a->batch, "Sequences per step per rank")->capture_default_str()->check(AtLeastOne);
+  auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence (default: min(128, model positions))")
+                  ->check(AtLeastOne);
   sub->add_option("--steps", a->steps, "Training steps")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str();
   sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str();
-  sub->add_option("--device", a->device, "Where to run: cpu")->capture_default_str();
+  sub->add_option("--device", a->device, "Where to run: cpu (cuda: not in this build)")->capture_default_str();
   sub->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()->check(Positive);
   sub->add_option("--weight-decay", a->weight_decay, "AdamW decoupled weight decay")->capture_default_str()
       ->check(NonNegative);
   sub->add_option("--gpu-mem", a->gpu_mem,
-                  "Cap the rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM");
-  sub->add_option("--out", a->out, "Write the report JSON here");
-  return {sub, [a] {
+                  "Cap each rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM (a result)");
+  sub->add_option("--out", a->out, "Write the report JSON here (rank 0 writes every rank's figures)");
+  sub->add_option("--nproc", a->nproc, "Spawn N local ranks (else torchrun's RANK, WORLD_SIZE, ... or one rank)")
+      ->check(AtLeastOne);
+  sub->add_option("--backend", a->backend,
+                  "gloo (CPU ranks) or loopback (one process rehearses rank --rank of --world-size)")
+      ->capture_default_str();
+  sub->add_option("--rank", a->rank, "loopback: the rank this process stands in for")->capture_default_str();
+  sub->add_option("--world-size", a->world_size, "loopback: the world it rehearses")->check(AtLeastOne);
+  sub->add_option("--gpus-per-node", a->gpus_per_node,
+                  "hybrid: ranks per (emulated) node, the shard group (default: LOCAL_WORLD_SIZE or the world)")
+      ->check(AtLeastOne);
+  sub->add_option("--timeout", a->timeout_s, "Seconds a rank waits for its peers (rendezvous, each collective)")
+      ->capture_default_str()
+      ->check(Positive);
+  sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)");
+  sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one");
+  sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step")->capture_default_str()
+      ->check(AtLeastOne);
+  sub->add_option("--clip-grad-norm", a->clip_grad_norm,
+                  "Clip the global gradient norm (across shards) to this value; 0 = off")
+      ->capture_default_str()
+      ->check(NonNegative);
+  sub->add_flag("--reference-trainer", a->reference_trainer,
+                "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
+                "(the parity reference)");
+  return {sub, [a, batch, seq, strategy] {
+            a->batch_given = batch->count() > 0;
+            a->seq_len_given = seq->count() > 0;
+            a->strategy_given = strategy->count() > 0;
             a->command_line = command_line();
             return run(*a);
           }};

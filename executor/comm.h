@@ -13,7 +13,8 @@
 //             are done locally, as if every rank held exactly this rank's
 //             inputs; values are what N identical ranks would produce, and
 //             shapes and memory are those of rank r. Any device.
-//   nccl      reserved (CUDA, NCCL on its own streams); not in this build.
+//   nccl      CUDA tensors, NCCL on its own streams (executor/nccl_comm.h);
+//             built when NCCL and the CUDA runtime are found, unmeasured on a card.
 //
 // Memory: every collective states what it allocates beyond its inputs and
 // outputs (collective_extra_memory below, which the planner charges and the
@@ -205,7 +206,7 @@ class Communicator {
 
 // Makes the world communicator (rendezvous included for gloo). Throws
 // std::invalid_argument for impossible options (rank outside the world, a
-// port out of range, nccl in this build) and CommError when the rendezvous
+// port out of range, nccl in a build without NCCL) and CommError when the rendezvous
 // fails or times out (naming the ranks that never arrived).
 std::unique_ptr<Communicator> make_communicator(const CommOptions& options);
 

@@ -1,0 +1,193 @@
+// The CUDA meter (see cuda_meter.h): the caching allocator's device stats,
+// a memory fraction as the budget, a timeline at phase marks.
+#include "executor/cuda_meter.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+#include <torch/torch.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+namespace shardfit::executor {
+
+namespace {
+
+// StatType::AGGREGATE (every pool) is index 0 in every LibTorch version; the
+// enum itself moved from c10::cuda::CUDACachingAllocator (1.x) to
+// c10::CachingAllocator (2.x), the index did not.
+constexpr size_t kAggregate = 0;
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string first_line(const std::string& what) {
+  auto nl = what.find('\n');
+  return nl == std::string::npos ? what : what.substr(0, nl);
+}
+
+}  // namespace
+
+CudaMeter::CudaMeter(int device) {
+  if (c10::cuda::device_count() == 0) throw std::runtime_error("CudaMeter: no CUDA device is visible");
+  device_ = device < 0 ? static_cast<int>(c10::cuda::current_device()) : device;
+  if (device_ >= static_cast<int>(c10::cuda::device_count()))
+    throw std::runtime_error("CudaMeter: cuda:" + std::to_string(device_) + " is not visible");
+  // The allocator of a device exists once LibTorch has initialised CUDA;
+  // one tiny tensor does that in every version (1.13 lazyInitCUDA, 2.x
+  // lazyInitDevice). Its 2 MiB segment goes back at once.
+  { at::Tensor t = at::empty({1}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_)); }
+  release_cached();
+  reset_peak();
+}
+
+CudaMeter::Stats CudaMeter::read() const {
+  const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_));
+  Stats st;
+  st.allocated = s.allocated_bytes[kAggregate].current;
+  st.peak_allocated = s.allocated_bytes[kAggregate].peak;
+  st.reserved = s.reserved_bytes[kAggregate].current;
+  st.peak_reserved = s.reserved_bytes[kAggregate].peak;
+  st.allocs = s.allocation[kAggregate].allocated;
+  st.retries = s.num_alloc_retries;
+  st.ooms = s.num_ooms;
+  return st;
+}
+
+int64_t CudaMeter::allocated_bytes() const { return read().allocated; }
+int64_t CudaMeter::reserved_bytes() const { return read().reserved; }
+
+int64_t CudaMeter::peak_allocated_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::max(peak_allocated_, read().peak_allocated);
+}
+
+int64_t CudaMeter::peak_reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::max(peak_reserved_, read().peak_reserved);
+}
+
+int64_t CudaMeter::num_allocs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return read().allocs - base_allocs_;
+}
+
+int64_t CudaMeter::num_alloc_retries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return read().retries - base_retries_;
+}
+
+int64_t CudaMeter::num_ooms() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return read().ooms - base_ooms_;
+}
+
+int64_t CudaMeter::device_total_bytes() const {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  size_t free = 0, total = 0;
+  cudaError_t e = cudaMemGetInfo(&free, &total);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("cudaMemGetInfo: ") + cudaGetErrorString(e));
+  return static_cast<int64_t>(total);
+}
+
+int64_t CudaMeter::device_free_bytes() const {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  size_t free = 0, total = 0;
+  cudaError_t e = cudaMemGetInfo(&free, &total);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("cudaMemGetInfo: ") + cudaGetErrorString(e));
+  return static_cast<int64_t>(free);
+}
+
+int64_t CudaMeter::outside_allocator_bytes() const {
+  return device_total_bytes() - device_free_bytes() - reserved_bytes();
+}
+
+void CudaMeter::set_budget_bytes(int64_t budget) {
+  const int64_t total = device_total_bytes();
+  if (budget < 0 || budget > total)
+    throw std::invalid_argument("--gpu-mem " + std::to_string(budget) + " bytes: must be in 0.." +
+                                std::to_string(total) + " (cuda:" + std::to_string(device_) + " has " + gib(total) +
+                                ")");
+  // The allocator caps reserved at fraction x the total cudaMemGetInfo
+  // reports: the same total as here, so the cap is `budget` (to a byte;
+  // segments are whole 2 MiB pages anyway).
+  const double fraction = budget == 0 ? 1.0 : static_cast<double>(budget) / static_cast<double>(total);
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device_));
+  budget_ = budget;
+}
+
+int64_t CudaMeter::set_device_memory_bytes(int64_t card_bytes) {
+  const int64_t outside = outside_allocator_bytes();
+  const int64_t budget = card_bytes - outside;
+  if (budget <= 0)
+    throw std::invalid_argument("--gpu-mem " + gib(card_bytes) + ": this process already holds " + gib(outside) +
+                                " outside the caching allocator (context, NCCL, libraries); nothing would be left");
+  set_budget_bytes(budget);
+  return budget;
+}
+
+void CudaMeter::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_));
+  const Stats s = read();
+  peak_allocated_ = s.allocated;
+  peak_reserved_ = s.reserved;
+  base_allocs_ = s.allocs;
+  base_retries_ = s.retries;
+  base_ooms_ = s.ooms;
+  timeline_.clear();
+  last_oom_.reset();
+}
+
+void CudaMeter::mark(const std::string& phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Stats s = read();
+  CudaTimelinePoint p;
+  p.phase = phase;
+  p.allocated_bytes = s.allocated;
+  p.peak_allocated_bytes = s.peak_allocated;
+  p.reserved_bytes = s.reserved;
+  p.peak_reserved_bytes = s.peak_reserved;
+  timeline_.push_back(p);
+  peak_allocated_ = std::max(peak_allocated_, s.peak_allocated);
+  peak_reserved_ = std::max(peak_reserved_, s.peak_reserved);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_));
+}
+
+std::vector<CudaTimelinePoint> CudaMeter::timeline() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timeline_;
+}
+
+std::optional<CudaOutOfMemory> CudaMeter::run_catching_oom(const std::function<void()>& step) {
+  try {
+    step();
+    return std::nullopt;
+  } catch (const c10::Error& e) {
+    // c10::OutOfMemoryError from the allocator, or a library's allocation
+    // failure that says so (cuBLAS workspace, ...).
+    if (!is_out_of_memory(e)) throw;
+    CudaOutOfMemory oom;
+    oom.message = first_line(e.what_without_backtrace());
+    const Stats s = read();
+    oom.allocated_bytes = s.allocated;
+    oom.reserved_bytes = s.reserved;
+    oom.budget_bytes = budget_;
+    mark("oom");
+    std::lock_guard<std::mutex> lock(mu_);
+    last_oom_ = oom;
+    return oom;
+  }
+}
+
+void CudaMeter::release_cached() { c10::cuda::CUDACachingAllocator::emptyCache(); }
+
+}  // namespace shardfit::executor

@@ -1,0 +1,100 @@
+// The data-parallel engine: trains one candidate (ddp, zero1, zero2, zero3,
+// hybrid; +offload, +ckpt; fp32 or bf16/fp16 mixed precision) on this rank
+// of a Communicator, with the meter recording what every phase used.
+//
+// The model stays single-device (models/ knows nothing of sharding); the
+// engine applies parallelism from outside, as torchtitan does:
+//  1. wrap: planner::wrap_modules over the model's module tree gives the
+//     units; each becomes a FlatParam (flat_param.h) laid out by
+//     planner::FlatParamLayout over its shard group — the very description
+//     the planner simulates;
+//  2. hooks: a ModuleRunner (the same seam the planner's tracer uses) sees
+//     every module's forward begin and end, and puts identity autograd nodes
+//     on its inputs and output, so a unit's backward begin (its output's
+//     gradient is ready) and end (its inputs' gradients are) are seen too;
+//  3. the order of events per strategy is planner/step_simulator.h's, which
+//     is this engine's specification: pre-forward unshard, post-forward
+//     reshard (zero3/hybrid, not the root unit), pre-backward unshard +
+//     prefetch of the next unit in backward order + unsharded grad,
+//     post-backward reduce-scatter (or all-reduce) and reshard, then AdamW
+//     on shards. Units whose inputs need no gradient (embeddings, the root)
+//     end their backward with the whole backward, as the tracer closes them.
+//
+// Engine states (FSDP2's TrainingState): FORWARD (running forward_loss),
+// PRE_BACKWARD/POST_BACKWARD per unit inside loss.backward(), IDLE between
+// (zero_grad, the optimizer). Meter marks carry the simulator's labels:
+// "init", "step<k>/forward/<unit>", "step<k>/backward/<unit>",
+// "step<k>/optimizer" (with gradient accumulation, each micro-batch marks its
+// forward and backward labels again).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "executor/adamw.h"
+#include "executor/comm.h"
+#include "executor/flat_param.h"
+#include "executor/meter.h"
+#include "executor/trainer.h"
+#include "models/model_config.h"
+#include "planner/candidate.h"
+
+namespace shardfit::executor {
+
+struct EngineOptions {
+  models::ModelConfig model;
+  planner::Candidate candidate;
+  int64_t batch = 1;       // sequences per rank per micro-batch
+  int64_t seq_len = 128;   // tokens per sequence
+  int64_t steps = 10;      // optimizer steps
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  uint64_t seed = 1234;    // model init (identical on every rank), dropout, synthetic data
+  std::string data = "synthetic";  // or an llm.c token file
+  AdamWOptions adamw;
+  // Clip the global gradient norm (over every rank's shard) to this value,
+  // as torch.nn.utils.clip_grad_norm_. 0 = off, the default: the single-rank
+  // trainer does not clip, and the parity tests compare against it.
+  double clip_grad_norm = 0;
+  // hybrid: ranks per (emulated) node, the shard group; 0 = the whole world.
+  int shard_group_size = 0;
+  int64_t budget_bytes = 0;  // 0 = unlimited; past it the step fails as OOM
+  // Called at the start of every step (from 1); tests kill ranks here.
+  std::function<void(int64_t step)> on_step_begin;
+  // Checkpointing plugs in here (executor/checkpoint.h): after init (to load
+  // a sharded checkpoint into the units' masters and AdamW state) and after
+  // each optimizer step (to save one). Units are in planner::wrap_modules
+  // order; each holds this rank's fp32 master and AdamW state.
+  std::function<void(const std::vector<FlatParam*>& units)> on_init;
+  std::function<void(int64_t step, const std::vector<FlatParam*>& units)> on_step_end;
+};
+
+struct EngineResult {
+  std::vector<double> loss;  // per completed step: mean over every rank's micro-batches
+  double tokens_per_s = 0;   // whole job, after the first (warm-up) step when there are >= 2
+  int64_t peak_allocated_bytes = 0;     // this rank, above what predates the run
+  std::vector<TimelinePoint> timeline;  // at the simulator's labels
+  int64_t param_count = 0;
+  int units = 0;
+  int64_t skipped_steps = 0;  // fp16: optimizer steps skipped on gradient overflow
+  double loss_scale = 0;      // fp16: the dynamic loss scale at the end; 0 otherwise
+  bool oom = false;           // the budget was hit; `loss` holds the steps before it
+  std::string oom_message;
+};
+
+// Trains on `world` (rank r of N reads global sequences r*b.. of each step,
+// so N ranks of batch b train on what one rank of batch N*b does). Every
+// rank must call it with the same options. Throws std::invalid_argument for
+// bad options (batch 0, a shard group that does not divide the world,
+// ddp+offload, a precision the CPU cannot compute) and CommError when a peer
+// fails.
+EngineResult train_data_parallel(const EngineOptions& options, Communicator& world,
+                                 const std::function<void(const StepLog&)>& on_step = {});
+
+// The checks train_data_parallel starts with, for a world of `world_size`,
+// without a communicator: a launcher calls it before starting any rank, so
+// bad options fail once, in one line.
+void check_engine_options(const EngineOptions& options, int world_size);
+
+}  // namespace shardfit::executor

@@ -1,0 +1,359 @@
+#include "executor/flat_param.h"
+
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include "executor/meter.h"
+
+namespace shardfit::executor {
+namespace {
+
+const auto kF32 = torch::TensorOptions().dtype(torch::kFloat);
+
+void check_contiguous(const char* what, const torch::Tensor& t) {
+  if (!t.is_contiguous()) throw std::logic_error(std::string(what) + ": tensor must be contiguous");
+}
+
+// Frees t's memory now, whoever else still holds the tensor: a gloo work
+// object keeps references to the tensors of a finished collective until its
+// worker thread lets go, which would move the free to a moment the meter
+// cannot predict. Nobody reads the storage again.
+void free_now(torch::Tensor& t) {
+  if (!t.defined()) return;
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+  impl->set_nbytes(0);
+  t.reset();
+}
+
+}  // namespace
+
+FlatParam::FlatParam(std::string name, planner::FlatParamLayout layout, int rank,
+                     FlatParamConfig config, const std::vector<torch::Tensor>& params)
+    : name_(std::move(name)),
+      layout_(std::move(layout)),
+      rank_(rank),
+      config_(config),
+      mixed_(config.compute_dtype != torch::kFloat),
+      c_bytes_(static_cast<int64_t>(c10::elementSize(config.compute_dtype))),
+      params_(params) {
+  if (params_.size() != layout_.params().size()) {
+    throw std::logic_error("unit " + name_ + ": " + std::to_string(params_.size()) +
+                           " parameters for a layout of " + std::to_string(layout_.params().size()));
+  }
+  torch::NoGradGuard no_grad;
+  const int64_t padded = layout_.padded_numel();
+  const int64_t s = layout_.shard_numel();
+  const auto compute = kF32.dtype(config_.compute_dtype);
+
+  // Every parameter's values at its offset of a flat buffer, padding zeroed.
+  auto copy_full_into = [&](const torch::Tensor& flat) {
+    flat.zero_();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const planner::FlatParamEntry& e = layout_.params()[i];
+      flat.narrow(0, e.offset, e.numel).copy_(params_[i].reshape({-1}));
+    }
+  };
+  // This rank's slice of that flat buffer, without building the buffer.
+  auto copy_shard_into = [&](const torch::Tensor& shard) {
+    shard.zero_();
+    for (const planner::ShardPiece& p : layout_.pieces(rank_)) {
+      shard.narrow(0, p.shard_offset, p.numel)
+          .copy_(params_[p.param].reshape({-1}).narrow(0, p.param_offset, p.numel));
+    }
+  };
+
+  if (config_.sharded_params) {
+    // The fp32 master shard: device memory, or host memory under offload.
+    {
+      std::optional<ScopedUntracked> host;
+      if (config_.offload) host.emplace();
+      shard_ = torch::empty({s}, kF32);
+      copy_shard_into(shard_);
+    }
+    // The gathered buffer's StorageImpl, and the views cut from it, are made
+    // while it holds an uncounted placeholder; then its storage is freed
+    // (SHARDED) until the first unshard. Two tensors alias it, each with its
+    // own version counter: `gathered_` takes the collectives' writes, and
+    // the parameters (set_data keeps a parameter's own counter) are what
+    // autograd saves, so refilling the storage never trips autograd's
+    // in-place check.
+    {
+      ScopedUntracked placeholder;
+      torch::Tensor buffer = torch::empty({padded}, compute);
+      gathered_storage_ = buffer.storage();
+      gathered_ = torch::empty({0}, compute).set_(gathered_storage_, 0, {padded}, {1});
+      point_params_at(torch::empty({0}, compute).set_(gathered_storage_, 0, {padded}, {1}));
+    }
+    free_storage();
+    state_ = ParamState::kSharded;  // initial state: only the shard exists
+    return;
+  }
+
+  if (config_.offload) {
+    // zero1+offload: fp32 master slice on the host; the device keeps only
+    // the compute-dtype params forward and backward read.
+    {
+      ScopedUntracked host;
+      host_master_ = torch::empty({s}, kF32);
+      copy_shard_into(host_master_);
+    }
+    compute_ = torch::empty({padded}, compute);
+    copy_full_into(compute_);
+  } else {
+    full_ = torch::empty({padded}, kF32);
+    copy_full_into(full_);
+    if (mixed_) {
+      compute_ = torch::empty({padded}, compute);
+      compute_.copy_(full_);
+    } else {
+      compute_ = full_;
+    }
+  }
+  point_params_at(compute_);
+  state_ = ParamState::kUnsharded;  // full params are never sharded
+}
+
+bool FlatParam::staged_gather() const { return mixed_ || config_.offload; }
+
+void FlatParam::point_params_at(const torch::Tensor& flat) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const planner::FlatParamEntry& e = layout_.params()[i];
+    params_[i].set_data(flat.narrow(0, e.offset, e.numel).view(e.shape));
+  }
+}
+
+void FlatParam::alloc_storage() {
+  c10::StorageImpl* impl = gathered_storage_.unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(layout_.padded_numel() * c_bytes_);
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+  impl->set_nbytes(nbytes);
+}
+
+void FlatParam::free_storage() {
+  c10::StorageImpl* impl = gathered_storage_.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+  impl->set_nbytes(0);
+}
+
+void FlatParam::unshard(Communicator& shard_group) {
+  if (!config_.sharded_params || state_ == ParamState::kUnsharded) return;
+  torch::NoGradGuard no_grad;
+  // Cast (mixed) or host-to-device copy (offload) into a c*s staging buffer
+  // that feeds the all-gather and dies with it.
+  torch::Tensor staging;
+  if (staged_gather()) {
+    staging = torch::empty({layout_.shard_numel()}, kF32.dtype(config_.compute_dtype));
+    staging.copy_(shard_);
+  }
+  alloc_storage();
+  shard_group.all_gather_into(gathered_, staging.defined() ? staging : shard_);
+  free_now(staging);
+  state_ = ParamState::kUnsharded;  // SHARDED -> UNSHARDED
+}
+
+void FlatParam::reshard() {
+  if (!config_.sharded_params || state_ == ParamState::kSharded) return;
+  free_storage();
+  state_ = ParamState::kSharded;  // UNSHARDED -> SHARDED: the shard was never gone
+}
+
+void FlatParam::alloc_unsharded_grad() {
+  torch::NoGradGuard no_grad;
+  unsharded_grad_ = torch::zeros({layout_.padded_numel()}, kF32.dtype(config_.compute_dtype));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const planner::FlatParamEntry& e = layout_.params()[i];
+    params_[i].mutable_grad() = unsharded_grad_.narrow(0, e.offset, e.numel).view(e.shape);
+  }
+}
+
+void FlatParam::attach_flat_grad(const torch::Tensor& flat_grad) {
+  if (flat_grad.numel() != layout_.padded_numel())
+    throw std::logic_error("unit " + name_ + ": flat grad of " + std::to_string(flat_grad.numel()) +
+                           " elements for " + std::to_string(layout_.padded_numel()));
+  flat_grad_ = flat_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const planner::FlatParamEntry& e = layout_.params()[i];
+    params_[i].mutable_grad() = flat_grad_.narrow(0, e.offset, e.numel).view(e.shape);
+  }
+}
+
+void FlatParam::reduce_grad(Communicator& group, Communicator* replicate) {
+  torch::NoGradGuard no_grad;
+  const int64_t s = layout_.shard_numel();
+  if (!config_.sharded_params) {
+    group.all_reduce(flat_grad_, ReduceOp::kAvg);
+    if (config_.offload) {
+      // zero1+offload: this rank's slice goes device-to-host (and up to fp32).
+      ScopedUntracked host;
+      if (!shard_grad_.defined()) shard_grad_ = torch::empty({s}, kF32);
+      shard_grad_.copy_(flat_grad_.narrow(0, rank_ * s, s));
+    }
+    return;
+  }
+  if (!unsharded_grad_.defined()) return;  // no backward reached this unit
+  if (!mixed_ && !config_.offload) {
+    if (!shard_grad_.defined()) {
+      // fp32: the reduce-scatter output is the shard grad itself.
+      shard_grad_ = torch::empty({s}, kF32);
+      group.reduce_scatter(shard_grad_, unsharded_grad_, ReduceOp::kAvg);
+      if (replicate) replicate->all_reduce(shard_grad_, ReduceOp::kAvg);
+    } else {
+      // Another micro-batch: reduce into the input's own slot, then add.
+      torch::Tensor slot = unsharded_grad_.narrow(0, rank_ * s, s);
+      group.reduce_scatter(slot, unsharded_grad_, ReduceOp::kAvg);
+      if (replicate) replicate->all_reduce(slot, ReduceOp::kAvg);
+      shard_grad_.add_(slot);
+    }
+  } else {
+    // mixed: a c*s output, upcast into the fp32 shard grad; offload: the
+    // output goes device-to-host (upcast there when mixed).
+    torch::Tensor out = torch::empty({s}, kF32.dtype(config_.compute_dtype));
+    group.reduce_scatter(out, unsharded_grad_, ReduceOp::kAvg);
+    if (replicate) replicate->all_reduce(out, ReduceOp::kAvg);
+    std::optional<ScopedUntracked> host;
+    if (config_.offload) host.emplace();
+    if (!shard_grad_.defined()) {
+      shard_grad_ = torch::empty({s}, kF32);
+      shard_grad_.copy_(out);
+    } else {
+      add_into_fp32(shard_grad_, out);
+    }
+    host.reset();
+    free_now(out);
+  }
+  for (auto& p : params_) p.mutable_grad().reset();
+  free_now(unsharded_grad_);
+  reshard();
+}
+
+void FlatParam::free_shard_grad() {
+  if (config_.sharded_params) shard_grad_.reset();
+}
+
+torch::Tensor FlatParam::optimizer_grad() const {
+  if (config_.sharded_params || config_.offload) return shard_grad_;
+  if (!flat_grad_.defined()) return {};
+  if (config_.shard_optimizer) {
+    const int64_t s = layout_.shard_numel();
+    return flat_grad_.narrow(0, rank_ * s, s);
+  }
+  return flat_grad_;
+}
+
+torch::Tensor FlatParam::master() const {
+  if (config_.sharded_params) return shard_;
+  if (config_.offload) return host_master_;
+  if (config_.shard_optimizer) {
+    const int64_t s = layout_.shard_numel();
+    return full_.narrow(0, rank_ * s, s);
+  }
+  return full_;
+}
+
+void FlatParam::optimizer_step(const AdamWOptions& options, int64_t step, Communicator& group) {
+  torch::Tensor grad = optimizer_grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor p = master();
+  {
+    std::optional<ScopedUntracked> host;  // offload: the update runs on the host
+    if (config_.offload) host.emplace();
+    if (!exp_avg_.defined()) {  // lazily, as torch.optim does
+      exp_avg_ = torch::zeros_like(p);
+      exp_avg_sq_ = torch::zeros_like(p);
+    }
+    // ddp/zero1 mixed: the fp32 update reads an fp32 copy of the c-byte grad.
+    torch::Tensor g32 = grad;
+    if (grad.scalar_type() != torch::kFloat) {
+      g32 = torch::empty(p.sizes(), kF32);
+      g32.copy_(grad);
+    }
+    adamw_update(p, g32, exp_avg_, exp_avg_sq_, step, options);
+  }
+  if (config_.sharded_params) return;
+  const int64_t s = layout_.shard_numel();
+  if (config_.offload) {
+    // The updated host slice comes back through a c*s staging copy and is
+    // all-gathered into the compute params in place.
+    torch::Tensor staging = torch::empty({s}, kF32.dtype(config_.compute_dtype));
+    staging.copy_(host_master_);
+    group.all_gather_into(compute_, staging);
+    free_now(staging);
+    return;
+  }
+  if (config_.shard_optimizer) group.all_gather_into(full_, full_.narrow(0, rank_ * s, s));
+  if (mixed_) compute_.copy_(full_);
+}
+
+void adamw_update(torch::Tensor& p, const torch::Tensor& g, torch::Tensor& exp_avg,
+                  torch::Tensor& exp_avg_sq, int64_t step, const AdamWOptions& o) {
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(step)));
+  const double step_size = o.lr / bias_correction1;
+  torch::Tensor denom = torch::empty_like(exp_avg_sq);  // the one temporary
+  // Everything below is in place; what it may still allocate is LibTorch
+  // wrapping the Scalar operands into 0-dim CPU tensors.
+  ScopedUntracked scalars;
+  p.mul_(1.0 - o.lr * o.weight_decay);
+  exp_avg.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+  exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+  at::sqrt_out(denom, exp_avg_sq);
+  denom.div_(bias_correction2_sqrt).add_(o.eps);
+  p.addcdiv_(exp_avg, denom, -step_size);
+}
+
+double sum_of_squares(const torch::Tensor& t) {
+  check_contiguous("sum_of_squares", t);
+  double total = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "sum_of_squares", [&] {
+    const scalar_t* p = t.data_ptr<scalar_t>();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+      const double x = static_cast<double>(static_cast<float>(p[i]));
+      total += x * x;
+    }
+  });
+  return total;
+}
+
+bool all_finite(const torch::Tensor& t) {
+  check_contiguous("all_finite", t);
+  bool finite = true;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "all_finite", [&] {
+    const scalar_t* p = t.data_ptr<scalar_t>();
+    for (int64_t i = 0, n = t.numel(); i < n && finite; ++i)
+      finite = std::isfinite(static_cast<float>(p[i]));
+  });
+  return finite;
+}
+
+void multiply_in_place(const torch::Tensor& t, double factor) {
+  check_contiguous("multiply_in_place", t);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "multiply_in_place", [&] {
+    scalar_t* p = t.data_ptr<scalar_t>();
+    at::parallel_for(0, t.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        p[i] = static_cast<scalar_t>(static_cast<float>(p[i]) * static_cast<float>(factor));
+    });
+  });
+}
+
+void add_into_fp32(const torch::Tensor& dst, const torch::Tensor& src) {
+  check_contiguous("add_into_fp32", dst);
+  check_contiguous("add_into_fp32", src);
+  if (dst.scalar_type() != torch::kFloat || dst.numel() != src.numel())
+    throw std::logic_error("add_into_fp32: dst must be fp32 with src's numel");
+  float* d = dst.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "add_into_fp32", [&] {
+    const scalar_t* s = src.data_ptr<scalar_t>();
+    at::parallel_for(0, dst.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) d[i] += static_cast<float>(s[i]);
+    });
+  });
+}
+
+}  // namespace shardfit::executor

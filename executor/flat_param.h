@@ -1,0 +1,181 @@
+// One wrapped unit's flat parameter (FSDP's FlatParamHandle): the unit's
+// parameters flattened and padded by planner::FlatParamLayout — the same
+// description the StepSimulator charges — with this rank's fp32 shard, the
+// gathered compute-dtype buffer every original parameter is a view of, the
+// gradient buffers, and the unit's AdamW state. Each method is one of the
+// simulator's transitions and allocates exactly what the simulator charges
+// for it (planner/step_simulator.h is the specification), in the same order:
+//
+//   sharded params (zero2/zero3/hybrid)       full params (ddp/zero1)
+//   init: fp32 shard 4*s (host if offload)    init: fp32 flat 4*P [+ c*P compute copy]
+//   unshard: [c*s staging] + c*P gathered      zero1+offload: host fp32 shard, device c*P
+//   reshard: gathered storage freed            grads: views into the engine's flat grad
+//   alloc_unsharded_grad: c*P                  reduce_grad: all-reduce in place
+//   reduce_grad: fp32 shard grad 4*s (mixed:   optimizer: AdamW on the full param (ddp)
+//     via a c*s reduce-scatter output)           or this rank's slice (zero1), then
+//   optimizer: AdamW on the shard                all-gather in place
+//
+// "Host" memory (offload) is allocated under ScopedUntracked: on the CPU it
+// is the same RAM, but it is not the device being emulated. Staging copies
+// between host and device are tracked, as the simulator charges them.
+//
+// Freeing the gathered buffer frees its STORAGE (FSDP's _free_storage):
+// the StorageImpl keeps its identity and goes to zero bytes, so the views
+// autograd saved for backward stay valid and see the data again when the
+// next unshard refills the same StorageImpl with a fresh allocation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "executor/adamw.h"
+#include "executor/comm.h"
+#include "planner/shard_layout.h"
+
+namespace shardfit::executor {
+
+// Where a unit's state lives, by strategy.
+struct FlatParamConfig {
+  // zero2/zero3/hybrid: only the fp32 shard persists; the compute-dtype
+  // params exist between unshard() and reshard().
+  bool sharded_params = false;
+  // zero1: full params and grads, AdamW on this rank's slice (the layout's
+  // shard) only. Ignored when sharded_params (always sharded there).
+  bool shard_optimizer = false;
+  // fp32 master shard, shard grads and AdamW state on the host.
+  bool offload = false;
+  // What forward/backward compute in: kFloat, or kBFloat16/kHalf (mixed
+  // precision, with fp32 master weights and optimizer state).
+  c10::ScalarType compute_dtype = torch::kFloat;
+};
+
+// FSDP2's parameter states. SHARDED_POST_FORWARD (resharding onto a smaller
+// group after forward) is not a strategy here.
+enum class ParamState : uint8_t {
+  kSharded,    // only the shard exists; the gathered storage has 0 bytes
+  kUnsharded,  // the gathered c*P buffer holds every rank's shard
+};
+
+class FlatParam {
+ public:
+  // `params` are the unit's parameters in layout order: the model's own
+  // tensors, still holding the full fp32 initial values (built untracked).
+  // Allocates this unit's init memory, copies this rank's part of the
+  // values into it, and points every parameter at its view of the compute
+  // buffer (param.set_data: the parameter stays the same autograd leaf).
+  // `rank` is this rank in the shard group (0 for ddp).
+  FlatParam(std::string name, planner::FlatParamLayout layout, int rank, FlatParamConfig config,
+            const std::vector<torch::Tensor>& params);
+  FlatParam(const FlatParam&) = delete;
+  FlatParam& operator=(const FlatParam&) = delete;
+
+  const std::string& name() const { return name_; }
+  const planner::FlatParamLayout& layout() const { return layout_; }
+  const FlatParamConfig& config() const { return config_; }
+  ParamState state() const { return state_; }
+  int64_t padded_numel() const { return layout_.padded_numel(); }
+  int64_t shard_numel() const { return layout_.shard_numel(); }
+
+  // ---- sharded params (zero2/zero3/hybrid) --------------------------------
+  // SHARDED -> UNSHARDED: all-gather the shard (through a c*s staging copy
+  // when it must be cast or comes from the host) into a fresh allocation of
+  // the gathered storage. No-op when UNSHARDED.
+  void unshard(Communicator& shard_group);
+  // UNSHARDED -> SHARDED: free the gathered storage; the shard was never
+  // gone. No-op when SHARDED.
+  void reshard();
+  // The c*P gradient buffer AccumulateGrad adds into: every parameter's
+  // .grad becomes a view of it (zeroed).
+  void alloc_unsharded_grad();
+  bool has_unsharded_grad() const { return unsharded_grad_.defined(); }
+
+  // ---- full params (ddp/zero1) --------------------------------------------
+  // Points every parameter's .grad at its view of `flat_grad` (this unit's
+  // c*P slice of the engine's flat gradient buffer).
+  void attach_flat_grad(const torch::Tensor& flat_grad);
+
+  // ---- gradients -----------------------------------------------------------
+  // Post-backward. Sharded: reduce-scatter (avg) the unsharded grad over
+  // `group` into the fp32 shard grad (adding to it when it already holds a
+  // micro-batch's), all-reduce it across `replicate` (hybrid), free the
+  // unsharded grad and reshard. Full params (`group` = the world):
+  // all-reduce (avg) the flat grad slice in place; zero1+offload then copies
+  // this rank's slice to its host shard grad.
+  void reduce_grad(Communicator& group, Communicator* replicate);
+  // zero_grad(set_to_none=True) for shard grads; full-param strategies zero
+  // their flat grad themselves (the engine owns it).
+  void free_shard_grad();
+
+  // The gradient the optimizer reads, whatever its dtype: the fp32 shard
+  // grad (sharded, zero1+offload) or the flat grad slice (ddp: all of it;
+  // zero1: this rank's part). Undefined before the first backward.
+  torch::Tensor optimizer_grad() const;
+
+  // ---- optimizer ------------------------------------------------------------
+  // AdamW (executor/adamw.h's arithmetic) on the fp32 master: state created
+  // lazily (2 x 4 bytes per element), an fp32 copy of a low-precision grad,
+  // sqrt(v) + eps as the one temporary (all on the host under offload).
+  // Then zero1 all-gathers the updated slices in place (zero1+offload:
+  // through a c*s staging copy) and mixed ddp/zero1 refresh their compute
+  // copy in place. `group` is the world for ddp/zero1.
+  void optimizer_step(const AdamWOptions& options, int64_t step, Communicator& group);
+
+  // fp32 master values of this rank (shard or full param), for tests and
+  // the checkpoint writer: a tensor on the device or the host.
+  torch::Tensor master() const;
+  // AdamW state of master(); undefined before the first optimizer step.
+  torch::Tensor& exp_avg() { return exp_avg_; }
+  torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  std::vector<torch::Tensor>& params() { return params_; }
+
+ private:
+  bool staged_gather() const;
+  void alloc_storage();
+  void free_storage();
+  void point_params_at(const torch::Tensor& flat);
+
+  std::string name_;
+  planner::FlatParamLayout layout_;
+  int rank_;
+  FlatParamConfig config_;
+  bool mixed_;
+  int64_t c_bytes_;
+  std::vector<torch::Tensor> params_;  // the model's parameters, views into the compute buffer
+  ParamState state_ = ParamState::kUnsharded;
+
+  // sharded params
+  torch::Tensor shard_;            // fp32 [s], device or host: the master
+  c10::Storage gathered_storage_;  // c*P bytes when UNSHARDED, 0 when SHARDED
+  torch::Tensor gathered_;         // [P] on gathered_storage_: the all-gather output
+  torch::Tensor unsharded_grad_;   // [P] compute dtype, pre- to post-backward
+  torch::Tensor shard_grad_;       // fp32 [s], device or host, post-backward to zero_grad
+
+  // full params
+  torch::Tensor full_;     // fp32 [P] master (ddp, zero1 without offload)
+  torch::Tensor compute_;  // [P] compute dtype: what params view (mixed, zero1+offload)
+  torch::Tensor flat_grad_;  // [P] slice of the engine's flat grad
+  torch::Tensor host_master_;  // zero1+offload: fp32 [s] on the host
+
+  // AdamW state, lazily
+  torch::Tensor exp_avg_, exp_avg_sq_;
+};
+
+// AdamW's update of one fp32 tensor, exactly executor::AdamW's arithmetic.
+// Allocates one temporary (the denominator) through the current allocator;
+// the scalar operands LibTorch wraps into tiny CPU tensors are not counted
+// (on a GPU they are kernel arguments, not device memory).
+void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
+                  torch::Tensor& exp_avg_sq, int64_t step, const AdamWOptions& options);
+
+// Allocation-free helpers for any floating dtype (raw loops: no temporaries,
+// no type-promotion copies, which the meter would see).
+double sum_of_squares(const torch::Tensor& t);
+bool all_finite(const torch::Tensor& t);
+void multiply_in_place(const torch::Tensor& t, double factor);
+// dst (fp32) += src (any floating dtype), elementwise.
+void add_into_fp32(const torch::Tensor& dst, const torch::Tensor& src);
+
+}  // namespace shardfit::executor

@@ -1,0 +1,538 @@
+#!/usr/bin/env python3
+"""PyTorch's own DDP and FSDP on the reference scenario's rows, on one GPU:
+the largest batch per GPU that fits under a memory cap (by search) and the
+step's tokens/s, as an independent reference for `shardfit plan` / `run`.
+
+The model: GPT-2 (Large, XL) built from a config dict with Hugging Face
+transformers when it is importable (eager attention, as the 2022 write-up
+ran: the attention probabilities are materialised), else a minimal GPT-2 in
+plain torch with the same shapes, names and parameter count. Nothing is
+downloaded: weights are random.
+
+World 2 on one GPU: a fake process group (torch.testing's FakeStore, backend
+"fake") of world size N, this process as rank 0. Why not a gloo group of one
+rank: FSDP's memory depends on the world size (a shard is 1/N of each flat
+parameter; all-gather outputs are whole units; reduce-scatter outputs 1/N),
+and a real group of one rank *is* a world of one: nothing would be sharded.
+The fake group reports size N and completes every collective at once without
+moving data, so every buffer FSDP (or DDP's reducer) allocates is allocated
+exactly as on rank 0 of N: the memory is rank 0's. What it does not give:
+the other ranks' values (losses are meaningless), NCCL's own buffers (outside
+the caching allocator anyway), and communication time (tokens/s is an upper
+bound for N GPUs; x N assumes perfect scaling).
+
+The cap: torch.cuda.set_per_process_memory_fraction, as shardfit's CUDA meter
+does. --cap-mode allocator (default): the caching allocator may reserve
+--gpu-mem bytes. --cap-mode card: --gpu-mem is the whole card, less what
+this process already holds outside the allocator (context, cuBLAS).
+
+Usage: fsdp_reference.py [--rows-file rows.json] [--gpu-mem 24GiB] [--seq-len 128]
+                         [--budget-s S] [--out result.json] [--dry-run]
+rows.json: [{"row": 1, "model": "gpt2-large", "world": 2,
+             "id": "zero3/fp32/wrap=size:2000", "hint": 15}, ...]
+"""
+import argparse
+import functools
+import gc
+import json
+import math
+import os
+import re
+import sys
+import time
+
+# The reference scenario (../shared/reference/seed-tables.json) with the
+# 2022 write-up's measured max batch as the search's starting point.
+DEFAULT_ROWS = [
+    ("gpt2-large", 2, "ddp/fp32/wrap=none", 7),
+    ("gpt2-large", 2, "ddp/fp16/wrap=none", 7),
+    ("gpt2-large", 2, "zero2/fp32/wrap=size:1000000", 11),
+    ("gpt2-large", 2, "zero3/fp32/wrap=size:1000000", 15),
+    ("gpt2-large", 2, "zero3/fp32/wrap=size:2000", 15),
+    ("gpt2-large", 2, "zero3+offload/fp32/wrap=size:1000000", 20),
+    ("gpt2-xl", 2, "ddp/fp32/wrap=none", 0),
+    ("gpt2-xl", 2, "zero3/fp32/wrap=size:2000", 5),
+    ("gpt2-xl", 1, "zero3+offload/fp32/wrap=size:2000", 10),
+    ("gpt2-xl", 2, "zero3+offload/fp32/wrap=size:2000", 14),
+]
+
+# Hugging Face GPT-2 shapes; the parameter counts are SPEC's (tied output
+# embedding), checked after building.
+GPT2 = {
+    "gpt2": dict(n_embd=768, n_layer=12, n_head=12, params=124_439_808),
+    "gpt2-medium": dict(n_embd=1024, n_layer=24, n_head=16, params=354_823_168),
+    "gpt2-large": dict(n_embd=1280, n_layer=36, n_head=20, params=774_030_080),
+    "gpt2-xl": dict(n_embd=1600, n_layer=48, n_head=25, params=1_557_611_200),
+    "gpt2-tiny": dict(n_embd=64, n_layer=2, n_head=4, params=None),
+}
+VOCAB, POSITIONS = 50257, 1024
+
+
+def parse_size(text):
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*", text)
+    if not m:
+        raise SystemExit("--gpu-mem %s: expected e.g. 24GiB, 512MiB or bytes" % text)
+    units = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    return int(float(m.group(1)) * units[m.group(2)])
+
+
+def parse_candidate(cid):
+    """'zero3+offload+ckpt/fp16/wrap=size:2000' -> dict."""
+    m = re.fullmatch(r"([a-z0-9_]+)((?:\+[a-z]+)*)/(fp32|fp16|bf16)/wrap=(none|block|size:\d+)", cid)
+    if not m:
+        raise ValueError("candidate %s: expected SHARDING[+offload][+ckpt]/PRECISION/wrap=POLICY" % cid)
+    sharding = {"no_shard": "ddp", "shard_grad_op": "zero2", "full_shard": "zero3"}.get(m.group(1), m.group(1))
+    flags = set(filter(None, m.group(2).split("+")))
+    return dict(sharding=sharding, offload="offload" in flags, ckpt="ckpt" in flags,
+                precision=m.group(3), wrap=m.group(4))
+
+
+# ---------------------------------------------------------------------------
+# the model
+# ---------------------------------------------------------------------------
+
+def build_model(torch, name, device, prefer_transformers=True):
+    """GPT-2 on `device`, training mode. Returns (model, impl, loss_fn, block_class)."""
+    shape = GPT2[name]
+    if prefer_transformers:
+        try:
+            import transformers  # noqa: F401
+            from transformers import GPT2Config, GPT2LMHeadModel
+            from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+            # The 2022 write-up's attention: probabilities materialised.
+            cfg = GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=shape["n_embd"],
+                             n_layer=shape["n_layer"], n_head=shape["n_head"], use_cache=False,
+                             attn_implementation="eager")
+            cfg._attn_implementation = "eager"
+            with torch.device(device):
+                model = GPT2LMHeadModel(cfg)
+            model.train()
+
+            def loss_fn(m, x):
+                return m(input_ids=x, labels=x).loss
+            return model, "transformers %s GPT2LMHeadModel (eager attention)" % transformers.__version__, loss_fn, GPT2Block
+        except ImportError:
+            pass
+    model = MinimalGPT2(torch, shape).to(device)
+    model.train()
+
+    def loss_fn(m, x):
+        return m(x)
+    return model, "minimal plain-torch GPT-2 (eager attention, HF names and shapes)", loss_fn, model.block_class
+
+
+def MinimalGPT2(torch, shape):
+    """GPT-2 with Hugging Face's parameter names and shapes (Conv1D weights
+    are in x out), tied output embedding, dropout 0.1, eager attention."""
+    nn, F = torch.nn, torch.nn.functional
+    d, L, H = shape["n_embd"], shape["n_layer"], shape["n_head"]
+
+    class Conv1D(nn.Module):
+        def __init__(self, nx, nf):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(nx, nf).normal_(0, 0.02))
+            self.bias = nn.Parameter(torch.zeros(nf))
+
+        def forward(self, x):
+            return torch.addmm(self.bias, x.reshape(-1, x.size(-1)), self.weight).view(*x.shape[:-1], -1)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn, self.c_proj = Conv1D(d, 3 * d), Conv1D(d, d)
+            self.attn_dropout, self.resid_dropout = nn.Dropout(0.1), nn.Dropout(0.1)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.c_attn(x).split(d, dim=2)
+            q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
+            w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d // H)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            w = w.masked_fill(~mask, torch.finfo(w.dtype).min)
+            w = self.attn_dropout(F.softmax(w, dim=-1))
+            y = torch.matmul(w, v).transpose(1, 2).reshape(B, T, d)
+            return self.resid_dropout(self.c_proj(y))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc, self.c_proj, self.dropout = Conv1D(d, 4 * d), Conv1D(4 * d, d), nn.Dropout(0.1)
+
+        def forward(self, x):
+            return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(d), Attention(), nn.LayerNorm(d), MLP()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class Transformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(VOCAB, d), nn.Embedding(POSITIONS, d)
+            nn.init.normal_(self.wte.weight, 0, 0.02)
+            nn.init.normal_(self.wpe.weight, 0, 0.01)
+            self.drop = nn.Dropout(0.1)
+            self.h = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(d)
+
+    class GPT2LMHead(nn.Module):
+        block_class = Block
+
+        def __init__(self):
+            super().__init__()
+            self.transformer = Transformer()
+
+        def forward(self, idx):
+            t = self.transformer
+            pos = torch.arange(idx.size(1), device=idx.device)
+            x = t.drop(t.wte(idx) + t.wpe(pos))
+            for block in t.h:
+                x = block(x)
+            logits = F.linear(t.ln_f(x), t.wte.weight)  # tied output embedding
+            return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), idx[:, 1:].reshape(-1))
+
+    return GPT2LMHead()
+
+
+def count_params(model):
+    seen, n = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            n += p.numel()
+    return n
+
+
+# ---------------------------------------------------------------------------
+# wrapping: DDP or FSDP as the candidate says
+# ---------------------------------------------------------------------------
+
+def wrap(torch, model, cand, block_class, device):
+    """Returns (wrapped model, api description). Raises NotImplementedError
+    for what PyTorch has no counterpart of."""
+    import torch.distributed as dist
+    if cand["sharding"] == "ddp":
+        if cand["offload"]:
+            raise NotImplementedError("DDP has no offload")
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, device_ids=[device.index]), "torch DDP (bucket 25 MiB)"
+    if cand["sharding"] not in ("zero2", "zero3"):
+        raise NotImplementedError("%s: FSDP has no counterpart here (zero1/hybrid)" % cand["sharding"])
+    if cand["ckpt"]:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, block_class))
+    dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cand["precision"]]
+    try:
+        from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy,
+                                            FullyShardedDataParallel as FSDP)
+        from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+    except ImportError:
+        return wrap_fsdp2(torch, model, cand, block_class, dtype), "FSDP2 fully_shard (FSDP1 not in this torch)"
+    if cand["wrap"] == "none":
+        policy = None
+    elif cand["wrap"] == "block":
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={block_class})
+    else:
+        policy = functools.partial(size_based_auto_wrap_policy, min_num_params=int(cand["wrap"].split(":")[1]))
+    mp = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype) if dtype else None
+    fsdp = FSDP(model,
+                sharding_strategy=ShardingStrategy.FULL_SHARD if cand["sharding"] == "zero3"
+                else ShardingStrategy.SHARD_GRAD_OP,
+                auto_wrap_policy=policy, cpu_offload=CPUOffload(offload_params=cand["offload"]),
+                mixed_precision=mp, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+                device_id=device, limit_all_gathers=True, process_group=dist.group.WORLD)
+    return fsdp, "FSDP1 (FullyShardedDataParallel, backward_prefetch BACKWARD_PRE, limit_all_gathers)"
+
+
+def wrap_fsdp2(torch, model, cand, block_class, dtype):
+    from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+    kwargs = dict(reshard_after_forward=cand["sharding"] == "zero3",
+                  offload_policy=CPUOffloadPolicy() if cand["offload"] else OffloadPolicy())
+    if dtype:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    wrapped = set()
+    if cand["wrap"].startswith("size:"):
+        # FSDP1's size policy, bottom-up: a module holding more than N
+        # parameters not yet in a unit becomes one.
+        limit = int(cand["wrap"].split(":")[1])
+
+        def visit(m):
+            n = sum(visit(c) for c in m.children())
+            n += sum(p.numel() for p in m.parameters(recurse=False))
+            if n > limit and m is not model:
+                fully_shard(m, **kwargs)
+                wrapped.add(m)
+                return 0
+            return n
+        visit(model)
+    elif cand["wrap"] == "block":
+        for m in model.modules():
+            if isinstance(m, block_class):
+                fully_shard(m, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+# ---------------------------------------------------------------------------
+# one trial: build, wrap, two steps, measure
+# ---------------------------------------------------------------------------
+
+class Trial:
+    def __init__(self, torch, args, device):
+        self.torch, self.args, self.device = torch, args, device
+
+    def run(self, model_name, cand, batch, steps=2):
+        """Returns dict(fits=True, peak_reserved, peak_allocated, step_s) or
+        dict(fits=False, oom=message)."""
+        torch = self.torch
+        try:
+            return self._run(model_name, cand, batch, steps)
+        except Exception as e:  # noqa: BLE001 -- an OOM is a result; anything else is re-raised below
+            oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                          getattr(torch.cuda, "OutOfMemoryError", None)) if t)
+            oom = isinstance(e, oom_types) or "out of memory" in str(e)
+            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            if not oom:
+                raise
+            result = dict(fits=False, oom=msg)
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+        return result
+
+    def _run(self, model_name, cand, batch, steps):
+        torch = self.torch
+        model, impl, loss_fn, block_class = build_model(torch, model_name, self.device, not self.args.minimal)
+        n = count_params(model)
+        expected = GPT2[model_name]["params"]
+        if expected and n != expected:
+            raise RuntimeError("%s has %d parameters, expected %d" % (model_name, n, expected))
+        if cand["offload"]:
+            model = model.to("cpu")  # FSDP moves each unit to the GPU to shard it, then offloads
+            torch.cuda.empty_cache()
+        model, api = wrap(torch, model, cand, block_class, self.device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=5e-5, weight_decay=0.0)  # the write-up's optimizer
+        amp = cand["sharding"] == "ddp" and cand["precision"] != "fp32"
+        amp_dtype = torch.float16 if cand["precision"] == "fp16" else torch.bfloat16
+        scaler = torch.amp.GradScaler("cuda") if amp and cand["precision"] == "fp16" else None
+        x = torch.randint(0, VOCAB, (batch, self.args.seq_len), device=self.device)
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        step_s = []
+        for _ in range(steps):
+            torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=amp_dtype, enabled=amp):
+                loss = loss_fn(model, x)
+            if scaler:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize(self.device)
+            step_s.append(time.perf_counter() - t0)
+        stats = torch.cuda.memory_stats(self.device)
+        result = dict(fits=True, peak_reserved=torch.cuda.max_memory_reserved(self.device),
+                      peak_allocated=torch.cuda.max_memory_allocated(self.device),
+                      num_alloc_retries=stats.get("num_alloc_retries", 0),
+                      step_s=step_s, impl=impl, api=api)
+        del model, opt, params, x, loss
+        return result
+
+
+def search(trial, model_name, cand, hint, deadline, log):
+    """The largest batch that fits, starting at `hint`: up by 1, 2, 4, ...
+    while it fits, down likewise while it does not, then bisect."""
+    tried = {}
+
+    def fits(b):
+        if b not in tried:
+            if time.time() > deadline:
+                raise TimeoutError
+            t0 = time.time()
+            r = trial.run(model_name, cand, b)
+            r["trial_s"] = round(time.time() - t0, 1)
+            tried[b] = r
+            log("  batch %d: %s (%.1f s)" % (b, "fits, peak reserved %.2f GiB" % (r["peak_reserved"] / 2**30)
+                                              if r["fits"] else "OOM", r["trial_s"]))
+        return tried[b]["fits"]
+
+    lo, hi = 0, None  # lo fits (0: nothing yet), hi does not
+    b, step = max(1, hint), 1
+    try:
+        if fits(b):
+            lo = b
+            while hi is None:
+                if fits(lo + step):
+                    lo, step = lo + step, step * 2
+                else:
+                    hi = lo + step
+        else:
+            hi = b
+            while lo == 0 and hi > 1:
+                c = max(1, hi - step)
+                if fits(c):
+                    lo = c
+                else:
+                    hi, step = c, step * 2
+        while hi is not None and hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        complete = True
+    except TimeoutError:
+        complete = False
+    return lo, hi, tried, complete
+
+
+# ---------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows-file", help="JSON list of {row, model, world, id, hint}; default: the reference scenario")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--gpu-mem", default="24GiB")
+    ap.add_argument("--cap-mode", choices=("allocator", "card"), default="allocator")
+    ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--timed-steps", type=int, default=2, help="extra steps timed at the max batch")
+    ap.add_argument("--minimal", action="store_true", help="the plain-torch GPT-2 even if transformers is there")
+    ap.add_argument("--out", default="fsdp_reference.json")
+    ap.add_argument("--dry-run", action="store_true", help="print the rows and settings, import nothing")
+    args = ap.parse_args()
+    started = time.time()
+    deadline = started + args.budget_s
+    cap = parse_size(args.gpu_mem)
+
+    if args.rows_file:
+        rows = json.load(open(args.rows_file))
+    else:
+        rows = [dict(row=i, model=m, world=w, id=c, hint=h) for i, (m, w, c, h) in enumerate(DEFAULT_ROWS, 1)]
+    for r in rows:
+        r["candidate"] = parse_candidate(r["id"])
+        if r["model"] not in GPT2:
+            raise SystemExit("row %s: model %s: one of %s" % (r.get("row"), r["model"], ", ".join(GPT2)))
+    # Cheap rows first, so a short budget still covers most of the table:
+    # offload rows (CPU AdamW) last, GPT-2 XL after Large.
+    rows.sort(key=lambda r: (r["candidate"]["offload"], r["model"] == "gpt2-xl", r.get("row", 0)))
+
+    def log(msg):
+        print("[fsdp_reference %5.0fs] %s" % (time.time() - started, msg), flush=True)
+
+    if args.dry_run:
+        for r in rows:
+            log("row %s: %s world %d %s (start at batch %d) -> %s" % (r.get("row"), r["model"], r["world"], r["id"],
+                                                                     r["hint"], r["candidate"]))
+        log("cap %d bytes (%s, mode %s), seq %d, budget %.0f s" % (cap, args.gpu_mem, args.cap_mode, args.seq_len,
+                                                                  args.budget_s))
+        return 0
+
+    import torch
+    import torch.distributed as dist
+    result = dict(schema="shardfit.fsdp-reference/1", torch=torch.__version__, cuda=torch.version.cuda,
+                  command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]), seq_len=args.seq_len,
+                  gpu_mem=args.gpu_mem, cap_mode=args.cap_mode, rows=[],
+                  notes="rank 0 of a fake process group (no communication: tokens/s excludes it); "
+                        "tokens_per_s is rank 0's, tokens_per_s_job = x world (perfect scaling)")
+
+    def save():
+        json.dump(result, open(args.out, "w"), indent=1)
+
+    if not torch.cuda.is_available():
+        result["error"] = "no CUDA device"
+        save()
+        log("no CUDA device")
+        return 1
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    # Context and cuBLAS first, so what is outside the allocator is there.
+    a = torch.randn(256, 256, device=device)
+    (a @ a).sum().item()
+    del a
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    outside = total - free - torch.cuda.memory_reserved(device)
+    budget = cap if args.cap_mode == "allocator" else cap - outside
+    torch.cuda.set_per_process_memory_fraction(budget / total, device)
+    result.update(card=torch.cuda.get_device_name(device), card_total_bytes=total, cap_bytes=budget,
+                  outside_allocator_bytes=outside)
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        result["process_group"] = "fake (torch.testing._internal.distributed.fake_pg.FakeStore)"
+    except ImportError as e:
+        result["error"] = "no fake process group in this torch: %s" % e
+        save()
+        log(result["error"])
+        return 1
+    log("%s, cap %.2f GiB (%s mode; %.2f GiB outside the allocator), torch %s" % (
+        result["card"], budget / 2**30, args.cap_mode, outside / 2**30, torch.__version__))
+
+    trial = Trial(torch, args, device)
+    world = None
+    for r in rows:
+        entry = dict(row=r.get("row"), model=r["model"], world=r["world"], id=r["id"], start=r["hint"])
+        result["rows"].append(entry)
+        if time.time() > deadline:
+            entry["status"] = "skipped: time budget"
+            save()
+            continue
+        if world != r["world"]:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=r["world"])
+            world = r["world"]
+        log("row %s: %s world %d %s, start at batch %d" % (r.get("row"), r["model"], r["world"], r["id"], r["hint"]))
+        try:
+            lo, hi, tried, complete = search(trial, r["model"], r["candidate"], r["hint"], deadline, log)
+        except NotImplementedError as e:
+            entry["status"] = "no PyTorch counterpart: %s" % e
+            save()
+            continue
+        except Exception as e:  # noqa: BLE001 -- recorded per row; the next row still runs
+            entry["status"] = "error: %s: %s" % (type(e).__name__, str(e).strip().splitlines()[0][:300] if str(e).strip() else "")
+            log(entry["status"])
+            gc.collect()
+            torch.cuda.empty_cache()
+            save()
+            continue
+        entry["trials"] = {str(b): {k: v for k, v in t.items() if k not in ("impl", "api")} for b, t in sorted(tried.items())}
+        entry["max_batch"] = lo if complete else None
+        entry["status"] = "done" if complete else "partial: time budget (max >= %d%s)" % (
+            lo, "" if hi is None else ", < %d" % hi)
+        if lo > 0:
+            best = tried[lo]
+            entry.update(impl=best["impl"], api=best["api"], peak_reserved_bytes=best["peak_reserved"],
+                         peak_allocated_bytes=best["peak_allocated"], num_alloc_retries=best["num_alloc_retries"])
+            step_s = best["step_s"][1:]  # the first step creates AdamW's state
+            if args.timed_steps > 0 and time.time() + 3 * best["trial_s"] < deadline:
+                again = trial.run(r["model"], r["candidate"], lo, steps=1 + args.timed_steps)
+                if again.get("fits"):
+                    step_s = again["step_s"][1:]
+            if step_s:
+                s = sorted(step_s)[len(step_s) // 2]
+                entry.update(step_s=round(s, 4), tokens_per_s=lo * args.seq_len / s,
+                             tokens_per_s_job=lo * args.seq_len * r["world"] / s)
+        result.setdefault("model_impl", entry.get("impl"))
+        log("row %s: max batch %s (%s)" % (r.get("row"), entry["max_batch"], entry["status"]))
+        save()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    result["elapsed_s"] = round(time.time() - started, 1)
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

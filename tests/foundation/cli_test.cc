@@ -1,0 +1,179 @@
+// The shardfit binary as a user or a script sees it: run as a subprocess,
+// its exit code, stdout and stderr checked against SPEC's contract (0 done,
+// 2 bad input with exactly one line on stderr naming the input). No LibTorch
+// in this file, so it compiles in a couple of seconds.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "reports/run_report.h"
+
+#ifndef SHARDFIT_BINARY
+#error "SHARDFIT_BINARY must be the path of the built shardfit executable"
+#endif
+
+namespace {
+
+std::string temp_path(const std::string& stem) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return (std::filesystem::temp_directory_path() /
+          (std::string("shardfit_cli_") + info->name() + "_" + std::to_string(::getpid()) + "_" +
+           stem))
+      .string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs `shardfit ARGS` (each argument single-quoted) with no stdin.
+Result shardfit(const std::vector<std::string>& args) {
+  const std::string out = temp_path("stdout"), err = temp_path("stderr");
+  std::string cmd = "'" SHARDFIT_BINARY "'";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " </dev/null >'" + out + "' 2>'" + err + "'";
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return r;
+}
+
+// SPEC: exit 2, one line on stderr that names the input.
+void expect_bad_input(const std::vector<std::string>& args, const std::string& names) {
+  std::string shown;
+  for (const auto& a : args) shown += a + " ";
+  const Result r = shardfit(args);
+  EXPECT_EQ(r.exit_code, 2) << shown << "\nstderr: " << r.err;
+  ASSERT_FALSE(r.err.empty()) << shown;
+  EXPECT_EQ(r.err.back(), '\n') << shown;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << shown << ": more than one line:\n" << r.err;
+  EXPECT_NE(r.err.find(names), std::string::npos) << shown << ": does not name '" << names
+                                                   << "': " << r.err;
+}
+
+TEST(CliTest, ModelsJsonListsExactCounts) {
+  const Result r = shardfit({"models", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  std::map<std::string, int64_t> params;
+  for (const auto& m : j) params[m.at("name").get<std::string>()] = m.at("params").get<int64_t>();
+  const std::map<std::string, int64_t> expected = {
+      {"gpt2", 124439808},     {"gpt2-medium", 354823168}, {"gpt2-large", 774030080},
+      {"gpt2-xl", 1557611200}, {"bert-base", 109483778},   {"bert-large", 335143938},
+  };
+  for (const auto& [name, count] : expected) {
+    ASSERT_TRUE(params.count(name)) << name;
+    EXPECT_EQ(params[name], count) << name;
+  }
+  EXPECT_TRUE(params.count("gpt2-tiny"));
+  EXPECT_TRUE(params.count("bert-tiny"));
+}
+
+TEST(CliTest, ModelsTableShowsExactCounts) {
+  const Result r = shardfit({"models"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("1557611200"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bert-large"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, RunWritesAReport) {
+  const std::string report = temp_path("report.json");
+  const Result r = shardfit(
+      {"run", "--model", "gpt2-tiny", "--steps", "3", "--batch", "2", "--out", report});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string text = read_file(report);
+  std::remove(report.c_str());
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(text)) << text;
+  EXPECT_EQ(j.at("schema"), "shardfit.report/1");
+  // The report reads back through the same schema check `compare` uses.
+  shardfit::reports::RunReport rep;
+  ASSERT_NO_THROW(rep = shardfit::reports::report_from_json(j, report));
+  ASSERT_EQ(rep.loss.size(), 3u);
+  for (double l : rep.loss) EXPECT_TRUE(l > 0 && l < 10) << l;  // ~ln 512 = 6.2 untrained
+  EXPECT_EQ(rep.steps, 3);
+  EXPECT_EQ(rep.batch_per_gpu, 2);
+  EXPECT_EQ(rep.world_size, 1);
+  EXPECT_EQ(rep.model.at("name"), "gpt2-tiny");
+  ASSERT_EQ(rep.ranks.size(), 1u);
+  EXPECT_GT(rep.ranks[0].measured.peak_allocated_bytes, 4 * rep.model.at("params").get<int64_t>());
+  ASSERT_FALSE(rep.ranks[0].measured.timeline.empty());
+  EXPECT_EQ(rep.ranks[0].measured.timeline.front().phase, "init");
+  EXPECT_EQ(rep.ranks[0].measured.timeline.back().phase, "step3/optimizer");
+  EXPECT_GT(rep.tokens_per_s, 0);
+}
+
+TEST(CliTest, EverySubcommandHasHelp) {
+  for (const char* sub : {"models", "run"}) {
+    const Result r = shardfit({sub, "--help"});
+    EXPECT_EQ(r.exit_code, 0) << sub << ": " << r.err;
+    EXPECT_NE(r.out.find("--help"), std::string::npos) << sub;
+  }
+  const Result r = shardfit({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("run"), std::string::npos);
+}
+
+TEST(CliTest, BadInputIsExitTwoWithOneLineNamingIt) {
+  expect_bad_input({"run", "--model", "gpt5-mini", "--steps", "1"}, "gpt5-mini");
+  expect_bad_input({"run", "--model", "gpt2-tiny", "--batch", "0"}, "--batch");
+  expect_bad_input({"run", "--model", "gpt2-tiny", "--frobnicate", "3"}, "--frobnicate");
+  expect_bad_input({"run", "--model", "gpt2-tiny", "--steps", "1", "--data",
+                    "/nonexistent/tokens.bin"},
+                   "/nonexistent/tokens.bin");
+  expect_bad_input({"run", "--model", "gpt2-tiny", "--device", "tpu"}, "tpu");
+}
+
+TEST(CliTest, UnknownSubcommandIsExitTwoNamingIt) {
+  expect_bad_input({"frobnicate"}, "frobnicate");
+  expect_bad_input({"frobnicate", "--model", "gpt2"}, "frobnicate");
+}
+
+TEST(CliTest, MalformedConfigJsonIsExitTwoNamingTheFile) {
+  const std::string config = temp_path("config.json");
+  std::ofstream(config) << R"({"model_type": "gpt2", "n_embd": )";
+  expect_bad_input({"run", "--model", config, "--steps", "1"}, config);
+  std::ofstream(config) << R"({"model_type": "llama"})";
+  expect_bad_input({"run", "--model", config, "--steps", "1"}, config);
+  std::remove(config.c_str());
+  expect_bad_input({"run", "--model", config, "--steps", "1"}, config);  // now missing
+}
+
+TEST(CliTest, RunFromAConfigJson) {
+  const std::string config = temp_path("config.json");
+  std::ofstream(config) << R"({"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2,
+                               "vocab_size": 256, "n_positions": 16})";
+  const std::string report = temp_path("report.json");
+  const Result r = shardfit({"run", "--model", config, "--steps", "2", "--out", report});
+  std::remove(config.c_str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(read_file(report));
+  std::remove(report.c_str());
+  EXPECT_EQ(j.at("run").at("loss").size(), 2u);
+  EXPECT_EQ(j.at("model").at("seq_len"), 16);  // min(128, n_positions)
+}
+
+}  // namespace
