@@ -126,21 +126,19 @@ CudaCachingAllocatorModel::FreeKey CudaCachingAllocatorModel::key_of(int32_t b) 
 
 void CudaCachingAllocatorModel::insert_free(int32_t b) {
   auto& p = pool(blocks_[b].small);
-  const FreeKey k = key_of(b);
-  p.insert(std::lower_bound(p.begin(), p.end(), k), k);
+  p.insert(key_of(b));
 }
 
 void CudaCachingAllocatorModel::erase_free(int32_t b) {
   auto& p = pool(blocks_[b].small);
-  auto it = std::lower_bound(p.begin(), p.end(), key_of(b));
-  p.erase(it);  // cached blocks are always indexed: `it` is the block
+  p.erase(key_of(b));  // cached blocks are always indexed
 }
 
 // get_free_block(): the smallest cached block of this pool and stream that is
 // large enough; ties go to the lower address.
 int32_t CudaCachingAllocatorModel::find_free(bool small, int stream, int64_t rounded) const {
   const auto& p = small ? small_free_ : large_free_;
-  auto it = std::lower_bound(p.begin(), p.end(), FreeKey{stream, rounded, 0, -1});
+  auto it = p.lower_bound(FreeKey{stream, rounded, 0, -1});
   if (it == p.end() || it->stream != stream) return -1;
   return it->block;
 }
@@ -178,16 +176,15 @@ int64_t CudaCachingAllocatorModel::releasable_bytes() const {
 // release_cached_blocks(): both pools, every stream.
 void CudaCachingAllocatorModel::release_cached_segments() {
   for (auto* p : {&small_free_, &large_free_}) {
-    auto keep = p->begin();
-    for (auto it = p->begin(); it != p->end(); ++it) {
+    for (auto it = p->begin(); it != p->end();) {
       const Block& blk = blocks_[it->block];
       if (blk.prev < 0 && blk.next < 0) {
         release_block(it->block);
+        it = p->erase(it);
       } else {
-        *keep++ = *it;
+        ++it;
       }
     }
-    p->erase(keep, p->end());
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <vector>
 
 namespace shardfit::planner {
@@ -130,7 +131,7 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
     bool operator<(const FreeKey& o) const;
   };
 
-  std::vector<FreeKey>& pool(bool small) { return small ? small_free_ : large_free_; }
+  std::set<FreeKey>& pool(bool small) { return small ? small_free_ : large_free_; }
   FreeKey key_of(int32_t b) const;
   void insert_free(int32_t b);
   void erase_free(int32_t b);
@@ -144,8 +145,10 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
   std::vector<int32_t> spare_blocks_;  // indices of unused Block slots
   // Sorted vectors: a pool rarely holds more than a few hundred cached blocks,
   // where binary search plus a memmove beats a node-based std::set.
-  std::vector<FreeKey> small_free_;
-  std::vector<FreeKey> large_free_;
+  // Ordered sets, not sorted vectors: thousands of cached blocks make a
+  // vector's insert/erase (memmove) the simulator's hot spot.
+  std::set<FreeKey> small_free_;
+  std::set<FreeKey> large_free_;
   std::vector<int32_t> id_block_;  // by id; -1 = not live
   int64_t next_address_ = 0;
   int64_t num_segments_ = 0;

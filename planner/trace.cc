@@ -265,10 +265,12 @@ ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& o) 
 
   g_rec = Recorder{};
   g_rec.trace = &trace;
-  auto handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(&on_op_start, &on_op_end)
-          .needsInputs(true)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  at::CallbackHandle handle = 0;
+  if (o.record_ops)
+    handle = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_op_start, &on_op_end)
+            .needsInputs(true)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   g_rec.active = true;
   try {
     models::ScopedModuleRunner scoped(&runner);
@@ -290,11 +292,11 @@ ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& o) 
     }  // the batch and the loss are freed here, inside the trace
   } catch (...) {
     g_rec.active = false;
-    at::removeCallback(handle);
+    if (handle) at::removeCallback(handle);
     throw;
   }
   g_rec.active = false;
-  at::removeCallback(handle);
+  if (handle) at::removeCallback(handle);
   g_rec.trace = nullptr;
   return trace;
 }

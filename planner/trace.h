@@ -24,6 +24,10 @@ struct TraceOptions {
   // Whose kernels the meta kernels imitate where allocations differ by
   // device (LayerNorm statistics in fp32 for 2-byte inputs on CUDA).
   bool target_cuda = true;
+  // Record op names and matmul FLOPs (a RecordFunction observer on every op;
+  // about a third of a trace's time). The planner's batch-1 trace does
+  // without: the simulator needs neither, FLOPs come from batches 2 and 3.
+  bool record_ops = true;
 };
 
 // The module table (ModelTrace::modules) alone: cheap, no forward.
