@@ -43,6 +43,9 @@ Command add_compare_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
 Command add_validate_command(CLI::App& app);
 
+// This executable's path (/proc/self/exe), for spawning itself.
+std::string self_exe();
+
 // Where the device profiles are: $SHARDFIT_PROFILES, else next to the binary.
 std::string profiles_dir();
 

@@ -28,12 +28,6 @@ struct PlanArgs {
   bool json = false;
 };
 
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : std::string();
-}
-
 int run(const PlanArgs& a) {
   planner::PlanRequest r;
   r.model = models::resolve_model(a.model);

@@ -22,12 +22,6 @@
 namespace shardfit::cli {
 namespace {
 
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : std::string("shardfit");
-}
-
 // Runs `argv` and returns its exit status (stdout/stderr go to `log`).
 int run_child(const std::vector<std::string>& argv, const std::string& log) {
   const pid_t pid = fork();
