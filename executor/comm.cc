@@ -1,6 +1,7 @@
 // Communicator backends: loopback (one process rehearses rank r's memory)
 // and gloo (c10d's ProcessGroupGloo over a TCPStore rendezvous).
 #include "executor/comm.h"
+#include "executor/comm_detail.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -61,26 +62,9 @@ const char* collective_name(Collective c) {
 
 namespace {
 
-std::string join_ints(const std::vector<int>& v, const char* sep = ", ") {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
-  return s;
-}
-
-std::string seconds_str(std::chrono::milliseconds t) {
-  std::ostringstream s;
-  s << t.count() / 1000.0 << " s";
-  return s.str();
-}
-
-// The first line of a library error, without c10's backtrace.
-std::string error_text(const std::exception& e) {
-  std::string what = dynamic_cast<const c10::Error*>(&e)
-                         ? static_cast<const c10::Error&>(e).what_without_backtrace()
-                         : e.what();
-  auto nl = what.find('\n');
-  return nl == std::string::npos ? what : what.substr(0, nl);
-}
+using comm_detail::error_text;
+using comm_detail::join_ints;
+using comm_detail::seconds_str;
 
 // ---- argument contracts (programming errors: std::logic_error) ------------
 

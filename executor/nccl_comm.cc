@@ -7,6 +7,7 @@
 // comm.cc (kept there private); the keys live under "shardfit/nccl/" so
 // both backends can share a store.
 #include "executor/nccl_comm.h"
+#include "executor/comm_detail.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -45,25 +46,9 @@ namespace {
 
 // ---- small helpers ----------------------------------------------------------
 
-std::string join_ints(const std::vector<int>& v, const char* sep = ", ") {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
-  return s;
-}
-
-std::string seconds_str(std::chrono::milliseconds t) {
-  std::ostringstream s;
-  s << t.count() / 1000.0 << " s";
-  return s.str();
-}
-
-std::string first_line(const std::exception& e) {
-  std::string what = dynamic_cast<const c10::Error*>(&e)
-                         ? static_cast<const c10::Error&>(e).what_without_backtrace()
-                         : e.what();
-  auto nl = what.find('\n');
-  return nl == std::string::npos ? what : what.substr(0, nl);
-}
+using comm_detail::join_ints;
+using comm_detail::seconds_str;
+std::string first_line(const std::exception& e) { return comm_detail::error_text(e); }
 
 std::string cuda_error_text(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
