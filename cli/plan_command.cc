@@ -24,6 +24,7 @@ struct PlanArgs {
   std::string precision = "all";
   std::string optimizer = "adamw";
   std::string objective = "throughput";
+  int grad_accum = 1;
   std::string out;
   bool json = false;
 };
@@ -48,6 +49,7 @@ int run(const PlanArgs& a) {
     throw BadInput("--optimizer " + a.optimizer + ": expected adamw or sgd");
   r.optimizer = a.optimizer == "adamw" ? planner::Optimizer::kAdamW : planner::Optimizer::kSgd;
   r.objective = planner::parse_objective(a.objective);
+  r.grad_accum = a.grad_accum;
 
   const planner::Plan plan = planner::build_plan(r);
   if (!a.out.empty()) {
@@ -89,6 +91,11 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
   sub->add_option("--objective", a->objective, "throughput (fastest that fits) or batch (largest batch)")
       ->capture_default_str();
+  sub->add_option("--grad-accum", a->grad_accum,
+                  "Micro-batches per optimizer step; max batch is then per micro-batch (run it with the same "
+                  "--grad-accum)")
+      ->capture_default_str()
+      ->check(AtLeastOne);
   sub->add_option("--out", a->out, "Write the plan JSON here");
   sub->add_flag("--json", a->json, "Print the plan JSON instead of the table");
   return {sub, [a] { return run(*a); }};

@@ -34,6 +34,7 @@
 #include "executor/comm.h"
 #include "executor/engine.h"
 #include "executor/launcher.h"
+#include "executor/train_checkpoint.h"
 #include "executor/meter.h"
 #include "executor/trainer.h"
 #include "models/model_config.h"
@@ -41,6 +42,8 @@
 #include "planner/plan_builder.h"
 #include "planner/plan_output.h"
 #include "planner/profile.h"
+#include "planner/trace.h"
+#include "planner/wrap_policy.h"
 #include "reports/run_report.h"
 
 namespace shardfit::cli {
@@ -60,7 +63,8 @@ struct RunArgs {
   double lr = executor::AdamWOptions{}.lr;
   double weight_decay = executor::AdamWOptions{}.weight_decay;
   int nproc = 0;
-  std::string backend = "gloo";
+  std::string backend;  // "": nccl with --device cuda, else gloo
+  std::string profile;  // the prediction's device profile; "": see resolve_job
   int rank = 0;        // loopback
   int world_size = 0;  // loopback; 0 = 1
   int gpus_per_node = 0;
@@ -70,8 +74,12 @@ struct RunArgs {
   int64_t grad_accum = 1;
   double clip_grad_norm = 0;
   bool reference_trainer = false;
+  std::string save;         // checkpoint root
+  int64_t save_every = 0;
+  std::string resume;       // a checkpoint directory or a --save root
+  std::string export_path;  // safetensors file from the last checkpoint
   // Which options the user gave (a plan fills in the others).
-  bool batch_given = false, seq_len_given = false, strategy_given = false;
+  bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false;
   std::string command_line;
 };
 
@@ -82,9 +90,17 @@ struct Job {
   int64_t batch = 1;
   int64_t seq_len = 128;
   int64_t budget_bytes = 0;
+  int64_t grad_accum = 1;      // --grad-accum, else the plan's
   int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
   int plan_gpus_per_node = 0;  // the plan's GPUs per node
+  std::string device = "cpu";   // --device
+  std::string profile = "cpu";  // what predict() plans for
 };
+
+// --device cuda predicts for this profile when neither --profile nor a CUDA
+// plan names one: the reference scenario's card, the one `--gpu-mem 24GiB`
+// emulates on a bigger GPU (scripts/gpu-check).
+constexpr const char* kDefaultCudaProfile = "titan-rtx-24gb";
 
 std::string now_iso8601() {
   std::time_t t = std::time(nullptr);
@@ -114,6 +130,8 @@ Job resolve_job(const RunArgs& a) {
     if (c == nullptr) throw BadInput("--candidate " + id + ": not among the candidates of " + a.plan);
     if (a.strategy_given && planner::parse_candidate(a.strategy).to_id() != c->id())
       throw BadInput("--strategy " + a.strategy + ": conflicts with --plan's candidate " + c->id());
+    // The plan's max batch is per micro-batch of its accumulation.
+    job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
     if (!a.model.empty() && a.model != plan.model.name)
       throw BadInput("--model " + a.model + ": the plan " + a.plan + " is for " + plan.model.name);
     if (!a.batch_given && c->max_batch_per_gpu < 1)
@@ -128,6 +146,7 @@ Job resolve_job(const RunArgs& a) {
   } else {
     if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
     job.batch = a.batch;
+    job.grad_accum = a.grad_accum;
   }
   job.model = models::resolve_model(model_name);
   job.candidate = planner::parse_candidate(strategy);
@@ -140,6 +159,14 @@ Job resolve_job(const RunArgs& a) {
       throw BadInput(std::string("--gpu-mem: ") + e.what());
     }
   }
+  // The prediction's profile: cpu on the CPU (exact allocator, as measured);
+  // on cuda --profile, else a CUDA plan's own, else kDefaultCudaProfile.
+  job.device = a.device;
+  const std::string plan_profile = a.plan.empty() ? "" : planner::read_plan_file(a.plan).hardware.profile;
+  if (!a.profile.empty())
+    job.profile = a.profile;
+  else if (a.device == "cuda")
+    job.profile = !plan_profile.empty() && plan_profile != "cpu" ? plan_profile : kDefaultCudaProfile;
   return job;
 }
 
@@ -150,7 +177,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   o.batch = job.batch;
   o.seq_len = job.seq_len;
   o.steps = a.steps;
-  o.grad_accum = a.grad_accum;
+  o.grad_accum = job.grad_accum;
   o.seed = a.seed;
   o.data = a.data;
   o.adamw.lr = a.lr;
@@ -158,17 +185,28 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   o.clip_grad_norm = a.clip_grad_norm;
   o.shard_group_size = shard_group_size;
   o.budget_bytes = job.budget_bytes;
+  // One GPU per rank: cuda:LOCAL_RANK (torchrun and --nproc set it; 0 alone or loopback).
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  o.device = job.device == "cuda" ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank ? std::atoi(local_rank) : 0))
+                                  : torch::Device(torch::kCPU);
+  o.checkpoint.save_dir = a.save;
+  o.checkpoint.save_every = a.save_every;
+  o.checkpoint.resume_from = a.resume;
   return o;
 }
 
-// The planner's figures for this job, on the cpu profile (exact allocator)
-// under the same budget; nullopt (with a warning) when no profile is found.
-std::optional<planner::CandidatePrediction> predict(const Job& job, int world, int gpus_per_node) {
+// The planner's figures for this job, on job.profile (cpu: the exact
+// allocator; cuda: the named card's caching-allocator model) under the same
+// budget, with the same micro-batches per step; nullopt (with
+// a warning) when no profile is found.
+std::optional<planner::CandidatePrediction> predict(const Job& job, int world, int gpus_per_node,
+                                                    int64_t grad_accum) {
   try {
     planner::PlanRequest r;
     r.model = job.model;
     r.seq_len = job.seq_len;
-    r.profile = planner::load_profile("cpu", profiles_dir());
+    r.grad_accum = static_cast<int>(grad_accum);
+    r.profile = planner::load_profile(job.profile, profiles_dir());
     r.device_mem_bytes = job.budget_bytes;
     if (job.candidate.sharding == planner::Sharding::kHybrid) {
       r.gpus_per_node = gpus_per_node;
@@ -189,48 +227,58 @@ reports::MemoryFigures predicted_figures(const planner::StepSimResult& sim) {
   f.peak_allocated_bytes = sim.peak_allocated_bytes;
   f.peak_reserved_bytes = sim.peak_reserved_bytes;
   for (const auto& p : sim.timeline)
-    f.timeline.push_back({p.label, p.allocated_bytes, p.reserved_bytes, p.allocated_bytes});
+    f.timeline.push_back({p.label, p.allocated_bytes, p.reserved_bytes, p.peak_allocated_bytes});
   for (int c = 0; c < planner::kNumCategories; ++c)
     f.breakdown_bytes[planner::category_name(static_cast<planner::Category>(c))] = sim.peak_breakdown_bytes[c];
   return f;
 }
 
+// `cuda_peak_reserved` >= 0: a CUDA run, whose reserved figures (peak and
+// timeline) are the caching allocator's; -1: CPU, nothing is cached.
 reports::RankReport rank_report(int rank, int64_t peak, const std::vector<executor::TimelinePoint>& timeline,
-                                bool oom, const std::string& oom_message) {
+                                bool oom, const std::string& oom_message, int64_t cuda_peak_reserved = -1) {
+  const bool cuda = cuda_peak_reserved >= 0;
   reports::RankReport r;
   r.rank = rank;
-  r.measured.peak_allocated_bytes = r.measured.peak_reserved_bytes = peak;  // CPU: nothing is cached
+  r.measured.peak_allocated_bytes = peak;
+  r.measured.peak_reserved_bytes = cuda ? cuda_peak_reserved : peak;
   for (const auto& t : timeline)
-    r.measured.timeline.push_back({t.phase, t.allocated_bytes, t.allocated_bytes, t.peak_allocated_bytes});
+    r.measured.timeline.push_back(
+        {t.phase, t.allocated_bytes, cuda ? t.reserved_bytes : t.allocated_bytes, t.peak_allocated_bytes});
   r.oom = oom;
   r.oom_message = oom_message;
   return r;
 }
 
+// peak_error_pct on the figure that decides OOM on the device (SPEC):
+// reserved on CUDA (`on_reserved`), allocated on the CPU.
 void attach_prediction(std::vector<reports::RankReport>& ranks,
-                       const std::optional<planner::CandidatePrediction>& pred) {
+                       const std::optional<planner::CandidatePrediction>& pred, bool on_reserved = false) {
   if (!pred) return;
   for (auto& r : ranks) {
     r.predicted = predicted_figures(pred->sim);
-    if (r.measured.peak_allocated_bytes > 0)
-      r.peak_error_pct = 100.0 * static_cast<double>(pred->sim.peak_allocated_bytes - r.measured.peak_allocated_bytes) /
-                         static_cast<double>(r.measured.peak_allocated_bytes);
+    const int64_t predicted = on_reserved ? pred->sim.peak_reserved_bytes : pred->sim.peak_allocated_bytes;
+    const int64_t measured = on_reserved ? r.measured.peak_reserved_bytes : r.measured.peak_allocated_bytes;
+    if (measured > 0)
+      r.peak_error_pct = 100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured);
   }
 }
 
 // Every rank's JSON text, on every rank: lengths, then the bytes, each
-// all-gathered (a zero-padded all-reduce). Host memory, not counted.
-std::vector<std::string> all_gather_strings(executor::Communicator& comm, const std::string& mine) {
+// all-gathered (a zero-padded all-reduce). Host memory, not counted (nccl:
+// through `device`, after the run).
+std::vector<std::string> all_gather_strings(executor::Communicator& comm, const std::string& mine,
+                                            c10::Device device) {
   executor::ScopedUntracked host;
   const int n = comm.world_size();
   torch::Tensor lengths = torch::zeros({n}, torch::kLong);
   lengths[comm.rank()] = static_cast<int64_t>(mine.size());
-  comm.all_reduce(lengths, executor::ReduceOp::kSum);
+  executor::all_reduce_host(comm, lengths, executor::ReduceOp::kSum, device);
   int64_t longest = 0;
   for (int r = 0; r < n; ++r) longest = std::max(longest, lengths[r].item<int64_t>());
   torch::Tensor bytes = torch::zeros({n * std::max<int64_t>(longest, 1)}, torch::kUInt8);
   std::memcpy(bytes.data_ptr<uint8_t>() + comm.rank() * longest, mine.data(), mine.size());
-  comm.all_reduce(bytes, executor::ReduceOp::kSum);
+  executor::all_reduce_host(comm, bytes, executor::ReduceOp::kSum, device);
   std::vector<std::string> out;
   for (int r = 0; r < n; ++r) {
     const char* p = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()) + r * longest;
@@ -241,17 +289,21 @@ std::vector<std::string> all_gather_strings(executor::Communicator& comm, const 
 
 nlohmann::json rank_json(const reports::RankReport& r) {
   nlohmann::json timeline = nlohmann::json::array();
-  for (const auto& t : r.measured.timeline) timeline.push_back({t.phase, t.allocated_bytes, t.peak_allocated_bytes});
-  return {{"rank", r.rank}, {"peak", r.measured.peak_allocated_bytes}, {"timeline", timeline},
+  for (const auto& t : r.measured.timeline)
+    timeline.push_back({t.phase, t.allocated_bytes, t.peak_allocated_bytes, t.reserved_bytes});
+  return {{"rank", r.rank}, {"peak", r.measured.peak_allocated_bytes},
+          {"peak_reserved", r.measured.peak_reserved_bytes}, {"timeline", timeline},
           {"oom", r.oom}, {"oom_message", r.oom_message}};
 }
 
 reports::RankReport rank_from_json(const nlohmann::json& j) {
   std::vector<executor::TimelinePoint> timeline;
   for (const auto& t : j.at("timeline"))
-    timeline.push_back({t.at(0).get<std::string>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>()});
+    timeline.push_back({t.at(0).get<std::string>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>(),
+                        t.at(3).get<int64_t>()});
+  // Reserved as the rank measured it (on the CPU it equals allocated).
   return rank_report(j.at("rank").get<int>(), j.at("peak").get<int64_t>(), timeline, j.at("oom").get<bool>(),
-                     j.at("oom_message").get<std::string>());
+                     j.at("oom_message").get<std::string>(), j.at("peak_reserved").get<int64_t>());
 }
 
 void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
@@ -283,14 +335,14 @@ reports::RunReport report_skeleton(const Job& job, int64_t params, int world, in
   reports::RunReport r;
   r.candidate = job.candidate.to_id();
   r.model = {{"name", job.model.name}, {"params", params}, {"seq_len", job.seq_len}};
-  r.hardware = {{"profile", "cpu"},
+  r.hardware = {{"profile", job.profile},
                 {"device_mem_bytes", job.budget_bytes > 0 ? nlohmann::json(job.budget_bytes) : nlohmann::json(nullptr)},
                 {"gpus_per_node", gpus_per_node},
                 {"nodes", std::max(1, world / std::max(1, gpus_per_node))}};
   r.batch_per_gpu = job.batch;
   r.world_size = world;
   r.backend = backend;
-  r.device = "cpu";
+  r.device = job.device;
   return r;
 }
 
@@ -337,7 +389,7 @@ int run_single_rank_trainer(const RunArgs& a, const Job& job) {
   r.loss = result.loss;
   r.tokens_per_s = result.tokens_per_s;
   r.ranks.push_back(rank_report(0, result.peak_allocated_bytes, result.timeline, result.oom, result.oom_message));
-  attach_prediction(r.ranks, predict(job, 1, 1));
+  attach_prediction(r.ranks, predict(job, 1, 1, /*grad_accum=*/1));
   write_and_print(a, r, job);
   return kExitOk;
 }
@@ -350,12 +402,12 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
   const bool leader = comm.rank() == 0 || comm.backend() == executor::Backend::kLoopback;
   if (!leader) spdlog::set_level(spdlog::level::warn);
   executor::EngineResult result = executor::train_data_parallel(o, comm, step_logger(a.steps));
-  reports::RankReport mine =
-      rank_report(comm.rank(), result.peak_allocated_bytes, result.timeline, result.oom, result.oom_message);
+  reports::RankReport mine = rank_report(comm.rank(), result.peak_allocated_bytes, result.timeline, result.oom,
+                                         result.oom_message, result.device == "cuda" ? result.peak_reserved_bytes : -1);
 
   std::vector<reports::RankReport> ranks;
-  if (comm.backend() == executor::Backend::kGloo && comm.world_size() > 1) {
-    for (const std::string& text : all_gather_strings(comm, rank_json(mine).dump()))
+  if (comm.backend() != executor::Backend::kLoopback && comm.world_size() > 1) {
+    for (const std::string& text : all_gather_strings(comm, rank_json(mine).dump(), o.device))
       ranks.push_back(rank_from_json(nlohmann::json::parse(text)));
   } else {
     ranks.push_back(mine);
@@ -364,14 +416,69 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     const int world = comm.world_size();
     reports::RunReport r = report_skeleton(job, result.param_count, world, gpus_per_node, backend_label);
     r.steps = static_cast<int64_t>(result.loss.size());
+    r.first_step = result.first_step;
+    r.checkpoints = result.saved;
+    if (!a.resume.empty()) r.resumed_from = executor::resolve_resume_dir(a.resume).string();
     r.loss = result.loss;
     r.tokens_per_s = result.tokens_per_s;
     r.ranks = std::move(ranks);
-    attach_prediction(r.ranks, predict(job, world, gpus_per_node));
+    attach_prediction(r.ranks, predict(job, world, gpus_per_node, job.grad_accum), job.device == "cuda");
     write_and_print(a, r, job);
+    if (!a.export_path.empty()) {
+      if (result.saved.empty()) {
+        spdlog::warn("--export {}: no checkpoint was saved (out of memory?), nothing exported", a.export_path);
+      } else {
+        executor::ScopedUntracked host;
+        executor::export_safetensors(result.saved.back(), a.export_path);
+        std::printf("exported %s -> %s\n", result.saved.back().c_str(), a.export_path.c_str());
+      }
+    }
   }
   comm.barrier();  // rank 0 hosts the store: nobody leaves before everybody is done
   return kExitOk;
+}
+
+// --save/--resume/--export, checked once before any rank starts.
+void check_checkpoint_args(const RunArgs& a, const Job& job, int world, int gpus_per_node, executor::Backend backend) {
+  const bool any = !a.save.empty() || !a.resume.empty() || !a.export_path.empty();
+  if (!any) {
+    if (a.save_every > 0) throw BadInput("--save-every " + std::to_string(a.save_every) + ": needs --save DIR");
+    return;
+  }
+  if (a.reference_trainer) throw BadInput("--reference-trainer: has no checkpoints (drop --save/--resume/--export)");
+  if (backend == executor::Backend::kLoopback)
+    throw BadInput("--backend loopback: rehearses one rank of a world, so it cannot save or resume the world's "
+                   "checkpoint (drop --save/--resume/--export)");
+  if (!a.export_path.empty() && a.save.empty())
+    throw BadInput("--export " + a.export_path + ": needs --save DIR (it consolidates the last checkpoint saved)");
+  if (a.save_every < 0) throw BadInput("--save-every " + std::to_string(a.save_every) + ": must be >= 0");
+  if (!a.resume.empty()) {
+    const std::filesystem::path dir = executor::resolve_resume_dir(a.resume);  // invalid_argument: exit 2
+    const executor::CheckpointInfo info = executor::read_checkpoint_info(dir);
+    if (info.world_size != world)
+      throw BadInput("--resume " + a.resume + ": written by " + std::to_string(info.world_size) +
+                     " ranks, this job has " + std::to_string(world) + " (shards are cut per rank)");
+    // The shards must be cut the same way: the same units (model and wrap
+    // policy), each over the same shard group (sharding, world, nodes).
+    const planner::UnitPartition units = planner::wrap_modules(planner::module_tree(job.model),
+                                                               planner::WrapPolicy::parse(job.candidate.wrap));
+    const int group = job.candidate.sharding == planner::Sharding::kDdp      ? 1
+                      : job.candidate.sharding == planner::Sharding::kHybrid ? gpus_per_node
+                                                                             : world;
+    bool same = info.units.size() == units.units.size();
+    for (size_t i = 0; same && i < units.units.size(); ++i) {
+      const nlohmann::json& u = info.units[i];
+      same = u.value("unit", "") == units.units[i].name && u.value("numel", int64_t{-1}) == units.units[i].numel &&
+             u.value("shard_group_size", -1) == group;
+    }
+    if (!same)
+      throw BadInput("--resume " + a.resume + ": its shards are cut for another model, wrap policy or sharding than " +
+                     job.model.name + " " + job.candidate.to_id() + " on " + std::to_string(world) + " ranks");
+    const int64_t step = info.metadata.value("step", int64_t{0});
+    if (step >= a.steps)
+      throw BadInput("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(step) + "; --steps " +
+                     std::to_string(a.steps) + " (the total, counted from the start) leaves nothing to train");
+  }
 }
 
 int launch(const RunArgs& a, int nproc) {
@@ -386,21 +493,39 @@ int launch(const RunArgs& a, int nproc) {
 }
 
 int run(const RunArgs& a) {
-  if (a.device == "cuda")
+  if (a.device != "cpu" && a.device != "cuda") throw BadInput("--device " + a.device + ": expected cpu or cuda");
+  const bool cuda = a.device == "cuda";
+  if (cuda && !executor::engine_supports_cuda())
     throw BadInput("--device cuda: this build has no CUDA (LibTorch for CPU); use --device cpu");
-  if (a.device != "cpu") throw BadInput("--device " + a.device + ": expected cpu or cuda");
-  const executor::Backend backend = executor::parse_backend(a.backend);
-  if (backend == executor::Backend::kNccl)
-    throw BadInput("--backend nccl: needs CUDA, which this build does not have; use gloo");
+  // The default backend follows the device: nccl for CUDA ranks, gloo for CPU ones.
+  const executor::Backend backend = executor::parse_backend(!a.backend.empty() ? a.backend : cuda ? "nccl" : "gloo");
+  if (backend == executor::Backend::kNccl && !executor::engine_supports_nccl())
+    throw BadInput("--backend nccl: this build has no NCCL backend (NCCL and the CUDA runtime were not found when "
+                   "it was built); use gloo on the CPU, or loopback");
+  if (backend == executor::Backend::kNccl && !executor::engine_supports_cuda())
+    throw BadInput("--backend nccl: reduces CUDA tensors, and this build has no CUDA (LibTorch for CPU); use gloo");
+  if (backend == executor::Backend::kNccl && !cuda)
+    throw BadInput("--backend nccl: reduces CUDA tensors; add --device cuda, or use gloo on the CPU");
+  if (backend == executor::Backend::kGloo && cuda)
+    throw BadInput("--backend gloo: reduces CPU tensors only; with --device cuda use nccl (the default) or loopback");
+  if (cuda && a.reference_trainer)
+    throw BadInput("--reference-trainer: the single-rank reference runs on the CPU only; drop --device cuda");
   if (a.grad_accum < 1) throw BadInput("--grad-accum " + std::to_string(a.grad_accum) + ": must be at least 1");
   const Job job = resolve_job(a);
   const bool in_job = std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
+  // The prediction's profile must describe the device measured.
+  if (!cuda && job.profile != "cpu")
+    throw BadInput("--profile " + job.profile + ": a cpu run is measured exactly and predicted with the cpu "
+                   "profile; --profile names the card for --device cuda");
+  if (cuda && planner::load_profile(job.profile, profiles_dir()).kind != planner::DeviceKind::kCuda)
+    throw BadInput("--profile " + job.profile + ": not a CUDA profile (--device cuda predicts with the caching "
+                   "allocator model of a card, e.g. " + kDefaultCudaProfile + ")");
 
   // How many ranks, and who am I.
   int nproc = a.nproc;
   if (backend == executor::Backend::kLoopback && nproc > 0)
     throw BadInput("--nproc with --backend loopback: loopback is one process; use --world-size N [--rank R]");
-  if (!in_job && nproc == 0 && backend == executor::Backend::kGloo && job.plan_world > 1) nproc = job.plan_world;
+  if (!in_job && nproc == 0 && backend != executor::Backend::kLoopback && job.plan_world > 1) nproc = job.plan_world;
   if (a.reference_trainer && (nproc > 0 || in_job || backend == executor::Backend::kLoopback))
     throw BadInput("--reference-trainer: one rank only (no --nproc, torchrun or loopback)");
   int world = 1;
@@ -413,6 +538,10 @@ int run(const RunArgs& a) {
     if (a.rank < 0 || a.rank >= world)
       throw BadInput("--rank " + std::to_string(a.rank) + ": outside the world of " + std::to_string(world));
   }
+  if (cuda && nproc > 0 && !in_job && static_cast<int>(torch::cuda::device_count()) < nproc)
+    throw BadInput("--nproc " + std::to_string(nproc) + " --device cuda: " +
+                   std::to_string(torch::cuda::device_count()) +
+                   " CUDA device(s) visible, one per rank (loopback rehearses a bigger world on one)");
   if (job.plan_world > 0 && world != job.plan_world)
     throw BadInput(std::to_string(world) + " ranks for a plan of " + std::to_string(job.plan_world) + " GPUs (" +
                    a.plan + "): run it with --nproc " + std::to_string(job.plan_world));
@@ -421,6 +550,7 @@ int run(const RunArgs& a) {
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     gpus_per_node = in_job && local ? std::atoi(local) : world;
   }
+  check_checkpoint_args(a, job, world, gpus_per_node, backend);
   const executor::EngineOptions checked = engine_options(a, job, gpus_per_node);
   executor::check_engine_options(checked, world);  // one line, before any rank starts
 
@@ -473,18 +603,27 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--steps", a->steps, "Training steps")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str();
   sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str();
-  sub->add_option("--device", a->device, "Where to run: cpu (cuda: not in this build)")->capture_default_str();
+  sub->add_option("--device", a->device,
+                  std::string("Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; ") +
+                      (executor::engine_supports_cuda() ? "this build has CUDA" : "not in this build: LibTorch for CPU") +
+                      "). The CUDA path was compiled but NOT yet run on a card (2026-11-29): its figures are unchecked")
+      ->capture_default_str();
+  sub->add_option("--profile", a->profile,
+                  std::string("Device profile the prediction beside the measurement is for (cpu runs: cpu; cuda "
+                              "runs: default the plan's, else ") +
+                      kDefaultCudaProfile + ", the card --gpu-mem 24GiB emulates)");
   sub->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()->check(Positive);
   sub->add_option("--weight-decay", a->weight_decay, "AdamW decoupled weight decay")->capture_default_str()
       ->check(NonNegative);
   sub->add_option("--gpu-mem", a->gpu_mem,
-                  "Cap each rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM (a result)");
+                  "Cap each rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM (a result). "
+                  "cuda: a card of that total (what the process holds outside the caching allocator counts)");
   sub->add_option("--out", a->out, "Write the report JSON here (rank 0 writes every rank's figures)");
   sub->add_option("--nproc", a->nproc, "Spawn N local ranks (else torchrun's RANK, WORLD_SIZE, ... or one rank)")
       ->check(AtLeastOne);
   sub->add_option("--backend", a->backend,
-                  "gloo (CPU ranks) or loopback (one process rehearses rank --rank of --world-size)")
-      ->capture_default_str();
+                  "gloo (CPU ranks; the default on cpu), nccl (CUDA ranks; the default with --device cuda) or "
+                  "loopback (one process rehearses rank --rank of --world-size)");
   sub->add_option("--rank", a->rank, "loopback: the rank this process stands in for")->capture_default_str();
   sub->add_option("--world-size", a->world_size, "loopback: the world it rehearses")->check(AtLeastOne);
   sub->add_option("--gpus-per-node", a->gpus_per_node,
@@ -495,17 +634,31 @@ Command add_run_command(CLI::App& app) {
       ->check(Positive);
   sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)");
   sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one");
-  sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step")->capture_default_str()
+  auto* grad_accum = sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step (default 1, or the plan's)")->capture_default_str()
       ->check(AtLeastOne);
   sub->add_option("--clip-grad-norm", a->clip_grad_norm,
                   "Clip the global gradient norm (across shards) to this value; 0 = off")
       ->capture_default_str()
       ->check(NonNegative);
+  sub->add_option("--save", a->save,
+                  "Save sharded checkpoints under DIR (DIR/step-NNNNNN, one file per rank + manifest.json) "
+                  "after the last step")
+      ->type_name("DIR");
+  sub->add_option("--save-every", a->save_every, "With --save: also save after every N-th step")
+      ->check(AtLeastOne);
+  sub->add_option("--resume", a->resume,
+                  "Continue from a checkpoint (a step-NNNNNN directory, or a --save DIR: its latest); "
+                  "--steps stays the total")
+      ->type_name("DIR");
+  sub->add_option("--export", a->export_path,
+                  "With --save: write the last checkpoint as one Hugging Face .safetensors file")
+      ->type_name("FILE");
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");
-  return {sub, [a, batch, seq, strategy] {
+  return {sub, [a, batch, seq, strategy, grad_accum] {
             a->batch_given = batch->count() > 0;
+            a->grad_accum_given = grad_accum->count() > 0;
             a->seq_len_given = seq->count() > 0;
             a->strategy_given = strategy->count() > 0;
             a->command_line = command_line();

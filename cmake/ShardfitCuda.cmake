@@ -15,10 +15,26 @@
 #     shardfit::nccl (NCCL + cudart, headers as SYSTEM).
 #
 # (b) whether this LibTorch was built with CUDA (the `torch` Python
-#     package's, not Debian's) -> SHARDFIT_CUDA_TORCH: the CUDA meter
-#     (executor/cuda_meter.*) and the CUDA tests. Only then is the macro
-#     SHARDFIT_CUDA_TORCH defined, on shardfit_torch_pch, so every LibTorch
-#     translation unit (and the shared precompiled header) sees the same set.
+#     package's, not Debian's) -> SHARDFIT_CUDA_TORCH: the engine's CUDA
+#     device path (`run --device cuda`), the CUDA meter
+#     (executor/cuda_meter.*, linked into the executor) and the CUDA tests.
+#     Only then is the macro SHARDFIT_CUDA_TORCH defined, on
+#     shardfit_torch_pch, so every LibTorch translation unit (and the shared
+#     precompiled header) sees the same set.
+#
+# (c) without a CUDA LibTorch: whether the CUDA-only sources (the CUDA meter
+#     and the meter factory's CUDA branch) can still be compiled, not linked,
+#     against this LibTorch's c10/cuda headers (Debian ships them with its
+#     CPU build) and the CUDA runtime headers found in (a).
+#       SHARDFIT_CUDA_COMPILE_CHECK  AUTO (default: when both are there) |
+#                                    ON (fail when not) | OFF
+#     Result: SHARDFIT_CUDA_COMPILE_CHECK (ON/OFF) and
+#     SHARDFIT_CUDA_COMPILE_CHECK_DEFINITIONS for the object libraries
+#     shardfit_cuda_compile_check (executor/CMakeLists.txt: cuda_meter.cc,
+#     meter.cc) and cuda_tests_compile_check (tests/gpu: the CUDA tests),
+#     part of `all`; about 25 s of compiling on 2 cores.
+#     It checks the code against LibTorch 1.13's CUDA headers; 2.x is
+#     checked only by a build against a CUDA LibTorch (scripts/gpu-check).
 #
 # Also writes ${PROJECT_BINARY_DIR}/generated/shardfit_gpu_config.h
 # (SHARDFIT_WITH_NCCL 0/1): a header rather than a -D, so that only the
@@ -111,6 +127,40 @@ if(SHARDFIT_CUDA_TORCH AND NOT TARGET shardfit::cudart)
   endif()
 endif()
 
+# ---- (c) compile check of the CUDA-only sources ------------------------------
+set(SHARDFIT_CUDA_COMPILE_CHECK AUTO CACHE STRING "Compile (not link) the CUDA-only sources against LibTorch's c10/cuda headers when LibTorch is CPU-only: AUTO, ON or OFF")
+set_property(CACHE SHARDFIT_CUDA_COMPILE_CHECK PROPERTY STRINGS AUTO ON OFF)
+string(TOUPPER "${SHARDFIT_CUDA_COMPILE_CHECK}" _shardfit_cc)
+set(_shardfit_cc_why "")
+set(SHARDFIT_CUDA_COMPILE_CHECK_DEFINITIONS "")
+if(_shardfit_cc MATCHES "^(OFF|FALSE|NO|0)$")
+  set(_shardfit_cc_why "disabled (SHARDFIT_CUDA_COMPILE_CHECK=OFF)")
+elseif(SHARDFIT_CUDA_TORCH)
+  set(_shardfit_cc_why "not needed: LibTorch has CUDA, the CUDA sources are built and linked")
+else()
+  find_path(SHARDFIT_C10_CUDA_INCLUDE_DIR c10/cuda/CUDACachingAllocator.h HINTS ${TORCH_INCLUDE_DIRS})
+  if(NOT SHARDFIT_C10_CUDA_INCLUDE_DIR)
+    set(_shardfit_cc_why "LibTorch ships no c10/cuda headers")
+  elseif(NOT SHARDFIT_CUDART_INCLUDE_DIR)
+    set(_shardfit_cc_why "no cuda_runtime_api.h under ${SHARDFIT_CUDA_ROOT}")
+  else()
+    # A CPU build does not generate c10/cuda/impl/cuda_cmake_macros.h (it
+    # only says whether c10_cuda is a shared library, which matters on
+    # Windows); c10's own switch skips it.
+    if(NOT EXISTS "${SHARDFIT_C10_CUDA_INCLUDE_DIR}/c10/cuda/impl/cuda_cmake_macros.h")
+      list(APPEND SHARDFIT_CUDA_COMPILE_CHECK_DEFINITIONS C10_CUDA_NO_CMAKE_CONFIGURE_FILE)
+    endif()
+  endif()
+endif()
+if(_shardfit_cc_why STREQUAL "")
+  set(SHARDFIT_CUDA_COMPILE_CHECK ON)
+else()
+  if(_shardfit_cc MATCHES "^(ON|TRUE|YES|1)$" AND NOT SHARDFIT_CUDA_TORCH)
+    message(FATAL_ERROR "SHARDFIT_CUDA_COMPILE_CHECK=ON but ${_shardfit_cc_why}")
+  endif()
+  set(SHARDFIT_CUDA_COMPILE_CHECK OFF)
+endif()
+
 set(SHARDFIT_WITH_NCCL_VALUE 0)
 if(SHARDFIT_NCCL_FOUND)
   set(SHARDFIT_WITH_NCCL_VALUE 1)
@@ -129,8 +179,10 @@ else()
   set(_nccl_msg "nccl backend OFF: ${_shardfit_nccl_why}")
 endif()
 if(SHARDFIT_CUDA_TORCH)
-  set(_torch_msg "LibTorch ${Torch_VERSION} has CUDA: CUDA meter and CUDA tests ON (SHARDFIT_CUDA_TORCH)")
+  set(_torch_msg "LibTorch ${Torch_VERSION} has CUDA: CUDA engine path, CUDA meter and CUDA tests ON (SHARDFIT_CUDA_TORCH)")
+elseif(SHARDFIT_CUDA_COMPILE_CHECK)
+  set(_torch_msg "LibTorch ${Torch_VERSION} is CPU-only: CUDA engine path and CUDA tests OFF; compile check of the CUDA-only sources and tests ON (no link)")
 else()
-  set(_torch_msg "LibTorch ${Torch_VERSION} is CPU-only: CUDA meter and CUDA tests OFF")
+  set(_torch_msg "LibTorch ${Torch_VERSION} is CPU-only: CUDA engine path and CUDA tests OFF; compile check of the CUDA-only sources OFF (${_shardfit_cc_why})")
 endif()
 message(STATUS "shardfit GPU: ${_nccl_msg}; ${_torch_msg}")

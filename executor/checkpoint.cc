@@ -838,6 +838,20 @@ void write_checkpoint_manifest(const fs::path& dir, int world_size) {
   out.commit();
 }
 
+CheckpointInfo read_checkpoint_info(const fs::path& dir) {
+  const Manifest m = read_manifest(dir);
+  const fs::path path = dir / kManifestName;
+  const ReadFile f(path);
+  std::string text(static_cast<size_t>(f.size()), '\0');
+  f.read_at(0, text.data(), f.size());
+  CheckpointInfo info;
+  info.world_size = m.world_size;
+  const json manifest = parse_json(path, text, "manifest");
+  info.metadata = field(path, manifest, "metadata", "manifest");
+  info.units = field(path, manifest, "units", "manifest");
+  return info;
+}
+
 RankState load_rank_checkpoint(const fs::path& dir, int rank, int world_size) {
   return load_rank(dir, rank, world_size, nullptr);
 }

@@ -121,6 +121,19 @@ void save_rank_checkpoint(const std::filesystem::path& dir, int rank, int world_
 // checkpoint. Throws std::invalid_argument naming a missing or bad rank file.
 void write_checkpoint_manifest(const std::filesystem::path& dir, int world_size);
 
+// A committed checkpoint's world size and rank 0's metadata, from its
+// manifest alone (no rank file is opened): what a launcher checks before
+// starting ranks. Throws std::invalid_argument naming the path when the
+// directory holds no committed checkpoint.
+struct CheckpointInfo {
+  int world_size = 0;
+  nlohmann::json metadata;
+  // The manifest's units: [{"unit", "shard_group_size", "numel",
+  // "padded_numel", "params"}], in the order the ranks saved them.
+  nlohmann::json units;
+};
+CheckpointInfo read_checkpoint_info(const std::filesystem::path& dir);
+
 // Reads rank's file of a committed checkpoint, allocating its tensors.
 // Validates the world size ("checkpoint was written by 4 ranks, this job has
 // 2"), the header, dtypes, shapes, offsets, the layout and the file length.

@@ -215,50 +215,11 @@ class LoopbackCommunicator final : public Communicator {
 
 // ---- gloo ------------------------------------------------------------------
 
-// Who a rank's process is, so a survivor can tell which same-host peer died:
-// host name, PID namespace and PID.
-struct ProcessId {
-  std::string host, pid_namespace;
-  int pid = 0;
-};
-
-std::string this_pid_namespace() {
-  char buf[128];
-  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?";
-}
-
-ProcessId this_process() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return {host, this_pid_namespace(), static_cast<int>(getpid())};
-}
-
-std::string encode(const ProcessId& p) {
-  return p.host + "\n" + p.pid_namespace + "\n" + std::to_string(p.pid);
-}
-
-ProcessId decode(const std::vector<uint8_t>& bytes) {
-  std::istringstream s(std::string(bytes.begin(), bytes.end()));
-  ProcessId p;
-  std::string pid;
-  std::getline(s, p.host);
-  std::getline(s, p.pid_namespace);
-  std::getline(s, pid);
-  p.pid = std::atoi(pid.c_str());
-  return p;
-}
-
-// False once the process has exited (gone, zombie or dead in /proc).
-bool process_alive(int pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  auto paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
-  char state = line[paren + 2];
-  return state != 'Z' && state != 'X' && state != 'x';
-}
+using comm_detail::decode;
+using comm_detail::encode;
+using comm_detail::process_alive;
+using comm_detail::ProcessId;
+using comm_detail::this_process;
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 
@@ -273,40 +234,13 @@ struct GlooWorld {
   std::vector<ProcessId> processes;  // by global rank, filled at the world rendezvous
 };
 
-// Members of a group announce themselves under `group_key` and wait for
-// each other: the rendezvous, bounded by the timeout and naming who is
-// missing. Returns each member's announcement.
+// The group's rendezvous (comm_detail::store_rendezvous), named for messages.
 std::vector<std::vector<uint8_t>> group_rendezvous(GlooWorld& w, const std::string& group_key,
                                                    int group_rank, const std::vector<int>& globals,
                                                    const std::string& announcement) {
-  const std::string what = "rendezvous of group {" + join_ints(globals) + "} at " + w.store_address;
-  std::vector<std::string> keys;
-  for (size_t r = 0; r < globals.size(); ++r) keys.push_back(group_key + "/joined/" + std::to_string(r));
-  try {
-    w.store->set(keys[group_rank], bytes_of(announcement));
-  } catch (const std::exception& e) {
-    throw CommError(what + " failed on rank " + std::to_string(w.global_rank) +
-                        ": cannot write to the store (its host, rank 0, may have exited): " + error_text(e),
-                    "rendezvous", {});
-  }
-  try {
-    w.store->wait(keys, w.timeout);
-  } catch (const std::exception& e) {
-    std::vector<int> missing;
-    try {
-      for (size_t r = 0; r < keys.size(); ++r)
-        if (!w.store->check({keys[r]})) missing.push_back(globals[r]);
-    } catch (const std::exception&) {
-    }
-    throw CommError(what + " failed on rank " + std::to_string(w.global_rank) + " after " +
-                        seconds_str(w.timeout) + ": " +
-                        (missing.empty() ? error_text(e)
-                                         : "rank(s) " + join_ints(missing) + " never arrived"),
-                    "rendezvous", {});
-  }
-  std::vector<std::vector<uint8_t>> values;
-  for (const auto& k : keys) values.push_back(w.store->get(k));
-  return values;
+  return comm_detail::store_rendezvous(*w.store, "rendezvous of group {" + join_ints(globals) + "} at " + w.store_address,
+                                       group_key, group_rank, globals, w.global_rank, w.timeout,
+                                       bytes_of(announcement));
 }
 
 class GlooCommunicator final : public Communicator {

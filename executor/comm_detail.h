@@ -1,14 +1,23 @@
-// Small text helpers shared by the communicator backends (comm.cc,
-// nccl_comm.cc) for their one-line errors. Internal: not part of comm.h.
+// Helpers shared by the communicator backends (comm.cc, nccl_comm.cc): the
+// text of their one-line errors, and who a rank's process is (so a survivor
+// can tell which same-host peer died). Internal: not part of comm.h.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "executor/comm.h"
 
 namespace shardfit::executor::comm_detail {
 
@@ -31,6 +40,84 @@ inline std::string error_text(const std::exception& e) {
                          : e.what();
   auto nl = what.find('\n');
   return nl == std::string::npos ? what : what.substr(0, nl);
+}
+
+// Host name, PID namespace and PID: announced at the rendezvous, so that a
+// rank whose peer vanished can look for it in /proc when they share a host.
+struct ProcessId {
+  std::string host, pid_namespace;
+  int pid = 0;
+};
+
+inline ProcessId this_process() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  char ns[128];
+  const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+  return {host, n > 0 ? std::string(ns, static_cast<size_t>(n)) : "?", static_cast<int>(getpid())};
+}
+
+inline std::string encode(const ProcessId& p) {
+  return p.host + "\n" + p.pid_namespace + "\n" + std::to_string(p.pid);
+}
+
+inline ProcessId decode(const std::vector<uint8_t>& bytes) {
+  std::istringstream s(std::string(bytes.begin(), bytes.end()));
+  ProcessId p;
+  std::string pid;
+  std::getline(s, p.host);
+  std::getline(s, p.pid_namespace);
+  std::getline(s, pid);
+  p.pid = std::atoi(pid.c_str());
+  return p;
+}
+
+// False once the process has exited (gone, zombie or dead in /proc).
+inline bool process_alive(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
+  const char state = line[paren + 2];
+  return state != 'Z' && state != 'X' && state != 'x';
+}
+
+// A group's rendezvous through the store: each member writes its
+// announcement under `key`/joined/<group rank> and waits for all of them,
+// bounded by `timeout`; a failure is one CommError naming the ranks that
+// never arrived. `what` names the rendezvous in messages. Returns each
+// member's announcement, by group rank.
+inline std::vector<std::vector<uint8_t>> store_rendezvous(c10d::Store& store, const std::string& what,
+                                                          const std::string& key, int group_rank,
+                                                          const std::vector<int>& globals, int global_rank,
+                                                          std::chrono::milliseconds timeout,
+                                                          const std::vector<uint8_t>& announcement) {
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < globals.size(); ++r) keys.push_back(key + "/joined/" + std::to_string(r));
+  const std::string failed = what + " failed on rank " + std::to_string(global_rank);
+  try {
+    store.set(keys[group_rank], announcement);
+  } catch (const std::exception& e) {
+    throw CommError(failed + ": cannot write to the store (its host, rank 0, may have exited): " + error_text(e),
+                    "rendezvous", {});
+  }
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::vector<int> missing;
+    try {
+      for (size_t r = 0; r < keys.size(); ++r)
+        if (!store.check({keys[r]})) missing.push_back(globals[r]);
+    } catch (const std::exception&) {  // the store itself is gone: say what wait said
+    }
+    throw CommError(failed + " after " + seconds_str(timeout) + ": " +
+                        (missing.empty() ? error_text(e) : "rank(s) " + join_ints(missing) + " never arrived"),
+                    "rendezvous", {});
+  }
+  std::vector<std::vector<uint8_t>> values;
+  for (const auto& k : keys) values.push_back(store.get(k));
+  return values;
 }
 
 }  // namespace shardfit::executor::comm_detail

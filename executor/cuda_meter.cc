@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -18,9 +18,18 @@ namespace shardfit::executor {
 
 namespace {
 
-// StatType::AGGREGATE (every pool) is index 0 in every LibTorch version; the
-// enum itself moved from c10::cuda::CUDACachingAllocator (1.x) to
-// c10::CachingAllocator (2.x), the index did not.
+// LibTorch 1.13 and 2.x differ here only in spelling, which the calls below
+// avoid needing #ifs for:
+//  - StatType::AGGREGATE (every pool) is index 0 in every version; the enum
+//    moved from c10::cuda::CUDACachingAllocator (1.x) to
+//    c10::CachingAllocator (2.x), the index did not;
+//  - getDeviceStats returns CUDACachingAllocator::DeviceStats (1.x) or
+//    c10::CachingDeviceAllocator::DeviceStats (2.x) with the same fields
+//    (allocated_bytes, reserved_bytes, allocation: StatArrays of
+//    {current, peak, allocated, freed}; num_alloc_retries, num_ooms): auto;
+//  - device arguments are int (1.x) or c10::DeviceIndex (2.x): we pass a
+//    DeviceIndex, which converts to either;
+//  - emptyCache() gained a defaulted mempool argument in 2.x.
 constexpr size_t kAggregate = 0;
 
 std::string gib(int64_t bytes) {
@@ -47,6 +56,10 @@ CudaMeter::CudaMeter(int device) {
   { at::Tensor t = at::empty({1}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device_)); }
   release_cached();
   reset_peak();
+}
+
+c10::Device CudaMeter::device() const {
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
 }
 
 CudaMeter::Stats CudaMeter::read() const {
@@ -134,6 +147,14 @@ int64_t CudaMeter::set_device_memory_bytes(int64_t card_bytes) {
   return budget;
 }
 
+int64_t CudaMeter::limit_device_bytes(int64_t device_bytes) {
+  if (device_bytes == 0) {
+    set_budget_bytes(0);
+    return 0;
+  }
+  return set_device_memory_bytes(device_bytes);
+}
+
 void CudaMeter::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_));
@@ -150,7 +171,7 @@ void CudaMeter::reset_peak() {
 void CudaMeter::mark(const std::string& phase) {
   std::lock_guard<std::mutex> lock(mu_);
   const Stats s = read();
-  CudaTimelinePoint p;
+  TimelinePoint p;
   p.phase = phase;
   p.allocated_bytes = s.allocated;
   p.peak_allocated_bytes = s.peak_allocated;
@@ -162,7 +183,7 @@ void CudaMeter::mark(const std::string& phase) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_));
 }
 
-std::vector<CudaTimelinePoint> CudaMeter::timeline() const {
+std::vector<TimelinePoint> CudaMeter::timeline() const {
   std::lock_guard<std::mutex> lock(mu_);
   return timeline_;
 }

@@ -4,10 +4,9 @@
 // them), reserved bytes (segments held from cudaMalloc, used or cached),
 // their peaks, and num_alloc_retries (cudaMalloc failed, the cache was
 // flushed and the allocation retried: fragmentation pressure just short of
-// an OOM). The same interface as the CPU meter (meter.h's TrackingAllocator:
-// allocated_bytes, peak_allocated_bytes, num_allocs, set_budget_bytes,
-// reset_peak, mark, timeline) plus the reserved figures, which decide OOM on
-// CUDA, so the engine can take either.
+// an OOM). It is the engine's DeviceMeter on CUDA (meter.h: the same
+// figures and timeline as on the CPU, plus the reserved figures, which
+// decide OOM on CUDA).
 //
 // Budget (--gpu-mem): the caching allocator's memory fraction, cap = bytes /
 // the card's total (setMemoryFraction). Past it an allocation throws
@@ -21,7 +20,10 @@
 // is counted when the host asks for it, which is also when OOM is decided),
 // so reading them needs no device synchronisation.
 //
-// Built only when LibTorch has CUDA (SHARDFIT_CUDA_TORCH).
+// Built and linked only when LibTorch has CUDA (SHARDFIT_CUDA_TORCH); where
+// LibTorch is CPU-only but ships the c10/cuda headers (Debian) the CUDA
+// compile check (cmake/ShardfitCuda.cmake) compiles it without linking.
+// This header itself needs no CUDA include.
 #pragma once
 
 #include <cstdint>
@@ -35,13 +37,6 @@
 
 namespace shardfit::executor {
 
-// A CPU timeline point (phase, allocated, peak allocated since the previous
-// point) plus the reserved figures.
-struct CudaTimelinePoint : TimelinePoint {
-  int64_t reserved_bytes = 0;       // reserved when the phase ended
-  int64_t peak_reserved_bytes = 0;  // highest reserved since the previous point
-};
-
 // What the allocator said when a step ran out of memory.
 struct CudaOutOfMemory {
   std::string message;  // c10::OutOfMemoryError's first line
@@ -50,7 +45,7 @@ struct CudaOutOfMemory {
   int64_t budget_bytes = 0;  // 0: the whole card
 };
 
-class CudaMeter {
+class CudaMeter final : public DeviceMeter {
  public:
   // Meters `device` (-1: the current CUDA device). Initialises LibTorch's
   // CUDA state for it (the allocator must exist before its fraction is set)
@@ -58,18 +53,19 @@ class CudaMeter {
   // Throws std::runtime_error when no CUDA device is visible.
   explicit CudaMeter(int device = -1);
 
-  int device() const { return device_; }
+  int device_index() const { return device_; }
+  c10::Device device() const override;
 
   // Live figures.
-  int64_t allocated_bytes() const;
-  int64_t reserved_bytes() const;
+  int64_t allocated_bytes() const override;
+  int64_t reserved_bytes() const override;
   // Highest since the last reset_peak().
-  int64_t peak_allocated_bytes() const;
-  int64_t peak_reserved_bytes() const;
+  int64_t peak_allocated_bytes() const override;
+  int64_t peak_reserved_bytes() const override;
   // Allocations asked of the allocator, cudaMalloc retries after a cache
   // flush, and OOMs, since the last reset_peak().
   int64_t num_allocs() const;
-  int64_t num_alloc_retries() const;
+  int64_t num_alloc_retries() const override;
   int64_t num_ooms() const;
 
   // The card: total and free bytes (cudaMemGetInfo).
@@ -89,15 +85,17 @@ class CudaMeter {
   // communicator has run a collective, when NCCL's buffers exist). Returns
   // the budget set. Throws std::invalid_argument when nothing would be left.
   int64_t set_device_memory_bytes(int64_t card_bytes);
+  // DeviceMeter's limit: set_device_memory_bytes, or no cap for 0.
+  int64_t limit_device_bytes(int64_t device_bytes) override;
 
   // Starts a new measurement: peaks := current, counters zeroed, timeline
   // cleared. Resets the allocator's own peak statistics.
-  void reset_peak();
+  void reset_peak() override;
   // Records the end of a phase (the CPU meter's names: "init",
   // "step1/forward/unit3", ...). Resets the allocator's peaks, so each
   // point's peaks cover the time since the previous point.
-  void mark(const std::string& phase);
-  std::vector<CudaTimelinePoint> timeline() const;
+  void mark(const std::string& phase) override;
+  std::vector<TimelinePoint> timeline() const override;
 
   // Runs `step`. A c10::OutOfMemoryError from it is recorded (a timeline
   // point "oom", the allocator's figures, the message) and returned instead
@@ -109,7 +107,7 @@ class CudaMeter {
 
   // Hands the allocator's unused cached segments back to the driver
   // (emptyCache): reserved drops to what live tensors need.
-  void release_cached();
+  void release_cached() override;
 
  private:
   struct Stats {
@@ -126,7 +124,7 @@ class CudaMeter {
   // Counter values at the last reset_peak().
   int64_t base_allocs_ = 0, base_retries_ = 0, base_ooms_ = 0;
   mutable std::mutex mu_;
-  std::vector<CudaTimelinePoint> timeline_;
+  std::vector<TimelinePoint> timeline_;
   std::optional<CudaOutOfMemory> last_oom_;
 };
 

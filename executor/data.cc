@@ -142,6 +142,13 @@ std::unique_ptr<DataSource> make_token_file(const std::string& path,
   return std::make_unique<TokenFileData>(path, cfg, seq_len, global_batch);
 }
 
+models::Batch to_device(models::Batch batch, c10::Device device) {
+  if (device.is_cpu()) return batch;
+  for (torch::Tensor* t : {&batch.input_ids, &batch.token_type_ids, &batch.attention_mask, &batch.labels})
+    if (t->defined()) *t = t->to(device);
+  return batch;
+}
+
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens) {
   int32_t header[kLlmcHeaderInts] = {};
   header[0] = kLlmcMagic;

@@ -42,6 +42,12 @@ std::unique_ptr<DataSource> make_token_file(const std::string& path,
                                             const models::ModelConfig& cfg, int64_t seq_len,
                                             int64_t global_batch);
 
+// The batch on `device`: every tensor copied there (undefined ones stay
+// undefined); on the CPU the same tensors, no copy. Sources build batches on
+// the host; the engine moves each to its rank's GPU before forward, where
+// the copies are what the planner charges for the batch.
+models::Batch to_device(models::Batch batch, c10::Device device);
+
 // Writes tokens as an llm.c shard (tests and tools).
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens);
 

@@ -26,6 +26,12 @@
 // "init", "step<k>/forward/<unit>", "step<k>/backward/<unit>",
 // "step<k>/optimizer" (with gradient accumulation, each micro-batch marks its
 // forward and backward labels again).
+//
+// Devices (EngineOptions::device): the same engine on the CPU (the tracking
+// allocator meters it) or on a GPU (a CUDA LibTorch; the caching
+// allocator's statistics meter it, meter.h's DeviceMeter), with nccl or
+// loopback ranks. The CUDA path is compiled but, as of 2026-11-29, not yet
+// run on a card (reports/gpu/README.md).
 #pragma once
 
 #include <cstdint>
@@ -35,8 +41,10 @@
 
 #include "executor/adamw.h"
 #include "executor/comm.h"
+#include "executor/engine_comm.h"  // all_reduce_host: the CLI gathers report text with it
 #include "executor/flat_param.h"
 #include "executor/meter.h"
+#include "executor/train_checkpoint.h"
 #include "executor/trainer.h"
 #include "models/model_config.h"
 #include "planner/candidate.h"
@@ -59,35 +67,56 @@ struct EngineOptions {
   double clip_grad_norm = 0;
   // hybrid: ranks per (emulated) node, the shard group; 0 = the whole world.
   int shard_group_size = 0;
-  int64_t budget_bytes = 0;  // 0 = unlimited; past it the step fails as OOM
+  // Where the rank trains: cpu, or cuda:i (one GPU per rank; `cuda` alone
+  // is cuda:0) in a build with a CUDA LibTorch. Parameters, gradients,
+  // activations and comm buffers live there; +offload state on the host
+  // (pinned on CUDA). The full model is built on the host first (as FSDP
+  // does from a CPU init): the same initial values as on the CPU, and the
+  // full model's bytes never pass through the GPU's caching allocator.
+  c10::Device device = torch::kCPU;
+  // The device's memory in bytes (--gpu-mem); 0 = unlimited. Past it the
+  // step fails as OOM, a result. cpu: tracked bytes above what predates the
+  // run; cuda: a card of this many bytes in all (DeviceMeter::limit_device_bytes).
+  int64_t budget_bytes = 0;
   // Called at the start of every step (from 1); tests kill ranks here.
   std::function<void(int64_t step)> on_step_begin;
-  // Checkpointing plugs in here (executor/checkpoint.h): after init (to load
-  // a sharded checkpoint into the units' masters and AdamW state) and after
-  // each optimizer step (to save one). Units are in planner::wrap_modules
-  // order; each holds this rank's fp32 master and AdamW state.
+  // Sharded checkpoints (executor/train_checkpoint.h): resume after init,
+  // save after the steps it names. A resumed run starts at the saved step
+  // + 1 and runs to `steps`.
+  CheckpointOptions checkpoint;
+  // Test hooks: after init and after each optimizer step. Units are in
+  // planner::wrap_modules order; each holds this rank's fp32 master and
+  // AdamW state.
   std::function<void(const std::vector<FlatParam*>& units)> on_init;
   std::function<void(int64_t step, const std::vector<FlatParam*>& units)> on_step_end;
 };
 
 struct EngineResult {
-  std::vector<double> loss;  // per completed step: mean over every rank's micro-batches
+  int64_t first_step = 1;    // > 1 when resumed from a checkpoint
+  std::vector<double> loss;  // per completed step from first_step: mean over every rank's micro-batches
   double tokens_per_s = 0;   // whole job, after the first (warm-up) step when there are >= 2
   int64_t peak_allocated_bytes = 0;     // this rank, above what predates the run
-  std::vector<TimelinePoint> timeline;  // at the simulator's labels
+  // What decides OOM on CUDA: the caching allocator's reserved peak (cpu:
+  // equal to peak_allocated_bytes, nothing is cached).
+  int64_t peak_reserved_bytes = 0;
+  int64_t alloc_retries = 0;            // cuda: cudaMalloc retries after a cache flush; cpu: 0
+  std::vector<TimelinePoint> timeline;  // at the simulator's labels, reserved filled in
+  std::string device = "cpu";           // "cpu" or "cuda"
   int64_t param_count = 0;
   int units = 0;
   int64_t skipped_steps = 0;  // fp16: optimizer steps skipped on gradient overflow
   double loss_scale = 0;      // fp16: the dynamic loss scale at the end; 0 otherwise
   bool oom = false;           // the budget was hit; `loss` holds the steps before it
   std::string oom_message;
+  std::vector<std::string> saved;  // checkpoint directories committed, in order
 };
 
 // Trains on `world` (rank r of N reads global sequences r*b.. of each step,
 // so N ranks of batch b train on what one rank of batch N*b does). Every
 // rank must call it with the same options. Throws std::invalid_argument for
 // bad options (batch 0, a shard group that does not divide the world,
-// ddp+offload, a precision the CPU cannot compute) and CommError when a peer
+// ddp+offload, a precision the CPU cannot compute, a device this build or
+// machine cannot run on, gloo with CUDA ranks) and CommError when a peer
 // fails.
 EngineResult train_data_parallel(const EngineOptions& options, Communicator& world,
                                  const std::function<void(const StepLog&)>& on_step = {});
@@ -96,5 +125,14 @@ EngineResult train_data_parallel(const EngineOptions& options, Communicator& wor
 // without a communicator: a launcher calls it before starting any rank, so
 // bad options fail once, in one line.
 void check_engine_options(const EngineOptions& options, int world_size);
+
+// True when this build trains on CUDA (LibTorch with CUDA). The CUDA path
+// was compiled against LibTorch 1.13's CUDA headers but, as of 2026-11-29,
+// not yet run on a card (reports/gpu/README.md).
+bool engine_supports_cuda();
+// True when this build has the nccl backend (NCCL and the CUDA runtime were
+// found at build time; cmake/ShardfitCuda.cmake).
+bool engine_supports_nccl();
+
 
 }  // namespace shardfit::executor

@@ -14,6 +14,10 @@ namespace {
 
 const auto kF32 = torch::TensorOptions().dtype(torch::kFloat);
 
+// fp32 host memory for offloaded state: pinned when the device is a GPU, so
+// the copies to and from it are DMA (and may overlap later work).
+torch::TensorOptions host_f32(c10::Device device) { return device.is_cpu() ? kF32 : kF32.pinned_memory(true); }
+
 void check_contiguous(const char* what, const torch::Tensor& t) {
   if (!t.is_contiguous()) throw std::logic_error(std::string(what) + ": tensor must be contiguous");
 }
@@ -40,6 +44,9 @@ FlatParam::FlatParam(std::string name, planner::FlatParamLayout layout, int rank
       config_(config),
       mixed_(config.compute_dtype != torch::kFloat),
       c_bytes_(static_cast<int64_t>(c10::elementSize(config.compute_dtype))),
+      dev_f32_(kF32.device(config.device)),
+      dev_compute_(dev_f32_.dtype(config.compute_dtype)),
+      host_f32_(host_f32(config.device)),
       params_(params) {
   if (params_.size() != layout_.params().size()) {
     throw std::logic_error("unit " + name_ + ": " + std::to_string(params_.size()) +
@@ -48,7 +55,7 @@ FlatParam::FlatParam(std::string name, planner::FlatParamLayout layout, int rank
   torch::NoGradGuard no_grad;
   const int64_t padded = layout_.padded_numel();
   const int64_t s = layout_.shard_numel();
-  const auto compute = kF32.dtype(config_.compute_dtype);
+  const auto compute = dev_compute_;
 
   // Every parameter's values at its offset of a flat buffer, padding zeroed.
   auto copy_full_into = [&](const torch::Tensor& flat) {
@@ -72,19 +79,22 @@ FlatParam::FlatParam(std::string name, planner::FlatParamLayout layout, int rank
     {
       std::optional<ScopedUntracked> host;
       if (config_.offload) host.emplace();
-      shard_ = torch::empty({s}, kF32);
+      shard_ = torch::empty({s}, config_.offload ? host_f32_ : dev_f32_);
       copy_shard_into(shard_);
     }
     // The gathered buffer's StorageImpl, and the views cut from it, are made
-    // while it holds an uncounted placeholder; then its storage is freed
-    // (SHARDED) until the first unshard. Two tensors alias it, each with its
-    // own version counter: `gathered_` takes the collectives' writes, and
-    // the parameters (set_data keeps a parameter's own counter) are what
-    // autograd saves, so refilling the storage never trips autograd's
-    // in-place check.
+    // while it is sized but holds no bytes (a 0-byte allocation, then its
+    // size set: views need a storage that big, and a real placeholder would
+    // stay cached in a GPU's caching allocator as reserved memory); then its
+    // storage is freed (SHARDED) until the first unshard. Two tensors alias
+    // it, each with its own version counter: `gathered_` takes the
+    // collectives' writes, and the parameters (set_data keeps a parameter's
+    // own counter) are what autograd saves, so refilling the storage never
+    // trips autograd's in-place check.
     {
       ScopedUntracked placeholder;
-      torch::Tensor buffer = torch::empty({padded}, compute);
+      torch::Tensor buffer = torch::empty({0}, compute);  // carries the device's allocator
+      buffer.storage().unsafeGetStorageImpl()->set_nbytes(static_cast<size_t>(padded * c_bytes_));
       gathered_storage_ = buffer.storage();
       gathered_ = torch::empty({0}, compute).set_(gathered_storage_, 0, {padded}, {1});
       point_params_at(torch::empty({0}, compute).set_(gathered_storage_, 0, {padded}, {1}));
@@ -99,13 +109,13 @@ FlatParam::FlatParam(std::string name, planner::FlatParamLayout layout, int rank
     // the compute-dtype params forward and backward read.
     {
       ScopedUntracked host;
-      host_master_ = torch::empty({s}, kF32);
+      host_master_ = torch::empty({s}, host_f32_);
       copy_shard_into(host_master_);
     }
     compute_ = torch::empty({padded}, compute);
     copy_full_into(compute_);
   } else {
-    full_ = torch::empty({padded}, kF32);
+    full_ = torch::empty({padded}, dev_f32_);
     copy_full_into(full_);
     if (mixed_) {
       compute_ = torch::empty({padded}, compute);
@@ -147,7 +157,7 @@ void FlatParam::unshard(Communicator& shard_group) {
   // that feeds the all-gather and dies with it.
   torch::Tensor staging;
   if (staged_gather()) {
-    staging = torch::empty({layout_.shard_numel()}, kF32.dtype(config_.compute_dtype));
+    staging = torch::empty({layout_.shard_numel()}, dev_compute_);
     staging.copy_(shard_);
   }
   alloc_storage();
@@ -164,7 +174,7 @@ void FlatParam::reshard() {
 
 void FlatParam::alloc_unsharded_grad() {
   torch::NoGradGuard no_grad;
-  unsharded_grad_ = torch::zeros({layout_.padded_numel()}, kF32.dtype(config_.compute_dtype));
+  unsharded_grad_ = torch::zeros({layout_.padded_numel()}, dev_compute_);
   for (size_t i = 0; i < params_.size(); ++i) {
     const planner::FlatParamEntry& e = layout_.params()[i];
     params_[i].mutable_grad() = unsharded_grad_.narrow(0, e.offset, e.numel).view(e.shape);
@@ -190,7 +200,7 @@ void FlatParam::reduce_grad(Communicator& group, Communicator* replicate) {
     if (config_.offload) {
       // zero1+offload: this rank's slice goes device-to-host (and up to fp32).
       ScopedUntracked host;
-      if (!shard_grad_.defined()) shard_grad_ = torch::empty({s}, kF32);
+      if (!shard_grad_.defined()) shard_grad_ = torch::empty({s}, host_f32_);
       shard_grad_.copy_(flat_grad_.narrow(0, rank_ * s, s));
     }
     return;
@@ -199,7 +209,7 @@ void FlatParam::reduce_grad(Communicator& group, Communicator* replicate) {
   if (!mixed_ && !config_.offload) {
     if (!shard_grad_.defined()) {
       // fp32: the reduce-scatter output is the shard grad itself.
-      shard_grad_ = torch::empty({s}, kF32);
+      shard_grad_ = torch::empty({s}, dev_f32_);
       group.reduce_scatter(shard_grad_, unsharded_grad_, ReduceOp::kAvg);
       if (replicate) replicate->all_reduce(shard_grad_, ReduceOp::kAvg);
     } else {
@@ -212,13 +222,13 @@ void FlatParam::reduce_grad(Communicator& group, Communicator* replicate) {
   } else {
     // mixed: a c*s output, upcast into the fp32 shard grad; offload: the
     // output goes device-to-host (upcast there when mixed).
-    torch::Tensor out = torch::empty({s}, kF32.dtype(config_.compute_dtype));
+    torch::Tensor out = torch::empty({s}, dev_compute_);
     group.reduce_scatter(out, unsharded_grad_, ReduceOp::kAvg);
     if (replicate) replicate->all_reduce(out, ReduceOp::kAvg);
     std::optional<ScopedUntracked> host;
     if (config_.offload) host.emplace();
     if (!shard_grad_.defined()) {
-      shard_grad_ = torch::empty({s}, kF32);
+      shard_grad_ = torch::empty({s}, config_.offload ? host_f32_ : dev_f32_);
       shard_grad_.copy_(out);
     } else {
       add_into_fp32(shard_grad_, out);
@@ -263,24 +273,35 @@ void FlatParam::optimizer_step(const AdamWOptions& options, int64_t step, Commun
   {
     std::optional<ScopedUntracked> host;  // offload: the update runs on the host
     if (config_.offload) host.emplace();
-    if (!exp_avg_.defined()) {  // lazily, as torch.optim does
-      exp_avg_ = torch::zeros_like(p);
-      exp_avg_sq_ = torch::zeros_like(p);
-    }
+    if (!exp_avg_.defined()) ensure_optimizer_state();  // lazily, as torch.optim does
     // ddp/zero1 mixed: the fp32 update reads an fp32 copy of the c-byte grad.
     torch::Tensor g32 = grad;
     if (grad.scalar_type() != torch::kFloat) {
-      g32 = torch::empty(p.sizes(), kF32);
+      g32 = torch::empty(p.sizes(), kF32.device(p.device()));
       g32.copy_(grad);
     }
     adamw_update(p, g32, exp_avg_, exp_avg_sq_, step, options);
   }
+  publish_master(group);
+}
+
+void FlatParam::ensure_optimizer_state() {
+  if (exp_avg_.defined()) return;
+  std::optional<ScopedUntracked> host;  // offload: the state lives on the host
+  if (config_.offload) host.emplace();
+  const torch::Tensor p = master();
+  exp_avg_ = torch::zeros_like(p);
+  exp_avg_sq_ = torch::zeros_like(p);
+}
+
+void FlatParam::publish_master(Communicator& group) {
+  torch::NoGradGuard no_grad;
   if (config_.sharded_params) return;
   const int64_t s = layout_.shard_numel();
   if (config_.offload) {
     // The updated host slice comes back through a c*s staging copy and is
     // all-gathered into the compute params in place.
-    torch::Tensor staging = torch::empty({s}, kF32.dtype(config_.compute_dtype));
+    torch::Tensor staging = torch::empty({s}, dev_compute_);
     staging.copy_(host_master_);
     group.all_gather_into(compute_, staging);
     free_now(staging);
@@ -309,6 +330,12 @@ void adamw_update(torch::Tensor& p, const torch::Tensor& g, torch::Tensor& exp_a
 
 double sum_of_squares(const torch::Tensor& t) {
   check_contiguous("sum_of_squares", t);
+  if (!t.device().is_cpu()) {
+    // The 2-norm reduced in fp32 (a half/bf16 input is cast as the kernel
+    // reads it), squared on the host in double.
+    const double norm = at::linalg_vector_norm(t, 2.0, {}, false, at::kFloat).item<double>();
+    return norm * norm;
+  }
   double total = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "sum_of_squares", [&] {
     const scalar_t* p = t.data_ptr<scalar_t>();
@@ -322,6 +349,9 @@ double sum_of_squares(const torch::Tensor& t) {
 
 bool all_finite(const torch::Tensor& t) {
   check_contiguous("all_finite", t);
+  // A NaN or inf anywhere makes the fp32 sum of squares NaN or inf; finite
+  // low-precision gradients cannot overflow it (65504^2 x 2^30 < 3.4e38).
+  if (!t.device().is_cpu()) return std::isfinite(sum_of_squares(t));
   bool finite = true;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "all_finite", [&] {
     const scalar_t* p = t.data_ptr<scalar_t>();
@@ -333,6 +363,10 @@ bool all_finite(const torch::Tensor& t) {
 
 void multiply_in_place(const torch::Tensor& t, double factor) {
   check_contiguous("multiply_in_place", t);
+  if (!t.device().is_cpu()) {
+    t.mul_(factor);  // the scalar is a kernel argument, not device memory
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "multiply_in_place", [&] {
     scalar_t* p = t.data_ptr<scalar_t>();
     at::parallel_for(0, t.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
@@ -347,6 +381,16 @@ void add_into_fp32(const torch::Tensor& dst, const torch::Tensor& src) {
   check_contiguous("add_into_fp32", src);
   if (dst.scalar_type() != torch::kFloat || dst.numel() != src.numel())
     throw std::logic_error("add_into_fp32: dst must be fp32 with src's numel");
+  if (dst.device() != src.device()) {
+    // Offload on a GPU: the device's c-byte output comes to the host first
+    // (host memory, as the caller's scope says), then the loop below.
+    add_into_fp32(dst, src.to(dst.device()));
+    return;
+  }
+  if (!dst.device().is_cpu()) {
+    dst.add_(src);  // CUDA kernels upcast src as they read it: no copy
+    return;
+  }
   float* d = dst.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "add_into_fp32", [&] {
     const scalar_t* s = src.data_ptr<scalar_t>();

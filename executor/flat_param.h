@@ -17,7 +17,11 @@
 //
 // "Host" memory (offload) is allocated under ScopedUntracked: on the CPU it
 // is the same RAM, but it is not the device being emulated. Staging copies
-// between host and device are tracked, as the simulator charges them.
+// between host and device are tracked, as the simulator charges them. On
+// CUDA the host is the CPU: the fp32 master shard and shard grads are in
+// pinned memory (the copies to and from the device are DMA, no bounce
+// buffer), AdamW's state in ordinary host memory; the CUDA meter sees only
+// the device.
 //
 // Freeing the gathered buffer frees its STORAGE (FSDP's _free_storage):
 // the StorageImpl keeps its identity and goes to zero bytes, so the views
@@ -50,6 +54,9 @@ struct FlatParamConfig {
   // What forward/backward compute in: kFloat, or kBFloat16/kHalf (mixed
   // precision, with fp32 master weights and optimizer state).
   c10::ScalarType compute_dtype = torch::kFloat;
+  // Where the device state lives (cpu, or cuda:i); offloaded state is on
+  // the host either way.
+  c10::Device device = torch::kCPU;
 };
 
 // FSDP2's parameter states. SHARDED_POST_FORWARD (resharding onto a smaller
@@ -76,6 +83,8 @@ class FlatParam {
   const planner::FlatParamLayout& layout() const { return layout_; }
   const FlatParamConfig& config() const { return config_; }
   ParamState state() const { return state_; }
+  // This rank's index in the layout's shard group (0 for ddp).
+  int shard_rank() const { return rank_; }
   int64_t padded_numel() const { return layout_.padded_numel(); }
   int64_t shard_numel() const { return layout_.shard_numel(); }
 
@@ -126,6 +135,16 @@ class FlatParam {
   // fp32 master values of this rank (shard or full param), for tests and
   // the checkpoint writer: a tensor on the device or the host.
   torch::Tensor master() const;
+  // Creates the AdamW state (zeros) where the first optimizer step would,
+  // with the same bytes: on the device, or on the host under offload. A
+  // resumed run loads its saved state into these. No-op when it exists.
+  void ensure_optimizer_state();
+  // After master() changed outside the optimizer (a checkpoint was loaded
+  // into it): brings what forward reads up to date as the end of an
+  // optimizer step does — zero1 all-gathers the slices over `group` (the
+  // world), mixed ddp/zero1 refresh their compute copy. Sharded params
+  // gather from the shard at the next unshard anyway.
+  void publish_master(Communicator& group);
   // AdamW state of master(); undefined before the first optimizer step.
   torch::Tensor& exp_avg() { return exp_avg_; }
   torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
@@ -143,6 +162,9 @@ class FlatParam {
   FlatParamConfig config_;
   bool mixed_;
   int64_t c_bytes_;
+  torch::TensorOptions dev_f32_;      // fp32 on config_.device
+  torch::TensorOptions dev_compute_;  // the compute dtype on config_.device
+  torch::TensorOptions host_f32_;     // fp32 on the host: pinned when the device is a GPU
   std::vector<torch::Tensor> params_;  // the model's parameters, views into the compute buffer
   ParamState state_ = ParamState::kUnsharded;
 
@@ -171,11 +193,16 @@ void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor
                   torch::Tensor& exp_avg_sq, int64_t step, const AdamWOptions& options);
 
 // Allocation-free helpers for any floating dtype (raw loops: no temporaries,
-// no type-promotion copies, which the meter would see).
+// no type-promotion copies, which the meter would see). On a GPU they are
+// ATen ops instead: sum_of_squares and all_finite reduce to one fp32 scalar
+// (a 512-byte block; a half/bf16 input is read as fp32 inside the kernel,
+// not copied), multiply_in_place and add_into_fp32 run in place (CUDA
+// kernels cast operands as they read them).
 double sum_of_squares(const torch::Tensor& t);
 bool all_finite(const torch::Tensor& t);
 void multiply_in_place(const torch::Tensor& t, double factor);
-// dst (fp32) += src (any floating dtype), elementwise.
+// dst (fp32) += src (any floating dtype), elementwise. src may be on the
+// device and dst on the host (offload): src then comes over as a host copy.
 void add_into_fp32(const torch::Tensor& dst, const torch::Tensor& src);
 
 }  // namespace shardfit::executor

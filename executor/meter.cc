@@ -3,7 +3,12 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <stdexcept>
 #include <unordered_map>
+
+#ifdef SHARDFIT_CUDA_TORCH
+#include "executor/cuda_meter.h"
+#endif
 
 namespace shardfit::executor {
 
@@ -124,7 +129,64 @@ ScopedUntracked::~ScopedUntracked() { g_untracked_depth.fetch_sub(1); }
 bool is_out_of_memory(const std::exception& e) {
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
   const std::string what = e.what();
-  return what.find("out of memory") != std::string::npos;
+  // cuBLAS reports a workspace it could not get as a status, not an OOM.
+  return what.find("out of memory") != std::string::npos ||
+         what.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string::npos;
+}
+
+namespace {
+
+// The CPU's DeviceMeter: the process-wide TrackingAllocator.
+class CpuDeviceMeter final : public DeviceMeter {
+ public:
+  CpuDeviceMeter() : alloc_(TrackingAllocator::cpu()) {}
+  c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
+  int64_t allocated_bytes() const override { return alloc_.allocated_bytes(); }
+  int64_t reserved_bytes() const override { return alloc_.allocated_bytes(); }
+  int64_t peak_allocated_bytes() const override { return alloc_.peak_allocated_bytes(); }
+  int64_t peak_reserved_bytes() const override { return alloc_.peak_allocated_bytes(); }
+  int64_t num_alloc_retries() const override { return 0; }
+  int64_t limit_device_bytes(int64_t device_bytes) override {
+    if (device_bytes < 0) throw std::invalid_argument("--gpu-mem " + std::to_string(device_bytes) + ": negative");
+    const int64_t budget = device_bytes > 0 ? alloc_.allocated_bytes() + device_bytes : 0;
+    alloc_.set_budget_bytes(budget);
+    return budget;
+  }
+  void reset_peak() override { alloc_.reset_peak(); }
+  void mark(const std::string& phase) override { alloc_.mark(phase); }
+  std::vector<TimelinePoint> timeline() const override {
+    std::vector<TimelinePoint> points = alloc_.timeline();
+    for (auto& p : points) {
+      p.reserved_bytes = p.allocated_bytes;
+      p.peak_reserved_bytes = p.peak_allocated_bytes;
+    }
+    return points;
+  }
+
+ private:
+  TrackingAllocator& alloc_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMeter> make_device_meter(c10::Device device) {
+  if (device.is_cpu()) return std::make_unique<CpuDeviceMeter>();
+  if (!device.is_cuda())
+    throw std::invalid_argument("--device " + device.str() + ": shardfit runs on cpu or cuda");
+#ifdef SHARDFIT_CUDA_TORCH
+  return std::make_unique<CudaMeter>(device.has_index() ? device.index() : 0);
+#else
+  throw std::invalid_argument("--device " + device.str() +
+                              ": this build has no CUDA (LibTorch for CPU); use --device cpu");
+#endif
+}
+
+bool cuda_meter_built() {
+#ifdef SHARDFIT_CUDA_TORCH
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace shardfit::executor

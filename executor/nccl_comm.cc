@@ -134,43 +134,13 @@ void check_shard_placement(const char* op, const at::Tensor& out, const at::Tens
     throw std::logic_error(std::string(op) + ": the input shard overlaps the output but is not this rank's slot");
 }
 
-// ---- who a rank's process is (as comm.cc's gloo backend) -------------------
+// ---- who a rank's process is (shared with comm.cc's gloo backend) ----------
 
-struct ProcessId {
-  std::string host, pid_namespace;
-  int pid = 0;
-};
-
-ProcessId this_process() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  char ns[128];
-  ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
-  return {host, n > 0 ? std::string(ns, static_cast<size_t>(n)) : "?", static_cast<int>(getpid())};
-}
-
-std::string encode(const ProcessId& p) { return p.host + "\n" + p.pid_namespace + "\n" + std::to_string(p.pid); }
-
-ProcessId decode(const std::vector<uint8_t>& bytes) {
-  std::istringstream s(std::string(bytes.begin(), bytes.end()));
-  ProcessId p;
-  std::string pid;
-  std::getline(s, p.host);
-  std::getline(s, p.pid_namespace);
-  std::getline(s, pid);
-  p.pid = std::atoi(pid.c_str());
-  return p;
-}
-
-bool process_alive(int pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  auto paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
-  char state = line[paren + 2];
-  return state != 'Z' && state != 'X' && state != 'x';
-}
+using comm_detail::decode;
+using comm_detail::encode;
+using comm_detail::process_alive;
+using comm_detail::ProcessId;
+using comm_detail::this_process;
 
 std::vector<uint8_t> bytes_of(const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
@@ -384,38 +354,13 @@ namespace {
 
 // ---- rendezvous -------------------------------------------------------------
 
-// Members announce themselves under `key` and wait for each other, bounded by
-// the timeout and naming who is missing. Returns each member's announcement.
+// The group's rendezvous (comm_detail::store_rendezvous), named for messages.
 std::vector<std::vector<uint8_t>> group_rendezvous(NcclWorld& w, const std::string& key, int group_rank,
                                                    const std::vector<int>& globals,
                                                    const std::vector<uint8_t>& announcement) {
-  const std::string what = "nccl rendezvous of group {" + join_ints(globals) + "} at " + w.store_address;
-  std::vector<std::string> keys;
-  for (size_t r = 0; r < globals.size(); ++r) keys.push_back(key + "/joined/" + std::to_string(r));
-  try {
-    w.store->set(keys[group_rank], announcement);
-  } catch (const std::exception& e) {
-    throw CommError(what + " failed on rank " + std::to_string(w.global_rank) +
-                        ": cannot write to the store (its host, rank 0, may have exited): " + first_line(e),
-                    "rendezvous", {});
-  }
-  try {
-    w.store->wait(keys, w.timeout);
-  } catch (const std::exception& e) {
-    std::vector<int> missing;
-    try {
-      for (size_t r = 0; r < keys.size(); ++r)
-        if (!w.store->check({keys[r]})) missing.push_back(globals[r]);
-    } catch (const std::exception&) {
-    }
-    throw CommError(what + " failed on rank " + std::to_string(w.global_rank) + " after " +
-                        seconds_str(w.timeout) + ": " +
-                        (missing.empty() ? first_line(e) : "rank(s) " + join_ints(missing) + " never arrived"),
-                    "rendezvous", {});
-  }
-  std::vector<std::vector<uint8_t>> values;
-  for (const auto& k : keys) values.push_back(w.store->get(k));
-  return values;
+  return comm_detail::store_rendezvous(*w.store,
+                                       "nccl rendezvous of group {" + join_ints(globals) + "} at " + w.store_address,
+                                       key, group_rank, globals, w.global_rank, w.timeout, announcement);
 }
 
 // ---- the communicator -------------------------------------------------------

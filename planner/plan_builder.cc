@@ -136,6 +136,8 @@ class TraceCache {
 Plan build_plan(const PlanRequest& r) {
   if (r.gpus_per_node < 1) throw std::invalid_argument("--gpus " + std::to_string(r.gpus_per_node) + ": must be at least 1");
   if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
+  if (r.grad_accum < 1)
+    throw std::invalid_argument("--grad-accum " + std::to_string(r.grad_accum) + ": must be at least 1");
   if (r.seq_len < 2 || r.seq_len > r.model.max_positions)
     throw std::invalid_argument("--seq-len " + std::to_string(r.seq_len) + ": " + r.model.name +
                                 " takes 2.." + std::to_string(r.model.max_positions) + " tokens");
@@ -158,6 +160,7 @@ Plan build_plan(const PlanRequest& r) {
   plan.hardware.nodes = r.nodes;
   plan.optimizer = r.optimizer == Optimizer::kAdamW ? "adamw" : "sgd";
   plan.objective = r.objective;
+  plan.grad_accum = r.grad_accum;
 
   const std::vector<ModuleNode> modules = module_tree(r.model);
   std::map<std::string, UnitPartition> partitions;
@@ -205,6 +208,7 @@ Plan build_plan(const PlanRequest& r) {
     s.optimizer = r.optimizer;
     s.world_size = world;
     s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
+    s.grad_accum = r.grad_accum;
 
     const std::string& sim_key = work[ci].sim_key;
     auto sit = simulators.find(sim_key);
@@ -248,6 +252,7 @@ Plan build_plan(const PlanRequest& r) {
       for (int u : sim.forward_order())  // the time model wants units in forward order
         ti.unit_padded_numel.push_back(padded_numel(units.units[u].numel, s.shard_group_size));
       ti.batch = pc.max_batch_per_gpu;
+      ti.grad_accum = r.grad_accum;
       ti.seq_len = r.seq_len;
       ti.world_size = world;
       ti.shard_group_size = s.shard_group_size;
@@ -307,6 +312,7 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   s.optimizer = r.optimizer;
   s.world_size = world;
   s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
+  s.grad_accum = r.grad_accum;
   SimOptions so;
   if (cuda && r.profile.cublas_workspace_bytes > 0) so.overhead_bytes = {r.profile.cublas_workspace_bytes};
   const StepSimulator sim(trace, units);
@@ -326,6 +332,7 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
     ti.backward_flops = trace.backward_flops;
     for (int u : sim.forward_order()) ti.unit_padded_numel.push_back(padded_numel(units.units[u].numel, s.shard_group_size));
     ti.batch = batch;
+    ti.grad_accum = r.grad_accum;
     ti.seq_len = r.seq_len;
     ti.world_size = world;
     ti.shard_group_size = s.shard_group_size;

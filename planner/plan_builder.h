@@ -26,15 +26,19 @@ struct PlanRequest {
   Optimizer optimizer = Optimizer::kAdamW;
   Objective objective = Objective::kThroughput;
   int64_t max_batch = 4096;      // search cap (only reached without a memory limit)
+  // Micro-batches per optimizer step; the batch searched for is the
+  // micro-batch. zero2/3/hybrid then hold their fp32 shard grads through
+  // every micro-batch after the first, so their max batch can only shrink.
+  int grad_accum = 1;
 };
 
 // Throws std::invalid_argument (one line) for impossible requests: zero
-// GPUs, a sequence the model cannot take, memory smaller than the fixed
-// overheads, filters that leave no candidate.
+// GPUs, a sequence the model cannot take, grad_accum < 1, memory smaller
+// than the fixed overheads, filters that leave no candidate.
 Plan build_plan(const PlanRequest& request);
 
-// One candidate at one batch, simulated with its timeline: what `run`
-// reports beside its measurements. `request.candidates` is ignored.
+// One candidate at one (micro-)batch, simulated with its timeline: what
+// `run` reports beside its measurements. `request.candidates` is ignored.
 struct CandidatePrediction {
   StepSimResult sim;        // peaks, breakdown, timeline (labels match the executor's marks)
   double step_time_s = 0;   // 0 when the batch does not fit

@@ -190,6 +190,7 @@ Plan plan_from(const json& j, const std::string& origin) {
   plan.hardware.nodes = static_cast<int>(hw.integer("nodes", 1));
 
   if (r.has("optimizer")) plan.optimizer = r.text("optimizer");
+  if (r.has("grad_accum")) plan.grad_accum = static_cast<int>(r.integer("grad_accum", 1));
   if (r.has("objective")) {
     std::string objective = r.text("objective");
     try {
@@ -327,6 +328,7 @@ void to_json(json& j, const Plan& plan) {
         {"gpus_per_node", plan.hardware.gpus_per_node},
         {"nodes", plan.hardware.nodes}}},
       {"optimizer", plan.optimizer},
+      {"grad_accum", plan.grad_accum},
       {"objective", objective_name(plan.objective)},
       {"candidates", std::move(candidates)},
       {"chosen", plan.chosen.empty() ? json(nullptr) : json(plan.chosen)}};

@@ -90,6 +90,7 @@ struct Plan {
   PlanModel model;
   PlanHardware hardware;
   std::string optimizer = "adamw";               // extra
+  int grad_accum = 1;  // extra: micro-batches per optimizer step; max batch is per micro-batch
   Objective objective = Objective::kThroughput;  // extra
   std::vector<PlanCandidate> candidates;
   std::string chosen;  // a candidate id; "" (JSON null) when nothing fits

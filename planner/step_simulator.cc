@@ -272,6 +272,7 @@ class StepReplay {
   int step_base_ = 0;
   int peak_allocated_label_ = 0;
   int peak_reserved_label_ = 0;
+  int64_t peak_since_mark_ = 0;  // allocated bytes, for TimelinePoint
   int64_t host_bytes_ = 0;
 };
 
@@ -311,6 +312,7 @@ bool StepReplay::alloc(int64_t id, int64_t bytes, int stream, Category category)
   }
   id_category_[id] = static_cast<uint8_t>(category);
   category_bytes_[static_cast<int>(category)] += allocator_.charged_bytes(id);
+  peak_since_mark_ = std::max(peak_since_mark_, allocator_.allocated_bytes());
   if (allocator_.allocated_bytes() > result_->peak_allocated_bytes) {
     result_->peak_allocated_bytes = allocator_.allocated_bytes();
     result_->peak_breakdown_bytes = category_bytes_;
@@ -336,7 +338,9 @@ void StepReplay::host_alloc(int64_t bytes) {
 void StepReplay::mark(int label) {
   if (!options_.record_timeline) return;
   result_->timeline.push_back(TimelinePoint{sim_.labels_[label], allocator_.allocated_bytes(),
-                                            allocator_.reserved_bytes(), category_bytes_});
+                                            allocator_.reserved_bytes(), category_bytes_,
+                                            peak_since_mark_});
+  peak_since_mark_ = allocator_.allocated_bytes();
 }
 
 void StepReplay::run() {
@@ -347,7 +351,8 @@ void StepReplay::run() {
     step_base_ = 1 + step * (2 * num_units_ + 1);
     label_ = step_base_;
     zero_grad();
-    ok = replay_trace() && optimizer_step();
+    for (int micro = 0; ok && micro < strategy_.grad_accum; ++micro) ok = replay_trace();
+    ok = ok && optimizer_step();
   }
   result_->peak_allocated_label = sim_.labels_[peak_allocated_label_];
   result_->peak_reserved_label = sim_.labels_[peak_reserved_label_];
@@ -508,30 +513,33 @@ bool StepReplay::recompute_begin(int u) {
 
 // Post-backward: reduce-scatter the unsharded grad into this rank's fp32
 // shard grad, then free the unsharded grad and go UNSHARDED -> SHARDED.
-// ddp/zero1 all-reduce the flat grads in place; zero1+offload then copies its
-// own slice to the host.
+// A later micro-batch adds into the shard grad it already has. ddp/zero1
+// all-reduce the flat grads in place (on the last micro-batch); zero1+offload
+// then copies its own slice to the host.
 bool StepReplay::post_backward(int u) {
   const int64_t shard_grad_bytes = kFp32Bytes * shard_[u];
+  const bool accumulating = shard_grad_live_[u];
   if (!sharded_params()) {
-    if (strategy_.offload && !shard_grad_live_[u]) {
-      host_alloc(shard_grad_bytes);
-      shard_grad_live_[u] = true;
-    }
+    if (strategy_.offload && !accumulating) host_alloc(shard_grad_bytes);
+    shard_grad_live_[u] = strategy_.offload;
     return true;
   }
   if (!mixed_ && !strategy_.offload) {
-    // fp32: the reduce-scatter output is the shard grad itself.
-    if (!alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads))
+    // fp32: the reduce-scatter output is the shard grad itself; once it
+    // exists, the output is the unsharded grad's own slot, added from there.
+    if (!accumulating &&
+        !alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads))
       return false;
   } else {
-    // mixed: a c*s_u output upcast into the fp32 shard grad; offload: the
-    // output goes device-to-host (and is upcast there when mixed).
+    // mixed: a c*s_u output upcast into (or added to) the fp32 shard grad;
+    // offload: the output goes device-to-host (upcast there when mixed).
     const Category out_category = mixed_ ? Category::kCommBuffers : Category::kGrads;
     if (!alloc(unit_id(u, kReduceScatterOut), c_ * shard_[u], kCommStream, out_category))
       return false;
     if (strategy_.offload) {
-      host_alloc(shard_grad_bytes);
-    } else if (!alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads)) {
+      if (!accumulating) host_alloc(shard_grad_bytes);
+    } else if (!accumulating &&
+               !alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads)) {
       return false;
     }
     free(unit_id(u, kReduceScatterOut));
@@ -595,6 +603,10 @@ StepSimResult StepSimulator::simulate(const Strategy& strategy, AllocatorModel& 
   if (strategy.world_size < 1) {
     throw std::invalid_argument("world size " + std::to_string(strategy.world_size) +
                                 " must be at least 1");
+  }
+  if (strategy.grad_accum < 1) {
+    throw std::invalid_argument("grad_accum " + std::to_string(strategy.grad_accum) +
+                                ": must be at least 1");
   }
   if (strategy.sharding == Sharding::kDdp && strategy.offload) {
     throw std::invalid_argument(

@@ -30,6 +30,19 @@
 //    c*P_u compute params and the flat grads on the device.
 // Trace tensors still live when a step's backward ends (the loss) are freed
 // before the optimizer step, as the executor's forward/backward scope ends.
+//
+// Gradient accumulation (Strategy::grad_accum = k micro-batches per step):
+// zero_grad, then the trace (forward, backward, the hooks around them) k
+// times, then one optimizer step. What persists across micro-batches is the
+// accumulated gradient: ddp/zero1's flat grad (all-reduced on the last
+// micro-batch only, DDP's no_sync, which allocates nothing either way), and
+// zero2/3/hybrid's fp32 shard grads, allocated at a unit's first
+// post-backward and added to after that: fp32 reduce-scatters into its own
+// slot of the unsharded grad, then adds; mixed/offload still allocate the
+// c*s_u reduce-scatter output every micro-batch. Unsharded params and grads
+// live and die per micro-batch as in a step without accumulation, so from
+// micro-batch 2 on every unit's shard grad is live through forward and
+// backward: that is the extra memory accumulation costs.
 #pragma once
 
 #include <array>
@@ -87,6 +100,9 @@ struct Strategy {
   // FSDP's BackwardPrefetch.BACKWARD_PRE (its default); matters for
   // zero3/hybrid only.
   bool backward_prefetch = true;
+  // Micro-batches per optimizer step (the executor's --grad-accum): each
+  // replays the whole trace and marks its forward/backward labels again.
+  int grad_accum = 1;
 };
 
 struct SimOptions {
@@ -100,10 +116,14 @@ struct SimOptions {
 struct TimelinePoint {
   // "init", "step1/forward/<unit>", "step1/backward/<unit>",
   // "step1/optimizer", ... where <unit> is Unit::name ("root" for the root).
+  // With grad_accum k, a step's forward and backward labels come k times.
   std::string label;
   int64_t allocated_bytes = 0;
   int64_t reserved_bytes = 0;
   CategoryBytes category_bytes{};  // allocated, by category
+  // The highest allocated bytes since the previous point (the meter's
+  // peak_allocated_bytes per mark): where a phase's transient peak shows.
+  int64_t peak_allocated_bytes = 0;
 };
 
 struct StepSimResult {
@@ -133,7 +153,7 @@ class StepSimulator {
   // Resets `allocator` and runs init, step 1 and step 2 through it, stopping at
   // the first allocation that does not fit. Throws std::invalid_argument on an
   // impossible strategy (offload with ddp, world not a multiple of the shard
-  // group, compute dtype other than the trace's).
+  // group, compute dtype other than the trace's, grad_accum < 1).
   StepSimResult simulate(const Strategy& strategy, AllocatorModel& allocator,
                          const SimOptions& options = {}) const;
 

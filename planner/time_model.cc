@@ -44,7 +44,8 @@ double all_reduce_bytes_per_rank(double bytes, int ranks) {
 StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profile) {
   const Candidate& c = in.candidate;
   check(!in.unit_padded_numel.empty(), "no units");
-  check(in.batch >= 1 && in.seq_len >= 1, "batch and seq_len must be >= 1");
+  check(in.batch >= 1 && in.seq_len >= 1 && in.grad_accum >= 1,
+        "batch, seq_len and grad_accum must be >= 1");
   check(in.world_size >= 1 && in.nodes >= 1 && in.shard_group_size >= 1,
         "world_size, nodes and shard_group_size must be >= 1");
   check(in.world_size % in.nodes == 0, "world_size " + std::to_string(in.world_size) +
@@ -62,8 +63,11 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   StepTime t;
   // --- compute ---
   const double flops_per_s = profile.peak_flops_per_s(dtype) * profile.flops_efficiency(dtype);
-  t.forward_compute_s = in.forward_flops / flops_per_s;
-  t.backward_compute_s = in.backward_flops / flops_per_s;
+  const double k = in.grad_accum;  // micro-batches per step
+  const double micro_forward_s = in.forward_flops / flops_per_s;
+  const double micro_backward_s = in.backward_flops / flops_per_s;
+  t.forward_compute_s = k * micro_forward_s;
+  t.backward_compute_s = k * micro_backward_s;
   t.compute_s = t.forward_compute_s + t.backward_compute_s;
 
   // --- communication ---
@@ -143,14 +147,24 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
       break;
     }
   }
-  t.comm_s = fwd.total_s() + bwd.total_s() + post_step_comm_s;
+  // Micro-batches: sharded strategies communicate on each; ddp/zero1 reduce
+  // once, after the last (their byte counts above are already per step).
+  const bool reduce_every_micro = c.sharding != Sharding::kDdp && c.sharding != Sharding::kZero1;
+  const double comm_micro_batches = reduce_every_micro ? k : 1.0;
+  if (reduce_every_micro) {
+    t.intra_node_comm_bytes *= k;
+    t.inter_node_comm_bytes *= k;
+  }
+  t.comm_s = k * fwd.total_s() + comm_micro_batches * bwd.total_s() + post_step_comm_s;
 
   // --- optimizer and offload ---
   const double shard_numel = model_numel / optimizer_shard_ranks;
   // fp32 param read + write, grad read, each state read + write.
   const double optimizer_bytes = shard_numel * kMasterBytes * (3 + 2 * in.optimizer_states);
   if (c.offload) {
-    const int copies = gather_passes + 1;  // params in per pass, grads out once
+    // Params in per gather pass, grads out once per reduction; zero1 gathers
+    // once per step (after the update), the others on every micro-batch.
+    const double copies = (gather_passes + 1) * comm_micro_batches;
     t.host_link_bytes = copies * shard_numel * kMasterBytes;
     t.offload_s =
         t.host_link_bytes / (profile.host_link.bytes_per_s * profile.efficiency.host_link);
@@ -160,11 +174,13 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
     t.optimizer_s = optimizer_bytes / (profile.memory_bytes_per_s * profile.efficiency.memory);
   }
 
-  const double forward_s = phase_time(t.forward_compute_s, fwd);
-  const double backward_s = phase_time(t.backward_compute_s, bwd);
+  const double forward_s = k * phase_time(micro_forward_s, fwd);
+  // The reducing backward phases, and (ddp/zero1) the compute-only others.
+  const double backward_s = comm_micro_batches * phase_time(micro_backward_s, bwd) +
+                            (k - comm_micro_batches) * micro_backward_s;
   t.step_time_s = forward_s + backward_s + post_step_comm_s + t.optimizer_s + t.offload_s;
   t.exposed_comm_s = forward_s + backward_s + post_step_comm_s - t.compute_s;
-  t.tokens_per_s = t.step_time_s > 0 ? static_cast<double>(in.batch) *
+  t.tokens_per_s = t.step_time_s > 0 ? static_cast<double>(in.batch) * k *
                                            static_cast<double>(in.seq_len) * n / t.step_time_s
                                      : 0.0;
   return t;

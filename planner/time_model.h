@@ -41,6 +41,12 @@
 // step_time_s = forward phase + backward phase + optimizer_s + offload_s +
 // post-step comm. tokens_per_s = batch × seq_len × world / step_time_s:
 // global tokens per second.
+//
+// Gradient accumulation (k micro-batches per step): forward and backward
+// phases k times, one optimizer step. zero2/zero3/hybrid gather and
+// reduce-scatter (and, offloaded, copy) on every micro-batch; ddp/zero1
+// all-reduce on the last one only (DDP's no_sync), so their other k−1
+// backward phases are pure compute. tokens_per_s counts all k micro-batches.
 #pragma once
 
 #include <cstdint>
@@ -58,13 +64,14 @@ constexpr int64_t kDdpBucketBytes = int64_t{25} << 20;
 struct StepTimeInputs {
   Candidate candidate;        // sharding, offload, precision (wrap and ckpt
                               // act through the two fields below)
-  double forward_flops = 0;   // whole step on one rank at `batch`
+  double forward_flops = 0;   // one micro-batch on one rank at `batch`
   double backward_flops = 0;  // including recompute under +ckpt
   // Each unit's flat parameter numel, padded as the layout pads it for the
   // shard group, in forward execution order. Their sum is the whole model.
   std::vector<int64_t> unit_padded_numel;
-  int64_t batch = 1;  // sequences per rank
+  int64_t batch = 1;  // sequences per rank per micro-batch
   int64_t seq_len = 1;
+  int grad_accum = 1;  // micro-batches per optimizer step
   int world_size = 1;        // all ranks
   int shard_group_size = 1;  // ranks a unit is sharded over (zero*: world,
                              // hybrid: GPUs per node, ddp: ignored)
@@ -74,7 +81,7 @@ struct StepTimeInputs {
 
 struct StepTime {
   double step_time_s = 0;
-  double tokens_per_s = 0;  // global: batch × seq_len × world / step_time_s
+  double tokens_per_s = 0;  // global: batch × grad_accum × seq_len × world / step_time_s
   // The parts, for the report. compute_s and comm_s are totals, before
   // overlap; exposed_comm_s is the share of comm_s that adds to the step.
   double compute_s = 0;

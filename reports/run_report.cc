@@ -79,8 +79,11 @@ nlohmann::json to_json(const RunReport& r) {
             {"backend", r.backend},
             {"device", r.device},
             {"steps", r.steps},
+            {"first_step", r.first_step},
             {"loss", r.loss},
-            {"tokens_per_s", r.tokens_per_s}}},
+            {"tokens_per_s", r.tokens_per_s},
+            {"checkpoints", r.checkpoints},
+            {"resumed_from", r.resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.resumed_from)}}},
           {"ranks", ranks},
           {"max_batch", {{"predicted", opt(r.max_batch_predicted)}, {"measured", opt(r.max_batch_measured)}}},
           {"command", r.command},
@@ -103,6 +106,11 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   r.device = get<std::string>(run, "device", w);
   r.steps = get<int64_t>(run, "steps", w);
   r.loss = get<std::vector<double>>(run, "loss", w);
+  // Optional (reports before checkpoints were wired in lack them).
+  if (run.contains("first_step")) r.first_step = get<int64_t>(run, "first_step", w);
+  if (run.contains("checkpoints")) r.checkpoints = get<std::vector<std::string>>(run, "checkpoints", w);
+  if (run.contains("resumed_from") && run["resumed_from"].is_string())
+    r.resumed_from = run["resumed_from"].get<std::string>();
   r.tokens_per_s = get<double>(run, "tokens_per_s", w);
   for (const auto& rk : field(j, "ranks", origin)) {
     RankReport x;

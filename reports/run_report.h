@@ -47,8 +47,11 @@ struct RunReport {
   int world_size = 1;
   std::string backend;  // "gloo", "nccl", "loopback", "none" (one rank)
   std::string device;   // "cpu" or "cuda"
-  int64_t steps = 0;
+  int64_t steps = 0;       // steps run (loss has one entry each)
+  int64_t first_step = 1;  // the step `loss` starts at: > 1 when resumed from a checkpoint
   std::vector<double> loss;
+  std::vector<std::string> checkpoints;  // committed checkpoint directories (--save)
+  std::string resumed_from;              // the checkpoint directory (--resume), or ""
   double tokens_per_s = 0;
   std::vector<RankReport> ranks;
   std::optional<int64_t> max_batch_predicted, max_batch_measured;

@@ -147,6 +147,51 @@ TEST(CliTest, BadInputIsExitTwoWithOneLineNamingIt) {
   expect_bad_input({"run", "--model", "gpt2-tiny", "--device", "tpu"}, "tpu");
 }
 
+// The device and backend checks of `run`, before anything trains. In a CPU
+// LibTorch build --device cuda and --backend nccl are bad input; with a
+// CUDA LibTorch (the help says which) the mismatched pairs still are.
+TEST(CliTest, DevicesAndBackendsThisBuildCannotRunAreExitTwo) {
+  const Result help = shardfit({"run", "--help"});
+  ASSERT_EQ(help.exit_code, 0) << help.err;
+  // Said plainly until a card has run it (issue #6).
+  EXPECT_NE(help.out.find("NOT yet run on a card"), std::string::npos) << help.out;
+  const bool cuda_build = help.out.find("this build has CUDA") != std::string::npos;
+  const std::vector<std::string> tiny = {"run", "--model", "gpt2-tiny", "--steps", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = tiny;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  // nccl reduces CUDA tensors: never with CPU ranks, and not at all without
+  // a CUDA LibTorch (or without NCCL) in the build.
+  expect_bad_input(with({"--backend", "nccl"}), "--backend nccl");
+  expect_bad_input(with({"--backend", "nccl", "--device", "cpu", "--nproc", "2"}), "--backend nccl");
+  if (!cuda_build) {
+    expect_bad_input(with({"--device", "cuda"}), "--device cuda");
+    expect_bad_input(with({"--device", "cuda", "--backend", "loopback", "--world-size", "2"}), "--device cuda");
+    expect_bad_input(with({"--device", "cuda", "--backend", "nccl"}), "--device cuda");
+  } else {
+    expect_bad_input(with({"--device", "cuda", "--backend", "gloo"}), "--backend gloo");
+    expect_bad_input(with({"--device", "cuda", "--reference-trainer"}), "--reference-trainer");
+    expect_bad_input(with({"--device", "cuda", "--profile", "cpu"}), "--profile cpu");
+  }
+  // The prediction's profile describes the device measured: cpu on the CPU.
+  expect_bad_input(with({"--profile", "titan-rtx-24gb"}), "--profile titan-rtx-24gb");
+}
+
+TEST(CliTest, ACpuRunReportsTheCpuDeviceAndProfile) {
+  const std::string report = temp_path("report.json");
+  const Result r = shardfit({"run", "--model", "gpt2-tiny", "--steps", "1", "--profile", "cpu", "--out", report});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(read_file(report));
+  std::remove(report.c_str());
+  EXPECT_EQ(j.at("run").at("device"), "cpu");
+  EXPECT_EQ(j.at("hardware").at("profile"), "cpu");
+  // CPU: nothing is cached, reserved is allocated.
+  const auto& measured = j.at("ranks").at(0).at("measured");
+  EXPECT_EQ(measured.at("peak_reserved_bytes"), measured.at("peak_allocated_bytes"));
+}
+
 TEST(CliTest, UnknownSubcommandIsExitTwoNamingIt) {
   expect_bad_input({"frobnicate"}, "frobnicate");
   expect_bad_input({"frobnicate", "--model", "gpt2"}, "frobnicate");

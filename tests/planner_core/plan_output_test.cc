@@ -87,8 +87,10 @@ TEST(PlanOutputTest, WritesSpecFields) {
 TEST(PlanOutputTest, RoundTrips) {
   Plan plan = sample_plan();
   plan.objective = Objective::kBatch;
+  plan.grad_accum = 4;  // `run --plan` and `validate` train with the plan's accumulation
   std::string text = plan_to_json_text(plan);
   Plan back = parse_plan(text);
+  EXPECT_EQ(back.grad_accum, 4);
   EXPECT_EQ(plan_to_json_text(back), text);
   EXPECT_EQ(back.candidates.size(), 6u);
   EXPECT_EQ(back.candidates[0].predicted.peak_allocated_bytes, (int64_t{21} << 30) + 123);
@@ -107,6 +109,7 @@ TEST(PlanOutputTest, ReadsAPlanWithOnlySpecFields) {
   json j = sample_plan();
   j.erase("optimizer");
   j.erase("objective");
+  j.erase("grad_accum");
   for (json& c : j["candidates"]) {
     c.erase("units");
     c["predicted"].erase("peak_host_bytes");
@@ -114,6 +117,7 @@ TEST(PlanOutputTest, ReadsAPlanWithOnlySpecFields) {
   }
   Plan plan = parse_plan(j.dump());
   EXPECT_EQ(plan.objective, Objective::kThroughput);
+  EXPECT_EQ(plan.grad_accum, 1);
   EXPECT_EQ(plan.candidates[0].units, 0);
   // No fit at all is spelled null.
   j["chosen"] = nullptr;

@@ -342,6 +342,25 @@ TEST(StepSimulatorTest, OptimizerStateIsCreatedInStep1AndPersists) {
   for (size_t i = 0; i < labels.size(); ++i) EXPECT_EQ(run.result.timeline[i].label, labels[i]);
 }
 
+TEST(StepSimulatorTest, TimelineRecordsEachPhasesPeak) {
+  // zero2, step 1: l0's forward peaks at its temporary T (30) before freeing
+  // it: 48 + root 40 + l0 32 + A16 + B20 + T30 = 186, then ends at 156. The
+  // optimizer peaks updating the last unit, l1: its state is the last of the
+  // 192 the step ends with, and its denominator (12) comes on top.
+  const SimRun run = simulate(Sharding::kZero2);
+  const TimelinePoint& l0 = run.result.timeline[1];
+  ASSERT_EQ(l0.label, "step1/forward/l0");
+  EXPECT_EQ(l0.allocated_bytes, 156);
+  EXPECT_EQ(l0.peak_allocated_bytes, 186);
+  const TimelinePoint& optimizer = run.result.timeline[7];
+  ASSERT_EQ(optimizer.label, "step1/optimizer");
+  EXPECT_EQ(optimizer.peak_allocated_bytes, 192 + 12);
+  for (const TimelinePoint& p : run.result.timeline) {
+    EXPECT_GE(p.peak_allocated_bytes, p.allocated_bytes) << p.label;
+    EXPECT_LE(p.peak_allocated_bytes, run.result.peak_allocated_bytes) << p.label;
+  }
+}
+
 TEST(StepSimulatorTest, ShardingOrdersPeaksWhenStatesDominate) {
   // 8 blocks of 100k params, 4-byte activations, world 8: more sharding never
   // needs more memory. (At world 2 with 3 units zero2 can exceed zero1: it
@@ -475,6 +494,105 @@ TEST(StepSimulatorTest, RecomputeRunsInsideBackwardWithParamsGathered) {
   // Same live set at G1 as without checkpointing (C recomputed): 416.
   EXPECT_EQ(r.peak_allocated_bytes, 416);
   EXPECT_EQ(r.peak_allocated_label, "step2/backward/l1");
+}
+
+// ---- gradient accumulation (Strategy::grad_accum) ----
+
+SimRun simulate_accum(Sharding sharding, int grad_accum, DType dtype = DType::kF32,
+                      bool offload = false) {
+  const ModelTrace trace = two_block_trace(dtype);
+  const UnitPartition units = wrap_modules(trace.modules, WrapPolicy::parse("block"));
+  Strategy s;
+  s.sharding = sharding;
+  s.offload = offload;
+  s.compute_dtype = dtype;
+  s.world_size = s.shard_group_size = 2;
+  s.grad_accum = grad_accum;
+  ExactAllocator allocator;
+  return SimRun{StepSimulator(trace, units).simulate(s, allocator)};
+}
+
+TEST(StepSimulatorTest, GradAccumOneIsTheDefault) {
+  for (Sharding sharding : {Sharding::kDdp, Sharding::kZero1, Sharding::kZero2, Sharding::kZero3}) {
+    const SimRun plain = simulate(sharding), accum1 = simulate_accum(sharding, 1);
+    EXPECT_EQ(accum1.result.peak_allocated_bytes, plain.result.peak_allocated_bytes);
+    EXPECT_EQ(accum1.result.timeline.size(), plain.result.timeline.size());
+  }
+}
+
+TEST(StepSimulatorTest, GradAccumZero2KeepsShardGradsThroughTheNextMicroBatch) {
+  // Micro-batch 1 of each step is a step without accumulation. In micro-batch
+  // 2 every unit's fp32 shard grad (20 + 16 + 12 = 48) is live from the
+  // start; the reduce-scatter then adds into them (fp32: from the unsharded
+  // grad's own slot), allocating nothing. Step 2, micro-batch 2, at G1:
+  // 416 + 48 = 464.
+  const SimRun run = simulate_accum(Sharding::kZero2, 2);
+  EXPECT_EQ(run.result.peak_allocated_bytes, 464);
+  EXPECT_EQ(run.result.peak_allocated_label, "step2/backward/l1");
+  expect_breakdown(run.result, 144, 64 + 48, 96, 112);
+  // Each micro-batch marks its labels: init + 2 x (2 x 6 + optimizer).
+  ASSERT_EQ(run.result.timeline.size(), 27u);
+  const std::vector<std::string> step1 = {
+      "step1/forward/l0",   "step1/forward/l1",  "step1/forward/root", "step1/backward/l1",
+      "step1/backward/l0",  "step1/backward/root", "step1/forward/l0", "step1/forward/l1",
+      "step1/forward/root", "step1/backward/l1", "step1/backward/l0",  "step1/backward/root",
+      "step1/optimizer"};
+  for (size_t i = 0; i < step1.size(); ++i) EXPECT_EQ(run.result.timeline[1 + i].label, step1[i]);
+  // After l0's forward: 156 in micro-batch 1, + the 48 of shard grads in 2.
+  EXPECT_EQ(run.result.timeline[1].allocated_bytes, 156);
+  EXPECT_EQ(run.result.timeline[7].allocated_bytes, 156 + 48);
+  // A micro-batch ends where it began, but for the loss's 4 bytes: the
+  // shard grads are not allocated again.
+  EXPECT_EQ(run.result.timeline[6].allocated_bytes, 100);
+  EXPECT_EQ(run.result.timeline[12].allocated_bytes, 100);
+  EXPECT_EQ(run.at("step1/optimizer"), 96 + 96);
+}
+
+TEST(StepSimulatorTest, GradAccumThreeCostsWhatTwoDoes) {
+  // The shard grads are the only state carried between micro-batches, and
+  // they are whole after the first: a third micro-batch repeats the second.
+  const SimRun two = simulate_accum(Sharding::kZero3, 2), three = simulate_accum(Sharding::kZero3, 3);
+  EXPECT_EQ(three.result.peak_allocated_bytes, two.result.peak_allocated_bytes);
+  EXPECT_EQ(three.result.timeline.size(), 1u + 2 * (3 * 6 + 1));
+}
+
+TEST(StepSimulatorTest, GradAccumMixedReduceScattersEveryMicroBatch) {
+  // bf16 zero3. Micro-batch 2 of step 2 at G1: shards 48 + gathered root 20,
+  // l1 12 and prefetched l0 16; unsharded grads root 20 + l1 12 and every
+  // fp32 shard grad 48; AdamW 96; activations 112: 384. (Without
+  // accumulation the peak is 342, at l1's post-backward.) The 2-byte
+  // reduce-scatter output is allocated on every micro-batch, and freed once
+  // added into the fp32 shard grad: at the end of each micro-batch the same
+  // bytes are live.
+  const SimRun run = simulate_accum(Sharding::kZero3, 2, DType::kBF16);
+  EXPECT_EQ(run.result.peak_allocated_bytes, 384);
+  EXPECT_EQ(run.result.peak_allocated_label, "step2/backward/l1");
+  expect_breakdown(run.result, 96, 80, 96, 112);
+  EXPECT_EQ(run.result.timeline[6].label, "step1/backward/root");
+  EXPECT_EQ(run.result.timeline[12].label, "step1/backward/root");
+  EXPECT_EQ(run.result.timeline[12].allocated_bytes, run.result.timeline[6].allocated_bytes);
+}
+
+TEST(StepSimulatorTest, GradAccumLeavesDdpAndOffloadedShardGradsAlone) {
+  // ddp/zero1 accumulate into the flat grad they keep anyway; offloaded
+  // shard grads accumulate on the host. Neither device peak moves, and the
+  // host holds one shard grad per unit, not one per micro-batch.
+  for (Sharding sharding : {Sharding::kDdp, Sharding::kZero1}) {
+    EXPECT_EQ(simulate_accum(sharding, 3).result.peak_allocated_bytes,
+              simulate(sharding).result.peak_allocated_bytes);
+  }
+  const SimRun offload = simulate_accum(Sharding::kZero3, 3, DType::kF32, /*offload=*/true);
+  EXPECT_EQ(offload.result.peak_allocated_bytes, 272);
+  EXPECT_EQ(offload.result.peak_host_bytes, 192);
+}
+
+TEST(StepSimulatorTest, GradAccumBelowOneIsRejected) {
+  const ModelTrace trace = two_block_trace();
+  const StepSimulator sim(trace, wrap_modules(trace.modules, WrapPolicy::parse("block")));
+  ExactAllocator a;
+  Strategy s;
+  s.grad_accum = 0;
+  EXPECT_THROW(sim.simulate(s, a), std::invalid_argument);
 }
 
 // A GPT-2-sized event count: 48 blocks, ~1,000 events each. Not a benchmark,
