@@ -1,6 +1,8 @@
 #include "planner/plan_builder.h"
 
+#include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -54,18 +56,34 @@ std::vector<Precision> supported(const DeviceProfile& p) {
 }
 
 // A model's traces for one (precision, checkpointing) pair at every batch:
-// exact at batch 1, affine from batches 2 and 3 beyond.
+// exact at batch 1, affine from batches 2 and 3 beyond — or, where the
+// trace is not batch-affine (CPU bf16: oneDNN's scratchpads are blocked by
+// K = tokens), traced exactly at every batch asked for.
 class BatchTraces {
  public:
   BatchTraces(ModelTrace at1, ModelTrace at2, const ModelTrace& at3)
-      : at1_(std::move(at1)), affine_(std::move(at2), at3) {}
-  ModelTrace at(int64_t batch) const { return batch == 1 ? at1_ : affine_.at(batch); }
+      : at1_(std::move(at1)), affine_(std::make_unique<AffineTrace>(std::move(at2), at3)) {}
+  BatchTraces(ModelTrace at1, std::function<ModelTrace(int64_t)> exact)
+      : at1_(std::move(at1)), exact_(std::move(exact)) {}
+  ModelTrace at(int64_t batch) const {
+    if (batch == 1) return at1_;
+    return affine_ ? affine_->at(batch) : exact_at(batch);
+  }
   const ModelTrace& at1() const { return at1_; }
-  const AffineTrace& affine() const { return affine_; }
+  const AffineTrace* affine() const { return affine_.get(); }
+  ModelTrace exact_at(int64_t batch) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = exact_cache_.find(batch);
+    if (it == exact_cache_.end()) it = exact_cache_.emplace(batch, exact_(batch)).first;
+    return it->second;
+  }
 
  private:
   ModelTrace at1_;
-  AffineTrace affine_;
+  std::unique_ptr<AffineTrace> affine_;
+  std::function<ModelTrace(int64_t)> exact_;
+  mutable std::mutex mu_;
+  mutable std::map<int64_t, ModelTrace> exact_cache_;
 };
 
 // Simulates one candidate's unit partition at any batch, re-sizing one
@@ -73,54 +91,84 @@ class BatchTraces {
 class BatchSimulator {
  public:
   BatchSimulator(const BatchTraces& traces, const UnitPartition& units)
-      : traces_(traces), at1_(traces.at1(), units), at_n_(traces.affine().base(), units) {}
+      : traces_(traces), units_(units), at1_(traces.at1(), units) {
+    if (traces.affine()) at_n_ = std::make_unique<StepSimulator>(traces.affine()->base(), units);
+  }
   StepSimResult simulate(int64_t batch, const Strategy& s, AllocatorModel& alloc, const SimOptions& o) {
     alloc.reset();
     if (batch == 1) return at1_.simulate(s, alloc, o);
+    if (!at_n_) {
+      auto it = exact_.find(batch);
+      if (it == exact_.end())
+        it = exact_.emplace(batch, std::make_unique<StepSimulator>(traces_.exact_at(batch), units_)).first;
+      return it->second->simulate(s, alloc, o);
+    }
     if (batch != sized_for_) {
-      at_n_.set_alloc_bytes(traces_.affine().alloc_bytes(batch));
+      at_n_->set_alloc_bytes(traces_.affine()->alloc_bytes(batch));
       sized_for_ = batch;
     }
-    return at_n_.simulate(s, alloc, o);
+    return at_n_->simulate(s, alloc, o);
   }
   const std::vector<int>& forward_order() const { return at1_.forward_order(); }
 
  private:
   const BatchTraces& traces_;
-  StepSimulator at1_, at_n_;
+  const UnitPartition& units_;
+  StepSimulator at1_;
+  std::unique_ptr<StepSimulator> at_n_;
+  std::map<int64_t, std::unique_ptr<StepSimulator>> exact_;
   int64_t sized_for_ = 2;
 };
 
-// fp16 and bf16 allocate the same bytes: one trace serves both.
-std::string trace_key(DType dtype, const std::vector<int>& ckpt) {
-  const DType key_dtype = dtype == DType::kBF16 ? DType::kF16 : dtype;
-  std::string key = std::to_string(static_cast<int>(key_dtype)) + ":";
+// fp16 and bf16 allocate the same bytes on CUDA: one trace serves both. On
+// the CPU bf16 matmuls add oneDNN scratchpads (trace.h).
+DType trace_dtype(DType dtype, bool cuda) { return dtype == DType::kBF16 && cuda ? DType::kF16 : dtype; }
+
+std::string trace_key(DType dtype, bool cuda, const std::vector<int>& ckpt) {
+  std::string key = std::to_string(static_cast<int>(trace_dtype(dtype, cuda))) + ":";
   for (int m : ckpt) key += std::to_string(m) + ",";
   return key;
 }
 
+// The intra-op threads `shardfit run` gives each of a CPU plan's ranks when
+// they all run on this host, as validate runs them (cli/run_command.cc).
+int cpu_rank_threads(int world) {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(std::max(1, world))));
+}
+
 class TraceCache {
  public:
-  TraceCache(const models::ModelConfig& m, int64_t seq, bool cuda) : model_(m), seq_(seq), cuda_(cuda) {}
+  TraceCache(const models::ModelConfig& m, int64_t seq, bool cuda, int world)
+      : model_(m), seq_(seq), cuda_(cuda), world_(world) {}
   const BatchTraces& get(DType dtype, const std::vector<int>& ckpt) {
-    const DType key_dtype = dtype == DType::kBF16 ? DType::kF16 : dtype;
-    const std::string key = trace_key(dtype, ckpt);
+    const std::string key = trace_key(dtype, cuda_, ckpt);
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
     TraceOptions o;
     o.seq_len = seq_;
-    o.dtype = key_dtype;
+    o.dtype = trace_dtype(dtype, cuda_);
     o.checkpoint_modules = ckpt;
     o.target_cuda = cuda_;
+    o.cpu_threads = cpu_rank_threads(world_);
     o.batch = 1;
     o.record_ops = false;  // batch 1's FLOPs are never asked for (see TraceOptions)
     ModelTrace t1 = trace_step(model_, o);
     o.record_ops = true;
-    o.batch = 2;
-    ModelTrace t2 = trace_step(model_, o);
-    o.batch = 3;
-    ModelTrace t3 = trace_step(model_, o);
-    auto entry = std::make_unique<BatchTraces>(std::move(t1), std::move(t2), t3);
+    std::unique_ptr<BatchTraces> entry;
+    if (!cuda_ && o.dtype == DType::kBF16) {
+      const models::ModelConfig model = model_;
+      entry = std::make_unique<BatchTraces>(std::move(t1), [model, o](int64_t batch) {
+        TraceOptions ob = o;
+        ob.batch = batch;
+        return trace_step(model, ob);
+      });
+    } else {
+      o.batch = 2;
+      ModelTrace t2 = trace_step(model_, o);
+      o.batch = 3;
+      ModelTrace t3 = trace_step(model_, o);
+      entry = std::make_unique<BatchTraces>(std::move(t1), std::move(t2), t3);
+    }
     return *cache_.emplace(key, std::move(entry)).first->second;
   }
 
@@ -128,6 +176,7 @@ class TraceCache {
   models::ModelConfig model_;
   int64_t seq_;
   bool cuda_;
+  int world_;
   std::map<std::string, std::unique_ptr<BatchTraces>> cache_;
 };
 
@@ -164,7 +213,7 @@ Plan build_plan(const PlanRequest& r) {
 
   const std::vector<ModuleNode> modules = module_tree(r.model);
   std::map<std::string, UnitPartition> partitions;
-  TraceCache traces(r.model, r.seq_len, cuda);
+  TraceCache traces(r.model, r.seq_len, cuda, world);
   SimOptions sim_options;
   if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = {r.profile.cublas_workspace_bytes};
 
@@ -184,7 +233,7 @@ Plan build_plan(const PlanRequest& r) {
       pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
     const DType dtype = compute_dtype(c.precision);
     const std::vector<int> ckpt = c.ckpt ? checkpoint_modules(modules, pit->second) : std::vector<int>{};
-    work.push_back({&pit->second, &traces.get(dtype, ckpt), trace_key(dtype, ckpt) + "|" + c.wrap});
+    work.push_back({&pit->second, &traces.get(dtype, ckpt), trace_key(dtype, cuda, ckpt) + "|" + c.wrap});
   }
 
   // Phase 2, parallel: each worker simulates every k-th candidate with its
@@ -301,6 +350,7 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   o.seq_len = r.seq_len;
   o.dtype = compute_dtype(c.precision);
   o.target_cuda = cuda;
+  o.cpu_threads = cpu_rank_threads(world);
   if (c.ckpt) o.checkpoint_modules = checkpoint_modules(modules, units);
   const ModelTrace trace = trace_step(r.model, o);
 

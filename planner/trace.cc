@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 
@@ -12,7 +13,10 @@
 
 namespace shardfit::planner {
 
-void set_meta_kernels_target_cuda(bool cuda);  // meta_kernels.cc
+// meta_kernels.cc
+void set_meta_kernels_target_cuda(bool cuda);
+std::vector<int64_t> cpu_bf16_matmul_temporaries(const char* op, c10::ArrayRef<const c10::IValue> inputs,
+                                                 int threads);
 
 namespace {
 
@@ -29,6 +33,11 @@ struct Recorder {
   std::vector<int> op_stack;        // ops running (indices into op_names)
   std::unordered_map<std::string, int> op_index;
   int64_t next_tensor = 1;
+  bool record_ops = false;
+  // > 0: record what the CPU's bf16 matrix products allocate besides their
+  // outputs (meta_kernels.cc), oneDNN scratchpads sized for this many
+  // threads (TraceOptions::cpu_threads).
+  int cpu_bf16_threads = 0;
 
   int current_module() const {
     if (phase == Phase::kBackward && !backward_stack.empty()) return backward_stack.back();
@@ -110,21 +119,48 @@ double matmul_flops(const at::RecordFunction& fn) {
   return 0.0;
 }
 
+// Storages a real kernel allocates inside an op besides its outputs, which
+// its meta kernel cannot show: sized when the op starts (its inputs are only
+// readable then), recorded when it ends, after the outputs, as the real
+// kernel allocates them. All are freed before the op returns.
+struct KernelTemporaries final : at::ObserverContext {
+  std::vector<int64_t> bytes;  // in allocation order
+};
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (!g_rec.active) return nullptr;
-  g_rec.op_stack.push_back(g_rec.intern_op(fn.name()));
-  if (fn.scope() == at::RecordScope::FUNCTION) {
-    const double f = matmul_flops(fn);
-    if (g_rec.phase == Phase::kForward)
-      g_rec.trace->forward_flops += f;
-    else
-      g_rec.trace->backward_flops += f;
+  if (g_rec.record_ops) {
+    g_rec.op_stack.push_back(g_rec.intern_op(fn.name()));
+    if (fn.scope() == at::RecordScope::FUNCTION) {
+      const double f = matmul_flops(fn);
+      if (g_rec.phase == Phase::kForward)
+        g_rec.trace->forward_flops += f;
+      else
+        g_rec.trace->backward_flops += f;
+    }
+  }
+  if (g_rec.cpu_bf16_threads > 0 && fn.scope() == at::RecordScope::FUNCTION) {
+    std::vector<int64_t> bytes = cpu_bf16_matmul_temporaries(fn.name(), fn.inputs(), g_rec.cpu_bf16_threads);
+    if (!bytes.empty()) {
+      auto t = std::make_unique<KernelTemporaries>();
+      t->bytes = std::move(bytes);
+      return t;
+    }
   }
   return nullptr;
 }
 
-void on_op_end(const at::RecordFunction&, at::ObserverContext*) {
-  if (g_rec.active && !g_rec.op_stack.empty()) g_rec.op_stack.pop_back();
+void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  if (!g_rec.active) return;
+  if (auto* t = static_cast<KernelTemporaries*>(ctx)) {
+    std::vector<int64_t> ids;
+    for (int64_t bytes : t->bytes) {
+      ids.push_back(g_rec.next_tensor++);
+      g_rec.push(MemEvent::kAlloc, g_rec.current_module(), ids.back(), bytes);
+    }
+    for (auto id = ids.rbegin(); id != ids.rend(); ++id) g_rec.push(MemEvent::kFree, g_rec.current_module(), *id);
+  }
+  if (g_rec.record_ops && !g_rec.op_stack.empty()) g_rec.op_stack.pop_back();
 }
 
 // Sees every module's forward; adds backward callbacks on its inputs
@@ -265,8 +301,15 @@ ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& o) 
 
   g_rec = Recorder{};
   g_rec.trace = &trace;
+  g_rec.record_ops = o.record_ops;
+  // bf16 only: fp32 products take CPU paths that allocate nothing besides
+  // their outputs, and LibTorch 1.13 has no CPU Half matmul at all (fp16
+  // does not run on the CPU). CUDA targets get no per-op rule: cuBLAS's
+  // workspace is a fixed overhead from the device profile.
+  if (!o.target_cuda && o.dtype == DType::kBF16)
+    g_rec.cpu_bf16_threads = o.cpu_threads > 0 ? o.cpu_threads : at::get_num_threads();
   at::CallbackHandle handle = 0;
-  if (o.record_ops)
+  if (g_rec.record_ops || g_rec.cpu_bf16_threads > 0)
     handle = at::addGlobalCallback(
         at::RecordFunctionCallback(&on_op_start, &on_op_end)
             .needsInputs(true)

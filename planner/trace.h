@@ -3,6 +3,9 @@
 // storage allocated and freed (a recording allocator for kMeta), the op that
 // made it (a RecordFunction observer), the module and phase it happened in
 // (a ModuleRunner with backward callbacks), and the FLOPs of matmul-like ops.
+// Where the target device's kernels allocate more than their outputs, the
+// trace records that too (meta_kernels.cc: CPU dropout's noise, CPU bf16
+// matmuls' oneDNN scratchpads).
 // No data is touched, so GPT-2 XL traces in milliseconds, and a new model is
 // planned by tracing it: no hand-written activation formulas.
 #pragma once
@@ -22,8 +25,16 @@ struct TraceOptions {
   // checkpointing; empty = none.
   std::vector<int> checkpoint_modules;
   // Whose kernels the meta kernels imitate where allocations differ by
-  // device (LayerNorm statistics in fp32 for 2-byte inputs on CUDA).
+  // device (LayerNorm statistics in fp32 for 2-byte inputs on CUDA; on the
+  // CPU, dropout's noise tensor and the oneDNN scratchpad of bf16 matmuls).
   bool target_cuda = true;
+  // CPU targets: intra-op threads of the rank the trace stands for. oneDNN
+  // books a bf16 matmul's scratchpad (packing buffers, accumulator) per
+  // thread, so it grows with the rank's threads. `shardfit run` gives each
+  // of N ranks on a host hardware_concurrency / N threads
+  // (cli/run_command.cc); a plan should pass the same. 0 = this process's
+  // own at::get_num_threads().
+  int cpu_threads = 0;
   // Record op names and matmul FLOPs (a RecordFunction observer on every op;
   // about a third of a trace's time). The planner's batch-1 trace does
   // without: the simulator needs neither, FLOPs come from batches 2 and 3.

@@ -12,7 +12,9 @@ averaged over ranks every step. tokens/s is shardfit's definition: the
 whole job's tokens of steps 2..K over the time from the end of step 1 to the
 end of step K.
 
-Usage: ddp_reference.py --model gpt2 --nproc 2 --batch 2 --seq-len 128 --steps 6
+Usage: ddp_reference.py --model gpt2|CONFIG.json --nproc 2 --batch 2 --seq-len 128 --steps 6
+(CONFIG.json: a Hugging Face GPT-2 config, n_embd, n_layer, n_head,
+vocab_size, n_positions; the same file `shardfit run --model` reads.)
 Prints one JSON object: {"tokens_per_s", "loss", "torch", ...}.
 """
 import argparse
@@ -32,8 +34,14 @@ def worker(rank, args, port, queue):
     torch.set_num_threads(max(1, cores // args.nproc))
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
                             world_size=args.nproc)
+    name = args.model
+    if name.endswith(".json"):  # a Hugging Face GPT-2 config.json, as `shardfit run --model FILE`
+        cfg = json.load(open(name))
+        ref.VOCAB, ref.POSITIONS = cfg.get("vocab_size", 50257), cfg.get("n_positions", 1024)
+        ref.GPT2[name] = dict(n_embd=cfg.get("n_embd", 768), n_layer=cfg.get("n_layer", 12),
+                              n_head=cfg.get("n_head", 12), params=None)
     torch.manual_seed(args.seed)
-    model, impl, loss_fn, _ = ref.build_model(torch, args.model, "cpu", prefer_transformers=False)
+    model, impl, loss_fn, _ = ref.build_model(torch, name, "cpu", prefer_transformers=False)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed + rank)
