@@ -453,8 +453,14 @@ void check_checkpoint_args(const RunArgs& a, const Job& job, int world, int gpus
     throw BadInput("--export " + a.export_path + ": needs --save DIR (it consolidates the last checkpoint saved)");
   if (a.save_every < 0) throw BadInput("--save-every " + std::to_string(a.save_every) + ": must be >= 0");
   if (!a.resume.empty()) {
-    const std::filesystem::path dir = executor::resolve_resume_dir(a.resume);  // invalid_argument: exit 2
-    const executor::CheckpointInfo info = executor::read_checkpoint_info(dir);
+    std::filesystem::path dir;
+    executor::CheckpointInfo info;
+    try {
+      dir = executor::resolve_resume_dir(a.resume);
+      info = executor::read_checkpoint_info(dir);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(std::string("--resume: ") + e.what());
+    }
     if (info.world_size != world)
       throw BadInput("--resume " + a.resume + ": written by " + std::to_string(info.world_size) +
                      " ranks, this job has " + std::to_string(world) + " (shards are cut per rank)");
