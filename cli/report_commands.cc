@@ -23,14 +23,19 @@ Command add_compare_command(CLI::App& app) {
   struct Args {
     std::string report, baseline;
     double max_peak_error = -1, max_slowdown = 50, max_error_growth = 0.5;
+    bool ignore_throughput = false;
   };
   auto a = std::make_shared<Args>();
   sub->add_option("REPORT", a->report, "Report JSON written by `shardfit run` or `validate`")->required();
   sub->add_option("--baseline", a->baseline, "A baseline report of the same candidate");
   sub->add_option("--max-peak-error", a->max_peak_error,
                   "Allowed |peak error| per rank in percent (default 1 on cpu, 3 on cuda)");
-  sub->add_option("--max-slowdown", a->max_slowdown, "Allowed throughput loss against the baseline, percent")
+  sub->add_option("--max-slowdown", a->max_slowdown,
+                  "Allowed throughput loss against a baseline measured on the same machine, percent "
+                  "(a baseline from another CPU, ISA or thread count is not compared)")
       ->capture_default_str();
+  sub->add_flag("--ignore-throughput", a->ignore_throughput,
+                "Print throughput against the baseline but never fail on it (CI gates only on memory)");
   sub->add_option("--max-error-growth", a->max_error_growth,
                   "Allowed growth of |peak error| against the baseline, percentage points")
       ->capture_default_str();
@@ -42,6 +47,7 @@ Command add_compare_command(CLI::App& app) {
             if (a->max_peak_error >= 0) o.max_peak_error_pct = a->max_peak_error;
             o.max_slowdown_pct = a->max_slowdown;
             o.max_error_growth_pp = a->max_error_growth;
+            o.gate_throughput = !a->ignore_throughput;
             const auto result = reports::compare_reports(r, base ? &*base : nullptr, o);
             std::cout << r.candidate << " (" << a->report << ")\n";
             for (const auto& c : result.checks)

@@ -82,9 +82,15 @@ CompareResult compare_reports(const RunReport& r, const RunReport* base, const C
       CompareCheck c;
       c.what = "throughput vs baseline";
       const double change = 100.0 * (r.tokens_per_s - base->tokens_per_s) / base->tokens_per_s;
-      c.passed = change >= -o.max_slowdown_pct;
-      c.detail = fmt("%.0f tokens/s vs %.0f (%+.1f%%", r.tokens_per_s, base->tokens_per_s, change) +
-                 fmt(", allowed -%.0f%%)", o.max_slowdown_pct);
+      c.detail = fmt("%.0f tokens/s vs %.0f (%+.1f%%", r.tokens_per_s, base->tokens_per_s, change);
+      if (const auto why = speed_not_comparable(r.machine, base->machine)) {
+        c.detail += "): not compared, " + *why;
+      } else if (!o.gate_throughput) {
+        c.detail += "): not gated";
+      } else {
+        c.passed = change >= -o.max_slowdown_pct;
+        c.detail += fmt(", allowed -%.0f%%)", o.max_slowdown_pct);
+      }
       out.checks.push_back(c);
     }
   }

@@ -86,6 +86,7 @@ nlohmann::json to_json(const RunReport& r) {
             {"resumed_from", r.resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.resumed_from)}}},
           {"ranks", ranks},
           {"max_batch", {{"predicted", opt(r.max_batch_predicted)}, {"measured", opt(r.max_batch_measured)}}},
+          {"machine", r.machine ? to_json(*r.machine) : nlohmann::json(nullptr)},
           {"command", r.command},
           {"created", r.created}};
 }
@@ -130,6 +131,8 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
     if (mb.contains("predicted") && !mb["predicted"].is_null()) r.max_batch_predicted = mb["predicted"].get<int64_t>();
     if (mb.contains("measured") && !mb["measured"].is_null()) r.max_batch_measured = mb["measured"].get<int64_t>();
   }
+  if (j.contains("machine") && !j["machine"].is_null())
+    r.machine = machine_from_json(j["machine"], origin + ": machine");
   r.command = j.value("command", "");
   r.created = j.value("created", "");
   return r;

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "reports/machine.h"
+
 namespace shardfit::reports {
 
 struct TimelineSample {
@@ -55,6 +57,9 @@ struct RunReport {
   double tokens_per_s = 0;
   std::vector<RankReport> ranks;
   std::optional<int64_t> max_batch_predicted, max_batch_measured;
+  // Where it was measured: memory on the CPU depends on it for bf16, speed
+  // always (reports/machine.h). Absent in reports from before it was recorded.
+  std::optional<Machine> machine;
   std::string command;  // the command line that made it
   std::string created;  // ISO 8601 date-time
 };
