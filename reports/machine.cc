@@ -12,8 +12,8 @@ const char* const kIsaFlagsThatMatter[] = {"avx2",     "avx512f",     "avx512bw"
 namespace {
 
 std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  const auto e = s.find_last_not_of(" \t\r");
+  const auto b = s.find_first_not_of(" \t\r\n");
+  const auto e = s.find_last_not_of(" \t\r\n");
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 

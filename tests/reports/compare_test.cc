@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 namespace shardfit::reports {
 namespace {
 
@@ -98,6 +100,20 @@ TEST(Machine, RoundTripsThroughTheReport) {
   nlohmann::json bad = to_json(r);
   bad["machine"] = {{"cpu_model", 3}};
   EXPECT_THROW(report_from_json(bad, "test"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace shardfit::reports
+
+namespace shardfit::reports {
+namespace {
+
+TEST(Machine, ReadsThisMachinesL2WhereSysfsHasIt) {
+  const Machine m = this_machine(3);
+  EXPECT_EQ(m.threads_per_rank, 3);
+  if (!std::ifstream("/sys/devices/system/cpu/cpu0/cache/index2/size"))
+    GTEST_SKIP() << "no sysfs cache information on this machine";
+  EXPECT_GT(m.l2_cache_bytes, 0);  // sysfs lines end in '\n': "2048K\n"
 }
 
 }  // namespace
