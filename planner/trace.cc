@@ -10,6 +10,7 @@
 
 #include "models/autograd_hooks.h"
 #include "models/model.h"
+#include "planner/meta_recording_allocator.h"
 
 namespace shardfit::planner {
 
@@ -65,25 +66,25 @@ struct Recorder {
 };
 Recorder g_rec;
 
-// kMeta's allocator while shardfit runs: hands out no memory (meta tensors
-// have none) but a context that carries a storage id, so the deleter can
-// record the free. Outside a trace it records nothing.
-class MetaRecordingAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t nbytes) const override {
-    void* ctx = nullptr;
-    if (g_rec.active) {
-      const int64_t id = g_rec.next_tensor++;
-      g_rec.push(MemEvent::kAlloc, g_rec.current_module(), id, static_cast<int64_t>(nbytes));
-      ctx = reinterpret_cast<void*>(static_cast<intptr_t>(id));
-    }
-    return {nullptr, ctx, &MetaRecordingAllocator::release, c10::Device(c10::DeviceType::Meta)};
+}  // namespace
+
+// kMeta's allocator while shardfit runs (planner/meta_recording_allocator.h).
+c10::DataPtr MetaRecordingAllocator::allocate_recorded(size_t nbytes) const {
+  void* ctx = nullptr;
+  if (g_rec.active) {
+    const int64_t id = g_rec.next_tensor++;
+    g_rec.push(MemEvent::kAlloc, g_rec.current_module(), id, static_cast<int64_t>(nbytes));
+    ctx = reinterpret_cast<void*>(static_cast<intptr_t>(id));
   }
-  static void release(void* ctx) {
-    if (ctx == nullptr || !g_rec.active) return;
-    g_rec.push(MemEvent::kFree, g_rec.current_module(), static_cast<int64_t>(reinterpret_cast<intptr_t>(ctx)));
-  }
-};
+  return {nullptr, ctx, &MetaRecordingAllocator::release, c10::Device(c10::DeviceType::Meta)};
+}
+
+void MetaRecordingAllocator::release(void* ctx) {
+  if (ctx == nullptr || !g_rec.active) return;
+  g_rec.push(MemEvent::kFree, g_rec.current_module(), static_cast<int64_t>(reinterpret_cast<intptr_t>(ctx)));
+}
+
+namespace {
 
 void install_meta_allocator() {
   static MetaRecordingAllocator* alloc = [] {

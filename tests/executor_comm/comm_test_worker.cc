@@ -28,6 +28,7 @@
 
 #include "executor/comm.h"
 #include "executor/launcher.h"
+#include "tests/executor_comm/counting_allocator.h"
 
 using namespace shardfit::executor;
 
@@ -131,54 +132,7 @@ void run_groups(Communicator& world) {
   world.barrier();
 }
 
-// ---- memory: a counting CPU allocator ------------------------------------
-
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t nbytes) const override {
-    void* p = base_->raw_allocate(nbytes);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      sizes_[p] = nbytes;
-      live_ += static_cast<int64_t>(nbytes);
-      peak_ = std::max(peak_, live_);
-    }
-    return {p, p, &CountingAllocator::release, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::release; }
-
-  // Starts a measurement; returns the live bytes now.
-  int64_t reset() {
-    std::lock_guard<std::mutex> lock(mu_);
-    peak_ = live_;
-    return live_;
-  }
-  int64_t peak() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return peak_;
-  }
-  static CountingAllocator* instance;
-
- private:
-  static void release(void* p) {
-    auto* self = instance;
-    {
-      std::lock_guard<std::mutex> lock(self->mu_);
-      auto it = self->sizes_.find(p);
-      if (it != self->sizes_.end()) {
-        self->live_ -= static_cast<int64_t>(it->second);
-        self->sizes_.erase(it);
-      }
-    }
-    self->base_->raw_deallocate(p);
-  }
-  c10::Allocator* base_;
-  mutable std::mutex mu_;
-  mutable std::unordered_map<void*, size_t> sizes_;
-  mutable int64_t live_ = 0, peak_ = 0;
-};
-CountingAllocator* CountingAllocator::instance = nullptr;
+// ---- memory: a counting CPU allocator (tests/executor_comm/counting_allocator.h)
 
 // Each collective's measured extra bytes (peak during the call minus live
 // before it) must equal what collective_extra_memory documents: that

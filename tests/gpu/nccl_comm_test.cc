@@ -299,6 +299,13 @@ TEST(NcclGpu, AtMostTwoAllGathersInFlight) {
 TEST(NcclGpu, CollectivesAllocateNothingThroughTheCachingAllocator) {
   SKIP_WITHOUT_GPU();
   const auto stats = [] { return c10::cuda::CUDACachingAllocator::getDeviceStats(0); };
+  // Allocate on the device before the first getDeviceStats(0): LibTorch 2.x
+  // throws there ("Invalid device argument 0: did you call init?") until the
+  // caching allocator has set the device up, which the first CUDA allocation
+  // does, and this test may run alone (--gtest_filter) with nothing before
+  // it on the device. CudaMeter does the same (executor/cuda_meter.cc). The
+  // tensor stays alive, so its segment is in both reserved figures.
+  const at::Tensor first_allocation = torch::zeros({1}, on_gpu());
   size_t free0 = 0, total = 0;
   cudaMemGetInfo(&free0, &total);
   const int64_t reserved0 = stats().reserved_bytes[0].current;

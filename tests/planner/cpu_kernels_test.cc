@@ -21,6 +21,7 @@
 
 #include "models/model.h"
 #include "planner/trace.h"
+#include "tests/planner/recording_cpu_allocator.h"
 
 namespace shardfit::planner {
 namespace {
@@ -39,21 +40,13 @@ bool g_recording = false;
 thread_local int t_depth = 0;  // ops running inside the outermost product
 thread_local const char* t_product = nullptr;
 
-class RecordingCpuAllocator final : public c10::Allocator {
- public:
-  explicit RecordingCpuAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t nbytes) const override {
-    if (g_recording && t_depth > 0) {
-      std::lock_guard<std::mutex> lock(g_mu);
-      g_cpu_allocs.push_back(std::string(t_product) + " " + std::to_string(nbytes));
-    }
-    return base_->allocate(nbytes);
+// RecordingCpuAllocator's observer.
+void record_cpu_alloc(size_t nbytes) {
+  if (g_recording && t_depth > 0) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_cpu_allocs.push_back(std::string(t_product) + " " + std::to_string(nbytes));
   }
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
-
- private:
-  c10::Allocator* base_;
-};
+}
 
 std::unique_ptr<at::ObserverContext> op_begins(const at::RecordFunction& fn) {
   if (t_depth == 0 && is_matmul(fn.name())) t_product = fn.name();
@@ -69,7 +62,7 @@ void op_ends(const at::RecordFunction&, at::ObserverContext*) {
 // adds in place).
 std::vector<std::string> cpu_matmul_allocs(const models::ModelConfig& config, int64_t batch, int64_t seq) {
   static RecordingCpuAllocator* recorder = [] {
-    auto* r = new RecordingCpuAllocator(c10::GetCPUAllocator());
+    auto* r = new RecordingCpuAllocator(c10::GetCPUAllocator(), &record_cpu_alloc);
     c10::SetCPUAllocator(r, /*priority=*/50);
     return r;
   }();
