@@ -9,11 +9,13 @@ constexpr const char* kSchema = "shardfit.report/1";
 
 nlohmann::json figures_json(const MemoryFigures& f) {
   nlohmann::json timeline = nlohmann::json::array();
-  for (const auto& s : f.timeline)
+  for (const auto& s : f.timeline) {
     timeline.push_back({{"phase", s.phase},
                         {"allocated_bytes", s.allocated_bytes},
                         {"reserved_bytes", s.reserved_bytes},
                         {"peak_allocated_bytes", s.peak_allocated_bytes}});
+    if (!s.category_bytes.empty()) timeline.back()["category_bytes"] = s.category_bytes;
+  }
   nlohmann::json j = {{"peak_allocated_bytes", f.peak_allocated_bytes},
                       {"peak_reserved_bytes", f.peak_reserved_bytes},
                       {"timeline", timeline}};
@@ -47,6 +49,15 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
     t.allocated_bytes = get<int64_t>(s, "allocated_bytes", where + ".timeline");
     t.reserved_bytes = s.value("reserved_bytes", t.allocated_bytes);
     t.peak_allocated_bytes = s.value("peak_allocated_bytes", t.allocated_bytes);
+    if (s.contains("category_bytes")) {
+      if (!s["category_bytes"].is_object())
+        throw std::invalid_argument(where + ".timeline: field 'category_bytes' must be an object");
+      for (const auto& [k, v] : s["category_bytes"].items()) {
+        if (!v.is_number_integer())
+          throw std::invalid_argument(where + ".timeline: category_bytes." + k + " must be an integer");
+        t.category_bytes[k] = v.get<int64_t>();
+      }
+    }
     f.timeline.push_back(t);
   }
   if (j.contains("breakdown_bytes") && j["breakdown_bytes"].is_object())

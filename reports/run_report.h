@@ -19,6 +19,9 @@ struct TimelineSample {
   int64_t allocated_bytes = 0;
   int64_t reserved_bytes = 0;
   int64_t peak_allocated_bytes = 0;  // highest since the previous sample
+  // Allocated bytes by memory class at the sample (SPEC's breakdown keys);
+  // the planner knows them, the meter does not (empty = unknown).
+  std::map<std::string, int64_t> category_bytes;
 };
 
 struct MemoryFigures {
