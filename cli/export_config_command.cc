@@ -58,7 +58,8 @@ int run(const Args& a) {
     std::cout << config.text;
   } else {
     std::ofstream f(a.out);
-    if (!f || !(f << config.text) || !f.flush()) throw BadInput("--out " + a.out + ": cannot write file");
+    if (!f || !(f << config.text) || !f.flush())
+      throw BadInput("--out " + a.out + ": cannot write file");
   }
   for (const auto& note : config.notes) std::cerr << "note: " << note << "\n";
   return kExitOk;

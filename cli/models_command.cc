@@ -3,7 +3,6 @@
 // config.json (a file, or a model directory holding one).
 #include <cstdio>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -46,16 +45,17 @@ int describe_one(const std::string& path, bool json) {
     return kExitOk;
   }
   for (const auto& [k, v] : j.items())
-    std::cout << k << std::string(k.size() < 20 ? 20 - k.size() : 1, ' ') << (v.is_string() ? v.get<std::string>() : v.dump())
-              << "\n";
+    std::cout << k << std::string(k.size() < 20 ? 20 - k.size() : 1, ' ')
+              << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
   return kExitOk;
 }
 
 }  // namespace
 
 Command add_models_command(CLI::App& app) {
-  auto* sub = app.add_subcommand(
-      "models", "List the built-in models with exact parameter counts, or describe one config.json / model dir");
+  auto* sub = app.add_subcommand("models",
+                                 "List the built-in models with exact parameter counts, or "
+                                 "describe one config.json / model dir");
   auto json = std::make_shared<bool>(false);
   auto path = std::make_shared<std::string>();
   sub->add_option("MODEL", *path, "A Hugging Face config.json or a model directory holding one");

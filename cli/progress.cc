@@ -40,8 +40,8 @@ std::string format_duration(double seconds) {
 
 std::string eta_text(double elapsed_s, size_t done, size_t total) {
   if (done == 0 || done >= total) return "";
-  return "ETA " + format_duration(elapsed_s / static_cast<double>(done) *
-                                  static_cast<double>(total - done));
+  return "ETA " +
+         format_duration(elapsed_s / static_cast<double>(done) * static_cast<double>(total - done));
 }
 
 Progress::Progress(std::string what, size_t total)
@@ -59,7 +59,8 @@ void Progress::start(const std::string& label) {
 
 std::string version_text() {
   std::string v = std::string("shardfit ") + SHARDFIT_VERSION + "\nLibTorch " + TORCH_VERSION;
-  v += executor::engine_supports_cuda() ? "\nCUDA: yes (LibTorch built with CUDA)" : "\nCUDA: no (LibTorch for CPU)";
+  v += executor::engine_supports_cuda() ? "\nCUDA: yes (LibTorch built with CUDA)"
+                                        : "\nCUDA: no (LibTorch for CPU)";
   v += executor::engine_supports_nccl() ? "\nNCCL: yes" : "\nNCCL: no";
   return v;
 }

@@ -32,27 +32,34 @@ reports::MemoryFigures predicted_figures(const planner::StepSimResult& sim) {
   f.peak_allocated_bytes = sim.peak_allocated_bytes;
   f.peak_reserved_bytes = sim.peak_reserved_bytes;
   for (const auto& p : sim.timeline) {
-    f.timeline.push_back({p.label, p.allocated_bytes, p.reserved_bytes, p.peak_allocated_bytes, {}});
+    f.timeline.push_back(
+        {p.label, p.allocated_bytes, p.reserved_bytes, p.peak_allocated_bytes, {}});
     for (int c = 0; c < planner::kNumCategories; ++c)
-      f.timeline.back().category_bytes[planner::category_name(static_cast<planner::Category>(c))] = p.category_bytes[c];
+      f.timeline.back().category_bytes[planner::category_name(static_cast<planner::Category>(c))] =
+          p.category_bytes[c];
   }
   for (int c = 0; c < planner::kNumCategories; ++c)
-    f.breakdown_bytes[planner::category_name(static_cast<planner::Category>(c))] = sim.peak_breakdown_bytes[c];
+    f.breakdown_bytes[planner::category_name(static_cast<planner::Category>(c))] =
+        sim.peak_breakdown_bytes[c];
   return f;
 }
 
 // `cuda_peak_reserved` >= 0: a CUDA run, whose reserved figures (peak and
 // timeline) are the caching allocator's; -1: CPU, nothing is cached.
-reports::RankReport rank_report(int rank, int64_t peak, const std::vector<executor::TimelinePoint>& timeline,
-                                bool oom, const std::string& oom_message, int64_t cuda_peak_reserved) {
+reports::RankReport rank_report(int rank, int64_t peak,
+                                const std::vector<executor::TimelinePoint>& timeline, bool oom,
+                                const std::string& oom_message, int64_t cuda_peak_reserved) {
   const bool cuda = cuda_peak_reserved >= 0;
   reports::RankReport r;
   r.rank = rank;
   r.measured.peak_allocated_bytes = peak;
   r.measured.peak_reserved_bytes = cuda ? cuda_peak_reserved : peak;
   for (const auto& t : timeline)
-    r.measured.timeline.push_back(
-        {t.phase, t.allocated_bytes, cuda ? t.reserved_bytes : t.allocated_bytes, t.peak_allocated_bytes, {}});
+    r.measured.timeline.push_back({t.phase,
+                                   t.allocated_bytes,
+                                   cuda ? t.reserved_bytes : t.allocated_bytes,
+                                   t.peak_allocated_bytes,
+                                   {}});
   r.oom = oom;
   r.oom_message = oom_message;
   return r;
@@ -65,10 +72,13 @@ void attach_prediction(std::vector<reports::RankReport>& ranks,
   if (!pred) return;
   for (auto& r : ranks) {
     r.predicted = predicted_figures(pred->sim);
-    const int64_t predicted = on_reserved ? pred->sim.peak_reserved_bytes : pred->sim.peak_allocated_bytes;
-    const int64_t measured = on_reserved ? r.measured.peak_reserved_bytes : r.measured.peak_allocated_bytes;
+    const int64_t predicted =
+        on_reserved ? pred->sim.peak_reserved_bytes : pred->sim.peak_allocated_bytes;
+    const int64_t measured =
+        on_reserved ? r.measured.peak_reserved_bytes : r.measured.peak_allocated_bytes;
     if (measured > 0)
-      r.peak_error_pct = 100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured);
+      r.peak_error_pct =
+          100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured);
   }
 }
 
@@ -99,9 +109,12 @@ nlohmann::json rank_json(const reports::RankReport& r) {
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& t : r.measured.timeline)
     timeline.push_back({t.phase, t.allocated_bytes, t.peak_allocated_bytes, t.reserved_bytes});
-  return {{"rank", r.rank}, {"peak", r.measured.peak_allocated_bytes},
-          {"peak_reserved", r.measured.peak_reserved_bytes}, {"timeline", timeline},
-          {"oom", r.oom}, {"oom_message", r.oom_message}};
+  return {{"rank", r.rank},
+          {"peak", r.measured.peak_allocated_bytes},
+          {"peak_reserved", r.measured.peak_reserved_bytes},
+          {"timeline", timeline},
+          {"oom", r.oom},
+          {"oom_message", r.oom_message}};
 }
 
 reports::RankReport rank_from_json(const nlohmann::json& j) {
@@ -110,8 +123,9 @@ reports::RankReport rank_from_json(const nlohmann::json& j) {
     timeline.push_back({t.at(0).get<std::string>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>(),
                         t.at(3).get<int64_t>()});
   // Reserved as the rank measured it (on the CPU it equals allocated).
-  return rank_report(j.at("rank").get<int>(), j.at("peak").get<int64_t>(), timeline, j.at("oom").get<bool>(),
-                     j.at("oom_message").get<std::string>(), j.at("peak_reserved").get<int64_t>());
+  return rank_report(j.at("rank").get<int>(), j.at("peak").get<int64_t>(), timeline,
+                     j.at("oom").get<bool>(), j.at("oom_message").get<std::string>(),
+                     j.at("peak_reserved").get<int64_t>());
 }
 
 void check_ranks_agree(executor::Communicator& comm, const std::map<std::string, std::string>& job,
@@ -125,8 +139,8 @@ void check_ranks_agree(executor::Communicator& comm, const std::map<std::string,
       auto it = other.find(option);
       const std::string theirs = it == other.end() ? "(unset)" : it->second;
       if (theirs != value)
-        throw BadInput(option + ": rank " + std::to_string(r) + " has '" + theirs + "', rank 0 has '" + value +
-                       "' (every rank must run the same job)");
+        throw BadInput(option + ": rank " + std::to_string(r) + " has '" + theirs +
+                       "', rank 0 has '" + value + "' (every rank must run the same job)");
     }
   }
 }

@@ -5,11 +5,10 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "executor/comm.h"
 #include "executor/engine_comm.h"
@@ -34,13 +33,15 @@ reports::MemoryFigures predicted_figures(const planner::StepSimResult& sim);
 
 // `cuda_peak_reserved` >= 0: a CUDA run, whose reserved figures (peak and
 // timeline) are the caching allocator's; -1: CPU, nothing is cached.
-reports::RankReport rank_report(int rank, int64_t peak, const std::vector<executor::TimelinePoint>& timeline,
-                                bool oom, const std::string& oom_message, int64_t cuda_peak_reserved = -1);
+reports::RankReport rank_report(int rank, int64_t peak,
+                                const std::vector<executor::TimelinePoint>& timeline, bool oom,
+                                const std::string& oom_message, int64_t cuda_peak_reserved = -1);
 
 // peak_error_pct on the figure that decides OOM on the device (SPEC):
 // reserved on CUDA (`on_reserved`), allocated on the CPU.
 void attach_prediction(std::vector<reports::RankReport>& ranks,
-                       const std::optional<planner::CandidatePrediction>& pred, bool on_reserved = false);
+                       const std::optional<planner::CandidatePrediction>& pred,
+                       bool on_reserved = false);
 
 // Every rank's JSON text, on every rank: lengths, then the bytes, each
 // all-gathered (a zero-padded all-reduce). Host memory, not counted (nccl:

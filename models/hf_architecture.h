@@ -48,7 +48,8 @@ bool is_model_dir(const std::string& path);
 // shardfit does not build: an unknown or mismatched architecture, and keys
 // that would change memory (cross-attention, relative positions, upcast
 // attention, ...). Throws std::invalid_argument with one line.
-void apply_hf_architecture(const nlohmann::json& config_json, ModelConfig& c, const std::string& origin);
+void apply_hf_architecture(const nlohmann::json& config_json, ModelConfig& c,
+                           const std::string& origin);
 
 // A config.json transformers reads back as the same model (`--export`
 // writes it beside the safetensors file).

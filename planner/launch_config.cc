@@ -152,10 +152,18 @@ LaunchConfig deepspeed(const Plan& plan, const PlanCandidate& pc) {
   const Candidate& c = pc.candidate;
   int stage = 0;
   switch (c.sharding) {
-    case Sharding::kDdp: stage = 0; break;
-    case Sharding::kZero1: stage = 1; break;
-    case Sharding::kZero2: stage = 2; break;
-    case Sharding::kZero3: stage = 3; break;
+    case Sharding::kDdp:
+      stage = 0;
+      break;
+    case Sharding::kZero1:
+      stage = 1;
+      break;
+    case Sharding::kZero2:
+      stage = 2;
+      break;
+    case Sharding::kZero3:
+      stage = 3;
+      break;
     case Sharding::kHybrid:
       throw InexpressibleCandidate("deepspeed cannot express '" + c.to_id() +
                                    "': ZeRO has no hybrid sharding (sharded within a node, "
@@ -185,20 +193,23 @@ LaunchConfig deepspeed(const Plan& plan, const PlanCandidate& pc) {
         "(deepspeed.checkpointing.checkpoint, or Hugging Face gradient_checkpointing_enable())");
   }
   if (stage == 3 && c.wrap != "none")
-    out.notes.push_back("deepspeed: ZeRO-3 gathers parameters per module as they are used; "
-                        "wrap=" + c.wrap + " has no DeepSpeed setting (the plan's peak assumed it)");
+    out.notes.push_back(
+        "deepspeed: ZeRO-3 gathers parameters per module as they are used; "
+        "wrap=" +
+        c.wrap + " has no DeepSpeed setting (the plan's peak assumed it)");
   if (c.offload)
-    out.notes.push_back("deepspeed: offload_optimizer expects DeepSpeed's CPU Adam (an "
-                        "\"optimizer\" section) or zero_force_ds_cpu_optimizer: false");
+    out.notes.push_back(
+        "deepspeed: offload_optimizer expects DeepSpeed's CPU Adam (an "
+        "\"optimizer\" section) or zero_force_ds_cpu_optimizer: false");
   out.text = s.dump(2) + "\n";
   return out;
 }
 
 bool needs_quotes(const std::string& s) {
   if (s.empty()) return true;
-  static const char* kWords[] = {"no", "yes", "on", "off", "true", "false", "null", "~",
-                                 "No", "Yes", "On", "Off", "True", "False", "Null",
-                                 "NO", "YES", "ON", "OFF", "TRUE", "FALSE", "NULL"};
+  static const char* kWords[] = {"no",  "yes", "on",  "off",  "true",  "false", "null", "~",
+                                 "No",  "Yes", "On",  "Off",  "True",  "False", "Null", "NO",
+                                 "YES", "ON",  "OFF", "TRUE", "FALSE", "NULL"};
   for (const char* w : kWords)
     if (s == w) return true;
   if (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '.') return true;
@@ -252,9 +263,12 @@ LaunchFormat parse_launch_format(const std::string& text) {
 
 const char* launch_format_name(LaunchFormat format) {
   switch (format) {
-    case LaunchFormat::kFsdp: return "fsdp";
-    case LaunchFormat::kAccelerate: return "accelerate";
-    case LaunchFormat::kDeepSpeed: return "deepspeed";
+    case LaunchFormat::kFsdp:
+      return "fsdp";
+    case LaunchFormat::kAccelerate:
+      return "accelerate";
+    case LaunchFormat::kDeepSpeed:
+      return "deepspeed";
   }
   return "";
 }
@@ -282,9 +296,12 @@ LaunchConfig export_launch_config(const Plan& plan, const PlanCandidate& candida
     throw std::invalid_argument("wrap=block needs the model's transformer block class, and '" +
                                 plan.model.name + "' is not a model shardfit knows");
   switch (format) {
-    case LaunchFormat::kFsdp: return fsdp(plan, candidate, wrap, block_class);
-    case LaunchFormat::kAccelerate: return accelerate(plan, candidate, wrap, block_class);
-    case LaunchFormat::kDeepSpeed: return deepspeed(plan, candidate);
+    case LaunchFormat::kFsdp:
+      return fsdp(plan, candidate, wrap, block_class);
+    case LaunchFormat::kAccelerate:
+      return accelerate(plan, candidate, wrap, block_class);
+    case LaunchFormat::kDeepSpeed:
+      return deepspeed(plan, candidate);
   }
   return {};
 }

@@ -21,11 +21,16 @@ std::string num(double v, const char* fmt) {
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '\'') o += "&#39;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else if (c == '\'')
+      o += "&#39;";
+    else
+      o += c;
   }
   return o;
 }
@@ -36,14 +41,15 @@ struct ClassStyle {
   const char* color;
 };
 constexpr ClassStyle kClasses[] = {
-    {"params", "#4e79a7"},     {"grads", "#f28e2b"},        {"optimizer", "#59a14f"},
+    {"params", "#4e79a7"},      {"grads", "#f28e2b"},        {"optimizer", "#59a14f"},
     {"activations", "#e15759"}, {"comm_buffers", "#b07aa1"}, {"temporaries", "#9c755f"},
     {"overhead", "#bab0ac"},
 };
 
 }  // namespace
 
-bool timelines_coincide(const std::vector<TimelineSample>& a, const std::vector<TimelineSample>& b) {
+bool timelines_coincide(const std::vector<TimelineSample>& a,
+                        const std::vector<TimelineSample>& b) {
   if (a.empty() || a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
     if (a[i].phase != b[i].phase || a[i].allocated_bytes != b[i].allocated_bytes ||
@@ -60,46 +66,53 @@ std::string render_loss_svg(const RunReport& r) {
     if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
   if (hi <= lo) hi = lo + 1;
   const size_t n = r.loss.size();
-  auto x_of = [&](size_t i) { return kLeft + (n <= 1 ? plot_w / 2.0 : plot_w * double(i) / double(n - 1)); };
+  auto x_of = [&](size_t i) {
+    return kLeft + (n <= 1 ? plot_w / 2.0 : plot_w * double(i) / double(n - 1));
+  };
   auto y_of = [&](double v) { return kTop + plot_h * (1.0 - (v - lo) / (hi - lo)); };
   std::ostringstream o;
-  o << "<svg xmlns='http://www.w3.org/2000/svg' class='loss' width='" << kWidth << "' height='" << height
-    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  o << "<line x1='" << kLeft << "' y1='" << kTop + plot_h << "' x2='" << kLeft + plot_w << "' y2='" << kTop + plot_h
-    << "' stroke='black'/><line x1='" << kLeft << "' y1='" << kTop << "' x2='" << kLeft << "' y2='" << kTop + plot_h
-    << "' stroke='black'/>\n";
+  o << "<svg xmlns='http://www.w3.org/2000/svg' class='loss' width='" << kWidth << "' height='"
+    << height
+    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' "
+       "fill='white'/>\n";
+  o << "<line x1='" << kLeft << "' y1='" << kTop + plot_h << "' x2='" << kLeft + plot_w << "' y2='"
+    << kTop + plot_h << "' stroke='black'/><line x1='" << kLeft << "' y1='" << kTop << "' x2='"
+    << kLeft << "' y2='" << kTop + plot_h << "' stroke='black'/>\n";
   for (int t = 0; t <= 4; ++t) {
     const double v = lo + (hi - lo) * t / 4;
-    o << "<text x='" << kLeft - 6 << "' y='" << y_of(v) + 4 << "' text-anchor='end'>" << num(v, "%.3f")
-      << "</text>\n";
+    o << "<text x='" << kLeft - 6 << "' y='" << y_of(v) + 4 << "' text-anchor='end'>"
+      << num(v, "%.3f") << "</text>\n";
   }
-  o << "<text x='" << kLeft << "' y='" << kTop + plot_h + 16 << "'>step " << r.first_step << "</text><text x='"
-    << kLeft + plot_w << "' y='" << kTop + plot_h + 16 << "' text-anchor='end'>step "
-    << r.first_step + static_cast<int64_t>(n) - 1 << "</text>\n";
+  o << "<text x='" << kLeft << "' y='" << kTop + plot_h + 16 << "'>step " << r.first_step
+    << "</text><text x='" << kLeft + plot_w << "' y='" << kTop + plot_h + 16
+    << "' text-anchor='end'>step " << r.first_step + static_cast<int64_t>(n) - 1 << "</text>\n";
   o << "<polyline class='loss' fill='none' stroke='#1f77b4' stroke-width='1.8' points='";
   for (size_t i = 0; i < n; ++i)
     if (std::isfinite(r.loss[i])) o << x_of(i) << "," << y_of(r.loss[i]) << " ";
   o << "'/>\n";
   for (size_t i = 0; i < n; ++i)
     if (std::isfinite(r.loss[i]))
-      o << "<circle cx='" << x_of(i) << "' cy='" << y_of(r.loss[i]) << "' r='2' fill='#1f77b4'><title>step "
-        << r.first_step + static_cast<int64_t>(i) << ": loss " << num(r.loss[i], "%.4f") << "</title></circle>\n";
+      o << "<circle cx='" << x_of(i) << "' cy='" << y_of(r.loss[i])
+        << "' r='2' fill='#1f77b4'><title>step " << r.first_step + static_cast<int64_t>(i)
+        << ": loss " << num(r.loss[i], "%.4f") << "</title></circle>\n";
   o << "<text x='" << kLeft << "' y='18' font-size='13'>Training loss per step (" << n << " step"
-    << (n == 1 ? "" : "s") << ", " << num(r.loss.front(), "%.4f") << " -> " << num(r.loss.back(), "%.4f")
-    << ")</text>\n</svg>\n";
+    << (n == 1 ? "" : "s") << ", " << num(r.loss.front(), "%.4f") << " -> "
+    << num(r.loss.back(), "%.4f") << ")</text>\n</svg>\n";
   return o.str();
 }
 
 std::string render_breakdown_svg(const RunReport& r) {
   const RankReport* rank = nullptr;
   for (const auto& k : r.ranks)
-    if (k.predicted && !k.predicted->timeline.empty() && !k.predicted->timeline.front().category_bytes.empty()) {
+    if (k.predicted && !k.predicted->timeline.empty() &&
+        !k.predicted->timeline.front().category_bytes.empty()) {
       rank = &k;
       break;
     }
   if (!rank) return "";
   const auto& t = rank->predicted->timeline;
-  const int height = 380, bottom = 110, plot_h = height - kTop - bottom, plot_w = kWidth - kLeft - kRight;
+  const int height = 380, bottom = 110, plot_h = height - kTop - bottom,
+            plot_w = kWidth - kLeft - kRight;
   int64_t ymax = 1;
   for (const auto& s : t) {
     int64_t sum = 0;
@@ -111,8 +124,10 @@ std::string render_breakdown_svg(const RunReport& r) {
   auto x_of = [&](size_t i) { return kLeft + (n <= 1 ? 0.0 : plot_w * double(i) / double(n - 1)); };
   auto y_of = [&](int64_t b) { return kTop + plot_h * (1.0 - double(b) / double(ymax)); };
   std::ostringstream o;
-  o << "<svg xmlns='http://www.w3.org/2000/svg' class='breakdown' width='" << kWidth << "' height='" << height
-    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' fill='white'/>\n";
+  o << "<svg xmlns='http://www.w3.org/2000/svg' class='breakdown' width='" << kWidth << "' height='"
+    << height
+    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' "
+       "fill='white'/>\n";
   std::vector<int64_t> base(n, 0);
   int row = 0;
   for (const ClassStyle& c : kClasses) {
@@ -127,19 +142,20 @@ std::string render_breakdown_svg(const RunReport& r) {
       auto it = t[i].category_bytes.find(c.name);
       top[i] = base[i] + (it == t[i].category_bytes.end() ? 0 : it->second);
     }
-    o << "<polygon class='class-" << c.name << "' fill='" << c.color << "' fill-opacity='0.85' points='";
+    o << "<polygon class='class-" << c.name << "' fill='" << c.color
+      << "' fill-opacity='0.85' points='";
     for (size_t i = 0; i < n; ++i) o << x_of(i) << "," << y_of(top[i]) << " ";
     for (size_t i = n; i-- > 0;) o << x_of(i) << "," << y_of(base[i]) << " ";
     o << "'><title>" << c.name << "</title></polygon>\n";
-    o << "<rect x='" << kLeft + plot_w + 12 << "' y='" << kTop + 14 * row << "' width='12' height='10' fill='"
-      << c.color << "'/><text x='" << kLeft + plot_w + 28 << "' y='" << kTop + 14 * row + 9 << "'>" << c.name
-      << "</text>\n";
+    o << "<rect x='" << kLeft + plot_w + 12 << "' y='" << kTop + 14 * row
+      << "' width='12' height='10' fill='" << c.color << "'/><text x='" << kLeft + plot_w + 28
+      << "' y='" << kTop + 14 * row + 9 << "'>" << c.name << "</text>\n";
     ++row;
     base = top;
   }
-  o << "<line x1='" << kLeft << "' y1='" << kTop + plot_h << "' x2='" << kLeft + plot_w << "' y2='" << kTop + plot_h
-    << "' stroke='black'/><line x1='" << kLeft << "' y1='" << kTop << "' x2='" << kLeft << "' y2='" << kTop + plot_h
-    << "' stroke='black'/>\n";
+  o << "<line x1='" << kLeft << "' y1='" << kTop + plot_h << "' x2='" << kLeft + plot_w << "' y2='"
+    << kTop + plot_h << "' stroke='black'/><line x1='" << kLeft << "' y1='" << kTop << "' x2='"
+    << kLeft << "' y2='" << kTop + plot_h << "' stroke='black'/>\n";
   for (int k = 0; k <= 4; ++k) {
     const int64_t b = ymax * k / 4;
     o << "<text x='" << kLeft - 6 << "' y='" << y_of(b) + 4 << "' text-anchor='end'>"
@@ -147,9 +163,10 @@ std::string render_breakdown_svg(const RunReport& r) {
   }
   const size_t every = std::max<size_t>(1, n / 16);
   for (size_t i = 0; i < n; i += every)
-    o << "<text x='" << x_of(i) << "' y='" << kTop + plot_h + 12 << "' transform='rotate(35 " << x_of(i) << " "
-      << kTop + plot_h + 12 << ")'>" << esc(t[i].phase) << "</text>\n";
-  o << "<text x='" << kLeft << "' y='18' font-size='13'>Predicted allocated MiB by class at each phase end, rank "
+    o << "<text x='" << x_of(i) << "' y='" << kTop + plot_h + 12 << "' transform='rotate(35 "
+      << x_of(i) << " " << kTop + plot_h + 12 << ")'>" << esc(t[i].phase) << "</text>\n";
+  o << "<text x='" << kLeft
+    << "' y='18' font-size='13'>Predicted allocated MiB by class at each phase end, rank "
     << rank->rank << " (the meter measures totals only)</text>\n</svg>\n";
   return o.str();
 }

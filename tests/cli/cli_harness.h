@@ -3,6 +3,7 @@
 // LibTorch, so these tests compile in seconds.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,8 +15,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #ifndef SHARDFIT_BINARY
 #error "SHARDFIT_BINARY must be the path of the built shardfit executable"

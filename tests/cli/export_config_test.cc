@@ -30,8 +30,8 @@ TEST(ExportConfig, WritesEachFormatForAPlannedCandidate) {
   EXPECT_NE(r.err.find("note: "), std::string::npos);  // notes go to stderr, not into the JSON
 
   const std::string out = temp_path("accelerate.yaml");
-  r = shardfit({"export-config", "--plan", plan, "--candidate", id, "--format", "accelerate",
-                "--out", out});
+  r = shardfit(
+      {"export-config", "--plan", plan, "--candidate", id, "--format", "accelerate", "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(r.out.empty());
   const std::string yaml = read_file(out);
@@ -54,9 +54,9 @@ TEST(ExportConfig, WhatTheTargetCannotExpressIsExitTwoWithOneLine) {
   expect_bad_input({"export-config", "--plan", plan, "--candidate", "hybrid/fp32/wrap=block",
                     "--format", "deepspeed"},
                    "hybrid/fp32/wrap=block");
-  expect_bad_input({"export-config", "--plan", plan, "--candidate", "zero1/fp32/wrap=none",
-                    "--format", "fsdp"},
-                   "zero1/fp32/wrap=none");
+  expect_bad_input(
+      {"export-config", "--plan", plan, "--candidate", "zero1/fp32/wrap=none", "--format", "fsdp"},
+      "zero1/fp32/wrap=none");
   expect_bad_input({"export-config", "--plan", plan, "--format", "megatron"}, "--format");
   expect_bad_input({"export-config", "--plan", plan, "--candidate", "zero3/fp32/wrap=size:7",
                     "--format", "fsdp"},

@@ -29,9 +29,16 @@ json describe(const std::string& dir) {
 
 // openai-community/gpt2's config.json (abridged: the keys that matter).
 json gpt2_small() {
-  return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_embd", 768}, {"n_layer", 12},
-          {"n_head", 12}, {"n_positions", 1024}, {"vocab_size", 50257}, {"activation_function", "gelu_new"},
-          {"use_cache", true}, {"torch_dtype", "float32"}};
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_embd", 768},
+          {"n_layer", 12},
+          {"n_head", 12},
+          {"n_positions", 1024},
+          {"vocab_size", 50257},
+          {"activation_function", "gelu_new"},
+          {"use_cache", true},
+          {"torch_dtype", "float32"}};
 }
 
 TEST(HfModels, ADirectoryIsReadThroughItsConfigJson) {
@@ -61,7 +68,8 @@ TEST(HfModels, TieWordEmbeddingsIsHonouredBothWays) {
 }
 
 TEST(HfModels, ArchitecturesDecideTheHeadAndUnknownOnesAreRefused) {
-  json bert = {{"architectures", {"BertForSequenceClassification"}}, {"model_type", "bert"},
+  json bert = {{"architectures", {"BertForSequenceClassification"}},
+               {"model_type", "bert"},
                {"id2label", {{"0", "neg"}, {"1", "neutral"}, {"2", "pos"}}}};
   std::string dir = model_dir(bert);
   EXPECT_EQ(describe(dir)["num_labels"], 3);  // from id2label
@@ -81,8 +89,13 @@ TEST(HfModels, ArchitecturesDecideTheHeadAndUnknownOnesAreRefused) {
 }
 
 json bert_tiny(const std::string& architecture) {
-  return {{"architectures", {architecture}}, {"model_type", "bert"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
-          {"num_attention_heads", 4}, {"intermediate_size", 256}, {"vocab_size", 512},
+  return {{"architectures", {architecture}},
+          {"model_type", "bert"},
+          {"hidden_size", 64},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"intermediate_size", 256},
+          {"vocab_size", 512},
           {"max_position_embeddings", 128}};
 }
 
@@ -94,21 +107,25 @@ TEST(HfModels, BertForMaskedLMHasTheVocabularyWideTiedHead) {
   EXPECT_EQ(d["params"], 109514298);
   EXPECT_EQ(d["architecture"], "BertForMaskedLM");
   std::filesystem::remove_all(dir);
-  dir = model_dir({{"architectures", {"BertForMaskedLM"}}, {"model_type", "bert"}, {"tie_word_embeddings", false}});
+  dir = model_dir({{"architectures", {"BertForMaskedLM"}},
+                   {"model_type", "bert"},
+                   {"tie_word_embeddings", false}});
   EXPECT_EQ(describe(dir)["params"], 109514298 + 30522 * 768);
   std::filesystem::remove_all(dir);
 
   // It trains, and its memory (the [b, s, vocab] logits) is predicted to the byte.
   dir = model_dir(bert_tiny("BertForMaskedLM"));
   const std::string out = temp_path("mlm.json");
-  const Result r = shardfit({"run", "--model", dir, "--seq-len", "32", "--batch", "4", "--steps", "3", "--out", out});
+  const Result r = shardfit(
+      {"run", "--model", dir, "--seq-len", "32", "--batch", "4", "--steps", "3", "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json rep = json::parse(read_file(out));
   EXPECT_EQ(rep["model"]["params"], describe(dir)["params"]);
   EXPECT_EQ(rep["ranks"][0]["peak_error_pct"].get<double>(), 0.0) << rep["ranks"][0].dump();
   // Against the 2-label classifier of the same body, the MLM head's logits cost more.
   const std::string dir2 = model_dir(bert_tiny("BertForSequenceClassification"));
-  const Result r2 = shardfit({"run", "--model", dir2, "--seq-len", "32", "--batch", "4", "--steps", "3", "--out", out});
+  const Result r2 = shardfit(
+      {"run", "--model", dir2, "--seq-len", "32", "--batch", "4", "--steps", "3", "--out", out});
   ASSERT_EQ(r2.exit_code, 0) << r2.err;
   const json rep2 = json::parse(read_file(out));
   EXPECT_GT(rep["ranks"][0]["measured"]["peak_allocated_bytes"].get<int64_t>(),
@@ -122,8 +139,10 @@ TEST(HfModels, MemoryRelevantKeysNotBuiltAreRefusedNamingTheKey) {
   const std::vector<std::pair<json, std::string>> cases = {
       {{{"model_type", "gpt2"}, {"add_cross_attention", true}}, "'add_cross_attention'"},
       {{{"model_type", "gpt2"}, {"reorder_and_upcast_attn", true}}, "'reorder_and_upcast_attn'"},
-      {{{"model_type", "bert"}, {"position_embedding_type", "relative_key"}}, "'position_embedding_type'"},
-      {{{"model_type", "bert"}, {"num_labels", 5}, {"id2label", {{"0", "a"}, {"1", "b"}}}}, "'num_labels'"},
+      {{{"model_type", "bert"}, {"position_embedding_type", "relative_key"}},
+       "'position_embedding_type'"},
+      {{{"model_type", "bert"}, {"num_labels", 5}, {"id2label", {{"0", "a"}, {"1", "b"}}}},
+       "'num_labels'"},
       {{{"model_type", "gpt2"}, {"tie_word_embeddings", "no"}}, "'tie_word_embeddings'"},
   };
   for (const auto& [config, key] : cases) {
@@ -132,20 +151,27 @@ TEST(HfModels, MemoryRelevantKeysNotBuiltAreRefusedNamingTheKey) {
     std::filesystem::remove_all(dir);
   }
   // Keys that do not change memory are accepted as they are.
-  const std::string dir = model_dir({{"model_type", "bert"}, {"position_embedding_type", "absolute"},
-                                     {"use_cache", true}, {"pad_token_id", 0}});
+  const std::string dir = model_dir({{"model_type", "bert"},
+                                     {"position_embedding_type", "absolute"},
+                                     {"use_cache", true},
+                                     {"pad_token_id", 0}});
   EXPECT_EQ(describe(dir)["params"], 109483778);
   std::filesystem::remove_all(dir);
 }
 
 TEST(HfModels, ExportWritesConfigJsonBesideTheSafetensors) {
-  const std::string dir = model_dir({{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_embd", 32},
-                                     {"n_layer", 1}, {"n_head", 2}, {"vocab_size", 256}, {"n_positions", 16},
+  const std::string dir = model_dir({{"architectures", {"GPT2LMHeadModel"}},
+                                     {"model_type", "gpt2"},
+                                     {"n_embd", 32},
+                                     {"n_layer", 1},
+                                     {"n_head", 2},
+                                     {"vocab_size", 256},
+                                     {"n_positions", 16},
                                      {"tie_word_embeddings", false}});
   const std::string out = temp_path("export");
   std::filesystem::create_directories(out);
-  const Result r = shardfit({"run", "--model", dir, "--steps", "1", "--save", out + "/ckpt", "--export",
-                             out + "/model.safetensors"});
+  const Result r = shardfit({"run", "--model", dir, "--steps", "1", "--save", out + "/ckpt",
+                             "--export", out + "/model.safetensors"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
   const json config = json::parse(read_file(out + "/config.json"));

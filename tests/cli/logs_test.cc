@@ -17,7 +17,8 @@ TEST(Logs, VersionNamesShardfitAndLibTorch) {
 }
 
 TEST(Logs, GoToStderrAndQuietSilencesThem) {
-  const std::vector<std::string> run = {"run", "--model", "gpt2-tiny", "--seq-len", "16", "--steps", "2"};
+  const std::vector<std::string> run = {"run", "--model", "gpt2-tiny", "--seq-len",
+                                        "16",  "--steps", "2"};
   Result r = shardfit(run);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("step 1/2"), std::string::npos) << r.err;
@@ -30,7 +31,8 @@ TEST(Logs, GoToStderrAndQuietSilencesThem) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   EXPECT_NE(r.out.find("rank 0: peak allocated"), std::string::npos);
-  r = shardfit({"--log-level", "warn", "run", "--model", "gpt2-tiny", "--seq-len", "16", "--steps", "1"});
+  r = shardfit(
+      {"--log-level", "warn", "run", "--model", "gpt2-tiny", "--seq-len", "16", "--steps", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err.find("step 1/1"), std::string::npos) << r.err;
   expect_bad_input({"models", "--log-level", "chatty"}, "--log-level chatty");
@@ -38,8 +40,9 @@ TEST(Logs, GoToStderrAndQuietSilencesThem) {
 
 TEST(Progress, ValidateSaysWhereItIsWithAnEta) {
   const std::string plan = temp_path("plan.json");
-  Result r = shardfit({"plan", "--model", "gpt2-tiny", "--seq-len", "32", "--gpus", "1", "--device", "cpu",
-                       "--gpu-mem", "6MiB", "--strategies", "ddp/fp32/wrap=none", "--out", plan});
+  Result r =
+      shardfit({"plan", "--model", "gpt2-tiny", "--seq-len", "32", "--gpus", "1", "--device", "cpu",
+                "--gpu-mem", "6MiB", "--strategies", "ddp/fp32/wrap=none", "--out", plan});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string dir = temp_path("validate");
   r = shardfit({"validate", "--plan", plan, "--out-dir", dir});
@@ -54,8 +57,9 @@ TEST(Progress, ValidateSaysWhereItIsWithAnEta) {
 }
 
 TEST(PlanTop, PrintsTheBestRowsAndSaysHowManyAreLeft) {
-  const Result r = shardfit({"plan", "--model", "gpt2-tiny", "--seq-len", "32", "--gpus", "2", "--device", "cpu",
-                             "--gpu-mem", "12MiB", "--precision", "fp32", "--top", "3"});
+  const Result r =
+      shardfit({"plan", "--model", "gpt2-tiny", "--seq-len", "32", "--gpus", "2", "--device", "cpu",
+                "--gpu-mem", "12MiB", "--precision", "fp32", "--top", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("more candidates (--top 0 shows all)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("usable memory 12.00 MiB per GPU"), std::string::npos) << r.out;

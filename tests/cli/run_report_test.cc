@@ -18,8 +18,9 @@ json read_json(const std::string& path) {
 
 TEST(RunExit, OutOfMemoryIsExitFourWithTheReportWritten) {
   const std::string out = temp_path("oom.json");
-  const std::vector<std::string> args = {"run", "--model", "gpt2-tiny", "--seq-len", "16", "--steps", "1",
-                                         "--gpu-mem", "200KiB", "--out", out};
+  const std::vector<std::string> args = {"run",    "--model", "gpt2-tiny", "--seq-len",
+                                         "16",     "--steps", "1",         "--gpu-mem",
+                                         "200KiB", "--out",   out};
   Result r = shardfit(args);
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("out of memory on rank(s) 0"), std::string::npos) << r.err;
@@ -37,8 +38,8 @@ TEST(RunExit, OutOfMemoryIsExitFourWithTheReportWritten) {
 
 TEST(RunReport, OneStepIsPredictedForTheOneStepItRuns) {
   const std::string out = temp_path("one.json");
-  const Result r = shardfit({"run", "--model", "gpt2-tiny", "--seq-len", "32", "--batch", "2", "--steps", "1",
-                             "--out", out});
+  const Result r = shardfit({"run", "--model", "gpt2-tiny", "--seq-len", "32", "--batch", "2",
+                             "--steps", "1", "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json rep = read_json(out);
   const json& rank = rep["ranks"][0];
@@ -50,8 +51,8 @@ TEST(RunReport, OneStepIsPredictedForTheOneStepItRuns) {
 
 TEST(RunReport, TheRecordedCommandReRunsTheSameJob) {
   const std::string out = temp_path("ranks.json");
-  const Result r = shardfit({"run", "--model", "gpt2-tiny", "--strategy", "zero2/fp32/wrap=block", "--nproc", "2",
-                             "--seq-len", "16", "--steps", "1", "--out", out});
+  const Result r = shardfit({"run", "--model", "gpt2-tiny", "--strategy", "zero2/fp32/wrap=block",
+                             "--nproc", "2", "--seq-len", "16", "--steps", "1", "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json rep = read_json(out);
   const std::string command = rep["command"];

@@ -3,9 +3,8 @@
 // rendezvous), and ranks started with different options stop together
 // with exit 2 naming the option, instead of training silently or aborting
 // inside Gloo.
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/cli/cli_harness.h"
 
@@ -13,12 +12,15 @@ namespace shardfit::cli_test {
 namespace {
 
 std::string slurm_env(int rank, int port) {
-  return "-u RANK -u WORLD_SIZE -u MASTER_ADDR SLURM_PROCID=" + std::to_string(rank) + " SLURM_NTASKS=2 SLURM_LOCALID=" + std::to_string(rank) +
-         " SLURM_TASKS_PER_NODE=2 SLURM_NODELIST=localhost MASTER_PORT=" + std::to_string(port) + " ";
+  return "-u RANK -u WORLD_SIZE -u MASTER_ADDR SLURM_PROCID=" + std::to_string(rank) +
+         " SLURM_NTASKS=2 SLURM_LOCALID=" + std::to_string(rank) +
+         " SLURM_TASKS_PER_NODE=2 SLURM_NODELIST=localhost MASTER_PORT=" + std::to_string(port) +
+         " ";
 }
 
 // Both tasks at once, as srun starts them.
-std::pair<Result, Result> srun(const std::vector<std::string>& rank0, const std::vector<std::string>& rank1) {
+std::pair<Result, Result> srun(const std::vector<std::string>& rank0,
+                               const std::vector<std::string>& rank1) {
   static int attempt = 0;
   const int port = 20000 + (::getpid() * 7 + attempt++ * 13) % 20000;
   Result r0, r1;
@@ -29,7 +31,8 @@ std::pair<Result, Result> srun(const std::vector<std::string>& rank0, const std:
 }
 
 std::vector<std::string> tiny(const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {"run", "--model", "gpt2-tiny", "--seq-len", "16", "--steps", "1", "--timeout", "60"};
+  std::vector<std::string> args = {"run",     "--model", "gpt2-tiny", "--seq-len", "16",
+                                   "--steps", "1",       "--timeout", "60"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -60,7 +63,8 @@ void expect_both_refuse(const std::pair<Result, Result>& rs, const std::string& 
 
 TEST(Slurm, RanksWithDifferentOptionsStopWithExitTwoNamingIt) {
   expect_both_refuse(srun(tiny({"--batch", "2"}), tiny({"--batch", "3"})), "--batch");
-  expect_both_refuse(srun(tiny({"--strategy", "zero3/fp32/wrap=block"}), tiny({"--strategy", "ddp/fp32/wrap=none"})),
+  expect_both_refuse(srun(tiny({"--strategy", "zero3/fp32/wrap=block"}),
+                          tiny({"--strategy", "ddp/fp32/wrap=none"})),
                      "--strategy");
 }
 

@@ -12,7 +12,8 @@ namespace {
 using Hosts = std::vector<std::string>;
 
 TEST(Hostlist, ExpandsSlurmsCompressedForm) {
-  EXPECT_EQ(expand_hostlist("node[01-04,07]"), (Hosts{"node01", "node02", "node03", "node04", "node07"}));
+  EXPECT_EQ(expand_hostlist("node[01-04,07]"),
+            (Hosts{"node01", "node02", "node03", "node04", "node07"}));
   EXPECT_EQ(expand_hostlist("gpu5"), (Hosts{"gpu5"}));
   EXPECT_EQ(expand_hostlist("a[1-2],b3,c[9-10]"), (Hosts{"a1", "a2", "b3", "c9", "c10"}));
   EXPECT_EQ(expand_hostlist("r[1-2]n[3-4]"), (Hosts{"r1n3", "r1n4", "r2n3", "r2n4"}));
@@ -32,11 +33,22 @@ class SlurmEnv : public ::testing::Test {
     const char* v = std::getenv(name);
     return v ? v : "<unset>";
   }
-  static constexpr const char* kVars[] = {
-      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODELIST", "SLURM_JOB_NODELIST",
-      "SLURM_STEP_NODELIST", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NNODES",
-      "SLURM_JOB_ID"};
+  static constexpr const char* kVars[] = {"RANK",
+                                          "WORLD_SIZE",
+                                          "LOCAL_RANK",
+                                          "LOCAL_WORLD_SIZE",
+                                          "MASTER_ADDR",
+                                          "MASTER_PORT",
+                                          "SLURM_PROCID",
+                                          "SLURM_NTASKS",
+                                          "SLURM_LOCALID",
+                                          "SLURM_NODELIST",
+                                          "SLURM_JOB_NODELIST",
+                                          "SLURM_STEP_NODELIST",
+                                          "SLURM_TASKS_PER_NODE",
+                                          "SLURM_STEP_TASKS_PER_NODE",
+                                          "SLURM_NNODES",
+                                          "SLURM_JOB_ID"};
 };
 
 TEST_F(SlurmEnv, SetsTorchrunsVariablesFromSlurms) {

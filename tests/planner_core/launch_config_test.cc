@@ -29,8 +29,8 @@ Plan plan_with(const std::string& id, int64_t max_batch, int gpus = 2, int nodes
   return plan;
 }
 
-LaunchConfig export_one(const std::string& id, LaunchFormat f, int64_t batch = 39,
-                        int nodes = 1, int grad_accum = 1) {
+LaunchConfig export_one(const std::string& id, LaunchFormat f, int64_t batch = 39, int nodes = 1,
+                        int grad_accum = 1) {
   Plan plan = plan_with(id, batch, 2, nodes);
   plan.grad_accum = grad_accum;
   return export_launch_config(plan, plan.candidates[0], f, "GPT2Block");
@@ -67,7 +67,7 @@ TEST(LaunchConfig, FsdpKwargsHaveTheConstructorsNamesAndTypes) {
   // CPUOffload(offload_params: bool).
   ASSERT_TRUE(k.at("cpu_offload").at("offload_params").is_boolean());
   EXPECT_TRUE(k.at("cpu_offload").at("offload_params").get<bool>());
-  EXPECT_TRUE(k.at("mixed_precision").is_null());  // fp32: no MixedPrecision
+  EXPECT_TRUE(k.at("mixed_precision").is_null());        // fp32: no MixedPrecision
   EXPECT_EQ(k.at("backward_prefetch"), "BACKWARD_PRE");  // a BackwardPrefetch member
   ASSERT_TRUE(k.at("limit_all_gathers").is_boolean());
   EXPECT_FALSE(parsed.at("activation_checkpointing").at("enabled").get<bool>());
@@ -125,7 +125,8 @@ TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
   ASSERT_TRUE(f["fsdp_activation_checkpointing"].is_boolean());
   // The YAML says the same.
   EXPECT_NE(c.text.find("\ndistributed_type: FSDP\n"), std::string::npos) << c.text;
-  EXPECT_NE(c.text.find("\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"), std::string::npos)
+  EXPECT_NE(c.text.find("\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"),
+            std::string::npos)
       << c.text;
   EXPECT_NE(c.text.find("\n  fsdp_min_num_params: 2000\n"), std::string::npos);
   EXPECT_NE(c.text.find("\n  fsdp_offload_params: true\n"), std::string::npos);
@@ -162,16 +163,17 @@ TEST(LaunchConfig, DeepSpeedConfigHasZeroStageOffloadBatchAndPrecision) {
   EXPECT_FALSE(s["fp16"]["enabled"].get<bool>());
   EXPECT_FALSE(c.notes.empty());  // wrap=size has no DeepSpeed setting: said on stderr
 
-  const ojson z1 = ojson::parse(export_one("zero1+offload/fp16/wrap=none", LaunchFormat::kDeepSpeed).text);
+  const ojson z1 =
+      ojson::parse(export_one("zero1+offload/fp16/wrap=none", LaunchFormat::kDeepSpeed).text);
   EXPECT_EQ(z1["zero_optimization"]["stage"], 1);
   EXPECT_FALSE(z1["zero_optimization"].contains("offload_param"));  // stage 3 only
   EXPECT_EQ(z1["zero_optimization"]["offload_optimizer"]["device"], "cpu");
   EXPECT_TRUE(z1["fp16"]["enabled"].get<bool>());
-  EXPECT_EQ(ojson::parse(export_one("ddp/fp32/wrap=none", LaunchFormat::kDeepSpeed).text)
-                ["zero_optimization"]["stage"],
+  EXPECT_EQ(ojson::parse(export_one("ddp/fp32/wrap=none", LaunchFormat::kDeepSpeed)
+                             .text)["zero_optimization"]["stage"],
             0);
-  EXPECT_EQ(ojson::parse(export_one("zero2/fp32/wrap=block", LaunchFormat::kDeepSpeed).text)
-                ["zero_optimization"]["stage"],
+  EXPECT_EQ(ojson::parse(export_one("zero2/fp32/wrap=block", LaunchFormat::kDeepSpeed)
+                             .text)["zero_optimization"]["stage"],
             2);
   EXPECT_TRUE(ojson::parse(export_one("ddp+ckpt/fp32/wrap=block", LaunchFormat::kDeepSpeed).text)
                   .contains("activation_checkpointing"));
@@ -198,7 +200,8 @@ TEST(LaunchConfig, RefusesWhatTheTargetCannotExpress) {
 }
 
 TEST(LaunchConfig, YamlQuotesWhatWouldChangeType) {
-  ojson v{{"a", "no"}, {"b", "FSDP"}, {"c", 3}, {"d", true}, {"e", "1"}, {"f", ojson{{"g", "x y"}}}};
+  ojson v{{"a", "no"}, {"b", "FSDP"}, {"c", 3},
+          {"d", true}, {"e", "1"},    {"f", ojson{{"g", "x y"}}}};
   EXPECT_EQ(to_yaml(v), "a: 'no'\nb: FSDP\nc: 3\nd: true\ne: '1'\nf:\n  g: 'x y'\n");
 }
 

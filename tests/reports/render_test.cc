@@ -1,11 +1,12 @@
 // `shardfit report`'s HTML: the loss curve, the predicted memory by class
 // over time, and a legend that says when predicted and measured coincide;
 // the per-class timeline round-trips through the report JSON.
+#include "reports/render.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "reports/render.h"
 #include "reports/run_report.h"
 
 namespace shardfit::reports {
@@ -31,7 +32,8 @@ RunReport report(bool exact) {
   RunReport r;
   r.candidate = "zero3/fp32/wrap=block";
   r.model = {{"name", "gpt2-tiny"}, {"params", 1000}, {"seq_len", 16}};
-  r.hardware = {{"profile", "cpu"}, {"device_mem_bytes", nullptr}, {"gpus_per_node", 2}, {"nodes", 1}};
+  r.hardware = {
+      {"profile", "cpu"}, {"device_mem_bytes", nullptr}, {"gpus_per_node", 2}, {"nodes", 1}};
   r.batch_per_gpu = 2;
   r.world_size = 2;
   r.steps = 3;
@@ -41,12 +43,14 @@ RunReport report(bool exact) {
     k.rank = rank;
     MemoryFigures predicted;
     predicted.timeline = {sample("init", 1000, 0), sample("step1/forward/root", 1000, 4000),
-                          sample("step1/backward/root", 1000, 500), sample("step1/optimizer", 1000, 0)};
+                          sample("step1/backward/root", 1000, 500),
+                          sample("step1/optimizer", 1000, 0)};
     predicted.peak_allocated_bytes = 5000;
     k.predicted = predicted;
     k.measured = predicted;
     for (auto& s : k.measured.timeline) s.category_bytes.clear();  // the meter has totals only
-    if (!exact) k.measured.timeline[1].allocated_bytes += 8, k.measured.timeline[1].peak_allocated_bytes += 8;
+    if (!exact)
+      k.measured.timeline[1].allocated_bytes += 8, k.measured.timeline[1].peak_allocated_bytes += 8;
     r.ranks.push_back(k);
   }
   return r;
