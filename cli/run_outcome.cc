@@ -32,11 +32,10 @@ reports::MemoryFigures predicted_figures(const planner::StepSimResult& sim) {
   f.peak_allocated_bytes = sim.peak_allocated_bytes;
   f.peak_reserved_bytes = sim.peak_reserved_bytes;
   for (const auto& p : sim.timeline) {
-    f.timeline.push_back(
-        {p.label, p.allocated_bytes, p.reserved_bytes, p.peak_allocated_bytes, {}});
+    f.timeline.push_back({p.label, p.allocated_bytes, p.reserved_bytes, p.peak_allocated_bytes});
+    auto& classes = f.timeline_category_bytes.emplace_back();
     for (int c = 0; c < planner::kNumCategories; ++c)
-      f.timeline.back().category_bytes[planner::category_name(static_cast<planner::Category>(c))] =
-          p.category_bytes[c];
+      classes[planner::category_name(static_cast<planner::Category>(c))] = p.category_bytes[c];
   }
   for (int c = 0; c < planner::kNumCategories; ++c)
     f.breakdown_bytes[planner::category_name(static_cast<planner::Category>(c))] =
@@ -55,11 +54,9 @@ reports::RankReport rank_report(int rank, int64_t peak,
   r.measured.peak_allocated_bytes = peak;
   r.measured.peak_reserved_bytes = cuda ? cuda_peak_reserved : peak;
   for (const auto& t : timeline)
-    r.measured.timeline.push_back({t.phase,
-                                   t.allocated_bytes,
+    r.measured.timeline.push_back({t.phase, t.allocated_bytes,
                                    cuda ? t.reserved_bytes : t.allocated_bytes,
-                                   t.peak_allocated_bytes,
-                                   {}});
+                                   t.peak_allocated_bytes});
   r.oom = oom;
   r.oom_message = oom_message;
   return r;

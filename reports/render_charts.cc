@@ -105,19 +105,20 @@ std::string render_breakdown_svg(const RunReport& r) {
   const RankReport* rank = nullptr;
   for (const auto& k : r.ranks)
     if (k.predicted && !k.predicted->timeline.empty() &&
-        !k.predicted->timeline.front().category_bytes.empty()) {
+        k.predicted->timeline_category_bytes.size() == k.predicted->timeline.size()) {
       rank = &k;
       break;
     }
   if (!rank) return "";
   const auto& t = rank->predicted->timeline;
+  const auto& classes = rank->predicted->timeline_category_bytes;
   const int height = 380, bottom = 110, plot_h = height - kTop - bottom,
             plot_w = kWidth - kLeft - kRight;
   int64_t ymax = 1;
-  for (const auto& s : t) {
+  for (size_t i = 0; i < t.size(); ++i) {
     int64_t sum = 0;
-    for (const auto& [k, v] : s.category_bytes) sum += v;
-    ymax = std::max({ymax, sum, s.allocated_bytes});
+    for (const auto& [k, v] : classes[i]) sum += v;
+    ymax = std::max({ymax, sum, t[i].allocated_bytes});
   }
   ymax += ymax / 10;
   const size_t n = t.size();
@@ -132,15 +133,15 @@ std::string render_breakdown_svg(const RunReport& r) {
   int row = 0;
   for (const ClassStyle& c : kClasses) {
     bool any = false;
-    for (const auto& s : t) {
-      auto it = s.category_bytes.find(c.name);
-      any = any || (it != s.category_bytes.end() && it->second > 0);
+    for (const auto& at : classes) {
+      auto it = at.find(c.name);
+      any = any || (it != at.end() && it->second > 0);
     }
     if (!any) continue;
     std::vector<int64_t> top(n);
     for (size_t i = 0; i < n; ++i) {
-      auto it = t[i].category_bytes.find(c.name);
-      top[i] = base[i] + (it == t[i].category_bytes.end() ? 0 : it->second);
+      auto it = classes[i].find(c.name);
+      top[i] = base[i] + (it == classes[i].end() ? 0 : it->second);
     }
     o << "<polygon class='class-" << c.name << "' fill='" << c.color
       << "' fill-opacity='0.85' points='";
