@@ -15,6 +15,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitCheckFailed = 1;
 constexpr int kExitBadInput = 2;
 constexpr int kExitEnvironment = 3;
+constexpr int kExitOom = 4;  // `run`: a rank went out of memory (report written); --oom-ok: 0
 
 // Bad input found after parsing: one line naming the input.
 struct BadInput : std::runtime_error {
@@ -42,6 +43,7 @@ Command add_plan_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
 Command add_validate_command(CLI::App& app);
+Command add_export_config_command(CLI::App& app);
 
 // This executable's path (/proc/self/exe), for spawning itself.
 std::string self_exe();

@@ -1,31 +1,71 @@
-// `shardfit models [--json]`: the built-in models with exact parameter counts.
+// `shardfit models [FILE|DIR] [--json]`: the built-in models with exact
+// parameter counts, or what shardfit builds from one Hugging Face
+// config.json (a file, or a model directory holding one).
 #include <cstdio>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "models/hf_architecture.h"
 #include "models/model_config.h"
 
 namespace shardfit::cli {
+namespace {
+
+nlohmann::json describe(const models::ModelConfig& m) {
+  nlohmann::json j = {{"name", m.name},
+                      {"family", models::family_name(m.family)},
+                      {"params", m.param_count()},
+                      {"layers", m.layers},
+                      {"hidden", m.hidden},
+                      {"heads", m.heads},
+                      {"vocab_size", m.vocab_size},
+                      {"max_positions", m.max_positions}};
+  return j;
+}
+
+int describe_one(const std::string& path, bool json) {
+  models::ModelConfig m;
+  try {
+    m = models::resolve_model(path);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
+  const models::HfArchitecture& arch = models::architecture_of(m);
+  nlohmann::json j = describe(m);
+  j["architecture"] = arch.name;
+  j["block_class"] = arch.block_class;
+  j["intermediate"] = m.intermediate;
+  j["activation"] = m.activation;
+  if (m.family == models::Family::kGpt2) j["tie_word_embeddings"] = m.tie_word_embeddings;
+  if (m.family == models::Family::kBert && !m.masked_lm()) j["num_labels"] = m.num_labels;
+  if (m.masked_lm()) j["tie_word_embeddings"] = m.tie_word_embeddings;
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  for (const auto& [k, v] : j.items())
+    std::cout << k << std::string(k.size() < 20 ? 20 - k.size() : 1, ' ')
+              << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
+  return kExitOk;
+}
+
+}  // namespace
 
 Command add_models_command(CLI::App& app) {
-  auto* sub = app.add_subcommand("models", "List the built-in models with exact parameter counts");
+  auto* sub = app.add_subcommand("models",
+                                 "List the built-in models with exact parameter counts, or "
+                                 "describe one config.json / model dir");
   auto json = std::make_shared<bool>(false);
+  auto path = std::make_shared<std::string>();
+  sub->add_option("MODEL", *path, "A Hugging Face config.json or a model directory holding one");
   sub->add_flag("--json", *json, "Print JSON instead of a table");
-  return {sub, [json] {
+  return {sub, [json, path] {
+            if (!path->empty()) return describe_one(*path, *json);
             const auto& all = models::builtin_models();
             if (*json) {
               nlohmann::json out = nlohmann::json::array();
-              for (const auto& m : all)
-                out.push_back({{"name", m.name},
-                               {"family", models::family_name(m.family)},
-                               {"params", m.param_count()},
-                               {"layers", m.layers},
-                               {"hidden", m.hidden},
-                               {"heads", m.heads},
-                               {"vocab_size", m.vocab_size},
-                               {"max_positions", m.max_positions}});
+              for (const auto& m : all) out.push_back(describe(m));
               std::cout << out.dump(2) << "\n";
               return kExitOk;
             }

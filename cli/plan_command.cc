@@ -27,6 +27,7 @@ struct PlanArgs {
   int grad_accum = 1;
   std::string out;
   bool json = false;
+  size_t top = 0;  // table rows; 0 = all
 };
 
 int run(const PlanArgs& a) {
@@ -61,11 +62,11 @@ int run(const PlanArgs& a) {
   if (a.json)
     std::cout << planner::plan_to_json_text(plan);
   else
-    std::cout << planner::format_plan_table(plan);
+    std::cout << planner::format_plan_table(plan, a.top);
   if (plan.chosen.empty()) {
     std::cout.flush();
     throw BadInput("no candidate fits batch 1 of " + r.model.name + " in " +
-                   planner::format_gib(plan.hardware.device_mem_bytes) +
+                   planner::format_size(plan.hardware.device_mem_bytes) +
                    " per GPU: use more GPUs, a larger device or a smaller model");
   }
   return kExitOk;
@@ -98,6 +99,10 @@ Command add_plan_command(CLI::App& app) {
       ->check(AtLeastOne);
   sub->add_option("--out", a->out, "Write the plan JSON here");
   sub->add_flag("--json", a->json, "Print the plan JSON instead of the table");
+  sub->add_option("--top", a->top,
+                  "Print only the N best rows of the table (and the chosen one); 0 = all. The plan JSON "
+                  "(--json, --out) always has every candidate")
+      ->capture_default_str();
   return {sub, [a] { return run(*a); }};
 }
 

@@ -24,19 +24,24 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
+#include "cli/run_outcome.h"
 #include "cli/validators.h"
 #include "executor/comm.h"
 #include "executor/engine.h"
 #include "executor/launcher.h"
+#include "executor/slurm_env.h"
 #include "executor/train_checkpoint.h"
 #include "executor/meter.h"
 #include "executor/trainer.h"
+#include "models/hf_architecture.h"
 #include "models/model_config.h"
 #include "planner/candidate.h"
 #include "planner/plan_builder.h"
@@ -74,6 +79,7 @@ struct RunArgs {
   int64_t grad_accum = 1;
   double clip_grad_norm = 0;
   bool reference_trainer = false;
+  bool oom_ok = false;  // an out-of-memory run exits 0 (validate's max+1 runs), not 4
   std::string save;         // checkpoint root
   int64_t save_every = 0;
   std::string resume;       // a checkpoint directory or a --save root
@@ -200,7 +206,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
 // budget, with the same micro-batches per step; nullopt (with
 // a warning) when no profile is found.
 std::optional<planner::CandidatePrediction> predict(const Job& job, int world, int gpus_per_node,
-                                                    int64_t grad_accum) {
+                                                    int64_t grad_accum, int64_t steps) {
   try {
     planner::PlanRequest r;
     r.model = job.model;
@@ -215,95 +221,11 @@ std::optional<planner::CandidatePrediction> predict(const Job& job, int world, i
       r.gpus_per_node = world;
       r.nodes = 1;
     }
-    return planner::predict_candidate(r, job.candidate, job.batch);
+    return planner::predict_candidate(r, job.candidate, job.batch, steps >= 2 ? 2 : 1);
   } catch (const std::exception& e) {
     spdlog::warn("no prediction in the report: {}", e.what());
     return std::nullopt;
   }
-}
-
-reports::MemoryFigures predicted_figures(const planner::StepSimResult& sim) {
-  reports::MemoryFigures f;
-  f.peak_allocated_bytes = sim.peak_allocated_bytes;
-  f.peak_reserved_bytes = sim.peak_reserved_bytes;
-  for (const auto& p : sim.timeline)
-    f.timeline.push_back({p.label, p.allocated_bytes, p.reserved_bytes, p.peak_allocated_bytes});
-  for (int c = 0; c < planner::kNumCategories; ++c)
-    f.breakdown_bytes[planner::category_name(static_cast<planner::Category>(c))] = sim.peak_breakdown_bytes[c];
-  return f;
-}
-
-// `cuda_peak_reserved` >= 0: a CUDA run, whose reserved figures (peak and
-// timeline) are the caching allocator's; -1: CPU, nothing is cached.
-reports::RankReport rank_report(int rank, int64_t peak, const std::vector<executor::TimelinePoint>& timeline,
-                                bool oom, const std::string& oom_message, int64_t cuda_peak_reserved = -1) {
-  const bool cuda = cuda_peak_reserved >= 0;
-  reports::RankReport r;
-  r.rank = rank;
-  r.measured.peak_allocated_bytes = peak;
-  r.measured.peak_reserved_bytes = cuda ? cuda_peak_reserved : peak;
-  for (const auto& t : timeline)
-    r.measured.timeline.push_back(
-        {t.phase, t.allocated_bytes, cuda ? t.reserved_bytes : t.allocated_bytes, t.peak_allocated_bytes});
-  r.oom = oom;
-  r.oom_message = oom_message;
-  return r;
-}
-
-// peak_error_pct on the figure that decides OOM on the device (SPEC):
-// reserved on CUDA (`on_reserved`), allocated on the CPU.
-void attach_prediction(std::vector<reports::RankReport>& ranks,
-                       const std::optional<planner::CandidatePrediction>& pred, bool on_reserved = false) {
-  if (!pred) return;
-  for (auto& r : ranks) {
-    r.predicted = predicted_figures(pred->sim);
-    const int64_t predicted = on_reserved ? pred->sim.peak_reserved_bytes : pred->sim.peak_allocated_bytes;
-    const int64_t measured = on_reserved ? r.measured.peak_reserved_bytes : r.measured.peak_allocated_bytes;
-    if (measured > 0)
-      r.peak_error_pct = 100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured);
-  }
-}
-
-// Every rank's JSON text, on every rank: lengths, then the bytes, each
-// all-gathered (a zero-padded all-reduce). Host memory, not counted (nccl:
-// through `device`, after the run).
-std::vector<std::string> all_gather_strings(executor::Communicator& comm, const std::string& mine,
-                                            c10::Device device) {
-  executor::ScopedUntracked host;
-  const int n = comm.world_size();
-  torch::Tensor lengths = torch::zeros({n}, torch::kLong);
-  lengths[comm.rank()] = static_cast<int64_t>(mine.size());
-  executor::all_reduce_host(comm, lengths, executor::ReduceOp::kSum, device);
-  int64_t longest = 0;
-  for (int r = 0; r < n; ++r) longest = std::max(longest, lengths[r].item<int64_t>());
-  torch::Tensor bytes = torch::zeros({n * std::max<int64_t>(longest, 1)}, torch::kUInt8);
-  std::memcpy(bytes.data_ptr<uint8_t>() + comm.rank() * longest, mine.data(), mine.size());
-  executor::all_reduce_host(comm, bytes, executor::ReduceOp::kSum, device);
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r) {
-    const char* p = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()) + r * longest;
-    out.emplace_back(p, static_cast<size_t>(lengths[r].item<int64_t>()));
-  }
-  return out;
-}
-
-nlohmann::json rank_json(const reports::RankReport& r) {
-  nlohmann::json timeline = nlohmann::json::array();
-  for (const auto& t : r.measured.timeline)
-    timeline.push_back({t.phase, t.allocated_bytes, t.peak_allocated_bytes, t.reserved_bytes});
-  return {{"rank", r.rank}, {"peak", r.measured.peak_allocated_bytes},
-          {"peak_reserved", r.measured.peak_reserved_bytes}, {"timeline", timeline},
-          {"oom", r.oom}, {"oom_message", r.oom_message}};
-}
-
-reports::RankReport rank_from_json(const nlohmann::json& j) {
-  std::vector<executor::TimelinePoint> timeline;
-  for (const auto& t : j.at("timeline"))
-    timeline.push_back({t.at(0).get<std::string>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>(),
-                        t.at(3).get<int64_t>()});
-  // Reserved as the rank measured it (on the CPU it equals allocated).
-  return rank_report(j.at("rank").get<int>(), j.at("peak").get<int64_t>(), timeline, j.at("oom").get<bool>(),
-                     j.at("oom_message").get<std::string>(), j.at("peak_reserved").get<int64_t>());
 }
 
 void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
@@ -351,8 +273,8 @@ std::function<void(const executor::StepLog&)> step_logger(int64_t steps) {
   const int64_t log_every = std::max<int64_t>(1, steps / 20);
   return [log_every](const executor::StepLog& s) {
     if (s.step % log_every == 0 || s.step == s.steps || s.step == 1)
-      spdlog::info("step {}/{}  loss {:.4f}  {:.0f} tokens/s  {:.1f} s", s.step, s.steps, s.loss, s.tokens_per_s,
-                   s.elapsed_s);
+      spdlog::info("step {}/{}  loss {:.4f}  {:.0f} tokens/s  {:.1f} s  {}", s.step, s.steps, s.loss, s.tokens_per_s,
+                   s.elapsed_s, eta_text(s.elapsed_s, static_cast<size_t>(s.step), static_cast<size_t>(s.steps)));
   };
 }
 
@@ -390,9 +312,21 @@ int run_single_rank_trainer(const RunArgs& a, const Job& job) {
   r.loss = result.loss;
   r.tokens_per_s = result.tokens_per_s;
   r.ranks.push_back(rank_report(0, result.peak_allocated_bytes, result.timeline, result.oom, result.oom_message));
-  attach_prediction(r.ranks, predict(job, 1, 1, /*grad_accum=*/1));
+  attach_prediction(r.ranks, predict(job, 1, 1, /*grad_accum=*/1, a.steps));
   write_and_print(a, r, job);
-  return kExitOk;
+  return oom_exit(a.oom_ok, a.out, r);
+}
+
+// What every rank of a job must agree on, by option (check_ranks_agree).
+std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job, int gpus_per_node) {
+  auto num = [](double v) { return nlohmann::json(v).dump(); };
+  return {{"--model", job.model.name}, {"--strategy", job.candidate.to_id()}, {"--batch", std::to_string(job.batch)},
+          {"--seq-len", std::to_string(job.seq_len)}, {"--steps", std::to_string(a.steps)},
+          {"--seed", std::to_string(a.seed)}, {"--data", a.data}, {"--device", a.device},
+          {"--gpu-mem", std::to_string(job.budget_bytes)}, {"--lr", num(a.lr)}, {"--weight-decay", num(a.weight_decay)},
+          {"--grad-accum", std::to_string(job.grad_accum)}, {"--clip-grad-norm", num(a.clip_grad_norm)},
+          {"--gpus-per-node", std::to_string(gpus_per_node)}, {"--save", a.save},
+          {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume}};
 }
 
 // This process is one rank of `comm` (gloo or loopback).
@@ -400,6 +334,7 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
              const std::string& backend_label) {
   executor::EngineOptions o = engine_options(a, job, gpus_per_node);
   o.on_step_begin = test_death_hook(comm.rank());
+  if (comm.backend() != executor::Backend::kLoopback) check_ranks_agree(comm, job_options(a, job, gpus_per_node), o.device);
   const bool leader = comm.rank() == 0 || comm.backend() == executor::Backend::kLoopback;
   if (!leader) spdlog::set_level(spdlog::level::warn);
   executor::EngineResult result = executor::train_data_parallel(o, comm, step_logger(a.steps));
@@ -407,6 +342,7 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
                                          result.oom_message, result.device == "cuda" ? result.peak_reserved_bytes : -1);
 
   std::vector<reports::RankReport> ranks;
+  int code = kExitOk;
   if (comm.backend() != executor::Backend::kLoopback && comm.world_size() > 1) {
     for (const std::string& text : all_gather_strings(comm, rank_json(mine).dump(), o.device))
       ranks.push_back(rank_from_json(nlohmann::json::parse(text)));
@@ -423,8 +359,9 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     r.loss = result.loss;
     r.tokens_per_s = result.tokens_per_s;
     r.ranks = std::move(ranks);
-    attach_prediction(r.ranks, predict(job, world, gpus_per_node, job.grad_accum), job.device == "cuda");
+    attach_prediction(r.ranks, predict(job, world, gpus_per_node, job.grad_accum, a.steps), job.device == "cuda");
     write_and_print(a, r, job);
+    code = oom_exit(a.oom_ok, a.out, r);
     if (!a.export_path.empty()) {
       if (result.saved.empty()) {
         spdlog::warn("--export {}: no checkpoint was saved (out of memory?), nothing exported", a.export_path);
@@ -432,11 +369,15 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
         executor::ScopedUntracked host;
         executor::export_safetensors(result.saved.back(), a.export_path);
         std::printf("exported %s -> %s\n", result.saved.back().c_str(), a.export_path.c_str());
+        // Beside it, the config.json that makes the pair a Hugging Face model directory.
+        const std::filesystem::path config = std::filesystem::path(a.export_path).parent_path() / "config.json";
+        std::ofstream(config) << models::to_hf_config(job.model).dump(2) << "\n";
+        std::printf("wrote %s\n", config.string().c_str());
       }
     }
   }
   comm.barrier();  // rank 0 hosts the store: nobody leaves before everybody is done
-  return kExitOk;
+  return code;
 }
 
 // --save/--resume/--export, checked once before any rank starts.
@@ -493,7 +434,10 @@ int launch(const RunArgs& a, int nproc) {
   lo.timeout = std::chrono::milliseconds(0);  // each rank's collectives time out on their own
   // Let the survivors' own errors (naming the peer they lost) reach the log.
   lo.survivor_grace = std::chrono::milliseconds(static_cast<int64_t>(std::min(a.timeout_s, 3.0) * 1000));
+  // The report records the command as typed (with --nproc), not the ranks'.
+  ::setenv("SHARDFIT_COMMAND_LINE", a.command_line.c_str(), 1);
   const executor::LaunchResult res = executor::launch_local(nproc, executor::without_nproc_option(own_argv()), lo);
+  if (launch_went_oom(res)) return kExitOom;
   if (res.exit_code == kExitEnvironment) throw EnvironmentFailure(res.error);
   if (res.exit_code != kExitOk) std::cerr << "shardfit run: " << res.error << "\n";
   return res.exit_code;
@@ -519,6 +463,11 @@ int run(const RunArgs& a) {
     throw BadInput("--reference-trainer: the single-rank reference runs on the CPU only; drop --device cuda");
   if (a.grad_accum < 1) throw BadInput("--grad-accum " + std::to_string(a.grad_accum) + ": must be at least 1");
   const Job job = resolve_job(a);
+  try {  // a task started by srun: Slurm's variables as torchrun's (not under --nproc, which sets them)
+    if (a.nproc == 0) executor::apply_slurm_env();
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   const bool in_job = std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
   // The prediction's profile must describe the device measured.
   if (!cuda && job.profile != "cpu")
@@ -660,6 +609,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--export", a->export_path,
                   "With --save: write the last checkpoint as one Hugging Face .safetensors file")
       ->type_name("FILE");
+  sub->add_flag("--oom-ok", a->oom_ok,
+                "Exit 0 when a rank goes out of memory (default: exit 4; the report is written either way)");
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");
@@ -668,7 +619,8 @@ Command add_run_command(CLI::App& app) {
             a->grad_accum_given = grad_accum->count() > 0;
             a->seq_len_given = seq->count() > 0;
             a->strategy_given = strategy->count() > 0;
-            a->command_line = command_line();
+            const char* parent = std::getenv("SHARDFIT_COMMAND_LINE");  // a rank of `--nproc`
+            a->command_line = parent && std::getenv("RANK") ? parent : command_line();
             return run(*a);
           }};
 }

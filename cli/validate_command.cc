@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "planner/candidate.h"
 #include "planner/plan_output.h"
 #include "reports/compare.h"
@@ -86,16 +87,18 @@ Command add_validate_command(CLI::App& app) {
             std::filesystem::create_directories(a->out_dir);
             const int world = plan.hardware.world_size();
             bool all_ok = true;
+            Progress progress("validate", todo.size() * 2);  // max and max+1 per candidate
             std::printf("%-44s %9s %9s %10s  %s\n", "candidate", "predicted", "measured", "peak err", "verdict");
             for (const auto* c : todo) {
               std::string safe = c->id();
               for (auto& ch : safe)
                 if (ch == '/' || ch == ':' || ch == '+' || ch == '=') ch = '_';
               auto run_at = [&](int64_t batch, const std::string& out) {
+                progress.start(c->id() + " batch " + std::to_string(batch));
                 std::vector<std::string> argv = {self_exe(), "run", "--plan", a->plan, "--candidate", c->id(),
                                                  "--batch", std::to_string(batch), "--steps", std::to_string(a->steps),
                                                  "--gpu-mem", std::to_string(plan.hardware.device_mem_bytes),
-                                                 "--out", out};
+                                                 "--out", out, "--oom-ok"};  // max+1 must OOM: a result
                 if (a->backend == "gloo") {
                   argv.insert(argv.end(), {"--nproc", std::to_string(world)});
                 } else {

@@ -31,6 +31,7 @@ class SyntheticData final : public DataSource {
   models::Batch get(int64_t step, int64_t first, int64_t batch) override {
     std::vector<int64_t> ids(batch * seq_len_), types(batch * seq_len_, 0);
     std::vector<int64_t> labels(batch, 0);
+    std::vector<int64_t> mlm_labels(cfg_.masked_lm() ? batch * seq_len_ : 0, -100);
     const int64_t v = cfg_.vocab_size;
     for (int64_t i = 0; i < batch; ++i) {
       std::mt19937_64 rng(mix(seed_ ^ mix(step * 1000003ULL + (first + i))));
@@ -53,6 +54,20 @@ class SyntheticData final : public DataSource {
         row[seq_len_ - 1] = sep;
         for (int64_t t = 2 + half; t < seq_len_; ++t) types[i * seq_len_ + t] = 1;
         labels[i] = same ? 1 : 0;
+        if (cfg_.masked_lm()) {
+          // MLM: 15% of the word positions become [MASK] (103, BERT's id)
+          // and are the labels; -100 elsewhere. At least one per sequence. In
+          // a repeating pair, a masked word of B is A's, so it is learnable.
+          int64_t* lab = mlm_labels.data() + i * seq_len_;
+          const int64_t mask = v > 103 ? 103 : 0;
+          bool any = false;
+          for (int64_t t = 1; t < seq_len_ - 1; ++t) {
+            if (row[t] == sep || (rng() % 100 >= 15 && !(t == seq_len_ - 2 && !any))) continue;
+            lab[t] = row[t];
+            row[t] = mask;
+            any = true;
+          }
+        }
       }
     }
     models::Batch b;
@@ -60,7 +75,8 @@ class SyntheticData final : public DataSource {
     if (cfg_.family == models::Family::kBert) {
       b.token_type_ids = to_tensor(types, batch, seq_len_);
       b.attention_mask = torch::ones({batch, seq_len_}, torch::kLong);
-      b.labels = torch::from_blob(labels.data(), {batch}, torch::kLong).clone();
+      b.labels = cfg_.masked_lm() ? to_tensor(mlm_labels, batch, seq_len_)
+                                  : torch::from_blob(labels.data(), {batch}, torch::kLong).clone();
     }
     return b;
   }

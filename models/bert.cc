@@ -168,12 +168,16 @@ TORCH_MODULE(BertPooler);
 
 class BertModelImpl : public ModuleBase {
  public:
-  BertModelImpl(const ModelConfig& c, const torch::TensorOptions& o) : ModuleBase("BertModel") {
+  // `pooling`: BertForMaskedLM builds it without the pooler
+  // (add_pooling_layer=False) and reads the sequence output.
+  BertModelImpl(const ModelConfig& c, const torch::TensorOptions& o, bool pooling = true)
+      : ModuleBase("BertModel") {
     embeddings = register_module("embeddings", BertEmbeddings(c, o));
     encoder = register_module("encoder", BertEncoder(c, o));
-    pooler = register_module("pooler", BertPooler(c, o));
+    if (pooling) pooler = register_module("pooler", BertPooler(c, o));
   }
-  // Returns the pooled [CLS] representation [b, H].
+  // Returns the pooled [CLS] representation [b, H] (without a pooler: the
+  // sequence output [b, s, H]).
   torch::Tensor forward(const Batch& batch) {
     return call({batch.input_ids, batch.token_type_ids, batch.attention_mask},
                 [this](const std::vector<torch::Tensor>& in) {
@@ -182,7 +186,8 @@ class BertModelImpl : public ModuleBase {
                   // before 4.21; later versions use dtype.min: the same softmax).
                   auto keep = in[2].unsqueeze(1).unsqueeze(2).to(x.scalar_type());
                   auto mask_bias = (1.0 - keep) * -1e4;
-                  return pooler(encoder(x, mask_bias));
+                  auto sequence = encoder(x, mask_bias);
+                  return pooler ? pooler(sequence) : sequence;
                 });
   }
   BertEmbeddings embeddings{nullptr};
@@ -215,9 +220,109 @@ class BertForSequenceClassification : public TrainableModel {
   Linear classifier{nullptr};
 };
 
+// BertForMaskedLM's head, named as Hugging Face's: cls.predictions.transform
+// (dense + activation + LayerNorm), then the vocabulary-wide decoder whose
+// weight is the word embeddings' (tie_word_embeddings, HF's default; else
+// cls.predictions.decoder.weight of its own) plus cls.predictions.bias.
+class BertPredictionHeadTransformImpl : public ModuleBase {
+ public:
+  BertPredictionHeadTransformImpl(const ModelConfig& c, const torch::TensorOptions& o)
+      : ModuleBase("BertPredictionHeadTransform"), cfg(c) {
+    dense = register_module("dense", Linear(c.hidden, c.hidden, c.initializer_range, o));
+    LayerNorm_ = register_module("LayerNorm", LayerNorm(c.hidden, c.layer_norm_eps, o));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return call({x}, [this](const std::vector<torch::Tensor>& in) {
+      return LayerNorm_(activation(dense(in[0]), cfg.activation));
+    });
+  }
+  ModelConfig cfg;
+  Linear dense{nullptr};
+  LayerNorm LayerNorm_{nullptr};
+};
+TORCH_MODULE(BertPredictionHeadTransform);
+
+// The untied decoder's weight (nn.Linear(hidden, vocab) whose bias is the
+// head's): only registered when tie_word_embeddings is false.
+class BertDecoderWeightImpl : public ModuleBase {
+ public:
+  BertDecoderWeightImpl(const ModelConfig& c, const torch::TensorOptions& o) : ModuleBase("Linear") {
+    weight = register_parameter("weight", torch::empty({c.vocab_size, c.hidden}, o));
+    init_normal(weight, c.initializer_range);
+  }
+  torch::Tensor weight;
+};
+TORCH_MODULE(BertDecoderWeight);
+
+class BertLMPredictionHeadImpl : public ModuleBase {
+ public:
+  BertLMPredictionHeadImpl(const ModelConfig& c, const torch::TensorOptions& o, Embedding words)
+      : ModuleBase("BertLMPredictionHead"), cfg(c), words_(std::move(words)) {
+    transform = register_module("transform", BertPredictionHeadTransform(c, o));
+    if (!c.tie_word_embeddings) decoder = register_module("decoder", BertDecoderWeight(c, o));
+    bias = register_parameter("bias", torch::zeros({c.vocab_size}, o));
+  }
+  std::vector<std::string> borrowed_params() const override {
+    if (!cfg.tie_word_embeddings) return {};
+    return {words_->path() + ".weight"};
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return call({x}, [this](const std::vector<torch::Tensor>& in) {
+      const auto& w = cfg.tie_word_embeddings ? words_->weight : decoder->weight;
+      return torch::matmul(transform(in[0]), w.t()) + bias;
+    });
+  }
+  ModelConfig cfg;
+  BertPredictionHeadTransform transform{nullptr};
+  BertDecoderWeight decoder{nullptr};
+  torch::Tensor bias;
+
+ private:
+  Embedding words_;
+};
+TORCH_MODULE(BertLMPredictionHead);
+
+class BertOnlyMLMHeadImpl : public ModuleBase {
+ public:
+  BertOnlyMLMHeadImpl(const ModelConfig& c, const torch::TensorOptions& o, Embedding words)
+      : ModuleBase("BertOnlyMLMHead") {
+    predictions = register_module("predictions", BertLMPredictionHead(c, o, std::move(words)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return call({x}, [this](const std::vector<torch::Tensor>& in) { return predictions(in[0]); });
+  }
+  BertLMPredictionHead predictions{nullptr};
+};
+TORCH_MODULE(BertOnlyMLMHead);
+
+class BertForMaskedLM : public TrainableModel {
+ public:
+  BertForMaskedLM(const ModelConfig& c, const torch::TensorOptions& o)
+      : TrainableModel("BertForMaskedLM"), cfg(c) {
+    bert = register_module("bert", BertModel(c, o, /*pooling=*/false));
+    cls = register_module("cls", BertOnlyMLMHead(c, o, bert->embeddings->word_embeddings));
+  }
+  const ModelConfig& config() const override { return cfg; }
+  // MLM loss: logits over the vocabulary at every position, as Hugging Face
+  // computes them; labels are -100 where a token was not masked.
+  torch::Tensor forward_loss(const Batch& batch) override {
+    return call({batch.input_ids, batch.labels}, [&, this](const std::vector<torch::Tensor>& in) {
+      Batch b = batch;
+      b.input_ids = in[0];
+      auto logits = cls(bert(b));
+      if (logits.scalar_type() != torch::kFloat) logits = logits.to(torch::kFloat);
+      return torch::nn::functional::cross_entropy(logits.view({-1, cfg.vocab_size}), in[1].reshape({-1}));
+    });
+  }
+  ModelConfig cfg;
+  BertModel bert{nullptr};
+  BertOnlyMLMHead cls{nullptr};
+};
+
 }  // namespace
 
 std::shared_ptr<TrainableModel> build_bert(const ModelConfig& c, const torch::TensorOptions& o) {
+  if (c.masked_lm()) return std::make_shared<BertForMaskedLM>(c, o);
   return std::make_shared<BertForSequenceClassification>(c, o);
 }
 

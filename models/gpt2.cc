@@ -1,5 +1,6 @@
 // GPT-2 (Hugging Face GPT2LMHeadModel): names, shapes and initialisation as
-// transformers writes them; causal LM loss; output embedding tied to wte.
+// transformers writes them; causal LM loss; output embedding tied to wte
+// unless the config says tie_word_embeddings: false.
 #include <cmath>
 
 #include "models/layers.h"
@@ -127,12 +128,30 @@ class TiedLMHeadImpl : public ModuleBase {
 };
 TORCH_MODULE(TiedLMHead);
 
+// tie_word_embeddings: false: lm_head owns its weight, as Hugging Face's
+// nn.Linear(n_embd, vocab_size, bias=False), normal(0, initializer_range).
+class UntiedLMHeadImpl : public ModuleBase {
+ public:
+  UntiedLMHeadImpl(const ModelConfig& c, const torch::TensorOptions& o) : ModuleBase("Linear") {
+    weight = register_parameter("weight", torch::empty({c.vocab_size, c.hidden}, o));
+    init_normal(weight, c.initializer_range);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return call({x}, [this](const std::vector<torch::Tensor>& in) { return torch::matmul(in[0], weight.t()); });
+  }
+  torch::Tensor weight;
+};
+TORCH_MODULE(UntiedLMHead);
+
 class GPT2LMHeadModel : public TrainableModel {
  public:
   GPT2LMHeadModel(const ModelConfig& c, const torch::TensorOptions& o)
       : TrainableModel("GPT2LMHeadModel"), cfg(c) {
     transformer = register_module("transformer", GPT2Model(c, o));
-    lm_head = register_module("lm_head", TiedLMHead(transformer->wte));
+    if (c.tie_word_embeddings)
+      lm_head = register_module("lm_head", TiedLMHead(transformer->wte));
+    else
+      untied_lm_head = register_module("lm_head", UntiedLMHead(c, o));
   }
   const ModelConfig& config() const override { return cfg; }
 
@@ -144,7 +163,8 @@ class GPT2LMHeadModel : public TrainableModel {
       const auto& ids = in[0];
       const int64_t s = ids.size(1);
       auto hidden = transformer(ids);
-      auto logits = lm_head(hidden.narrow(1, 0, s - 1));
+      auto last = hidden.narrow(1, 0, s - 1);
+      auto logits = cfg.tie_word_embeddings ? lm_head(last) : untied_lm_head(last);
       auto targets = ids.narrow(1, 1, s - 1).reshape({-1});
       if (logits.scalar_type() != torch::kFloat) logits = logits.to(torch::kFloat);
       return torch::nn::functional::cross_entropy(logits.reshape({-1, cfg.vocab_size}), targets);
@@ -153,6 +173,7 @@ class GPT2LMHeadModel : public TrainableModel {
   ModelConfig cfg;
   GPT2Model transformer{nullptr};
   TiedLMHead lm_head{nullptr};
+  UntiedLMHead untied_lm_head{nullptr};  // registered as "lm_head" when untied
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "models/model_config.h"
 
+#include "models/hf_architecture.h"
+
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -72,10 +74,15 @@ int64_t ModelConfig::param_count() const {
   const int64_t ln = 2 * h;  // LayerNorm weight + bias
   if (family == Family::kGpt2) {
     const int64_t block = ln + (h * 3 * h + 3 * h) + (h * h + h) + ln + (h * i + i) + (i * h + h);
-    return vocab_size * h + max_positions * h + layers * block + ln;  // lm_head tied to wte
+    const int64_t lm_head = tie_word_embeddings ? 0 : vocab_size * h;  // tied: wte's weight
+    return vocab_size * h + max_positions * h + layers * block + ln + lm_head;
   }
   const int64_t embeddings = vocab_size * h + max_positions * h + type_vocab_size * h + ln;
   const int64_t layer = 4 * (h * h + h) + ln + (h * i + i) + (i * h + h) + ln;
+  if (masked_lm()) {  // cls.predictions: transform dense + LayerNorm, decoder bias (+ weight untied)
+    const int64_t head = h * h + h + ln + vocab_size + (tie_word_embeddings ? 0 : vocab_size * h);
+    return embeddings + layers * layer + head;
+  }
   const int64_t pooler = h * h + h;
   const int64_t classifier = h * num_labels + num_labels;
   return embeddings + layers * layer + pooler + classifier;
@@ -177,6 +184,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
     if (p < 0 || p >= 1)
       throw std::invalid_argument(origin + ": dropout probabilities must be in [0, 1)");
   check_positive(c, origin);
+  apply_hf_architecture(j, c, origin);  // architectures, tie_word_embeddings, unimplemented keys
   return c;
 }
 
@@ -184,6 +192,7 @@ ModelConfig resolve_model(const std::string& name_or_path) {
   for (const auto& m : builtin_models())
     if (m.name == name_or_path) return m;
   const bool looks_like_path = name_or_path.find('/') != std::string::npos ||
+                               is_model_dir(name_or_path) ||
                                (name_or_path.size() > 5 &&
                                     name_or_path.substr(name_or_path.size() - 5) == ".json");
   if (!looks_like_path) {
@@ -192,11 +201,13 @@ ModelConfig resolve_model(const std::string& name_or_path) {
     throw std::invalid_argument("unknown model '" + name_or_path + "' (built-in: " + names +
                                 "; or a path to a Hugging Face config.json)");
   }
-  std::ifstream in(name_or_path);
-  if (!in) throw std::invalid_argument(name_or_path + ": cannot read file");
+  // A Hugging Face model directory: its config.json.
+  const std::string path = hf_config_path(name_or_path);
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(path + ": cannot read file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_hf_config(ss.str(), name_or_path);
+  return parse_hf_config(ss.str(), path);
 }
 
 }  // namespace shardfit::models

@@ -35,6 +35,15 @@ struct ModelConfig {
   double embd_dropout = 0.1;
   double attn_dropout = 0.1;
   std::string activation;      // "gelu_new" (gpt2, tanh approximation) or "gelu" (bert, erf)
+  // Hugging Face's class (config.json "architectures"[0], see
+  // hf_architecture.h): decides the head. "" means the family's default.
+  std::string architecture;
+  // gpt2: lm_head shares transformer.wte.weight (Hugging Face's default);
+  // false gives lm_head a weight of its own (vocab x hidden more params).
+  bool tie_word_embeddings = true;
+  // bert: BertForMaskedLM (vocabulary-wide MLM head, no pooler, labels per
+  // token) rather than sequence classification.
+  bool masked_lm() const { return architecture == "BertForMaskedLM"; }
 
   // Exact parameter count, from shapes alone (tied GPT-2 output embedding
   // counted once). Equal to the sum of numel over the built module's

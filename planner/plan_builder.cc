@@ -337,7 +337,7 @@ Plan build_plan(const PlanRequest& r) {
   return plan;
 }
 
-CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, int64_t batch) {
+CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, int64_t batch, int steps) {
   if (batch < 1) throw std::invalid_argument("batch " + std::to_string(batch) + ": must be at least 1");
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
@@ -364,6 +364,7 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
   s.grad_accum = r.grad_accum;
   SimOptions so;
+  so.steps = steps;
   if (cuda && r.profile.cublas_workspace_bytes > 0) so.overhead_bytes = {r.profile.cublas_workspace_bytes};
   const StepSimulator sim(trace, units);
   std::unique_ptr<AllocatorModel> alloc;

@@ -45,8 +45,10 @@ struct CandidatePrediction {
   double tokens_per_s = 0;
   int units = 0;
 };
+// `steps` (1 or 2): how many training steps after init the simulation
+// replays, so a one-step run is predicted for the one step it runs.
 CandidatePrediction predict_candidate(const PlanRequest& request, const Candidate& candidate,
-                                      int64_t batch);
+                                      int64_t batch, int steps = 2);
 
 // The modules a +ckpt candidate checkpoints under `units`: every unit's root
 // module except the model root and units nested in another checkpointed

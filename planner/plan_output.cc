@@ -234,9 +234,9 @@ std::string format_count(double x) {
   return buf;
 }
 
-std::string gib_number(int64_t bytes) {
+std::string size_number(int64_t bytes, double unit) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  std::snprintf(buf, sizeof(buf), "%.2f", static_cast<double>(bytes) / unit);
   return buf;
 }
 
@@ -363,7 +363,7 @@ void write_plan_file(const std::string& path, const Plan& plan) {
   if (!out) throw std::invalid_argument("cannot write plan file '" + path + "'");
 }
 
-std::string format_plan_table(const Plan& plan) {
+std::string format_plan_table(const Plan& plan, size_t top) {
   std::vector<const PlanCandidate*> rows;
   for (const PlanCandidate& c : plan.candidates) rows.push_back(&c);
   std::stable_sort(rows.begin(), rows.end(), [](const PlanCandidate* a, const PlanCandidate* b) {
@@ -371,9 +371,22 @@ std::string format_plan_table(const Plan& plan) {
       return a->max_batch_per_gpu > b->max_batch_per_gpu;
     return a->predicted.tokens_per_s > b->predicted.tokens_per_s;
   });
+  size_t left_out = 0;
+  if (top > 0 && rows.size() > top) {
+    std::vector<const PlanCandidate*> kept(rows.begin(), rows.begin() + top);
+    for (size_t i = top; i < rows.size(); ++i)
+      if (rows[i]->id() == plan.chosen) kept.push_back(rows[i]);
+    left_out = rows.size() - kept.size();
+    rows = kept;
+  }
+  // One unit per table: GiB, or MiB when every peak is under 1 GiB.
+  bool small = true;
+  for (const PlanCandidate* c : rows) small = small && c->predicted.peak_reserved_bytes < (int64_t{1} << 30);
+  const double unit = small ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
+  const std::string unit_name = small ? "MiB" : "GiB";
 
   const std::vector<std::string> header = {
-      "",      "candidate", "max batch/GPU", "reserved GiB", "allocated GiB",
+      "",      "candidate", "max batch/GPU", "reserved " + unit_name, "allocated " + unit_name,
       "limit", "step s",    "tokens/s"};
   // Right-align numbers so they line up by magnitude.
   const std::vector<bool> right = {false, false, true, true, true, false, true, true};
@@ -382,8 +395,8 @@ std::string format_plan_table(const Plan& plan) {
     bool fits = c->max_batch_per_gpu > 0;
     cells.push_back(
         {c->id() == plan.chosen ? "*" : "", c->id(), std::to_string(c->max_batch_per_gpu),
-         gib_number(c->predicted.peak_reserved_bytes),
-         gib_number(c->predicted.peak_allocated_bytes), c->limit.empty() ? "-" : c->limit,
+         size_number(c->predicted.peak_reserved_bytes, unit),
+         size_number(c->predicted.peak_allocated_bytes, unit), c->limit.empty() ? "-" : c->limit,
          fits ? format_seconds(c->predicted.step_time_s) : "-",
          fits ? format_count(c->predicted.tokens_per_s) : "-"});
   }
@@ -397,7 +410,7 @@ std::string format_plan_table(const Plan& plan) {
       << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
   if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";
   out << ", usable memory "
-      << (hw.device_mem_bytes > 0 ? format_gib(hw.device_mem_bytes) : std::string("unlimited"))
+      << (hw.device_mem_bytes > 0 ? format_size(hw.device_mem_bytes) : std::string("unlimited"))
       << " per GPU\n";
   for (const auto& row : cells) {
     std::string line;
@@ -409,6 +422,9 @@ std::string format_plan_table(const Plan& plan) {
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out << line << "\n";
   }
+  if (left_out > 0)
+    out << "... " << left_out << " more candidate" << (left_out == 1 ? "" : "s")
+        << " (--top 0 shows all)\n";
   if (plan.chosen.empty()) {
     out << "no candidate fits batch 1 on this device\n";
   } else {

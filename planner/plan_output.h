@@ -119,7 +119,10 @@ void write_plan_file(const std::string& path, const Plan& plan);
 
 // The table `shardfit plan` prints: a header line (model, seq len, GPUs ×
 // profile, usable memory), one row per candidate sorted by max batch then
-// tokens/s (both descending), the chosen row marked with '*', sizes in GiB.
-std::string format_plan_table(const Plan& plan);
+// tokens/s (both descending), the chosen row marked with '*', sizes in GiB
+// (MiB when every peak is under 1 GiB). `top` > 0 prints only the first
+// `top` rows (and the chosen one, wherever it ranks) and says how many
+// were left out.
+std::string format_plan_table(const Plan& plan, size_t top = 0);
 
 }  // namespace shardfit::planner

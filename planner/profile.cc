@@ -159,11 +159,11 @@ int64_t DeviceProfile::allocator_budget_bytes(int64_t device_mem_bytes, int worl
   int64_t nccl_bytes = world_size > 1 ? nccl_buffers_bytes : 0;
   int64_t outside_bytes = cuda_context_bytes + nccl_bytes;
   if (device_mem_bytes <= outside_bytes) {
-    throw std::invalid_argument("device memory " + format_gib(device_mem_bytes) +
+    throw std::invalid_argument("device memory " + format_size(device_mem_bytes) +
                                 " is not above the fixed overheads of " + name + " (" +
-                                format_gib(outside_bytes) + " = CUDA context " +
-                                format_gib(cuda_context_bytes) + " + NCCL buffers " +
-                                format_gib(nccl_bytes) + "); give a larger --gpu-mem");
+                                format_size(outside_bytes) + " = CUDA context " +
+                                format_size(cuda_context_bytes) + " + NCCL buffers " +
+                                format_size(nccl_bytes) + "); give a larger --gpu-mem");
   }
   return device_mem_bytes - outside_bytes;
 }
@@ -375,6 +375,20 @@ int64_t parse_size_bytes(const std::string& text) {
     throw bad("a byte count must be a whole number");
   }
   return static_cast<int64_t>(whole);
+}
+
+std::string format_size(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  const double abs = b < 0 ? -b : b;
+  char buf[64];
+  if (abs >= 1024.0 * 1024 * 1024) return format_gib(bytes);
+  if (abs >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof(buf), "%.2f MiB", b / (1024.0 * 1024));
+  else if (abs >= 1024.0)
+    std::snprintf(buf, sizeof(buf), "%.2f KiB", b / 1024.0);
+  else
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
+  return buf;
 }
 
 std::string format_gib(int64_t bytes) {

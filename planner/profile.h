@@ -125,5 +125,8 @@ int64_t parse_size_bytes(const std::string& text);
 
 // "23.65 GiB": bytes as GiB with two decimals, for tables and messages.
 std::string format_gib(int64_t bytes);
+// Bytes in the binary unit that fits, two decimals: "23.65 GiB",
+// "12.00 MiB" (MiB under 1 GiB), "600.00 KiB", "512 B".
+std::string format_size(int64_t bytes);
 
 }  // namespace shardfit::planner

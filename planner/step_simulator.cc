@@ -347,7 +347,7 @@ void StepReplay::run() {
   allocator_.reset();
   label_ = 0;
   bool ok = init();
-  for (int step = 0; ok && step < kNumSteps; ++step) {
+  for (int step = 0; ok && step < std::min(kNumSteps, std::max(1, options_.steps)); ++step) {
     step_base_ = 1 + step * (2 * num_units_ + 1);
     label_ = step_base_;
     zero_grad();

@@ -111,6 +111,9 @@ struct SimOptions {
   std::vector<int64_t> overhead_bytes;
   // The batch search only needs peaks: skip building the timeline.
   bool record_timeline = true;
+  // Training steps to replay after init: 2 reaches the steady state (the
+  // plan's default); 1 predicts a `run --steps 1` (no second step).
+  int steps = 2;
 };
 
 struct TimelinePoint {

@@ -325,7 +325,7 @@ ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& o) 
       if (config.family == models::Family::kBert) {
         batch.token_type_ids = torch::empty({o.batch, o.seq_len}, ids);
         batch.attention_mask = torch::empty({o.batch, o.seq_len}, ids);
-        batch.labels = torch::empty({o.batch}, ids);
+        batch.labels = config.masked_lm() ? torch::empty({o.batch, o.seq_len}, ids) : torch::empty({o.batch}, ids);
       }
       torch::Tensor loss = model->forward_loss(batch);
       g_rec.phase = Phase::kBackward;

@@ -206,13 +206,15 @@ std::string render_timeline_svg(const RunReport& r) {
         << "'>peak " << mib(k.measured.peak_allocated_bytes) << " MiB</text>\n";
     }
     // Legend: one row under the plot, two entries per rank.
-    const int lx = left + static_cast<int>(ri % 4) * 220, ly = height - 14 - 14 * static_cast<int>(ri / 4);
+    const int lx = left + static_cast<int>(ri % 2) * 420, ly = height - 14 - 14 * static_cast<int>(ri / 2);
     o << "<line x1='" << lx << "' y1='" << ly << "' x2='" << lx + 20 << "' y2='" << ly << "' stroke='" << color
       << "' stroke-width='2'/><text x='" << lx + 24 << "' y='" << ly + 4 << "'>rank " << k.rank << " measured</text>\n";
     if (k.predicted)
       o << "<line x1='" << lx + 110 << "' y1='" << ly << "' x2='" << lx + 130 << "' y2='" << ly << "' stroke='"
         << color << "' stroke-width='2' stroke-dasharray='6,4'/><text x='" << lx + 134 << "' y='" << ly + 4
-        << "'>predicted</text>\n";
+        << "'>predicted"
+        << (timelines_coincide(k.predicted->timeline, k.measured.timeline) ? " (= measured, lines coincide)" : "")
+        << "</text>\n";
   }
   o << "<text x='" << left << "' y='18' font-size='13'>Memory timeline: " << escape(r.candidate)
     << " (blue band forward, orange backward, green optimizer)</text>\n";
@@ -274,6 +276,9 @@ std::string render_html(const RunReport& r, const RenderOptions& opt) {
        "code,pre{background:#f6f6f6}pre{padding:8px;overflow-x:auto;font-size:11px}</style></head><body>\n";
   o << "<h1>shardfit report: <code>" << escape(r.candidate) << "</code></h1>\n" << table_html(run_summary_md(r));
   o << "<h2>Memory timeline</h2>\n" << render_timeline_svg(r);
+  const std::string by_class = render_breakdown_svg(r), loss = render_loss_svg(r);
+  if (!by_class.empty()) o << "<h2>Predicted memory by class over time</h2>\n" << by_class;
+  if (!loss.empty()) o << "<h2>Loss</h2>\n" << loss;
   o << "<h2>Peak memory per rank</h2>\n" << table_html(ranks_md(r));
   o << "<h2>Predicted breakdown at the peak</h2>\n" << table_html(breakdown_md(r));
   if (!opt.plan_table.empty()) o << "<h2>Plan</h2>\n<pre>" << escape(opt.plan_table) << "</pre>\n";

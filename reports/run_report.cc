@@ -9,11 +9,15 @@ constexpr const char* kSchema = "shardfit.report/1";
 
 nlohmann::json figures_json(const MemoryFigures& f) {
   nlohmann::json timeline = nlohmann::json::array();
-  for (const auto& s : f.timeline)
+  for (size_t i = 0; i < f.timeline.size(); ++i) {
+    const TimelineSample& s = f.timeline[i];
     timeline.push_back({{"phase", s.phase},
                         {"allocated_bytes", s.allocated_bytes},
                         {"reserved_bytes", s.reserved_bytes},
                         {"peak_allocated_bytes", s.peak_allocated_bytes}});
+    if (i < f.timeline_category_bytes.size() && !f.timeline_category_bytes[i].empty())
+      timeline.back()["category_bytes"] = f.timeline_category_bytes[i];
+  }
   nlohmann::json j = {{"peak_allocated_bytes", f.peak_allocated_bytes},
                       {"peak_reserved_bytes", f.peak_reserved_bytes},
                       {"timeline", timeline}};
@@ -47,6 +51,20 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
     t.allocated_bytes = get<int64_t>(s, "allocated_bytes", where + ".timeline");
     t.reserved_bytes = s.value("reserved_bytes", t.allocated_bytes);
     t.peak_allocated_bytes = s.value("peak_allocated_bytes", t.allocated_bytes);
+    std::map<std::string, int64_t> classes;
+    if (s.contains("category_bytes")) {
+      if (!s["category_bytes"].is_object())
+        throw std::invalid_argument(where + ".timeline: field 'category_bytes' must be an object");
+      for (const auto& [k, v] : s["category_bytes"].items()) {
+        if (!v.is_number_integer())
+          throw std::invalid_argument(where + ".timeline: category_bytes." + k + " must be an integer");
+        classes[k] = v.get<int64_t>();
+      }
+    }
+    if (!classes.empty()) {
+      f.timeline_category_bytes.resize(f.timeline.size());
+      f.timeline_category_bytes.push_back(classes);
+    }
     f.timeline.push_back(t);
   }
   if (j.contains("breakdown_bytes") && j["breakdown_bytes"].is_object())

@@ -27,6 +27,10 @@ struct MemoryFigures {
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   std::vector<TimelineSample> timeline;
+  // Allocated bytes by memory class at each timeline sample (SPEC's
+  // breakdown keys), parallel to `timeline`; the planner knows them, the
+  // meter does not (empty = unknown). JSON: each sample's "category_bytes".
+  std::vector<std::map<std::string, int64_t>> timeline_category_bytes;
   // Bytes by memory class at the peak (SPEC's breakdown keys); the planner
   // knows it, the meter does not (empty = unknown).
   std::map<std::string, int64_t> breakdown_bytes;

@@ -315,8 +315,15 @@ TEST(EngineFailure, AKilledRankEndsTheJobWithExit3NamingIt) {
 }
 
 TEST(EngineCli, OutOfMemoryIsAResultNotACrash) {
+  // SPEC: exit 4, one line, the report written anyway; --oom-ok makes it 0.
+  const std::string out = (tmp_dir() / "oom.json").string();
+  const Result oom = shardfit({"run", "--model", "gpt2-tiny", "--strategy", "zero3/fp32/wrap=block", "--nproc", "2",
+                               "--seq-len", "16", "--steps", "2", "--gpu-mem", "600KiB", "--out", out});
+  EXPECT_EQ(oom.exit_code, 4) << oom.output;
+  EXPECT_NE(oom.output.find("out of memory on rank(s) 0,1"), std::string::npos) << oom.output;
+  EXPECT_TRUE(std::filesystem::exists(out));
   const json r = run_report({"--model", "gpt2-tiny", "--strategy", "zero3/fp32/wrap=block", "--nproc", "2",
-                             "--seq-len", "16", "--steps", "2", "--gpu-mem", "600KiB"});
+                             "--seq-len", "16", "--steps", "2", "--gpu-mem", "600KiB", "--oom-ok"});
   ASSERT_FALSE(r.is_null());
   ASSERT_EQ(r["ranks"].size(), 2u);
   for (const auto& rank : r["ranks"]) {
@@ -344,7 +351,8 @@ TEST(EngineCli, RunsAPlansCandidateAtItsMaxBatch) {
   for (const auto& rank : r["ranks"]) EXPECT_FALSE(rank["oom"].get<bool>());
   expect_peaks_predicted(r, "plan's choice");
   // One more sequence than the plan allows does not fit.
-  const json over = run_report({"--plan", plan, "--steps", "2", "--batch", std::to_string(max_batch + 1)});
+  const json over =
+      run_report({"--plan", plan, "--steps", "2", "--batch", std::to_string(max_batch + 1), "--oom-ok"});
   ASSERT_FALSE(over.is_null());
   EXPECT_TRUE(over["ranks"][0]["oom"].get<bool>());
 }

@@ -188,6 +188,26 @@ TEST(StepSimulatorTest, DdpFp32) {
   EXPECT_EQ(run.result.peak_host_bytes, 0);
 }
 
+// `run --steps 1` is predicted for the one step it runs: no step 2 in the
+// timeline, and the peak is step 1's (AdamW state is created in step 1's
+// optimizer, so step 1's backward holds no optimizer state: 88 + 88 + 112).
+TEST(StepSimulatorTest, OneStepReplaysInitAndStepOneOnly) {
+  const ModelTrace trace = two_block_trace();
+  const UnitPartition units = wrap_modules(trace.modules, WrapPolicy::parse("block"));
+  Strategy s;
+  s.world_size = 2;
+  s.shard_group_size = 2;
+  ExactAllocator allocator(kUnlimitedBytes);
+  SimOptions one;
+  one.steps = 1;
+  const StepSimResult r = StepSimulator(trace, units).simulate(s, allocator, one);
+  for (const TimelinePoint& p : r.timeline) EXPECT_EQ(p.label.rfind("step2/", 0), std::string::npos) << p.label;
+  EXPECT_EQ(r.timeline.back().label, "step1/optimizer");
+  EXPECT_EQ(r.peak_allocated_label.rfind("step1/", 0), 0u) << r.peak_allocated_label;
+  EXPECT_LT(r.peak_allocated_bytes, 464);  // the two-step peak (DdpFp32)
+  EXPECT_GE(r.peak_allocated_bytes, 88 + 88 + 112);
+}
+
 TEST(StepSimulatorTest, Zero1Fp32) {
   // params 4*24 = 96, grads 4*24 = 96, sharded AdamW 8*12 = 96; + 112 at G1.
   const SimRun run = simulate(Sharding::kZero1);

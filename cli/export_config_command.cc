@@ -1,0 +1,86 @@
+// `shardfit export-config --plan P.json [--candidate ID] --format
+// fsdp|accelerate|deepspeed [--out FILE]`: one planned candidate as the
+// settings the user's launcher reads. The mapping and its sources are in
+// planner/launch_config.h; what the user must still do goes to stderr.
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "models/hf_architecture.h"
+#include "models/model_config.h"
+#include "planner/launch_config.h"
+#include "planner/plan_output.h"
+
+namespace shardfit::cli {
+namespace {
+
+struct Args {
+  std::string plan;
+  std::string candidate;
+  std::string format;
+  std::string out;
+};
+
+// The Hugging Face class of the model's transformer block ("" when the
+// plan's model is not one shardfit can read any more).
+std::string block_class_of(const std::string& model_name) {
+  try {
+    return models::hf_block_class(models::resolve_model(model_name));
+  } catch (const std::invalid_argument&) {
+    return "";
+  }
+}
+
+int run(const Args& a) {
+  planner::LaunchFormat format;
+  try {
+    format = planner::parse_launch_format(a.format);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(std::string("--format: ") + e.what());
+  }
+  const planner::Plan plan = planner::read_plan_file(a.plan);
+  const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
+  if (id.empty()) throw BadInput(a.plan + ": no candidate fits batch 1, so none is chosen");
+  const planner::PlanCandidate* c = nullptr;
+  try {
+    c = plan.find(id);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(std::string("--candidate: ") + e.what());
+  }
+  if (!c) throw BadInput("--candidate " + id + ": not in " + a.plan);
+  planner::LaunchConfig config;
+  try {
+    config = planner::export_launch_config(plan, *c, format, block_class_of(plan.model.name));
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(std::string("--format ") + a.format + ": " + e.what());
+  }
+  if (a.out.empty()) {
+    std::cout << config.text;
+  } else {
+    std::ofstream f(a.out);
+    if (!f || !(f << config.text) || !f.flush())
+      throw BadInput("--out " + a.out + ": cannot write file");
+  }
+  for (const auto& note : config.notes) std::cerr << "note: " << note << "\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_export_config_command(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "export-config",
+      "Write a planned candidate as PyTorch FSDP kwargs (JSON), an Accelerate config (YAML) or a "
+      "DeepSpeed ds_config.json");
+  auto a = std::make_shared<Args>();
+  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required();
+  sub->add_option("--candidate", a->candidate, "Candidate id (default: the plan's chosen one)");
+  sub->add_option("--format", a->format, "fsdp, accelerate or deepspeed")->required();
+  sub->add_option("--out", a->out, "Write here instead of stdout");
+  sub->footer(
+      "A candidate the target cannot express (zero1 in FSDP/Accelerate, hybrid in DeepSpeed, "
+      "+ckpt with wrap=none) is refused with exit 2. Mapping: planner/launch_config.h.");
+  return {sub, [a] { return run(*a); }};
+}
+
+}  // namespace shardfit::cli

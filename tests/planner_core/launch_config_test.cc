@@ -1,0 +1,209 @@
+// export-config's mapping (planner/launch_config.h): each target's keys and
+// value types as its documentation defines them, and the candidates a
+// target cannot express refused with one line.
+//  - FSDP: torch.distributed.fsdp.FullyShardedDataParallel's keyword
+//    arguments (https://pytorch.org/docs/stable/fsdp.html).
+//  - Accelerate: `accelerate launch --config_file` YAML with fsdp_config
+//    (https://huggingface.co/docs/accelerate/usage_guides/fsdp).
+//  - DeepSpeed: ds_config.json (https://www.deepspeed.ai/docs/config-json/).
+#include "planner/launch_config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace shardfit::planner {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+Plan plan_with(const std::string& id, int64_t max_batch, int gpus = 2, int nodes = 1) {
+  Plan plan;
+  plan.model = {"gpt2-large", 774030080, 128};
+  plan.hardware = {"titan-rtx-24gb", 25394413568, gpus, nodes};
+  PlanCandidate c;
+  c.candidate = parse_candidate(id);
+  c.max_batch_per_gpu = max_batch;
+  plan.candidates.push_back(c);
+  plan.chosen = c.id();
+  return plan;
+}
+
+LaunchConfig export_one(const std::string& id, LaunchFormat f, int64_t batch = 39, int nodes = 1,
+                        int grad_accum = 1) {
+  Plan plan = plan_with(id, batch, 2, nodes);
+  plan.grad_accum = grad_accum;
+  return export_launch_config(plan, plan.candidates[0], f, "GPT2Block");
+}
+
+std::string refusal(const std::string& id, LaunchFormat f, int nodes = 1) {
+  try {
+    export_one(id, f, 8, nodes);
+  } catch (const InexpressibleCandidate& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << id << " was not refused";
+  return "";
+}
+
+TEST(LaunchConfig, FormatNames) {
+  EXPECT_EQ(parse_launch_format("fsdp"), LaunchFormat::kFsdp);
+  EXPECT_EQ(parse_launch_format("accelerate"), LaunchFormat::kAccelerate);
+  EXPECT_EQ(parse_launch_format("deepspeed"), LaunchFormat::kDeepSpeed);
+  EXPECT_THROW(parse_launch_format("megatron"), std::invalid_argument);
+}
+
+TEST(LaunchConfig, FsdpKwargsHaveTheConstructorsNamesAndTypes) {
+  const LaunchConfig c = export_one("zero3+offload/fp32/wrap=size:2000", LaunchFormat::kFsdp);
+  const ojson parsed = ojson::parse(c.text);  // the text is the JSON
+  EXPECT_EQ(parsed, c.settings);
+  const ojson& k = parsed.at("fsdp_kwargs");
+  // ShardingStrategy member names.
+  EXPECT_EQ(k.at("sharding_strategy"), "FULL_SHARD");
+  // size_based_auto_wrap_policy(min_num_params=int).
+  EXPECT_EQ(k.at("auto_wrap_policy").at("policy"), "size_based_auto_wrap_policy");
+  ASSERT_TRUE(k.at("auto_wrap_policy").at("min_num_params").is_number_integer());
+  EXPECT_EQ(k.at("auto_wrap_policy").at("min_num_params"), 2000);
+  // CPUOffload(offload_params: bool).
+  ASSERT_TRUE(k.at("cpu_offload").at("offload_params").is_boolean());
+  EXPECT_TRUE(k.at("cpu_offload").at("offload_params").get<bool>());
+  EXPECT_TRUE(k.at("mixed_precision").is_null());        // fp32: no MixedPrecision
+  EXPECT_EQ(k.at("backward_prefetch"), "BACKWARD_PRE");  // a BackwardPrefetch member
+  ASSERT_TRUE(k.at("limit_all_gathers").is_boolean());
+  EXPECT_FALSE(parsed.at("activation_checkpointing").at("enabled").get<bool>());
+  EXPECT_EQ(parsed.at("train").at("batch_size_per_gpu"), 39);
+  EXPECT_EQ(parsed.at("train").at("world_size"), 2);
+}
+
+TEST(LaunchConfig, FsdpMapsEveryShardingWrapPrecisionAndCheckpointing) {
+  EXPECT_EQ(export_one("ddp/fp32/wrap=none", LaunchFormat::kFsdp)
+                .settings["fsdp_kwargs"]["sharding_strategy"],
+            "NO_SHARD");
+  EXPECT_EQ(export_one("zero2/fp32/wrap=block", LaunchFormat::kFsdp)
+                .settings["fsdp_kwargs"]["sharding_strategy"],
+            "SHARD_GRAD_OP");
+  EXPECT_EQ(export_one("hybrid/fp32/wrap=block", LaunchFormat::kFsdp, 8, 2)
+                .settings["fsdp_kwargs"]["sharding_strategy"],
+            "HYBRID_SHARD");
+  EXPECT_TRUE(export_one("zero3/fp32/wrap=none", LaunchFormat::kFsdp)
+                  .settings["fsdp_kwargs"]["auto_wrap_policy"]
+                  .is_null());
+  const LaunchConfig c = export_one("zero3+ckpt/bf16/wrap=block", LaunchFormat::kFsdp);
+  const ojson& wrap = c.settings["fsdp_kwargs"]["auto_wrap_policy"];
+  EXPECT_EQ(wrap["policy"], "transformer_auto_wrap_policy");
+  EXPECT_EQ(wrap["transformer_layer_cls"], ojson::array({"GPT2Block"}));
+  const ojson& mp = c.settings["fsdp_kwargs"]["mixed_precision"];
+  EXPECT_EQ(mp["param_dtype"], "bfloat16");
+  EXPECT_EQ(mp["reduce_dtype"], "bfloat16");
+  EXPECT_EQ(mp["buffer_dtype"], "bfloat16");
+  const ojson& ckpt = c.settings["activation_checkpointing"];
+  EXPECT_TRUE(ckpt["enabled"].get<bool>());
+  EXPECT_EQ(ckpt["function"], "apply_activation_checkpointing");
+  EXPECT_EQ(ckpt["auto_wrap_policy"], wrap);  // the same units are checkpointed
+  EXPECT_EQ(export_one("zero3/fp16/wrap=block", LaunchFormat::kFsdp)
+                .settings["fsdp_kwargs"]["mixed_precision"]["param_dtype"],
+            "float16");
+}
+
+TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
+  const LaunchConfig c = export_one("zero3+offload/bf16/wrap=size:2000", LaunchFormat::kAccelerate);
+  const ojson& s = c.settings;
+  EXPECT_EQ(s["distributed_type"], "FSDP");
+  ASSERT_TRUE(s["num_processes"].is_number_integer());
+  EXPECT_EQ(s["num_processes"], 2);
+  ASSERT_TRUE(s["num_machines"].is_number_integer());
+  EXPECT_EQ(s["num_machines"], 1);
+  EXPECT_EQ(s["mixed_precision"], "bf16");
+  const ojson& f = s["fsdp_config"];
+  EXPECT_EQ(f["fsdp_sharding_strategy"], "FULL_SHARD");
+  EXPECT_EQ(f["fsdp_auto_wrap_policy"], "SIZE_BASED_WRAP");
+  ASSERT_TRUE(f["fsdp_min_num_params"].is_number_integer());
+  EXPECT_EQ(f["fsdp_min_num_params"], 2000);
+  ASSERT_TRUE(f["fsdp_offload_params"].is_boolean());
+  EXPECT_TRUE(f["fsdp_offload_params"].get<bool>());
+  EXPECT_EQ(f["fsdp_backward_prefetch"], "BACKWARD_PRE");
+  ASSERT_TRUE(f["fsdp_activation_checkpointing"].is_boolean());
+  // The YAML says the same.
+  EXPECT_NE(c.text.find("\ndistributed_type: FSDP\n"), std::string::npos) << c.text;
+  EXPECT_NE(c.text.find("\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"),
+            std::string::npos)
+      << c.text;
+  EXPECT_NE(c.text.find("\n  fsdp_min_num_params: 2000\n"), std::string::npos);
+  EXPECT_NE(c.text.find("\n  fsdp_offload_params: true\n"), std::string::npos);
+  EXPECT_NE(c.text.find("\nnum_processes: 2\n"), std::string::npos);
+  EXPECT_NE(c.text.find("\nmixed_precision: bf16\n"), std::string::npos);
+}
+
+TEST(LaunchConfig, AccelerateBlockWrapNamesTheLayerClassAndFp32IsQuotedNo) {
+  const LaunchConfig c = export_one("zero2+ckpt/fp32/wrap=block", LaunchFormat::kAccelerate, 8, 2);
+  EXPECT_EQ(c.settings["fsdp_config"]["fsdp_auto_wrap_policy"], "TRANSFORMER_BASED_WRAP");
+  EXPECT_EQ(c.settings["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"], "GPT2Block");
+  EXPECT_TRUE(c.settings["fsdp_config"]["fsdp_activation_checkpointing"].get<bool>());
+  EXPECT_EQ(c.settings["num_processes"], 4);  // every process, all machines
+  EXPECT_EQ(c.settings["num_machines"], 2);
+  // YAML would read a bare `no` as false.
+  EXPECT_NE(c.text.find("\nmixed_precision: 'no'\n"), std::string::npos) << c.text;
+}
+
+TEST(LaunchConfig, DeepSpeedConfigHasZeroStageOffloadBatchAndPrecision) {
+  const LaunchConfig c =
+      export_one("zero3+offload/bf16/wrap=size:2000", LaunchFormat::kDeepSpeed, 39, 1, 4);
+  const ojson s = ojson::parse(c.text);
+  ASSERT_TRUE(s["train_micro_batch_size_per_gpu"].is_number_integer());
+  EXPECT_EQ(s["train_micro_batch_size_per_gpu"], 39);
+  EXPECT_EQ(s["gradient_accumulation_steps"], 4);
+  EXPECT_EQ(s["train_batch_size"], 39 * 4 * 2);  // micro × accumulation × world
+  ASSERT_TRUE(s["zero_optimization"]["stage"].is_number_integer());
+  EXPECT_EQ(s["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(s["zero_optimization"]["offload_param"]["device"], "cpu");
+  EXPECT_EQ(s["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  ASSERT_TRUE(s["zero_optimization"]["offload_optimizer"]["pin_memory"].is_boolean());
+  ASSERT_TRUE(s["bf16"]["enabled"].is_boolean());
+  EXPECT_TRUE(s["bf16"]["enabled"].get<bool>());
+  EXPECT_FALSE(s["fp16"]["enabled"].get<bool>());
+  EXPECT_FALSE(c.notes.empty());  // wrap=size has no DeepSpeed setting: said on stderr
+
+  const ojson z1 =
+      ojson::parse(export_one("zero1+offload/fp16/wrap=none", LaunchFormat::kDeepSpeed).text);
+  EXPECT_EQ(z1["zero_optimization"]["stage"], 1);
+  EXPECT_FALSE(z1["zero_optimization"].contains("offload_param"));  // stage 3 only
+  EXPECT_EQ(z1["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  EXPECT_TRUE(z1["fp16"]["enabled"].get<bool>());
+  EXPECT_EQ(ojson::parse(export_one("ddp/fp32/wrap=none", LaunchFormat::kDeepSpeed)
+                             .text)["zero_optimization"]["stage"],
+            0);
+  EXPECT_EQ(ojson::parse(export_one("zero2/fp32/wrap=block", LaunchFormat::kDeepSpeed)
+                             .text)["zero_optimization"]["stage"],
+            2);
+  EXPECT_TRUE(ojson::parse(export_one("ddp+ckpt/fp32/wrap=block", LaunchFormat::kDeepSpeed).text)
+                  .contains("activation_checkpointing"));
+}
+
+TEST(LaunchConfig, RefusesWhatTheTargetCannotExpress) {
+  const std::string hybrid = refusal("hybrid/fp32/wrap=block", LaunchFormat::kDeepSpeed, 2);
+  EXPECT_NE(hybrid.find("deepspeed cannot express 'hybrid/fp32/wrap=block'"), std::string::npos);
+  EXPECT_EQ(hybrid.find('\n'), std::string::npos);
+  EXPECT_NE(refusal("zero1/fp32/wrap=none", LaunchFormat::kFsdp).find("optimizer-only"),
+            std::string::npos);
+  EXPECT_NE(refusal("zero1/fp32/wrap=none", LaunchFormat::kAccelerate).find("accelerate cannot"),
+            std::string::npos);
+  EXPECT_NE(refusal("zero3+ckpt/fp32/wrap=none", LaunchFormat::kFsdp).find("wrap=none"),
+            std::string::npos);
+  // Nothing fits: nothing to launch.
+  Plan plan = plan_with("zero3/fp32/wrap=none", 0);
+  EXPECT_THROW(export_launch_config(plan, plan.candidates[0], LaunchFormat::kDeepSpeed, ""),
+               InexpressibleCandidate);
+  // wrap=block without a block class (a model shardfit cannot read).
+  plan = plan_with("zero3/fp32/wrap=block", 4);
+  EXPECT_THROW(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, ""),
+               std::invalid_argument);
+}
+
+TEST(LaunchConfig, YamlQuotesWhatWouldChangeType) {
+  ojson v{{"a", "no"}, {"b", "FSDP"}, {"c", 3},
+          {"d", true}, {"e", "1"},    {"f", ojson{{"g", "x y"}}}};
+  EXPECT_EQ(to_yaml(v), "a: 'no'\nb: FSDP\nc: 3\nd: true\ne: '1'\nf:\n  g: 'x y'\n");
+}
+
+}  // namespace
+}  // namespace shardfit::planner
