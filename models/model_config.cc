@@ -1,5 +1,7 @@
 #include "models/model_config.h"
 
+#include "models/config_bounds.h"
+
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -177,6 +179,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
     if (p < 0 || p >= 1)
       throw std::invalid_argument(origin + ": dropout probabilities must be in [0, 1)");
   check_positive(c, origin);
+  check_model_bounds(c, origin);  // before anything is sized from it
   return c;
 }
 
