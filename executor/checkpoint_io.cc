@@ -157,6 +157,8 @@ json parse_json(const fs::path& file, const std::string& text, const std::string
     return json::parse(text);
   } catch (const json::parse_error& e) {
     bad(file, what + " is not valid JSON (parse error at byte " + std::to_string(e.byte) + ")");
+  } catch (const json::exception& e) {  // e.g. a number too large for a double
+    bad(file, what + " is not valid JSON (" + e.what() + ")");
   }
 }
 

@@ -110,6 +110,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw std::invalid_argument(origin + ": malformed JSON at byte " + std::to_string(e.byte));
+  } catch (const nlohmann::json::exception& e) {  // 1e99999: number overflow (found by fuzz_config)
+    throw std::invalid_argument(origin + ": malformed JSON: " + e.what());
   }
   if (!j.is_object()) throw std::invalid_argument(origin + ": expected a JSON object");
   if (!j.contains("model_type") || !j["model_type"].is_string())

@@ -177,6 +177,10 @@ TEST(ModelConfigBounds, OutOfBoundsSizesAreRefusedAtOnceNamingTheKey) {
   refused(R"({"model_type": "gpt2", "layer_norm_epsilon": -1e-5})", "layer_norm_epsilon");
   refused(R"({"model_type": "gpt2", "initializer_range": -0.02})", "initializer_range");
   refused(R"({"model_type": "bert", "type_vocab_size": 1})", "type_vocab_size");
+  // fuzz_config's first crash: a number beyond a double is out_of_range, not
+  // a parse_error; it escaped as an internal error (exit 3).
+  EXPECT_THROW(shardfit::models::parse_hf_config(R"({"model_type": "gpt2", "n_layer": 1e48287957141})", "c"),
+               std::invalid_argument);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
   // The published sizes stay accepted.
   EXPECT_NO_THROW(
