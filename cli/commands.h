@@ -26,6 +26,13 @@ struct EnvironmentFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// SIGTERM/SIGINT stopped the job (issue 14): main prints the one line and
+// exits 128 + signal (130 SIGINT, 143 SIGTERM).
+struct Interrupted : std::runtime_error {
+  Interrupted(const std::string& what, int sig) : std::runtime_error(what), signal(sig) {}
+  int signal;
+};
+
 struct Command {
   CLI::App* app;
   std::function<int()> run;
@@ -44,6 +51,7 @@ Command add_compare_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
 Command add_validate_command(CLI::App& app);
 Command add_export_config_command(CLI::App& app);
+Command add_verify_command(CLI::App& app);
 
 // This executable's path (/proc/self/exe), for spawning itself.
 std::string self_exe();

@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
     } catch (const std::invalid_argument& e) {
       std::cerr << "shardfit " << c.app->get_name() << ": error: " << e.what() << "\n";
       return kExitBadInput;
+    } catch (const Interrupted& e) {
+      std::cerr << "shardfit " << c.app->get_name() << ": " << e.what() << "\n";
+      return 128 + e.signal;
     } catch (const EnvironmentFailure& e) {
       std::cerr << "shardfit " << c.app->get_name() << ": failed: " << e.what() << "\n";
       return kExitEnvironment;

@@ -85,7 +85,7 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--gpus", a->gpus, "GPUs per node")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--nodes", a->nodes, "Nodes")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--device", a->device, "Device profile name (profiles/*.json) or path")->required();
-  sub->add_option("--gpu-mem", a->gpu_mem, "Override the device memory (24GiB, 512MiB, bytes)");
+  sub->add_option("--gpu-mem", a->gpu_mem, "Override the device memory (24GiB, 512MiB, bytes)")->check(MemorySize);
   sub->add_option("--strategies", a->strategies,
                   "Comma-separated candidate ids or shardings (ddp, zero1, zero2, zero3, hybrid); default all");
   sub->add_option("--precision", a->precision, "fp32, fp16, bf16 or all (comma-separated)")->capture_default_str();

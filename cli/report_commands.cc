@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "planner/plan_output.h"
 #include "reports/compare.h"
 #include "reports/render.h"
@@ -29,18 +30,22 @@ Command add_compare_command(CLI::App& app) {
   sub->add_option("REPORT", a->report, "Report JSON written by `shardfit run` or `validate`")->required();
   sub->add_option("--baseline", a->baseline, "A baseline report of the same candidate");
   sub->add_option("--max-peak-error", a->max_peak_error,
-                  "Allowed |peak error| per rank in percent (default 1 on cpu, 3 on cuda)");
+                  "Allowed |peak error| per rank in percent (default 1 on cpu, 3 on cuda)")
+      ->check(NonNegative);
   sub->add_option("--max-slowdown", a->max_slowdown,
                   "Allowed throughput loss against a baseline measured on the same machine, percent "
                   "(a baseline from another CPU, ISA or thread count is not compared)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NonNegative);
   sub->add_flag("--ignore-throughput", a->ignore_throughput,
                 "Print throughput against the baseline but never fail on it (CI gates only on memory)");
   sub->add_option("--max-error-growth", a->max_error_growth,
                   "Allowed growth of |peak error| against the baseline, percentage points")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NonNegative);
   return {sub, [a] {
             const reports::RunReport r = reports::read_report_file(a->report);
+            if (r.ranks.empty()) throw BadInput(a->report + ": \"ranks\" is empty: a report with no rank to check");
             std::optional<reports::RunReport> base;
             if (!a->baseline.empty()) base = reports::read_report_file(a->baseline);
             reports::CompareOptions o;

@@ -33,11 +33,13 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "cli/run_outcome.h"
+#include "cli/run_support.h"
 #include "cli/validators.h"
 #include "executor/comm.h"
 #include "executor/engine.h"
 #include "executor/launcher.h"
 #include "executor/slurm_env.h"
+#include "executor/signals.h"
 #include "executor/train_checkpoint.h"
 #include "executor/meter.h"
 #include "executor/trainer.h"
@@ -84,6 +86,9 @@ struct RunArgs {
   int64_t save_every = 0;
   std::string resume;       // a checkpoint directory or a --save root
   std::string export_path;  // safetensors file from the last checkpoint
+  bool oversubscribe = false;    // --nproc above the cores
+  bool resume_anyway = false;    // resume despite options that break bit-exactness
+  bool allow_nonfinite = false;  // train on through a NaN/Inf loss
   // Which options the user gave (a plan fills in the others).
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false;
   std::string command_line;
@@ -101,27 +106,13 @@ struct Job {
   int plan_gpus_per_node = 0;  // the plan's GPUs per node
   std::string device = "cpu";   // --device
   std::string profile = "cpu";  // what predict() plans for
+  std::vector<std::string> resume_changes;  // --resume-anyway: what differs from the checkpoint
 };
 
 // --device cuda predicts for this profile when neither --profile nor a CUDA
 // plan names one: the reference scenario's card, the one `--gpu-mem 24GiB`
 // emulates on a bigger GPU (scripts/gpu-check).
 constexpr const char* kDefaultCudaProfile = "titan-rtx-24gb";
-
-std::string now_iso8601() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-std::vector<std::string> own_argv() {
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
-  std::vector<std::string> argv;
-  std::string arg;
-  while (std::getline(f, arg, '\0')) argv.push_back(arg);
-  return argv;
-}
 
 Job resolve_job(const RunArgs& a) {
   Job job;
@@ -198,6 +189,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   o.checkpoint.save_dir = a.save;
   o.checkpoint.save_every = a.save_every;
   o.checkpoint.resume_from = a.resume;
+  o.allow_nonfinite = a.allow_nonfinite;
   return o;
 }
 
@@ -278,22 +270,6 @@ std::function<void(const executor::StepLog&)> step_logger(int64_t steps) {
   };
 }
 
-// Test-only: SHARDFIT_TEST_DIE_AT_STEP=K kills rank SHARDFIT_TEST_DIE_RANK
-// (default 1) with SIGKILL as step K begins: a rank that dies mid-run.
-std::function<void(int64_t)> test_death_hook(int rank) {
-  const char* at = std::getenv("SHARDFIT_TEST_DIE_AT_STEP");
-  if (at == nullptr) return {};
-  const int64_t step = std::atoll(at);
-  const char* who = std::getenv("SHARDFIT_TEST_DIE_RANK");
-  const int victim = who ? std::atoi(who) : 1;
-  if (rank != victim) return {};
-  return [step](int64_t s) {
-    if (s != step) return;
-    std::fflush(nullptr);
-    ::raise(SIGKILL);
-  };
-}
-
 // One rank alone, ddp/fp32/wrap=none: the single-rank trainer, as before.
 int run_single_rank_trainer(const RunArgs& a, const Job& job) {
   executor::TrainOptions o;
@@ -337,6 +313,8 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
   if (comm.backend() != executor::Backend::kLoopback) check_ranks_agree(comm, job_options(a, job, gpus_per_node), o.device);
   const bool leader = comm.rank() == 0 || comm.backend() == executor::Backend::kLoopback;
   if (!leader) spdlog::set_level(spdlog::level::warn);
+  // Before training: a save into the same root makes a newer step the latest.
+  const std::string resumed_from = a.resume.empty() ? "" : executor::resolve_resume_dir(a.resume).string();
   executor::EngineResult result = executor::train_data_parallel(o, comm, step_logger(a.steps));
   reports::RankReport mine = rank_report(comm.rank(), result.peak_allocated_bytes, result.timeline, result.oom,
                                          result.oom_message, result.device == "cuda" ? result.peak_reserved_bytes : -1);
@@ -355,14 +333,21 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     r.steps = static_cast<int64_t>(result.loss.size());
     r.first_step = result.first_step;
     r.checkpoints = result.saved;
-    if (!a.resume.empty()) r.resumed_from = executor::resolve_resume_dir(a.resume).string();
+    r.resumed_from = resumed_from;
+    r.resume_changes = job.resume_changes;
+    r.diverged_at_step = result.diverged_at_step;
     r.loss = result.loss;
     r.tokens_per_s = result.tokens_per_s;
     r.ranks = std::move(ranks);
     attach_prediction(r.ranks, predict(job, world, gpus_per_node, job.grad_accum, a.steps), job.device == "cuda");
     write_and_print(a, r, job);
     code = oom_exit(a.oom_ok, a.out, r);
-    if (!a.export_path.empty()) {
+    if (result.diverged_at_step > 0) {
+      std::fprintf(stderr, "shardfit run: diverged at step %lld (loss %g)%s; --allow-nonfinite trains on\n",
+                   static_cast<long long>(result.diverged_at_step), result.loss.back(),
+                   a.out.empty() ? "" : ("; report " + a.out).c_str());
+      if (code == kExitOk) code = kExitCheckFailed;
+    } else if (!a.export_path.empty()) {
       if (result.saved.empty()) {
         spdlog::warn("--export {}: no checkpoint was saved (out of memory?), nothing exported", a.export_path);
       } else {
@@ -381,11 +366,14 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
 }
 
 // --save/--resume/--export, checked once before any rank starts.
-void check_checkpoint_args(const RunArgs& a, const Job& job, int world, int gpus_per_node, executor::Backend backend) {
+// Returns, under --resume-anyway, the options that differ from the checkpoint's job.
+std::vector<std::string> check_checkpoint_args(const RunArgs& a, const Job& job, int world, int gpus_per_node,
+                                               executor::Backend backend) {
   const bool any = !a.save.empty() || !a.resume.empty() || !a.export_path.empty();
+  if (a.resume_anyway && a.resume.empty()) throw BadInput("--resume-anyway: needs --resume DIR");
   if (!any) {
     if (a.save_every > 0) throw BadInput("--save-every " + std::to_string(a.save_every) + ": needs --save DIR");
-    return;
+    return {};
   }
   if (a.reference_trainer) throw BadInput("--reference-trainer: has no checkpoints (drop --save/--resume/--export)");
   if (backend == executor::Backend::kLoopback)
@@ -394,6 +382,8 @@ void check_checkpoint_args(const RunArgs& a, const Job& job, int world, int gpus
   if (!a.export_path.empty() && a.save.empty())
     throw BadInput("--export " + a.export_path + ": needs --save DIR (it consolidates the last checkpoint saved)");
   if (a.save_every < 0) throw BadInput("--save-every " + std::to_string(a.save_every) + ": must be >= 0");
+  if (!a.save.empty()) check_save_dir(a.save);  // before training, not after it
+  if (!a.export_path.empty()) check_export_path(a.export_path);
   if (!a.resume.empty()) {
     std::filesystem::path dir;
     executor::CheckpointInfo info;
@@ -426,10 +416,23 @@ void check_checkpoint_args(const RunArgs& a, const Job& job, int world, int gpus
     if (step >= a.steps)
       throw BadInput("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(step) + "; --steps " +
                      std::to_string(a.steps) + " (the total, counted from the start) leaves nothing to train");
+    const nlohmann::json now = {{"candidate", job.candidate.to_id()}, {"batch_per_gpu", job.batch},
+                                {"seq_len", job.seq_len},              {"grad_accum", job.grad_accum},
+                                {"seed", a.seed},                      {"data", a.data},
+                                {"lr", a.lr},                          {"weight_decay", a.weight_decay},
+                                {"clip_grad_norm", a.clip_grad_norm}};
+    const std::vector<std::string> changes = resume_option_changes(info.metadata.value("job", nlohmann::json()), now);
+    if (!changes.empty() && !a.resume_anyway)
+      throw BadInput("--resume " + a.resume + ": " + changes.front() + (changes.size() > 1 ? " (and more)" : "") +
+                     " since the checkpoint: the run would not continue its loss curve bit for bit "
+                     "(--resume-anyway resumes all the same and says so in the report)");
+    return changes;
   }
+  return {};
 }
 
-int launch(const RunArgs& a, int nproc) {
+int launch(const RunArgs& a, const Job& job, int nproc, int gpus_per_node) {
+  executor::install_stop_signal_handlers();  // SIGTERM/SIGINT: stop the ranks, report, exit 128+sig
   executor::LaunchOptions lo;
   lo.timeout = std::chrono::milliseconds(0);  // each rank's collectives time out on their own
   // Let the survivors' own errors (naming the peer they lost) reach the log.
@@ -437,6 +440,16 @@ int launch(const RunArgs& a, int nproc) {
   // The report records the command as typed (with --nproc), not the ranks'.
   ::setenv("SHARDFIT_COMMAND_LINE", a.command_line.c_str(), 1);
   const executor::LaunchResult res = executor::launch_local(nproc, executor::without_nproc_option(own_argv()), lo);
+  if (res.interrupted_by != 0) {
+    if (!a.out.empty()) {  // what the launcher knows: the job, and that it did not finish
+      reports::RunReport r = report_skeleton(job, job.model.param_count(), nproc, gpus_per_node, "gloo");
+      r.interrupted = true;
+      r.command = a.command_line;
+      r.created = now_iso8601();
+      std::ofstream(a.out) << reports::to_json(r).dump(2) << "\n";
+    }
+    throw Interrupted(res.error + (a.out.empty() ? "" : "; report " + a.out), res.interrupted_by);
+  }
   if (launch_went_oom(res)) return kExitOom;
   if (res.exit_code == kExitEnvironment) throw EnvironmentFailure(res.error);
   if (res.exit_code != kExitOk) std::cerr << "shardfit run: " << res.error << "\n";
@@ -462,7 +475,7 @@ int run(const RunArgs& a) {
   if (cuda && a.reference_trainer)
     throw BadInput("--reference-trainer: the single-rank reference runs on the CPU only; drop --device cuda");
   if (a.grad_accum < 1) throw BadInput("--grad-accum " + std::to_string(a.grad_accum) + ": must be at least 1");
-  const Job job = resolve_job(a);
+  Job job = resolve_job(a);
   try {  // a task started by srun: Slurm's variables as torchrun's (not under --nproc, which sets them)
     if (a.nproc == 0) executor::apply_slurm_env();
   } catch (const std::invalid_argument& e) {
@@ -482,6 +495,7 @@ int run(const RunArgs& a) {
   if (backend == executor::Backend::kLoopback && nproc > 0)
     throw BadInput("--nproc with --backend loopback: loopback is one process; use --world-size N [--rank R]");
   if (!in_job && nproc == 0 && backend != executor::Backend::kLoopback && job.plan_world > 1) nproc = job.plan_world;
+  if (!in_job && nproc > 0) check_local_ranks(nproc, a.oversubscribe);
   if (a.reference_trainer && (nproc > 0 || in_job || backend == executor::Backend::kLoopback))
     throw BadInput("--reference-trainer: one rank only (no --nproc, torchrun or loopback)");
   int world = 1;
@@ -506,11 +520,11 @@ int run(const RunArgs& a) {
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     gpus_per_node = in_job && local ? std::atoi(local) : world;
   }
-  check_checkpoint_args(a, job, world, gpus_per_node, backend);
+  job.resume_changes = check_checkpoint_args(a, job, world, gpus_per_node, backend);
   const executor::EngineOptions checked = engine_options(a, job, gpus_per_node);
   executor::check_engine_options(checked, world);  // one line, before any rank starts
 
-  if (nproc > 0 && !in_job) return launch(a, nproc);
+  if (nproc > 0 && !in_job) return launch(a, job, nproc, gpus_per_node);
 
   try {
     if (in_job) {
@@ -553,11 +567,11 @@ Command add_run_command(CLI::App& app) {
   auto* strategy = sub->add_option("--strategy", a->strategy,
                                    "Candidate id: SHARDING[+offload][+ckpt]/PRECISION/wrap=POLICY")
                        ->capture_default_str();
-  auto* batch = sub->add_option("--batch", a->batch, "Sequences per step per rank")->capture_default_str()->check(AtLeastOne);
+  auto* batch = sub->add_option("--batch", a->batch, "Sequences per step per rank")->capture_default_str()->check(IntRange(1, kMaxBatch));
   auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence (default: min(128, model positions))")
-                  ->check(AtLeastOne);
-  sub->add_option("--steps", a->steps, "Training steps")->capture_default_str()->check(AtLeastOne);
-  sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str();
+                  ->check(IntRange(1, kMaxSeqLen));
+  sub->add_option("--steps", a->steps, "Training steps")->capture_default_str()->check(IntRange(1, kMaxSteps));
+  sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str()->check(Seed);
   sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str();
   sub->add_option("--device", a->device,
                   std::string("Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; ") +
@@ -573,21 +587,25 @@ Command add_run_command(CLI::App& app) {
       ->check(NonNegative);
   sub->add_option("--gpu-mem", a->gpu_mem,
                   "Cap each rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM (a result). "
-                  "cuda: a card of that total (what the process holds outside the caching allocator counts)");
+                  "cuda: a card of that total (what the process holds outside the caching allocator counts)")
+      ->check(MemorySize);
   sub->add_option("--out", a->out, "Write the report JSON here (rank 0 writes every rank's figures)");
-  sub->add_option("--nproc", a->nproc, "Spawn N local ranks (else torchrun's RANK, WORLD_SIZE, ... or one rank)")
-      ->check(AtLeastOne);
+  sub->add_option("--nproc", a->nproc,
+                  "Spawn N local ranks, at most one per core unless --oversubscribe (else torchrun's RANK, "
+                  "WORLD_SIZE, ... or one rank)")
+      ->check(IntRange(1, kMaxLocalRanks));
+  sub->add_flag("--oversubscribe", a->oversubscribe, "Allow --nproc above the cores of this machine");
   sub->add_option("--backend", a->backend,
                   "gloo (CPU ranks; the default on cpu), nccl (CUDA ranks; the default with --device cuda) or "
                   "loopback (one process rehearses rank --rank of --world-size)");
   sub->add_option("--rank", a->rank, "loopback: the rank this process stands in for")->capture_default_str();
-  sub->add_option("--world-size", a->world_size, "loopback: the world it rehearses")->check(AtLeastOne);
+  sub->add_option("--world-size", a->world_size, "loopback: the world it rehearses")->check(IntRange(1, kMaxWorld));
   sub->add_option("--gpus-per-node", a->gpus_per_node,
                   "hybrid: ranks per (emulated) node, the shard group (default: LOCAL_WORLD_SIZE or the world)")
       ->check(AtLeastOne);
   sub->add_option("--timeout", a->timeout_s, "Seconds a rank waits for its peers (rendezvous, each collective)")
       ->capture_default_str()
-      ->check(Positive);
+      ->check(Seconds);
   sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)");
   sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one");
   auto* grad_accum = sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step (default 1, or the plan's)")->capture_default_str()
@@ -611,6 +629,11 @@ Command add_run_command(CLI::App& app) {
       ->type_name("FILE");
   sub->add_flag("--oom-ok", a->oom_ok,
                 "Exit 0 when a rank goes out of memory (default: exit 4; the report is written either way)");
+  sub->add_flag("--resume-anyway", a->resume_anyway,
+                "With --resume: resume even though an option that changes the steps (batch, seq-len, "
+                "grad-accum, seed, data, lr, ...) differs from the checkpoint's; the report lists them");
+  sub->add_flag("--allow-nonfinite", a->allow_nonfinite,
+                "Train on when the loss turns NaN/Inf (default: stop, exit 1, \"diverged at step N\")");
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");

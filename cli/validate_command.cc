@@ -4,10 +4,14 @@
 // out of memory), record the measured max batch and the peak error per
 // rank, and write each candidate's report with both. Exit 1 on any
 // mismatch.
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,19 +19,28 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/validators.h"
+#include "executor/signals.h"
 #include "planner/candidate.h"
 #include "planner/plan_output.h"
+#include "planner/profile.h"
 #include "reports/compare.h"
 #include "reports/run_report.h"
 
 namespace shardfit::cli {
 namespace {
 
-// Runs `argv` and returns its exit status (stdout/stderr go to `log`).
+// Runs `argv` and returns its exit status (stdout/stderr go to `log`). The
+// child dies with this process (PR_SET_PDEATHSIG: SIGTERM, so a `run`
+// launcher stops its ranks); a SIGTERM/SIGINT to this process is passed on,
+// the child gets 5 s to stop its ranks before SIGKILL, then Interrupted.
 int run_child(const std::vector<std::string>& argv, const std::string& log) {
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) throw EnvironmentFailure("fork failed");
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(125);
     FILE* f = std::fopen(log.c_str(), "w");
     if (f) {
       dup2(fileno(f), 1);
@@ -40,7 +53,24 @@ int run_child(const std::vector<std::string>& argv, const std::string& log) {
     _exit(127);
   }
   int status = 0;
-  waitpid(pid, &status, 0);
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw EnvironmentFailure(std::string("waitpid failed: ") + std::strerror(errno));
+    if (const int sig = executor::stop_signal_received()) {
+      kill(pid, SIGTERM);
+      bool gone = false;
+      for (int i = 0; i < 100 && !gone; ++i) {  // 5 s
+        gone = waitpid(pid, &status, WNOHANG) == pid;
+        if (!gone) usleep(50 * 1000);
+      }
+      if (!gone) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+      }
+      throw Interrupted("interrupted by " + executor::signal_name(sig) + ": stopped the run in progress (" + log +
+                            "); reports of finished candidates are kept",
+                        sig);
+    }
+  }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -65,13 +95,24 @@ Command add_validate_command(CLI::App& app) {
   sub->add_option("--backend", a->backend,
                   "gloo: every rank as a process (--nproc); loopback: one process rehearses rank 0")
       ->capture_default_str();
-  sub->add_option("--steps", a->steps, "Training steps per run (2 reaches the steady state)")->capture_default_str();
+  sub->add_option("--steps", a->steps, "Training steps per run (2 reaches the steady state)")
+      ->capture_default_str()
+      ->check(IntRange(1, 1'000'000));
   sub->add_option("--max-peak-error", a->max_peak_error, "Allowed |peak error| per rank, percent")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NonNegative);
   return {sub, [a] {
+            executor::install_stop_signal_handlers();
             const planner::Plan plan = planner::read_plan_file(a->plan);
             if (a->backend != "gloo" && a->backend != "loopback")
               throw BadInput("--backend " + a->backend + ": expected gloo or loopback");
+            // validate trains CPU ranks: a CUDA card's plan would train the
+            // card's max batch on the CPU against the card's allocator model.
+            if (plan.hardware.profile != "cpu" &&
+                planner::load_profile(plan.hardware.profile, profiles_dir()).kind != planner::DeviceKind::kCpu)
+              throw BadInput(a->plan + ": planned for " + plan.hardware.profile +
+                             " (CUDA); this build validates on the CPU only: plan with --device cpu, or check a "
+                             "card with scripts/gpu-check");
             if (plan.hardware.device_mem_bytes <= 0)
               throw BadInput(a->plan + ": the plan has no memory budget (plan it with --gpu-mem)");
             std::vector<const planner::PlanCandidate*> todo;
@@ -84,7 +125,13 @@ Command add_validate_command(CLI::App& app) {
                 todo.push_back(c);
               }
             }
-            std::filesystem::create_directories(a->out_dir);
+            {
+              std::error_code ec;
+              std::filesystem::create_directories(a->out_dir, ec);
+              if (ec || !std::filesystem::is_directory(a->out_dir, ec))
+                throw BadInput("--out-dir " + a->out_dir + ": not a directory that can be created" +
+                               (ec ? " (" + ec.message() + ")" : std::string(" (a file is in the way)")));
+            }
             const int world = plan.hardware.world_size();
             bool all_ok = true;
             Progress progress("validate", todo.size() * 2);  // max and max+1 per candidate
@@ -98,7 +145,9 @@ Command add_validate_command(CLI::App& app) {
                 std::vector<std::string> argv = {self_exe(), "run", "--plan", a->plan, "--candidate", c->id(),
                                                  "--batch", std::to_string(batch), "--steps", std::to_string(a->steps),
                                                  "--gpu-mem", std::to_string(plan.hardware.device_mem_bytes),
-                                                 "--out", out, "--oom-ok"};  // max+1 must OOM: a result
+                                                 "--out", out, "--oom-ok",  // max+1 must OOM: a result
+                                                 // the plan's world, on whatever cores this machine has
+                                                 "--oversubscribe"};
                 if (a->backend == "gloo") {
                   argv.insert(argv.end(), {"--nproc", std::to_string(world)});
                 } else {

@@ -1,9 +1,15 @@
 // CLI11 validators whose messages fit SPEC's one-line errors.
 #pragma once
 
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <CLI/CLI.hpp>
+
+#include "planner/profile.h"
 
 namespace shardfit::cli {
 
@@ -24,10 +30,10 @@ inline const CLI::Validator NonNegative(
       try {
         size_t used = 0;
         const double v = std::stod(text, &used);
-        if (used == text.size() && v >= 0) return {};
+        if (used == text.size() && std::isfinite(v) && v >= 0) return {};
       } catch (const std::exception&) {
       }
-      return "'" + text + "' must be a number >= 0";
+      return "'" + text + "' must be a finite number >= 0";
     },
     "X>=0");
 
@@ -36,11 +42,66 @@ inline const CLI::Validator Positive(
       try {
         size_t used = 0;
         const double v = std::stod(text, &used);
-        if (used == text.size() && v > 0) return {};
+        if (used == text.size() && std::isfinite(v) && v > 0) return {};
       } catch (const std::exception&) {
       }
-      return "'" + text + "' must be a number > 0";
+      return "'" + text + "' must be a finite number > 0";
     },
     "X>0");
+
+// A whole number in [lo, hi] (issue 14: every numeric option bounded, so
+// that no size overflows downstream into an internal error).
+inline CLI::Validator IntRange(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          const long long v = std::stoll(text, &used);
+          if (used == text.size() && v >= lo && v <= hi) return {};
+        } catch (const std::exception&) {
+        }
+        return "'" + text + "' must be a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
+      },
+      "N in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+// A finite number of seconds in (0, one week]: milliseconds fit an int64.
+inline const CLI::Validator Seconds(
+    [](std::string& text) -> std::string {
+      try {
+        size_t used = 0;
+        const double v = std::stod(text, &used);
+        if (used == text.size() && std::isfinite(v) && v > 0 && v <= 7 * 86400) return {};
+      } catch (const std::exception&) {
+      }
+      return "'" + text + "' must be a number of seconds > 0 and at most 604800 (a week)";
+    },
+    "SECONDS");
+
+// A seed: a whole number from 0 to 2^64 - 1 (CLI11 alone clamps larger ones
+// and wraps negative ones).
+inline const CLI::Validator Seed(
+    [](std::string& text) -> std::string {
+      const std::string msg = "'" + text + "' must be a whole number from 0 to 18446744073709551615";
+      if (text.empty() || text[0] < '0' || text[0] > '9') return msg;
+      errno = 0;
+      char* end = nullptr;
+      std::strtoull(text.c_str(), &end, 10);
+      if (errno == ERANGE || end == nullptr || *end != '\0') return msg;
+      return {};
+    },
+    "SEED");
+
+// A memory size such as 24GiB, 512MiB or bytes, above zero.
+inline const CLI::Validator MemorySize(
+    [](std::string& text) -> std::string {
+      try {
+        if (planner::parse_size_bytes(text) > 0) return {};
+      } catch (const std::exception& e) {
+        return "'" + text + "': " + e.what();
+      }
+      return "'" + text + "' must be a memory size above zero (24GiB, 512MiB, bytes)";
+    },
+    "SIZE");
 
 }  // namespace shardfit::cli

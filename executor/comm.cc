@@ -1,6 +1,8 @@
 // Communicator backends: loopback (one process rehearses rank r's memory)
 // and gloo (c10d's ProcessGroupGloo over a TCPStore rendezvous).
 #include "executor/comm.h"
+
+#include "executor/watchdog.h"
 #include "executor/comm_detail.h"
 
 #include <signal.h>
@@ -249,6 +251,8 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(std::shared_ptr<GlooWorld> world, std::string name, int rank, std::vector<int> globals)
       : world_(std::move(world)), name_(std::move(name)), rank_(rank), global_ranks_(std::move(globals)) {
     const std::string key = "group/" + name_;
+    // Gloo's connect can block past its own timeout; end the rank then.
+    const Watchdog watchdog(world_->timeout + kWatchdogGrace, "joining group '" + name_ + "' (rendezvous, connect)");
     auto announcements = group_rendezvous(*world_, key, rank_, global_ranks_, encode(this_process()));
     if (name_ == "world")
       for (const auto& a : announcements) world_->processes.push_back(decode(a));
@@ -466,6 +470,7 @@ std::unique_ptr<Communicator> make_gloo(const CommOptions& o) {
   store_options.timeout = o.timeout;
   c10::intrusive_ptr<c10d::Store> tcp;
   try {
+    const Watchdog watchdog(o.timeout + kWatchdogGrace, "reaching the store at " + world->store_address);
     tcp = c10::make_intrusive<c10d::TCPStore>(o.master_addr, store_options);
   } catch (const std::exception& e) {
     throw CommError("rendezvous failed on rank " + std::to_string(o.rank) + ": " +

@@ -1,5 +1,7 @@
 #include "executor/data.h"
 
+#include "executor/token_file.h"
+
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -8,9 +10,6 @@
 namespace shardfit::executor {
 namespace {
 
-constexpr int32_t kLlmcMagic = 20240520;  // llm.c dev/data/data_common.py
-constexpr int32_t kLlmcVersion = 1;       // uint16 tokens
-constexpr int kLlmcHeaderInts = 256;
 
 uint64_t mix(uint64_t x) {  // splitmix64 finaliser
   x += 0x9e3779b97f4a7c15ULL;
@@ -95,25 +94,11 @@ class TokenFileData final : public DataSource {
     if (cfg.family != models::Family::kGpt2)
       throw std::invalid_argument(path + ": token files train GPT-2 models only (causal LM)");
     if (!in_) throw std::invalid_argument(path + ": cannot read token file");
-    int32_t header[kLlmcHeaderInts];
-    if (!in_.read(reinterpret_cast<char*>(header), sizeof(header)))
-      throw std::invalid_argument(path + ": shorter than the 1024-byte llm.c header");
-    if (header[0] != kLlmcMagic)
-      throw std::invalid_argument(path + ": bad magic " + std::to_string(header[0]) +
-                                  " (expected llm.c's 20240520)");
-    if (header[1] != kLlmcVersion)
-      throw std::invalid_argument(path + ": unsupported version " + std::to_string(header[1]) +
-                                  " (expected 1: uint16 tokens)");
-    num_tokens_ = header[2];
+    int32_t header[kLlmcHeaderInts] = {};
+    in_.read(reinterpret_cast<char*>(header), sizeof(header));
+    in_.clear();
     in_.seekg(0, std::ios::end);
-    const int64_t have = (static_cast<int64_t>(in_.tellg()) - sizeof(header)) / 2;
-    if (have < num_tokens_)
-      throw std::invalid_argument(path + ": header says " + std::to_string(num_tokens_) +
-                                  " tokens but the file holds " + std::to_string(have));
-    if (num_tokens_ < seq_len_)
-      throw std::invalid_argument(path + ": " + std::to_string(num_tokens_) +
-                                  " tokens, fewer than one sequence of " +
-                                  std::to_string(seq_len_));
+    num_tokens_ = check_llmc_header(header, static_cast<int64_t>(in_.tellg()), seq_len_, path);
     vocab_ = cfg.vocab_size;
   }
 

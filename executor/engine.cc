@@ -572,6 +572,10 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
       train_step(step, *data, &loss);
       loss = all_reduce_scalar(*world_, loss, ReduceOp::kAvg);  // the job's loss: the mean over ranks
       result.loss.push_back(loss);
+      if (!std::isfinite(loss) && !o_.allow_nonfinite) {  // the same mean on every rank
+        result.diverged_at_step = step;
+        break;
+      }
       if (o_.on_step_end) o_.on_step_end(step, unit_pointers());
       if (wants_save(step)) result.saved.push_back(save(step).string());
       // Throughput leaves out the first step (allocations, warm-up) when
@@ -636,7 +640,9 @@ std::filesystem::path Engine::save(int64_t step) {
   const nlohmann::json job = {{"model", o_.model.name},         {"candidate", o_.candidate.to_id()},
                               {"world_size", world_->world_size()}, {"batch_per_gpu", o_.batch},
                               {"seq_len", o_.seq_len},            {"grad_accum", o_.grad_accum},
-                              {"seed", o_.seed},                  {"data", o_.data}};
+                              {"seed", o_.seed},                  {"data", o_.data},
+                              {"lr", o_.adamw.lr},                {"weight_decay", o_.adamw.weight_decay},
+                              {"clip_grad_norm", o_.clip_grad_norm}};
   const std::filesystem::path dir = step_checkpoint_dir(o_.checkpoint.save_dir, step);
   save_training_checkpoint(dir, *world_, unit_pointers(), p, job);
   if (world_->rank() == 0) spdlog::info("step {}: checkpoint {}", step, dir.string());

@@ -84,6 +84,10 @@ struct EngineOptions {
   // save after the steps it names. A resumed run starts at the saved step
   // + 1 and runs to `steps`.
   CheckpointOptions checkpoint;
+  // false (the default): a step whose loss (the mean over ranks) is NaN or
+  // infinite ends the run there (EngineResult::diverged_at_step), on every
+  // rank alike; true: train on (--allow-nonfinite).
+  bool allow_nonfinite = false;
   // Test hooks: after init and after each optimizer step. Units are in
   // planner::wrap_modules order; each holds this rank's fp32 master and
   // AdamW state.
@@ -109,6 +113,7 @@ struct EngineResult {
   bool oom = false;           // the budget was hit; `loss` holds the steps before it
   std::string oom_message;
   std::vector<std::string> saved;  // checkpoint directories committed, in order
+  int64_t diverged_at_step = 0;    // > 0: that step's loss was not finite; the run stopped there
 };
 
 // Trains on `world` (rank r of N reads global sequences r*b.. of each step,

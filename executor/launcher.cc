@@ -2,6 +2,8 @@
 // as child processes with prefixed output and failure handling.
 #include "executor/launcher.h"
 
+#include "executor/signals.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -354,6 +356,12 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv, const
       usleep(50 * 1000);
     }
 
+    // SIGTERM/SIGINT to this process: stop every rank, report it as such.
+    if (phase != Phase::kStopping && result.interrupted_by == 0 && stop_signal_received() != 0) {
+      result.interrupted_by = stop_signal_received();
+      begin_stopping();
+    }
+
     // Reap. Failures found in one pass are reported together: the rank that
     // died and a survivor whose collective failed at once can end within
     // the same few milliseconds.
@@ -426,6 +434,12 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv, const
     if (p.fd >= 0) close(p.fd);
 
   for (const auto& c : children) result.ranks.push_back(c.exit);
+  if (result.interrupted_by != 0) {
+    result.exit_code = 128 + result.interrupted_by;
+    result.error = "interrupted by " + signal_name(result.interrupted_by) + ": stopped all " +
+                   std::to_string(nproc) + " rank(s)";
+    return result;
+  }
   if (timed_out) {
     result.exit_code = kExitEnvironment;
     result.error = "run timed out after " + seconds_str(options.timeout) + ": rank(s) " +

@@ -84,6 +84,9 @@ struct LaunchResult {
   std::vector<int> failed_ranks;  // ranks that failed or hung (not those stopped after)
   std::vector<RankExit> ranks;   // by rank
   int master_port = 0;
+  // A stop signal (SIGTERM/SIGINT, executor/signals.h) this process got
+  // while the ranks ran: every rank was stopped; exit_code is 128 + it.
+  int interrupted_by = 0;
 };
 
 // Starts `nproc` ranks of options.executable with `argv` (argv[0] first;

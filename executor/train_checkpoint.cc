@@ -11,6 +11,8 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
+#include <spdlog/spdlog.h>
+
 #include "executor/meter.h"
 
 namespace shardfit::executor {
@@ -145,6 +147,34 @@ void save_training_checkpoint(const fs::path& dir, Communicator& world, const st
   world.barrier();  // every rank file is on disk
   if (world.rank() == 0) write_checkpoint_manifest(dir, world.world_size());
   world.barrier();  // committed: nobody goes on (or exits) before it is
+  if (world.rank() == 0 && step_of(dir) == progress.step) remove_checkpoint_litter(dir.parent_path(), progress.step);
+}
+
+int remove_checkpoint_litter(const fs::path& root, int64_t committed) {
+  int removed = 0;
+  std::error_code ec;
+  auto remove = [&](const fs::path& p, const char* what) {
+    std::error_code rm;
+    fs::remove_all(p, rm);
+    if (rm) {
+      spdlog::warn("{}: cannot remove {} ({})", p.string(), what, rm.message());
+    } else {
+      spdlog::info("{}: removed {}", p.string(), what);
+      ++removed;
+    }
+  };
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const int64_t step = step_of(entry.path());
+    if (step < 0 || step > committed || !entry.is_directory(ec)) continue;
+    if (step < committed && !fs::exists(entry.path() / "manifest.json", ec)) {
+      remove(entry.path(), "an uncommitted checkpoint older than the latest committed one");
+      continue;
+    }
+    for (const auto& f : fs::directory_iterator(entry.path(), ec))
+      if (f.path().filename().string().find(".tmp.") != std::string::npos)
+        remove(f.path(), "a stray temporary file of a save that did not finish");
+  }
+  return removed;
 }
 
 TrainingProgress load_training_checkpoint(const fs::path& dir, Communicator& world, Communicator& optimizer_group,

@@ -68,6 +68,13 @@ void save_training_checkpoint(const std::filesystem::path& dir, Communicator& wo
                               const std::vector<FlatParam*>& units, const TrainingProgress& progress,
                               const nlohmann::json& job);
 
+// What killed saves leave behind in a --save root, removed by rank 0 right
+// after it commits step `committed` (so never a save in progress): step-*
+// directories below `committed` that have no manifest.json, and stray
+// `*.tmp.*` files in the step directories up to it. Returns how many
+// entries it removed; errors are logged, never thrown (a save succeeded).
+int remove_checkpoint_litter(const std::filesystem::path& root, int64_t committed);
+
 // Loads this rank's file into its units' masters and AdamW state (created
 // where the optimizer would have created them), restores the CPU
 // generator, and publishes the masters (zero1 all-gathers over

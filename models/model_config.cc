@@ -1,6 +1,7 @@
 #include "models/model_config.h"
 
 #include "models/hf_architecture.h"
+#include "models/config_bounds.h"
 
 #include <fstream>
 #include <sstream>
@@ -115,6 +116,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw std::invalid_argument(origin + ": malformed JSON at byte " + std::to_string(e.byte));
+  } catch (const nlohmann::json::exception& e) {  // 1e99999: number overflow (found by fuzz_config)
+    throw std::invalid_argument(origin + ": malformed JSON: " + e.what());
   }
   if (!j.is_object()) throw std::invalid_argument(origin + ": expected a JSON object");
   if (!j.contains("model_type") || !j["model_type"].is_string())
@@ -184,6 +187,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
     if (p < 0 || p >= 1)
       throw std::invalid_argument(origin + ": dropout probabilities must be in [0, 1)");
   check_positive(c, origin);
+  check_model_bounds(c, origin);            // before anything is sized from it
   apply_hf_architecture(j, c, origin);  // architectures, tie_word_embeddings, unimplemented keys
   return c;
 }

@@ -344,6 +344,8 @@ Plan parse_plan(const std::string& json_text, const std::string& origin) {
     j = json::parse(json_text);
   } catch (const json::parse_error& e) {
     throw std::invalid_argument(origin + ": malformed JSON: " + e.what());
+  } catch (const json::exception& e) {  // e.g. a number too large for a double (found by fuzz_plan)
+    throw std::invalid_argument(origin + ": malformed JSON: " + e.what());
   }
   return plan_from(j, origin);
 }

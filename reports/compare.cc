@@ -27,6 +27,8 @@ RunReport read_report_file(const std::string& path) {
     j = nlohmann::json::parse(ss.str());
   } catch (const nlohmann::json::parse_error& e) {
     throw std::invalid_argument(path + ": malformed JSON at byte " + std::to_string(e.byte));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+    throw std::invalid_argument(path + ": malformed JSON: " + e.what());
   }
   return report_from_json(j, path);
 }

@@ -1,5 +1,6 @@
 #include "reports/run_report.h"
 
+#include <limits>
 #include <stdexcept>
 
 namespace shardfit::reports {
@@ -101,7 +102,10 @@ nlohmann::json to_json(const RunReport& r) {
             {"loss", r.loss},
             {"tokens_per_s", r.tokens_per_s},
             {"checkpoints", r.checkpoints},
-            {"resumed_from", r.resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.resumed_from)}}},
+            {"resumed_from", r.resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.resumed_from)},
+            {"resume_changes", r.resume_changes},
+            {"diverged_at_step", r.diverged_at_step > 0 ? nlohmann::json(r.diverged_at_step) : nlohmann::json(nullptr)},
+            {"interrupted", r.interrupted}}},
           {"ranks", ranks},
           {"max_batch", {{"predicted", opt(r.max_batch_predicted)}, {"measured", opt(r.max_batch_measured)}}},
           {"machine", r.machine ? to_json(*r.machine) : nlohmann::json(nullptr)},
@@ -124,12 +128,22 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   r.backend = get<std::string>(run, "backend", w);
   r.device = get<std::string>(run, "device", w);
   r.steps = get<int64_t>(run, "steps", w);
-  r.loss = get<std::vector<double>>(run, "loss", w);
+  // A diverged run's last loss is NaN or Inf, which JSON writes as null.
+  if (!field(run, "loss", w).is_array()) throw std::invalid_argument(w + ": field 'loss' has the wrong type");
+  for (const auto& v : field(run, "loss", w)) {
+    if (!v.is_null() && !v.is_number()) throw std::invalid_argument(w + ": field 'loss' has the wrong type");
+    r.loss.push_back(v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>());
+  }
   // Optional (reports before checkpoints were wired in lack them).
   if (run.contains("first_step")) r.first_step = get<int64_t>(run, "first_step", w);
   if (run.contains("checkpoints")) r.checkpoints = get<std::vector<std::string>>(run, "checkpoints", w);
   if (run.contains("resumed_from") && run["resumed_from"].is_string())
     r.resumed_from = run["resumed_from"].get<std::string>();
+  if (run.contains("resume_changes"))
+    r.resume_changes = get<std::vector<std::string>>(run, "resume_changes", w);
+  if (run.contains("diverged_at_step") && !run["diverged_at_step"].is_null())
+    r.diverged_at_step = get<int64_t>(run, "diverged_at_step", w);
+  if (run.contains("interrupted")) r.interrupted = get<bool>(run, "interrupted", w);
   r.tokens_per_s = get<double>(run, "tokens_per_s", w);
   for (const auto& rk : field(j, "ranks", origin)) {
     RankReport x;

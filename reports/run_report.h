@@ -58,6 +58,11 @@ struct RunReport {
   std::vector<double> loss;
   std::vector<std::string> checkpoints;  // committed checkpoint directories (--save)
   std::string resumed_from;              // the checkpoint directory (--resume), or ""
+  // --resume-anyway: the options that differ from the checkpoint's job
+  // ("batch_per_gpu 4 -> 8"), so the loss curve is not the one it would have been.
+  std::vector<std::string> resume_changes;
+  int64_t diverged_at_step = 0;  // > 0: the loss went NaN/Inf there and the run stopped
+  bool interrupted = false;      // SIGTERM/SIGINT stopped the run; the figures are what it had
   double tokens_per_s = 0;
   std::vector<RankReport> ranks;
   std::optional<int64_t> max_batch_predicted, max_batch_measured;

@@ -236,6 +236,21 @@ TEST(CheckpointTest, CorruptHeaderIsAOneLineErrorNamingIt) {
           "padded 12, 6 per rank");
 }
 
+// Issue 14: the header hash says nothing about the data; its checksums do.
+TEST(CheckpointTest, CorruptTensorDataIsAnErrorNamingTheFileAndTheTensor) {
+  TempDir dir;
+  save_committed(dir.path(), {varied_state(0, 1), varied_state(1, 1)});
+  const fs::path file = dir.path() / "rank-1-of-2.shardfit";
+  std::string bytes = read_bytes(file);
+  const float big = 1e30f;
+  std::memcpy(&bytes[bytes.size() - sizeof big], &big, sizeof big);  // the last tensor's last element
+  write_bytes(file, bytes);
+  expect_error([&] { load_rank_checkpoint(dir.path(), 1, 2); }, file, "data checksum mismatch");
+  expect_error([&] { export_safetensors(dir.path(), dir.path() / "out.safetensors"); }, file, "': data checksum");
+  EXPECT_FALSE(fs::exists(dir.path() / "out.safetensors"));
+  EXPECT_NO_THROW(load_rank_checkpoint(dir.path(), 0, 2));  // the other rank's file is sound
+}
+
 TEST(CheckpointTest, WorldSizeMismatchNamesBothSizes) {
   TempDir dir;
   std::vector<RankState> ranks;
@@ -373,7 +388,12 @@ void expect_valid_safetensors(const fs::path& path) {
   EXPECT_EQ(n % 8, 0u) << "header length " << n;
   ASSERT_LE(8 + n, file.size());
   const json header = json::parse(file.substr(8, n));  // throws if not JSON
-  EXPECT_EQ(header.at("__metadata__"), json({{"format", "pt"}}));
+  // {"format": "pt"} and one data checksum per tensor, all strings (what
+  // Hugging Face's loaders accept and keep).
+  const json& meta = header.at("__metadata__");
+  EXPECT_EQ(meta.at("format"), "pt");
+  EXPECT_EQ(meta.size(), header.size());  // format + one per tensor (the header also holds __metadata__)
+  for (const auto& [key, value] : meta.items()) EXPECT_TRUE(value.is_string()) << key;
   std::vector<std::pair<uint64_t, uint64_t>> spans;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;

@@ -264,7 +264,7 @@ TEST(RunCheckpoint, BadCheckpointOptionsAreExitTwoWithOneLine) {
                    .is_null());
   expect_bad_input(dir, job("zero2/fp32/wrap=block", 2) + std::vector<std::string>{"--resume", ckpt}, "--resume");
   expect_bad_input(dir,
-                   {"run", "--model", "gpt2-tiny", "--strategy", "zero2/fp32/wrap=block", "--nproc", "3", "--steps",
+                   {"run", "--model", "gpt2-tiny", "--strategy", "zero2/fp32/wrap=block", "--nproc", "3", "--oversubscribe", "--steps",
                     "4", "--resume", ckpt},
                    "3");
   expect_bad_input(dir, job("zero2/fp32/wrap=block", 4) + std::vector<std::string>{"--resume", (dir / "nope").string()},

@@ -225,7 +225,7 @@ TEST(EngineParity, Bf16MatchesOneRankBf16) {
                                std::to_string(kSteps), "--seq-len", std::to_string(kSeqLen)});
   for (const std::string strategy : {"zero3/bf16/wrap=block", "zero2+offload/bf16/wrap=size:2000",
                                      "zero1/bf16/wrap=none"}) {
-    const json r = run_report({"--model", model, "--strategy", strategy, "--nproc", "3", "--batch", "1", "--steps",
+    const json r = run_report({"--model", model, "--strategy", strategy, "--nproc", "3", "--oversubscribe", "--batch", "1", "--steps",
                                std::to_string(kSteps), "--seq-len", std::to_string(kSeqLen)});
     const double diff = max_rel_diff(losses(r), losses(one));
     std::printf("bf16 %-40s 3 ranks: max rel loss diff %.2e vs one bf16 rank, %.2e vs fp32, peak error %+.3f%%\n",
@@ -269,7 +269,7 @@ TEST(EngineMemory, PeaksFallWithShardingAndMatchThePlanner) {
   std::vector<int64_t> peaks;
   for (const std::string strategy : {"ddp/fp32/wrap=size:2000", "zero1/fp32/wrap=size:2000",
                                      "zero2/fp32/wrap=size:2000", "zero3/fp32/wrap=size:2000"}) {
-    const json r = run_report({"--model", "gpt2-tiny", "--strategy", strategy, "--nproc", "4", "--batch", "1",
+    const json r = run_report({"--model", "gpt2-tiny", "--strategy", strategy, "--nproc", "4", "--oversubscribe", "--batch", "1",
                                "--seq-len", "16", "--steps", "3"});
     ASSERT_FALSE(r.is_null());
     int64_t worst = 0;
@@ -306,7 +306,7 @@ TEST(EngineMemory, LoopbackRankZeroOfTwoAllocatesWhatGlooRankZeroDoes) {
 }
 
 TEST(EngineFailure, AKilledRankEndsTheJobWithExit3NamingIt) {
-  const Result r = shardfit({"run", "--model", "gpt2-tiny", "--strategy", "zero3/fp32/wrap=block", "--nproc", "3",
+  const Result r = shardfit({"run", "--model", "gpt2-tiny", "--strategy", "zero3/fp32/wrap=block", "--nproc", "3", "--oversubscribe",
                              "--seq-len", "16", "--steps", "50", "--timeout", "20"},
                             "SHARDFIT_TEST_DIE_AT_STEP=2");
   EXPECT_EQ(r.exit_code, 3) << r.output;
@@ -362,7 +362,7 @@ TEST(EngineCli, BadInputIsOneLineAndExit2) {
       {"run", "--model", "gpt2-tiny", "--device", "cuda"},
       {"run", "--model", "gpt2-tiny", "--strategy", "zero9/fp32/wrap=none"},
       {"run", "--model", "gpt2-tiny", "--strategy", "ddp+offload/fp32/wrap=none"},
-      {"run", "--model", "gpt2-tiny", "--strategy", "hybrid/fp32/wrap=block", "--nproc", "4", "--gpus-per-node", "3"},
+      {"run", "--model", "gpt2-tiny", "--strategy", "hybrid/fp32/wrap=block", "--nproc", "4", "--oversubscribe", "--gpus-per-node", "3"},
       {"run", "--model", "gpt2-tiny", "--strategy", "zero3/fp16/wrap=block"},  // no Half matmul on this CPU LibTorch
       {"run", "--model", "gpt2-tiny", "--backend", "loopback", "--nproc", "2"},
   };

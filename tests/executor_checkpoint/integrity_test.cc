@@ -1,0 +1,274 @@
+// Issue 14, integrity: what a user gets back from a checkpoint is what was
+// saved, or an error naming the file and the tensor. The binary as a
+// subprocess (two gloo ranks of gpt2-tiny), every run bounded by timeout(1).
+// No LibTorch here; files are read and damaged by hand.
+//  - corrupted tensor data in a committed checkpoint is refused on resume
+//    (exit 2 naming the rank file and the tensor), found by `shardfit
+//    verify`, and an exported safetensors file carries and checks its own
+//    checksums in __metadata__;
+//  - resume refuses an option change that breaks the bit-exact promise,
+//    unless --resume-anyway, which the report records;
+//  - a NaN/Inf loss stops the run: exit 1, "diverged at step N", report
+//    written (unless --allow-nonfinite);
+//  - litter of killed saves goes at the next save; resumed_from names the
+//    checkpoint resumed even when saving into the same root.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifndef SHARDFIT_BINARY
+#error "SHARDFIT_BINARY must be the path of the built shardfit executable"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Args = std::vector<std::string>;
+
+fs::path test_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path d = fs::temp_directory_path() / (std::string("shardfit_integrity_") + info->name() +
+                                            "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Bounded: timeout(1) ends a hung job (and its ranks) after 120 s.
+Result shardfit(const fs::path& dir, const Args& args) {
+  const fs::path out = dir / "stdout", err = dir / "stderr";
+  std::string cmd = "timeout -k 5 120 '" SHARDFIT_BINARY "'";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " </dev/null >'" + out.string() + "' 2>'" + err.string() + "'";
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+Args job(int steps, const Args& more = {}) {
+  Args a = {"run",
+            "--model",
+            "gpt2-tiny",
+            "--strategy",
+            "zero2/fp32/wrap=block",
+            "--nproc",
+            "2",
+            "--batch",
+            "2",
+            "--seq-len",
+            "32",
+            "--steps",
+            std::to_string(steps),
+            "--timeout",
+            "60"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+size_t lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// Overwrites the last `n` floats of a file with 1e30 (as the issue did).
+void clobber_tail(const fs::path& file, int n) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.good()) << file;
+  f.seekp(-static_cast<std::streamoff>(n * sizeof(float)), std::ios::end);
+  const float big = 1e30f;
+  for (int i = 0; i < n; ++i) f.write(reinterpret_cast<const char*>(&big), sizeof big);
+}
+
+// Saves steps 1..2 of the zero2 job under dir/k; returns the step dir.
+fs::path saved_checkpoint(const fs::path& dir) {
+  const Result r = shardfit(dir, job(2, {"--save", (dir / "k").string()}));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return dir / "k" / "step-000002";
+}
+
+TEST(Integrity, CorruptedTensorDataIsRefusedOnResumeNamingFileAndTensor) {
+  const fs::path dir = test_dir();
+  const fs::path step = saved_checkpoint(dir);
+  clobber_tail(step / "rank-1-of-2.shardfit", 8);
+  const Result r = shardfit(dir, job(4, {"--resume", step.string()}));
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("rank-1-of-2.shardfit"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tensor '"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
+TEST(Integrity, VerifyChecksACheckpointAndNamesTheCorruptFileAndTensor) {
+  const fs::path dir = test_dir();
+  const fs::path step = saved_checkpoint(dir);
+  Result ok = shardfit(dir, {"verify", step.string()});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("ok: checkpoint"), std::string::npos) << ok.out;
+  ok = shardfit(dir, {"verify", (step / "rank-0-of-2.shardfit").string()});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+
+  clobber_tail(step / "rank-0-of-2.shardfit", 1);
+  for (const fs::path& p : {step, step / "rank-0-of-2.shardfit"}) {
+    const Result bad = shardfit(dir, {"verify", p.string()});
+    EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
+    EXPECT_EQ(lines(bad.err), 1u) << bad.err;
+    EXPECT_NE(bad.err.find("rank-0-of-2.shardfit: tensor '"), std::string::npos) << bad.err;
+  }
+  const Result missing = shardfit(dir, {"verify", (dir / "nope").string()});
+  EXPECT_EQ(missing.exit_code, 2) << missing.err;
+  fs::remove_all(dir);
+}
+
+TEST(Integrity, ExportedSafetensorsCarryChecksumsInMetadataAndVerify) {
+  const fs::path dir = test_dir();
+  const fs::path out = dir / "model.safetensors";
+  const Result r =
+      shardfit(dir, job(2, {"--save", (dir / "k").string(), "--export", out.string()}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Header: every tensor has "shardfit.xxh3.<name>" in __metadata__, and
+  // the metadata stays a string -> string map (Hugging Face loads it).
+  const std::string bytes = read_file(out);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const json header = json::parse(bytes.substr(8, n));
+  const json& meta = header.at("__metadata__");
+  EXPECT_EQ(meta.at("format"), "pt");
+  size_t tensors = 0;
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__") continue;
+    ++tensors;
+    ASSERT_TRUE(meta.contains("shardfit.xxh3." + name)) << name;
+    EXPECT_EQ(meta.at("shardfit.xxh3." + name).get<std::string>().size(), 16u);
+  }
+  EXPECT_GT(tensors, 10u);
+  EXPECT_EQ(shardfit(dir, {"verify", out.string()}).exit_code, 0);
+
+  clobber_tail(out, 1);
+  const Result bad = shardfit(dir, {"verify", out.string()});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("model.safetensors: tensor '"), std::string::npos) << bad.err;
+  fs::remove_all(dir);
+}
+
+// `a` with option `opt` set to `value` (replaced where job() has it).
+Args with(Args a, const std::string& opt, const std::string& value) {
+  const auto it = std::find(a.begin(), a.end(), opt);
+  if (it != a.end()) {
+    *(it + 1) = value;
+  } else {
+    a.push_back(opt);
+    a.push_back(value);
+  }
+  return a;
+}
+
+TEST(Integrity, ResumeRefusesOptionChangesThatBreakBitExactness) {
+  const fs::path dir = test_dir();
+  const fs::path step = saved_checkpoint(dir);
+  const std::vector<std::pair<std::string, std::string>> changes = {
+      {"--batch", "1"},  {"--seed", "7"}, {"--lr", "0.01"}, {"--seq-len", "16"},
+      {"--strategy", "zero2/bf16/wrap=block"}};
+  for (const auto& [opt, value] : changes) {
+    const Result r = shardfit(dir, with(job(4, {"--resume", step.string()}), opt, value));
+    EXPECT_EQ(r.exit_code, 2) << opt << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+    EXPECT_NE(r.err.find(opt + " "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--resume-anyway"), std::string::npos) << r.err;
+  }
+
+  // --resume-anyway trains, and the report says what changed.
+  const Result r = shardfit(dir, job(4, {"--resume", step.string(), "--seed", "7",
+                                         "--resume-anyway", "--out", (dir / "r.json").string()}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json report = json::parse(read_file(dir / "r.json"));
+  ASSERT_EQ(report["run"]["resume_changes"].size(), 1u) << report["run"].dump();
+  EXPECT_EQ(report["run"]["resume_changes"][0], "--seed 1234 -> 7");
+  fs::remove_all(dir);
+}
+
+TEST(Integrity, ANonFiniteLossStopsTheRunWithExitOneAndAReport) {
+  const fs::path dir = test_dir();
+  // An absurd learning rate: finite, accepted, and the weights blow up.
+  const Result r = shardfit(dir, job(6, {"--lr", "1e30", "--out", (dir / "r.json").string()}));
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("diverged at step "), std::string::npos) << r.err;
+  ASSERT_TRUE(fs::exists(dir / "r.json"));
+  const json report = json::parse(read_file(dir / "r.json"));
+  const int64_t at = report["run"]["diverged_at_step"].get<int64_t>();
+  EXPECT_GE(at, 2);
+  EXPECT_LE(at, 6);
+  EXPECT_EQ(report["run"]["loss"].size(), static_cast<size_t>(at));
+  EXPECT_EQ(shardfit(dir, {"compare", (dir / "r.json").string()}).exit_code != 2, true);
+
+  const Result on = shardfit(dir, job(6, {"--lr", "1e30", "--allow-nonfinite"}));
+  EXPECT_EQ(on.exit_code, 0) << on.err;
+  fs::remove_all(dir);
+}
+
+TEST(Integrity, LitterOfKilledSavesIsRemovedAtTheNextSave) {
+  const fs::path dir = test_dir();
+  const fs::path root = dir / "k";
+  const fs::path step = saved_checkpoint(dir);
+  // What a save killed midway leaves: a step dir without a manifest, and a
+  // temporary file beside a committed one.
+  fs::create_directories(root / "step-000001");
+  std::ofstream(root / "step-000001" / "rank-0-of-2.shardfit.tmp.4242") << "partial";
+  std::ofstream(step / "rank-1-of-2.shardfit.tmp.4243") << "partial";
+  const Result r = shardfit(dir, job(4, {"--resume", root.string(), "--save", root.string(),
+                                         "--out", (dir / "r.json").string()}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(root / "step-000001"));
+  EXPECT_FALSE(fs::exists(step / "rank-1-of-2.shardfit.tmp.4243"));
+  EXPECT_TRUE(fs::exists(step / "manifest.json"));
+  EXPECT_TRUE(fs::exists(root / "step-000004" / "manifest.json"));
+  // Resumed into the same root: the report names step 2, not the new step 4.
+  const json report = json::parse(read_file(dir / "r.json"));
+  EXPECT_EQ(report["run"]["resumed_from"], step.string());
+  fs::remove_all(dir);
+}
+
+TEST(Integrity, SaveAndExportPathsAreCheckedBeforeTraining) {
+  const fs::path dir = test_dir();
+  std::ofstream(dir / "file") << "x";
+  Result r = shardfit(dir, job(50, {"--save", (dir / "file").string()}));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--save"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("loss"), std::string::npos) << "trained before checking --save";
+  r = shardfit(dir, job(50, {"--save", (dir / "k").string(), "--export",
+                             (dir / "no" / "m.safetensors").string()}));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--export"), std::string::npos) << r.err;
+  r = shardfit(dir, job(50, {"--save", (dir / "k").string(), "--export", dir.string()}));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  fs::remove_all(dir);
+}
+
+}  // namespace
