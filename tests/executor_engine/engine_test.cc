@@ -159,7 +159,7 @@ void check_parity(const std::string& family, const std::vector<ParityCase>& case
   for (const ParityCase& c : cases) {
     SCOPED_TRACE(family + " " + c.strategy + " on " + std::to_string(c.ranks) + " ranks");
     std::vector<std::string> args = {"--model",   model,       "--strategy", c.strategy,
-                                     "--nproc",   std::to_string(c.ranks), "--batch", "1",
+                                     "--nproc",   std::to_string(c.ranks), "--oversubscribe", "--batch", "1",
                                      "--steps",   std::to_string(kSteps),  "--seq-len", std::to_string(kSeqLen)};
     if (c.strategy.rfind("hybrid", 0) == 0) args.insert(args.end(), {"--gpus-per-node", "2"});
     const json report = run_report(args);

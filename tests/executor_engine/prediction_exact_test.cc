@@ -101,7 +101,7 @@ struct Case {
 
 void check(const Case& c) {
   std::vector<std::string> args = {"--model",   c.model,  "--strategy", c.strategy, "--nproc",
-                                   std::to_string(c.ranks), "--batch", std::to_string(c.batch),
+                                   std::to_string(c.ranks), "--oversubscribe", "--batch", std::to_string(c.batch),
                                    "--seq-len", std::to_string(c.seq_len)};
   if (c.grad_accum != 1) args.insert(args.end(), {"--grad-accum", std::to_string(c.grad_accum)});
   if (c.strategy.rfind("hybrid", 0) == 0) args.insert(args.end(), {"--gpus-per-node", "2"});
