@@ -33,10 +33,12 @@
 #include "cli/validators.h"
 #include "executor/comm.h"
 #include "executor/engine.h"
+#include "executor/hf_init.h"
 #include "executor/launcher.h"
 #include "executor/train_checkpoint.h"
 #include "executor/meter.h"
 #include "executor/trainer.h"
+#include "models/model.h"
 #include "models/model_config.h"
 #include "planner/candidate.h"
 #include "planner/plan_builder.h"
@@ -78,6 +80,8 @@ struct RunArgs {
   int64_t save_every = 0;
   std::string resume;       // a checkpoint directory or a --save root
   std::string export_path;  // safetensors file from the last checkpoint
+  std::string init;         // Hugging Face checkpoint to start from (executor/hf_init.h)
+  std::string loss;         // "": full, or the plan's
   // Which options the user gave (a plan fills in the others).
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false;
   std::string command_line;
@@ -89,6 +93,7 @@ struct Job {
   planner::Candidate candidate;
   int64_t batch = 1;
   int64_t seq_len = 128;
+  std::string loss = "full";   // --loss, else the plan's
   int64_t budget_bytes = 0;
   int64_t grad_accum = 1;      // --grad-accum, else the plan's
   int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
@@ -140,6 +145,7 @@ Job resolve_job(const RunArgs& a) {
     model_name = plan.model.name;
     job.batch = a.batch_given ? a.batch : c->max_batch_per_gpu;
     job.seq_len = a.seq_len_given ? a.seq_len : plan.model.seq_len;
+    job.loss = plan.model.loss;
     job.budget_bytes = plan.hardware.device_mem_bytes;
     job.plan_world = plan.hardware.world_size();
     job.plan_gpus_per_node = plan.hardware.gpus_per_node;
@@ -149,6 +155,12 @@ Job resolve_job(const RunArgs& a) {
     job.grad_accum = a.grad_accum;
   }
   job.model = models::resolve_model(model_name);
+  if (!a.loss.empty()) job.loss = a.loss;
+  try {
+    models::set_loss(&job.model, job.loss);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   job.candidate = planner::parse_candidate(strategy);
   if (a.plan.empty() || a.seq_len_given)
     job.seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(128, job.model.max_positions);
@@ -192,6 +204,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   o.checkpoint.save_dir = a.save;
   o.checkpoint.save_every = a.save_every;
   o.checkpoint.resume_from = a.resume;
+  o.init_from = a.init;
   return o;
 }
 
@@ -557,6 +570,16 @@ int run(const RunArgs& a) {
     gpus_per_node = in_job && local ? std::atoi(local) : world;
   }
   check_checkpoint_args(a, job, world, gpus_per_node, backend);
+  if (!a.init.empty()) {
+    if (!a.resume.empty()) throw BadInput("--init " + a.init + ": --resume restores the weights already (drop one)");
+    if (a.reference_trainer) throw BadInput("--init " + a.init + ": not with --reference-trainer");
+    try {  // headers against the model's names, shapes and dtypes: no tensor data read
+      auto meta = models::build_model(job.model, torch::TensorOptions().device(torch::kMeta));
+      executor::check_hf_checkpoint(a.init, *meta);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(std::string("--init: ") + e.what());
+    }
+  }
   const executor::EngineOptions checked = engine_options(a, job, gpus_per_node);
   executor::check_engine_options(checked, world);  // one line, before any rank starts
 
@@ -659,6 +682,13 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--export", a->export_path,
                   "With --save: write the last checkpoint as one Hugging Face .safetensors file")
       ->type_name("FILE");
+  sub->add_option("--loss", a->loss,
+                  "full or chunked:N (cross-entropy N tokens at a time; llama family); default: the plan's, "
+                  "else full");
+  sub->add_option("--init", a->init,
+                  "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
+                  "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")
+      ->type_name("PATH");
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");

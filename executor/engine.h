@@ -84,6 +84,9 @@ struct EngineOptions {
   // save after the steps it names. A resumed run starts at the saved step
   // + 1 and runs to `steps`.
   CheckpointOptions checkpoint;
+  // `run --init`: a Hugging Face checkpoint (executor/hf_init.h) copied into
+  // the host model before its shards are cut; "" = Hugging Face init.
+  std::string init_from;
   // Test hooks: after init and after each optimizer step. Units are in
   // planner::wrap_modules order; each holds this rank's fp32 master and
   // AdamW state.
