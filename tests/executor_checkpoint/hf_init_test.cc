@@ -2,8 +2,8 @@
 // subprocess, checkpoints written by `--export` and rewritten by hand (no
 // LibTorch here; safetensors is read and written with nlohmann::json).
 //
-//  - `--export`, then `--init` it, then `--export` again (lr 0: the weights
-//    stay as loaded) gives the same bytes, for llama-tiny, qwen-tiny,
+//  - `--export`, then `--init` it, then `--export` again (lr 1e-30: the
+//    weights stay as loaded) gives the same bytes, for llama-tiny, qwen-tiny,
 //    gpt2-tiny and bert-tiny, also from a directory of two shards with
 //    model.safetensors.index.json;
 //  - a llama-tiny run started from another run's export continues its loss
@@ -111,9 +111,10 @@ TEST(HfInit, ExportInitExportIsTheSameBytes) {
     const fs::path a = dir / (std::string(model) + "-a.safetensors");
     const fs::path b = dir / (std::string(model) + "-b.safetensors");
     ASSERT_FALSE(train_and_export(dir, model, "zero3/fp32/wrap=block", 2, 2, a).empty());
-    // lr 0 (and so no decay): the weights after the step are those loaded.
+    // lr 1e-30 (--lr must be > 0), no decay: every update is below half an
+    // ulp of the trained (nonzero) weights, so the weights stay those loaded.
     ASSERT_FALSE(train_and_export(dir, model, "ddp/fp32/wrap=none", 1, 1, b,
-                                  {"--init", a.string(), "--lr", "0"}).empty());
+                                  {"--init", a.string(), "--lr", "1e-30", "--weight-decay", "0"}).empty());
     EXPECT_TRUE(read_file(a) == read_file(b)) << a << " and " << b << " differ";
   }
 }
@@ -145,16 +146,16 @@ TEST(HfInit, ShardedDirectoryWithIndexLoads) {
           shard_data[s]);
   std::ofstream(sharded / "model.safetensors.index.json") << index.dump(2);
   ASSERT_FALSE(train_and_export(dir, "llama-tiny", "zero3/fp32/wrap=block", 2, 1, b,
-                                {"--init", sharded.string(), "--lr", "0"}).empty());
+                                {"--init", sharded.string(), "--lr", "1e-30", "--weight-decay", "0"}).empty());
   EXPECT_TRUE(read_file(a) == read_file(b));
 }
 
 TEST(HfInit, ARunFromAnExportContinuesTheLossCurve) {
   const fs::path dir = test_dir();
   const fs::path a = dir / "a.safetensors", unused = dir / "unused.safetensors";
-  const auto fresh = train_and_export(dir, "llama-tiny", "zero3/fp32/wrap=block", 2, 20, a);
+  const auto fresh = train_and_export(dir, "llama-tiny", "zero3/fp32/wrap=block", 2, 20, a, {"--lr", "3e-3"});
   const auto resumed = train_and_export(dir, "llama-tiny", "ddp/fp32/wrap=none", 2, 3, unused,
-                                        {"--init", a.string()});
+                                        {"--init", a.string(), "--lr", "3e-3"});
   ASSERT_EQ(fresh.size(), 20u);
   ASSERT_EQ(resumed.size(), 3u);
   // The fresh run starts at ln(512) = 6.24; the continued one where the
