@@ -10,6 +10,7 @@
 //    curve (far below a fresh start);
 //  - a missing, extra, misshapen or wrongly typed tensor is exit 2 with one
 //    line naming it.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,12 +19,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -66,22 +65,37 @@ Result shardfit(const fs::path& dir, const std::vector<std::string>& args) {
 
 // Trains `model` and exports its last checkpoint to `exported`; returns the
 // run's losses. `extra` adds options (--init, --lr 0, ...).
-std::vector<double> train_and_export(const fs::path& dir, const std::string& model, const std::string& strategy,
-                                     int nproc, int steps, const fs::path& exported,
+std::vector<double> train_and_export(const fs::path& dir, const std::string& model,
+                                     const std::string& strategy, int nproc, int steps,
+                                     const fs::path& exported,
                                      const std::vector<std::string>& extra = {}) {
   static int counter = 0;
   const std::string tag = std::to_string(counter++);
-  std::vector<std::string> args = {"run",      "--model", model, "--strategy", strategy,
-                                   "--nproc",  std::to_string(nproc), "--batch", "2",
-                                   "--seq-len", "32",     "--steps", std::to_string(steps),
-                                   "--save",   (dir / ("ckpt" + tag)).string(),
-                                   "--export", exported.string(),
-                                   "--out",    (dir / ("report" + tag + ".json")).string()};
+  std::vector<std::string> args = {"run",
+                                   "--model",
+                                   model,
+                                   "--strategy",
+                                   strategy,
+                                   "--nproc",
+                                   std::to_string(nproc),
+                                   "--batch",
+                                   "2",
+                                   "--seq-len",
+                                   "32",
+                                   "--steps",
+                                   std::to_string(steps),
+                                   "--save",
+                                   (dir / ("ckpt" + tag)).string(),
+                                   "--export",
+                                   exported.string(),
+                                   "--out",
+                                   (dir / ("report" + tag + ".json")).string()};
   args.insert(args.end(), extra.begin(), extra.end());
   const Result r = shardfit(dir, args);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   if (r.exit_code != 0) return {};
-  return json::parse(read_file(dir / ("report" + tag + ".json")))["run"]["loss"].get<std::vector<double>>();
+  return json::parse(read_file(dir / ("report" + tag + ".json")))["run"]["loss"]
+      .get<std::vector<double>>();
 }
 
 // A safetensors file: header JSON and data section.
@@ -115,7 +129,8 @@ TEST(HfInit, ExportInitExportIsTheSameBytes) {
     // the fp32 kernels, rounds to 0, so the weights stay those loaded (1e-30
     // still moved BERT's exactly-zero key biases, whose gradient is ~0).
     ASSERT_FALSE(train_and_export(dir, model, "ddp/fp32/wrap=none", 1, 1, b,
-                                  {"--init", a.string(), "--lr", "1e-50", "--weight-decay", "0"}).empty());
+                                  {"--init", a.string(), "--lr", "1e-50", "--weight-decay", "0"})
+                     .empty());
     EXPECT_TRUE(read_file(a) == read_file(b)) << a << " and " << b << " differ";
   }
 }
@@ -140,30 +155,35 @@ TEST(HfInit, ShardedDirectoryWithIndexLoads) {
     t["data_offsets"] = {shard_data[s].size(), shard_data[s].size() + (end - begin)};
     shard_data[s] += st.data.substr(begin, end - begin);
     shard_header[s][item.key()] = t;
-    index["weight_map"][item.key()] = "model-0000" + std::to_string(s + 1) + "-of-00002.safetensors";
+    index["weight_map"][item.key()] =
+        "model-0000" + std::to_string(s + 1) + "-of-00002.safetensors";
   }
   for (int s = 0; s < 2; ++s)
-    write(sharded / ("model-0000" + std::to_string(s + 1) + "-of-00002.safetensors"), shard_header[s],
-          shard_data[s]);
+    write(sharded / ("model-0000" + std::to_string(s + 1) + "-of-00002.safetensors"),
+          shard_header[s], shard_data[s]);
   std::ofstream(sharded / "model.safetensors.index.json") << index.dump(2);
-  ASSERT_FALSE(train_and_export(dir, "llama-tiny", "zero3/fp32/wrap=block", 2, 1, b,
-                                {"--init", sharded.string(), "--lr", "1e-50", "--weight-decay", "0"}).empty());
+  ASSERT_FALSE(
+      train_and_export(dir, "llama-tiny", "zero3/fp32/wrap=block", 2, 1, b,
+                       {"--init", sharded.string(), "--lr", "1e-50", "--weight-decay", "0"})
+          .empty());
   EXPECT_TRUE(read_file(a) == read_file(b));
 }
 
 TEST(HfInit, ARunFromAnExportContinuesTheLossCurve) {
   const fs::path dir = test_dir();
   const fs::path a = dir / "a.safetensors", unused = dir / "unused.safetensors";
-  const auto fresh = train_and_export(dir, "llama-tiny", "zero3/fp32/wrap=block", 2, 20, a, {"--lr", "3e-3"});
+  const auto fresh =
+      train_and_export(dir, "llama-tiny", "zero3/fp32/wrap=block", 2, 20, a, {"--lr", "3e-3"});
   const auto resumed = train_and_export(dir, "llama-tiny", "ddp/fp32/wrap=none", 2, 3, unused,
                                         {"--init", a.string(), "--lr", "3e-3"});
   ASSERT_EQ(fresh.size(), 20u);
   ASSERT_EQ(resumed.size(), 3u);
   // The fresh run starts at ln(512) = 6.24; the continued one where the
   // first left off, well below it (new optimizer state, same weights).
-  EXPECT_LT(resumed[0], fresh[0] - 0.5) << "fresh " << fresh[0] << " ... " << fresh[19]
-                                        << ", from the export " << resumed[0];
-  EXPECT_LT(resumed[0], 0.5 * (fresh[0] + fresh[19])) << "closer to where the first run ended than began";
+  EXPECT_LT(resumed[0], fresh[0] - 0.5)
+      << "fresh " << fresh[0] << " ... " << fresh[19] << ", from the export " << resumed[0];
+  EXPECT_LT(resumed[0], 0.5 * (fresh[0] + fresh[19]))
+      << "closer to where the first run ended than began";
 }
 
 TEST(HfInit, BadCheckpointsAreExitTwoNamingTheTensor) {
@@ -174,7 +194,8 @@ TEST(HfInit, BadCheckpointsAreExitTwoNamingTheTensor) {
   const std::string victim = "model.layers.0.self_attn.k_proj.weight";
   ASSERT_TRUE(st.header.contains(victim));
 
-  auto expect_refused = [&](const json& header, const std::string& must_name, const std::string& what) {
+  auto expect_refused = [&](const json& header, const std::string& must_name,
+                            const std::string& what) {
     SCOPED_TRACE(what);
     const fs::path bad = dir / (what + ".safetensors");
     write(bad, header, st.data);
@@ -198,7 +219,8 @@ TEST(HfInit, BadCheckpointsAreExitTwoNamingTheTensor) {
   dtype[victim]["dtype"] = "I32";
   expect_refused(dtype, victim, "dtype");
   // Another model's weights: qwen-tiny's vocabulary is 509, not 512.
-  const Result r = shardfit(dir, {"run", "--model", "qwen-tiny", "--steps", "1", "--init", a.string()});
+  const Result r =
+      shardfit(dir, {"run", "--model", "qwen-tiny", "--steps", "1", "--init", a.string()});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("model.embed_tokens.weight"), std::string::npos) << r.err;
 }

@@ -4,6 +4,9 @@
 // shapes, biases and tied heads per config, a loss of ln(vocab) at init, a
 // model that learns, unsupported config keys refused by name, and the
 // tracer's alloc/free pairing on the new ops. One translation unit.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -13,9 +16,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "executor/adamw.h"
 #include "executor/data.h"
@@ -38,8 +38,8 @@ struct Expected {
 // each model built from its hub config.json (tied lm_head counted once), as
 // the model cards state them (1.24B, 3.21B, 8.03B, 70.6B, 0.49B, 7.62B, 7.24B).
 const Expected kCounts[] = {
-    {"llama-3.2-1b", 1235814400},  {"llama-3.2-3b", 3212749824}, {"llama-3.1-8b", 8030261248},
-    {"llama-3.1-70b", 70553706496}, {"qwen2.5-0.5b", 494032768}, {"qwen2.5-7b", 7615616512},
+    {"llama-3.2-1b", 1235814400},   {"llama-3.2-3b", 3212749824}, {"llama-3.1-8b", 8030261248},
+    {"llama-3.1-70b", 70553706496}, {"qwen2.5-0.5b", 494032768},  {"qwen2.5-7b", 7615616512},
     {"mistral-7b", 7241732096},
 };
 
@@ -255,8 +255,8 @@ TEST(LlamaModel, ChunkedLossEqualsTheFullLoss) {
         const auto& gf = p.value().grad();
         const auto& gc = pc[p.key()].grad();
         ASSERT_TRUE(gc.defined()) << p.key();
-        EXPECT_TRUE(torch::allclose(gc, gf, 1e-4, 1e-7)) << p.key() << " max diff "
-                                                         << (gc - gf).abs().max().item<double>();
+        EXPECT_TRUE(torch::allclose(gc, gf, 1e-4, 1e-7))
+            << p.key() << " max diff " << (gc - gf).abs().max().item<double>();
       }
     }
   }
