@@ -38,7 +38,6 @@
 #include "executor/train_checkpoint.h"
 #include "executor/meter.h"
 #include "executor/trainer.h"
-#include "models/model.h"
 #include "models/model_config.h"
 #include "planner/candidate.h"
 #include "planner/plan_builder.h"
@@ -570,15 +569,12 @@ int run(const RunArgs& a) {
     gpus_per_node = in_job && local ? std::atoi(local) : world;
   }
   check_checkpoint_args(a, job, world, gpus_per_node, backend);
-  if (!a.init.empty()) {
-    if (!a.resume.empty()) throw BadInput("--init " + a.init + ": --resume restores the weights already (drop one)");
-    if (a.reference_trainer) throw BadInput("--init " + a.init + ": not with --reference-trainer");
-    try {  // headers against the model's names, shapes and dtypes: no tensor data read
-      auto meta = models::build_model(job.model, torch::TensorOptions().device(torch::kMeta));
-      executor::check_hf_checkpoint(a.init, *meta);
-    } catch (const std::invalid_argument& e) {
-      throw BadInput(std::string("--init: ") + e.what());
-    }
+  if (!a.init.empty() && (!a.resume.empty() || a.reference_trainer))
+    throw BadInput("--init " + a.init + ": not with --resume (it restores weights) or --reference-trainer");
+  try {  // headers against the model's names, shapes and dtypes: no tensor data read
+    if (!a.init.empty()) executor::check_hf_checkpoint(a.init, job.model);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(std::string("--init: ") + e.what());
   }
   const executor::EngineOptions checked = engine_options(a, job, gpus_per_node);
   executor::check_engine_options(checked, world);  // one line, before any rank starts
@@ -682,9 +678,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--export", a->export_path,
                   "With --save: write the last checkpoint as one Hugging Face .safetensors file")
       ->type_name("FILE");
-  sub->add_option("--loss", a->loss,
-                  "full or chunked:N (cross-entropy N tokens at a time; llama family); default: the plan's, "
-                  "else full");
+  sub->add_option("--loss", a->loss, "full or chunked:N (N tokens at a time; llama family); default: the plan's");
   sub->add_option("--init", a->init,
                   "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
                   "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")

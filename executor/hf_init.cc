@@ -5,11 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "models/model.h"
 
 namespace shardfit::executor {
 namespace {
@@ -44,7 +45,8 @@ std::map<std::string, StoredTensor> read_header(const fs::path& file) {
   in.read(reinterpret_cast<char*>(len_bytes), 8);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
-  if (n > kMaxHeader || 8 + n > size) bad(file, "header length " + std::to_string(n) + " does not fit the file");
+  if (n > kMaxHeader || 8 + n > size)
+    bad(file, "header length " + std::to_string(n) + " does not fit the file");
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -87,23 +89,28 @@ std::map<std::string, StoredTensor> read_checkpoint(const fs::path& path) {
   }
   std::ifstream in(index);
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+      !j["weight_map"].is_object())
     bad(index, "needs a JSON object with a weight_map");
   std::map<std::string, std::map<std::string, StoredTensor>> shards;
   std::map<std::string, StoredTensor> out;
   for (const auto& item : j["weight_map"].items()) {
-    if (!item.value().is_string()) bad(index, "weight_map['" + item.key() + "'] must be a file name");
+    if (!item.value().is_string())
+      bad(index, "weight_map['" + item.key() + "'] must be a file name");
     const std::string shard = item.value().get<std::string>();
-    if (shard.find('/') != std::string::npos) bad(index, "shard file '" + shard + "' must be in the same directory");
+    if (shard.find('/') != std::string::npos)
+      bad(index, "shard file '" + shard + "' must be in the same directory");
     auto it = shards.find(shard);
     if (it == shards.end()) it = shards.emplace(shard, read_header(path / shard)).first;
     auto t = it->second.find(item.key());
-    if (t == it->second.end()) bad(path / shard, "tensor '" + item.key() + "' is in the index but not in the shard");
+    if (t == it->second.end())
+      bad(path / shard, "tensor '" + item.key() + "' is in the index but not in the shard");
     out.emplace(item.key(), t->second);
   }
   for (const auto& [shard, tensors] : shards)
     for (const auto& [name, t] : tensors)
-      if (!out.count(name)) bad(path / shard, "tensor '" + name + "' is not in the index's weight_map");
+      if (!out.count(name))
+        bad(path / shard, "tensor '" + name + "' is not in the index's weight_map");
   return out;
 }
 
@@ -116,8 +123,8 @@ c10::ScalarType scalar_type_of(const std::string& dtype, int64_t* elem) {
 
 // Model parameter name -> stored tensor, checked.
 std::map<std::string, const StoredTensor*> match(const fs::path& path,
-                                                  const std::map<std::string, StoredTensor>& stored,
-                                                  torch::nn::Module& model) {
+                                                 const std::map<std::string, StoredTensor>& stored,
+                                                 torch::nn::Module& model) {
   std::map<std::string, const StoredTensor*> out;
   std::set<std::string> used;
   for (const auto& p : model.named_parameters(/*recurse=*/true)) {
@@ -133,7 +140,8 @@ std::map<std::string, const StoredTensor*> match(const fs::path& path,
     const StoredTensor& t = it->second;
     int64_t elem = 0;
     scalar_type_of(t.dtype, &elem);
-    if (elem == 0) bad(t.file, "tensor '" + key + "' has dtype " + t.dtype + " (F32, BF16 or F16 expected)");
+    if (elem == 0)
+      bad(t.file, "tensor '" + key + "' has dtype " + t.dtype + " (F32, BF16 or F16 expected)");
     if (t.shape != p.value().sizes().vec()) {
       auto str = [](const std::vector<int64_t>& s) {
         std::string r = "[";
@@ -144,13 +152,14 @@ std::map<std::string, const StoredTensor*> match(const fs::path& path,
                       str(p.value().sizes().vec()));
     }
     if (t.end - t.begin != p.value().numel() * elem)
-      bad(t.file, "tensor '" + key + "' holds " + std::to_string(t.end - t.begin) + " bytes, its shape needs " +
-                      std::to_string(p.value().numel() * elem));
+      bad(t.file, "tensor '" + key + "' holds " + std::to_string(t.end - t.begin) +
+                      " bytes, its shape needs " + std::to_string(p.value().numel() * elem));
     used.insert(key);
     out.emplace(p.key(), &t);
   }
   for (const auto& [name, t] : stored)
-    if (!used.count(name)) bad(t.file, "tensor '" + name + "' is not a parameter of the model (extra name)");
+    if (!used.count(name))
+      bad(t.file, "tensor '" + name + "' is not a parameter of the model (extra name)");
   return out;
 }
 
@@ -161,6 +170,11 @@ void check_hf_checkpoint(const std::string& path, torch::nn::Module& model) {
   match(path, stored, model);
 }
 
+void check_hf_checkpoint(const std::string& path, const models::ModelConfig& config) {
+  auto meta = models::build_model(config, torch::TensorOptions().device(torch::kMeta));
+  check_hf_checkpoint(path, *meta);
+}
+
 void load_hf_checkpoint(const std::string& path, torch::nn::Module& model) {
   const auto stored = read_checkpoint(path);
   const auto matched = match(path, stored, model);
@@ -169,7 +183,8 @@ void load_hf_checkpoint(const std::string& path, torch::nn::Module& model) {
   std::map<fs::path, std::ifstream> files;
   for (const auto& [name, t] : matched) {
     auto it = files.find(t->file);
-    if (it == files.end()) it = files.emplace(t->file, std::ifstream(t->file, std::ios::binary)).first;
+    if (it == files.end())
+      it = files.emplace(t->file, std::ifstream(t->file, std::ios::binary)).first;
     std::ifstream& in = it->second;
     int64_t elem = 0;
     const auto dtype = scalar_type_of(t->dtype, &elem);

@@ -15,9 +15,11 @@
 // a header that does not parse, data offsets outside the file.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <string>
 
-#include <torch/torch.h>
+#include "models/model_config.h"
 
 namespace shardfit::executor {
 
@@ -25,6 +27,8 @@ namespace shardfit::executor {
 // shapes, dtypes, byte ranges) without reading tensor data. `model` may be
 // on the meta device.
 void check_hf_checkpoint(const std::string& path, torch::nn::Module& model);
+// The same against `config`'s model, built on the meta device.
+void check_hf_checkpoint(const std::string& path, const models::ModelConfig& config);
 
 // check_hf_checkpoint, then copies every stored tensor into its parameter.
 void load_hf_checkpoint(const std::string& path, torch::nn::Module& model);
