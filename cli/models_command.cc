@@ -19,6 +19,7 @@ nlohmann::json describe(const models::ModelConfig& m) {
                       {"layers", m.layers},
                       {"hidden", m.hidden},
                       {"heads", m.heads},
+                      {"kv_heads", m.kv_heads_or_heads()},
                       {"vocab_size", m.vocab_size},
                       {"max_positions", m.max_positions}};
   return j;
@@ -69,10 +70,10 @@ Command add_models_command(CLI::App& app) {
               std::cout << out.dump(2) << "\n";
               return kExitOk;
             }
-            std::printf("%-12s %-6s %15s %7s %7s %6s %7s %9s\n", "name", "family", "params",
+            std::printf("%-13s %-6s %15s %7s %7s %6s %7s %9s\n", "name", "family", "params",
                         "layers", "hidden", "heads", "vocab", "positions");
             for (const auto& m : all)
-              std::printf("%-12s %-6s %15lld %7lld %7lld %6lld %7lld %9lld\n", m.name.c_str(),
+              std::printf("%-13s %-6s %15lld %7lld %7lld %6lld %7lld %9lld\n", m.name.c_str(),
                           models::family_name(m.family), static_cast<long long>(m.param_count()),
                           static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
                           static_cast<long long>(m.heads), static_cast<long long>(m.vocab_size),

@@ -16,6 +16,7 @@ namespace {
 struct PlanArgs {
   std::string model;
   int64_t seq_len = 128;
+  std::string loss = "full";
   int gpus = 1;
   int nodes = 1;
   std::string device;
@@ -34,6 +35,11 @@ int run(const PlanArgs& a) {
   planner::PlanRequest r;
   r.model = models::resolve_model(a.model);
   r.seq_len = a.seq_len;
+  try {
+    models::set_loss(&r.model, a.loss);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   r.gpus_per_node = a.gpus;
   r.nodes = a.nodes;
   r.profile = planner::load_profile(a.device, profiles_dir());
@@ -82,6 +88,10 @@ Command add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->required();
   sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
+  sub->add_option("--loss", a->loss,
+                  "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "
+                  "logits recomputed in backward; llama family)")
+      ->capture_default_str();
   sub->add_option("--gpus", a->gpus, "GPUs per node")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--nodes", a->nodes, "Nodes")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--device", a->device, "Device profile name (profiles/*.json) or path")->required();

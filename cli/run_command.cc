@@ -37,6 +37,7 @@
 #include "cli/validators.h"
 #include "executor/comm.h"
 #include "executor/engine.h"
+#include "executor/hf_init.h"
 #include "executor/launcher.h"
 #include "executor/slurm_env.h"
 #include "executor/signals.h"
@@ -89,6 +90,8 @@ struct RunArgs {
   bool oversubscribe = false;    // --nproc above the cores
   bool resume_anyway = false;    // resume despite options that break bit-exactness
   bool allow_nonfinite = false;  // train on through a NaN/Inf loss
+  std::string init;         // Hugging Face checkpoint to start from (executor/hf_init.h)
+  std::string loss;         // "": full, or the plan's
   // Which options the user gave (a plan fills in the others).
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false;
   std::string command_line;
@@ -100,6 +103,7 @@ struct Job {
   planner::Candidate candidate;
   int64_t batch = 1;
   int64_t seq_len = 128;
+  std::string loss = "full";   // --loss, else the plan's
   int64_t budget_bytes = 0;
   int64_t grad_accum = 1;      // --grad-accum, else the plan's
   int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
@@ -137,6 +141,7 @@ Job resolve_job(const RunArgs& a) {
     model_name = plan.model.name;
     job.batch = a.batch_given ? a.batch : c->max_batch_per_gpu;
     job.seq_len = a.seq_len_given ? a.seq_len : plan.model.seq_len;
+    job.loss = plan.model.loss;
     job.budget_bytes = plan.hardware.device_mem_bytes;
     job.plan_world = plan.hardware.world_size();
     job.plan_gpus_per_node = plan.hardware.gpus_per_node;
@@ -146,6 +151,12 @@ Job resolve_job(const RunArgs& a) {
     job.grad_accum = a.grad_accum;
   }
   job.model = models::resolve_model(model_name);
+  if (!a.loss.empty()) job.loss = a.loss;
+  try {
+    models::set_loss(&job.model, job.loss);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   job.candidate = planner::parse_candidate(strategy);
   if (a.plan.empty() || a.seq_len_given)
     job.seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(128, job.model.max_positions);
@@ -190,6 +201,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   o.checkpoint.save_every = a.save_every;
   o.checkpoint.resume_from = a.resume;
   o.allow_nonfinite = a.allow_nonfinite;
+  o.init_from = a.init;
   return o;
 }
 
@@ -521,6 +533,13 @@ int run(const RunArgs& a) {
     gpus_per_node = in_job && local ? std::atoi(local) : world;
   }
   job.resume_changes = check_checkpoint_args(a, job, world, gpus_per_node, backend);
+  if (!a.init.empty() && (!a.resume.empty() || a.reference_trainer))
+    throw BadInput("--init " + a.init + ": not with --resume (it restores weights) or --reference-trainer");
+  try {  // headers against the model's names, shapes and dtypes: no tensor data read
+    if (!a.init.empty()) executor::check_hf_checkpoint(a.init, job.model);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(std::string("--init: ") + e.what());
+  }
   const executor::EngineOptions checked = engine_options(a, job, gpus_per_node);
   executor::check_engine_options(checked, world);  // one line, before any rank starts
 
@@ -634,6 +653,11 @@ Command add_run_command(CLI::App& app) {
                 "grad-accum, seed, data, lr, ...) differs from the checkpoint's; the report lists them");
   sub->add_flag("--allow-nonfinite", a->allow_nonfinite,
                 "Train on when the loss turns NaN/Inf (default: stop, exit 1, \"diverged at step N\")");
+  sub->add_option("--loss", a->loss, "full or chunked:N (N tokens at a time; llama family); default: the plan's");
+  sub->add_option("--init", a->init,
+                  "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
+                  "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")
+      ->type_name("PATH");
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");

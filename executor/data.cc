@@ -35,7 +35,7 @@ class SyntheticData final : public DataSource {
     for (int64_t i = 0; i < batch; ++i) {
       std::mt19937_64 rng(mix(seed_ ^ mix(step * 1000003ULL + (first + i))));
       int64_t* row = ids.data() + i * seq_len_;
-      if (cfg_.family == models::Family::kGpt2) {
+      if (cfg_.family != models::Family::kBert) {  // causal LM
         int64_t tok = static_cast<int64_t>(rng() % v);
         const int64_t stride = 1 + static_cast<int64_t>(rng() % 8);
         for (int64_t t = 0; t < seq_len_; ++t, tok = (tok + stride) % v) row[t] = tok;
@@ -91,8 +91,8 @@ class TokenFileData final : public DataSource {
   TokenFileData(const std::string& path, const models::ModelConfig& cfg, int64_t seq_len,
                 int64_t global_batch)
       : path_(path), seq_len_(seq_len), global_batch_(global_batch), in_(path, std::ios::binary) {
-    if (cfg.family != models::Family::kGpt2)
-      throw std::invalid_argument(path + ": token files train GPT-2 models only (causal LM)");
+    if (cfg.family == models::Family::kBert)
+      throw std::invalid_argument(path + ": token files train causal LMs only (not BERT)");
     if (!in_) throw std::invalid_argument(path + ": cannot read token file");
     int32_t header[kLlmcHeaderInts] = {};
     in_.read(reinterpret_cast<char*>(header), sizeof(header));

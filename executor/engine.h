@@ -88,6 +88,9 @@ struct EngineOptions {
   // infinite ends the run there (EngineResult::diverged_at_step), on every
   // rank alike; true: train on (--allow-nonfinite).
   bool allow_nonfinite = false;
+  // `run --init`: a Hugging Face checkpoint (executor/hf_init.h) copied into
+  // the host model before its shards are cut; "" = Hugging Face init.
+  std::string init_from;
   // Test hooks: after init and after each optimizer step. Units are in
   // planner::wrap_modules order; each holds this rank's fp32 master and
   // AdamW state.

@@ -16,6 +16,7 @@ TrainResult train_single_rank(const TrainOptions& o, const std::function<void(co
   if (o.seq_len < 2 || o.seq_len > o.model.max_positions)
     throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + ": must be in 2.." +
                                 std::to_string(o.model.max_positions) + " for " + o.model.name);
+  models::check_sequence_supported(o.model, o.seq_len);
   if (o.model.family == models::Family::kBert && o.seq_len < 5)
     throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + ": BERT sentence pairs need at least 5 tokens");
   auto data = o.data == "synthetic" ? make_synthetic(o.model, o.seq_len, o.seed)

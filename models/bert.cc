@@ -327,9 +327,12 @@ std::shared_ptr<TrainableModel> build_bert(const ModelConfig& c, const torch::Te
 }
 
 std::shared_ptr<TrainableModel> build_gpt2(const ModelConfig& c, const torch::TensorOptions& o);
+std::shared_ptr<TrainableModel> build_llama(const ModelConfig& c, const torch::TensorOptions& o);
 
 std::shared_ptr<TrainableModel> build_model(const ModelConfig& c, const torch::TensorOptions& o) {
-  auto model = c.family == Family::kGpt2 ? build_gpt2(c, o) : build_bert(c, o);
+  auto model = c.family == Family::kGpt2    ? build_gpt2(c, o)
+               : c.family == Family::kLlama ? build_llama(c, o)
+                                            : build_bert(c, o);
   index_modules(*model);
   model->train();
   return model;

@@ -48,16 +48,17 @@ torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
   });
 }
 
-LinearImpl::LinearImpl(int64_t in, int64_t out, double init_std, const torch::TensorOptions& opts)
+LinearImpl::LinearImpl(int64_t in, int64_t out, double init_std, const torch::TensorOptions& opts,
+                       bool with_bias)
     : ModuleBase("Linear") {
   weight = register_parameter("weight", torch::empty({out, in}, opts));
-  bias = register_parameter("bias", torch::zeros({out}, opts));
+  if (with_bias) bias = register_parameter("bias", torch::zeros({out}, opts));
   init_normal(weight, init_std);
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return call({x}, [this](const std::vector<torch::Tensor>& in) {
-    return torch::linear(in[0], weight, bias);
+    return bias.defined() ? torch::linear(in[0], weight, bias) : torch::linear(in[0], weight);
   });
 }
 

@@ -24,10 +24,12 @@ class Conv1DImpl : public ModuleBase {
 };
 TORCH_MODULE(Conv1D);
 
-// nn.Linear: y = x @ W^T + b with W of shape [out, in].
+// nn.Linear: y = x @ W^T + b with W of shape [out, in]; bias=false registers
+// no bias (Llama's projections).
 class LinearImpl : public ModuleBase {
  public:
-  LinearImpl(int64_t in, int64_t out, double init_std, const torch::TensorOptions& opts);
+  LinearImpl(int64_t in, int64_t out, double init_std, const torch::TensorOptions& opts,
+             bool bias = true);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;
 };

@@ -68,10 +68,21 @@ void check_positive(const ModelConfig& c, const std::string& origin) {
 
 }  // namespace
 
-const char* family_name(Family f) { return f == Family::kGpt2 ? "gpt2" : "bert"; }
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::kGpt2:
+      return "gpt2";
+    case Family::kBert:
+      return "bert";
+    case Family::kLlama:
+      return "llama";
+  }
+  return "gpt2";
+}
 
 int64_t ModelConfig::param_count() const {
   const int64_t h = hidden, i = intermediate;
+  if (family == Family::kLlama) return llama_param_count(*this);
   const int64_t ln = 2 * h;  // LayerNorm weight + bias
   if (family == Family::kGpt2) {
     const int64_t block = ln + (h * 3 * h + 3 * h) + (h * h + h) + ln + (h * i + i) + (i * h + h);
@@ -105,6 +116,7 @@ const std::vector<ModelConfig>& builtin_models() {
     m.push_back(gt);
     ModelConfig bt = bert("bert-tiny", 64, 2, 4, 256, /*vocab=*/512, /*positions=*/128);
     m.push_back(bt);
+    for (auto& l : llama_builtins()) m.push_back(std::move(l));
     return m;
   }();
   return kModels;
@@ -123,6 +135,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
   if (!j.contains("model_type") || !j["model_type"].is_string())
     throw std::invalid_argument(origin + ": missing string field 'model_type' (gpt2 or bert)");
   const std::string type = j["model_type"];
+  if (type == "llama" || type == "mistral" || type == "qwen2") return parse_llama_config(text, origin);
 
   auto get_int = [&](const char* field, int64_t fallback, bool required) -> int64_t {
     if (!j.contains(field) || j[field].is_null()) {
@@ -180,7 +193,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
                                   "' is not supported (gelu, gelu_new)");
   } else {
     throw std::invalid_argument(origin + ": model_type '" + type +
-                                "' is not supported (gpt2 or bert)");
+                                "' is not supported (gpt2, bert, llama, mistral or qwen2)");
   }
   c.initializer_range = get_double("initializer_range", 0.02);
   for (double p : {c.hidden_dropout, c.embd_dropout, c.attn_dropout})

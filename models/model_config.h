@@ -13,7 +13,7 @@
 
 namespace shardfit::models {
 
-enum class Family { kGpt2, kBert };
+enum class Family { kGpt2, kBert, kLlama };
 
 struct ModelConfig {
   std::string name;  // "gpt2-large", or the config.json path it came from
@@ -45,6 +45,28 @@ struct ModelConfig {
   // token) rather than sequence classification.
   bool masked_lm() const { return architecture == "BertForMaskedLM"; }
 
+  // Llama family (Hugging Face model_type llama, mistral, qwen2); see
+  // models/llama_config.cc. layer_norm_eps holds rms_norm_eps, heads
+  // num_attention_heads, intermediate intermediate_size.
+  std::string model_type;          // "llama", "mistral" or "qwen2" (empty for gpt2/bert)
+  int64_t kv_heads = 0;            // num_key_value_heads (GQA); 0: equal to heads
+  int64_t head_dim = 0;            // head_dim; 0: hidden / heads
+  bool qkv_bias = false;           // q/k/v projections carry biases (qwen2, llama attention_bias)
+  bool o_bias = false;             // o_proj carries a bias (llama attention_bias)
+  bool tie_word_embeddings = false;
+  double rope_theta = 10000.0;
+  // rope_scaling of type llama3 (factor 0: none): Llama 3.1's frequency
+  // rescaling by wavelength.
+  double rope_factor = 0.0, rope_low_freq_factor = 0.0, rope_high_freq_factor = 0.0;
+  int64_t rope_original_max_positions = 0;
+  int64_t sliding_window = 0;      // mistral/qwen2 window; 0: none. Sequences longer are refused.
+  // `--loss chunked:N` (llama family): cross-entropy N tokens at a time
+  // (models/chunked_loss.h); 0: `--loss full`, the whole logits matrix.
+  int64_t loss_chunk = 0;
+
+  int64_t kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : hidden / heads; }
+
   // Exact parameter count, from shapes alone (tied GPT-2 output embedding
   // counted once). Equal to the sum of numel over the built module's
   // parameters; tests check both agree.
@@ -52,7 +74,7 @@ struct ModelConfig {
 };
 
 // Built-in names: gpt2, gpt2-medium, gpt2-large, gpt2-xl, bert-base,
-// bert-large, gpt2-tiny, bert-tiny.
+// bert-large, gpt2-tiny, bert-tiny, then the llama family's (llama_builtins).
 const std::vector<ModelConfig>& builtin_models();
 
 // A built-in name or a path to a Hugging Face config.json (model_type gpt2
@@ -65,5 +87,22 @@ ModelConfig resolve_model(const std::string& name_or_path);
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& origin);
 
 const char* family_name(Family f);
+
+// The llama family (models/llama_config.cc): built-ins (Llama 3.x, Qwen2.5,
+// Mistral 7B and the test sizes llama-tiny, qwen-tiny), the config.json
+// reader for model_type llama/mistral/qwen2 and the exact parameter count.
+std::vector<ModelConfig> llama_builtins();
+ModelConfig parse_llama_config(const std::string& json_text, const std::string& origin);
+int64_t llama_param_count(const ModelConfig& c);
+// Throws std::invalid_argument naming the config key when `seq_len` needs an
+// option the llama code does not implement (a sliding window shorter than the
+// sequence). No-op for other families.
+void check_sequence_supported(const ModelConfig& c, int64_t seq_len);
+
+// `--loss`: "full" or "chunked:N" (N tokens at a time, N >= 1) into
+// c->loss_chunk. Throws std::invalid_argument naming --loss (a bad value, or
+// chunking for a family without it: only the llama family chunks).
+void set_loss(ModelConfig* c, const std::string& loss);
+std::string loss_name(const ModelConfig& c);  // "full" or "chunked:N"
 
 }  // namespace shardfit::models

@@ -58,7 +58,8 @@ std::vector<Precision> supported(const DeviceProfile& p) {
 // A model's traces for one (precision, checkpointing) pair at every batch:
 // exact at batch 1, affine from batches 2 and 3 beyond — or, where the
 // trace is not batch-affine (CPU bf16: oneDNN's scratchpads are blocked by
-// K = tokens), traced exactly at every batch asked for.
+// K = tokens; a chunked loss: its chunk count), traced exactly at every
+// batch asked for.
 class BatchTraces {
  public:
   BatchTraces(ModelTrace at1, ModelTrace at2, const ModelTrace& at3)
@@ -155,7 +156,8 @@ class TraceCache {
     ModelTrace t1 = trace_step(model_, o);
     o.record_ops = true;
     std::unique_ptr<BatchTraces> entry;
-    if (!cuda_ && o.dtype == DType::kBF16) {
+    // A chunked loss runs ceil(tokens / N) chunks: its events are not affine in batch either.
+    if ((!cuda_ && o.dtype == DType::kBF16) || model_.loss_chunk > 0) {
       const models::ModelConfig model = model_;
       entry = std::make_unique<BatchTraces>(std::move(t1), [model, o](int64_t batch) {
         TraceOptions ob = o;
@@ -190,6 +192,7 @@ Plan build_plan(const PlanRequest& r) {
   if (r.seq_len < 2 || r.seq_len > r.model.max_positions)
     throw std::invalid_argument("--seq-len " + std::to_string(r.seq_len) + ": " + r.model.name +
                                 " takes 2.." + std::to_string(r.model.max_positions) + " tokens");
+  models::check_sequence_supported(r.model, r.seq_len);
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
@@ -202,7 +205,7 @@ Plan build_plan(const PlanRequest& r) {
   const std::vector<Candidate> candidates = enumerate_candidates(copts);
 
   Plan plan;
-  plan.model = {r.model.name, r.model.param_count(), r.seq_len};
+  plan.model = {r.model.name, r.model.param_count(), r.seq_len, models::loss_name(r.model)};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
   plan.hardware.gpus_per_node = r.gpus_per_node;

@@ -182,6 +182,7 @@ Plan plan_from(const json& j, const std::string& origin) {
   plan.model.name = model.text("name");
   plan.model.params = model.integer("params", 0);
   plan.model.seq_len = model.integer("seq_len", 1);
+  if (j["model"].contains("loss")) plan.model.loss = model.text("loss");
 
   FieldReader hw = r.object("hardware");
   plan.hardware.profile = hw.text("profile");
@@ -321,7 +322,10 @@ void to_json(json& j, const Plan& plan) {
   j = json{
       {"schema", kPlanSchema},
       {"model",
-       {{"name", plan.model.name}, {"params", plan.model.params}, {"seq_len", plan.model.seq_len}}},
+       {{"name", plan.model.name},
+        {"params", plan.model.params},
+        {"seq_len", plan.model.seq_len},
+        {"loss", plan.model.loss}}},
       {"hardware",
        {{"profile", plan.hardware.profile},
         {"device_mem_bytes", plan.hardware.device_mem_bytes},
@@ -408,7 +412,7 @@ std::string format_plan_table(const Plan& plan, size_t top) {
 
   std::ostringstream out;
   const PlanHardware& hw = plan.hardware;
-  out << plan.model.name << ", seq len " << plan.model.seq_len << ", " << hw.world_size() << " GPU"
+  out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss << ", " << hw.world_size() << " GPU"
       << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
   if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";
   out << ", usable memory "

@@ -68,6 +68,7 @@ struct PlanModel {
   std::string name;
   int64_t params = 0;  // exact parameter count
   int64_t seq_len = 0;
+  std::string loss = "full";  // extra: "full" or "chunked:N" (--loss), every candidate's
 };
 
 struct PlanHardware {

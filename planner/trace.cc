@@ -276,6 +276,7 @@ ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& o) 
   if (o.seq_len < 2 || o.seq_len > config.max_positions)
     throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + ": " + config.name +
                                 " takes 2.." + std::to_string(config.max_positions) + " tokens");
+  models::check_sequence_supported(config, o.seq_len);
   std::lock_guard<std::mutex> lock(g_trace_mu);
   register_missing_meta_kernels();
   install_meta_allocator();

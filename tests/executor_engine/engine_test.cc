@@ -3,8 +3,8 @@
 //
 //  - Parity: every sharding x {plain, +offload, +ckpt}, every wrap policy at
 //    least once per sharding (not the full cross product: 3-4 configs per
-//    sharding keep the suite to minutes on 2 cores), on gpt2-tiny and
-//    bert-tiny with dropout 0, over 2 and 3 ranks (3 forces padding) and
+//    sharding keep the suite to minutes on 2 cores), on gpt2-tiny,
+//    bert-tiny (dropout 0) and llama-tiny (1e-6), over 2 and 3 ranks (3 forces padding) and
 //    hybrid over 4 as 2 x 2: 10 steps train to the losses of the plain
 //    single-rank trainer with the same global batch. Every one of these runs
 //    also checks each rank's measured peak against the planner's prediction.
@@ -43,6 +43,8 @@ constexpr int kSeqLen = 16;
 // orders of room without hiding a real bug: a gradient that misses a rank or
 // a micro-batch changes the data trained on and moves the loss by > 1e-3.
 constexpr double kFp32RelTol = 1e-5;
+// llama-tiny is held to the bar (#10): 1e-6 relative.
+constexpr double kLlamaFp32RelTol = 1e-6;
 // Every rank's |peak error| against the planner (SPEC: on allocated bytes).
 constexpr double kMaxPeakErrorPct = 1.0;
 
@@ -79,8 +81,10 @@ const fs::path& tmp_dir() {
 }
 
 // The test-size models with every dropout at 0: ranks must compute exactly
-// what one rank does (dropout masks come from each process's RNG).
+// what one rank does (dropout masks come from each process's RNG). The
+// llama family has no dropout: its built-in serves as it is.
 std::string model_config(const std::string& family) {
+  if (family == "llama") return "llama-tiny";
   const fs::path path = tmp_dir() / (family + "-tiny-nodropout.json");
   if (!fs::exists(path)) {
     json j;
@@ -154,7 +158,8 @@ struct ParityCase {
 
 // Runs each case on `family` and compares with the reference trainer at the
 // same global batch (1 sequence per rank).
-void check_parity(const std::string& family, const std::vector<ParityCase>& cases) {
+void check_parity(const std::string& family, const std::vector<ParityCase>& cases,
+                  double rel_tol = kFp32RelTol) {
   const std::string model = model_config(family);
   for (const ParityCase& c : cases) {
     SCOPED_TRACE(family + " " + c.strategy + " on " + std::to_string(c.ranks) + " ranks");
@@ -168,7 +173,7 @@ void check_parity(const std::string& family, const std::vector<ParityCase>& case
     ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
     ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
     const double diff = max_rel_diff(got, want);
-    EXPECT_LE(diff, kFp32RelTol) << "losses " << json(got).dump() << " vs one rank " << json(want).dump();
+    EXPECT_LE(diff, rel_tol) << "losses " << json(got).dump() << " vs one rank " << json(want).dump();
     std::printf("parity %-5s %-40s %d ranks: max rel loss diff %.2e, peak error %+.3f%%\n", family.c_str(),
                 c.strategy.c_str(), c.ranks, diff,
                 report.is_null() ? 0.0 : report["ranks"][0]["peak_error_pct"].get<double>());
@@ -196,6 +201,11 @@ TEST(EngineParity, Gpt2Zero1) { check_parity("gpt2", kZero1Cases); }
 TEST(EngineParity, Gpt2Zero2) { check_parity("gpt2", kZero2Cases); }
 TEST(EngineParity, Gpt2Zero3) { check_parity("gpt2", kZero3Cases); }
 TEST(EngineParity, Gpt2Hybrid) { check_parity("gpt2", kHybridCases); }
+TEST(EngineParity, LlamaDdp) { check_parity("llama", kDdpCases, kLlamaFp32RelTol); }
+TEST(EngineParity, LlamaZero1) { check_parity("llama", kZero1Cases, kLlamaFp32RelTol); }
+TEST(EngineParity, LlamaZero2) { check_parity("llama", kZero2Cases, kLlamaFp32RelTol); }
+TEST(EngineParity, LlamaZero3) { check_parity("llama", kZero3Cases, kLlamaFp32RelTol); }
+TEST(EngineParity, LlamaHybrid) { check_parity("llama", kHybridCases, kLlamaFp32RelTol); }
 TEST(EngineParity, BertDdp) { check_parity("bert", kDdpCases); }
 TEST(EngineParity, BertZero1) { check_parity("bert", kZero1Cases); }
 TEST(EngineParity, BertZero2) { check_parity("bert", kZero2Cases); }

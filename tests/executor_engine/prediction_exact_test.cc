@@ -159,6 +159,22 @@ TEST(PredictionExact, OddSizesBeyondTheMatrix) {
   check({gpt72, "ddp/fp32/wrap=none", 3, 3, 256, 2});
 }
 
+// The llama family (#10): RMSNorm, rotary embeddings, repeat_kv, SwiGLU,
+// q/k/v biases and a tied head (qwen-tiny, whose vocabulary 509 no rank
+// count divides), and --loss chunked:N (logits recomputed in backward).
+TEST(PredictionExact, LlamaFamily) {
+  check({"llama-tiny", "zero3/fp32/wrap=block", 3, 2, 64, 1});
+  check({"qwen-tiny", "zero2+ckpt/fp32/wrap=block", 3, 2, 64, 2});
+  for (const char* strategy : {"ddp/fp32/wrap=none", "zero3+ckpt/fp32/wrap=block"}) {
+    for (const char* model : {"llama-tiny", "qwen-tiny"}) {
+      const std::string what = std::string(model) + " " + strategy + " --loss chunked:24";
+      expect_exact(run_report({"--model", model, "--strategy", strategy, "--nproc", "2", "--batch", "3",
+                               "--seq-len", "48", "--loss", "chunked:24"}),
+                   what);
+    }
+  }
+}
+
 // `plan --grad-accum` searches the micro-batch: under zero2 the shard grads
 // of micro-batch 1 cost one sequence of the 8 that fit without accumulation,
 // and `run --grad-accum` with the plan trains exactly the 7 it promises.

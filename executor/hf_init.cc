@@ -1,0 +1,199 @@
+#include "executor/hf_init.h"
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "models/model.h"
+
+namespace shardfit::executor {
+namespace {
+
+namespace fs = std::filesystem;
+
+// safetensors' format (huggingface/safetensors, README "Format"): an 8-byte
+// little-endian header length N, N bytes of JSON {name: {dtype, shape,
+// data_offsets: [begin, end)}} (plus an optional "__metadata__"), then the
+// data section the offsets are relative to.
+struct StoredTensor {
+  fs::path file;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;  // absolute file offsets
+};
+
+[[noreturn]] void bad(const fs::path& p, const std::string& what) {
+  throw std::invalid_argument(p.string() + ": " + what);
+}
+
+// safetensors rejects headers above 100 MB (safetensors/src/tensor.rs MAX_HEADER_SIZE).
+constexpr uint64_t kMaxHeader = 100'000'000;
+
+std::map<std::string, StoredTensor> read_header(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) bad(file, "cannot read file");
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  if (ec || size < 8) bad(file, "too short for a safetensors header");
+  unsigned char len_bytes[8];
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  if (n > kMaxHeader || 8 + n > size)
+    bad(file, "header length " + std::to_string(n) + " does not fit the file");
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) bad(file, "header is not a JSON object");
+  const int64_t data_start = static_cast<int64_t>(8 + n);
+  std::map<std::string, StoredTensor> out;
+  for (const auto& item : j.items()) {
+    if (item.key() == "__metadata__") continue;
+    const auto& v = item.value();
+    const std::string where = "tensor '" + item.key() + "'";
+    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
+        !v["shape"].is_array() || !v.contains("data_offsets") || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2)
+      bad(file, where + ": needs dtype, shape and data_offsets");
+    StoredTensor t;
+    t.file = file;
+    t.dtype = v["dtype"].get<std::string>();
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) bad(file, where + ": bad shape");
+      t.shape.push_back(d.get<int64_t>());
+    }
+    for (const auto& o : v["data_offsets"])
+      if (!o.is_number_unsigned()) bad(file, where + ": bad data_offsets");
+    t.begin = data_start + v["data_offsets"][0].get<int64_t>();
+    t.end = data_start + v["data_offsets"][1].get<int64_t>();
+    if (t.begin > t.end || t.end > static_cast<int64_t>(size))
+      bad(file, where + ": data_offsets outside the file");
+    out.emplace(item.key(), std::move(t));
+  }
+  return out;
+}
+
+// Every stored tensor of the checkpoint at `path`, by name.
+std::map<std::string, StoredTensor> read_checkpoint(const fs::path& path) {
+  if (!fs::is_directory(path)) return read_header(path);
+  const fs::path index = path / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    if (fs::exists(path / "model.safetensors")) return read_header(path / "model.safetensors");
+    bad(path, "no model.safetensors or model.safetensors.index.json in the directory");
+  }
+  std::ifstream in(index);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+      !j["weight_map"].is_object())
+    bad(index, "needs a JSON object with a weight_map");
+  std::map<std::string, std::map<std::string, StoredTensor>> shards;
+  std::map<std::string, StoredTensor> out;
+  for (const auto& item : j["weight_map"].items()) {
+    if (!item.value().is_string())
+      bad(index, "weight_map['" + item.key() + "'] must be a file name");
+    const std::string shard = item.value().get<std::string>();
+    if (shard.find('/') != std::string::npos)
+      bad(index, "shard file '" + shard + "' must be in the same directory");
+    auto it = shards.find(shard);
+    if (it == shards.end()) it = shards.emplace(shard, read_header(path / shard)).first;
+    auto t = it->second.find(item.key());
+    if (t == it->second.end())
+      bad(path / shard, "tensor '" + item.key() + "' is in the index but not in the shard");
+    out.emplace(item.key(), t->second);
+  }
+  for (const auto& [shard, tensors] : shards)
+    for (const auto& [name, t] : tensors)
+      if (!out.count(name))
+        bad(path / shard, "tensor '" + name + "' is not in the index's weight_map");
+  return out;
+}
+
+c10::ScalarType scalar_type_of(const std::string& dtype, int64_t* elem) {
+  if (dtype == "F32") return *elem = 4, c10::ScalarType::Float;
+  if (dtype == "BF16") return *elem = 2, c10::ScalarType::BFloat16;
+  if (dtype == "F16") return *elem = 2, c10::ScalarType::Half;
+  return *elem = 0, c10::ScalarType::Undefined;
+}
+
+// Model parameter name -> stored tensor, checked.
+std::map<std::string, const StoredTensor*> match(const fs::path& path,
+                                                 const std::map<std::string, StoredTensor>& stored,
+                                                 torch::nn::Module& model) {
+  std::map<std::string, const StoredTensor*> out;
+  std::set<std::string> used;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    std::string key = p.key();
+    auto it = stored.find(key);
+    // transformers' base_model_prefix: a GPT-2 saved as GPT2Model has no "transformer.".
+    const std::string prefix = "transformer.";
+    if (it == stored.end() && key.rfind(prefix, 0) == 0) {
+      key = key.substr(prefix.size());
+      it = stored.find(key);
+    }
+    if (it == stored.end()) bad(path, "tensor '" + p.key() + "' is missing");
+    const StoredTensor& t = it->second;
+    int64_t elem = 0;
+    scalar_type_of(t.dtype, &elem);
+    if (elem == 0)
+      bad(t.file, "tensor '" + key + "' has dtype " + t.dtype + " (F32, BF16 or F16 expected)");
+    if (t.shape != p.value().sizes().vec()) {
+      auto str = [](const std::vector<int64_t>& s) {
+        std::string r = "[";
+        for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+        return r + "]";
+      };
+      bad(t.file, "tensor '" + key + "' has shape " + str(t.shape) + ", the model's is " +
+                      str(p.value().sizes().vec()));
+    }
+    if (t.end - t.begin != p.value().numel() * elem)
+      bad(t.file, "tensor '" + key + "' holds " + std::to_string(t.end - t.begin) +
+                      " bytes, its shape needs " + std::to_string(p.value().numel() * elem));
+    used.insert(key);
+    out.emplace(p.key(), &t);
+  }
+  for (const auto& [name, t] : stored)
+    if (!used.count(name))
+      bad(t.file, "tensor '" + name + "' is not a parameter of the model (extra name)");
+  return out;
+}
+
+}  // namespace
+
+void check_hf_checkpoint(const std::string& path, torch::nn::Module& model) {
+  const auto stored = read_checkpoint(path);
+  match(path, stored, model);
+}
+
+void check_hf_checkpoint(const std::string& path, const models::ModelConfig& config) {
+  auto meta = models::build_model(config, torch::TensorOptions().device(torch::kMeta));
+  check_hf_checkpoint(path, *meta);
+}
+
+void load_hf_checkpoint(const std::string& path, torch::nn::Module& model) {
+  const auto stored = read_checkpoint(path);
+  const auto matched = match(path, stored, model);
+  torch::NoGradGuard no_grad;
+  auto params = model.named_parameters(/*recurse=*/true);
+  std::map<fs::path, std::ifstream> files;
+  for (const auto& [name, t] : matched) {
+    auto it = files.find(t->file);
+    if (it == files.end())
+      it = files.emplace(t->file, std::ifstream(t->file, std::ios::binary)).first;
+    std::ifstream& in = it->second;
+    int64_t elem = 0;
+    const auto dtype = scalar_type_of(t->dtype, &elem);
+    torch::Tensor buf = torch::empty(t->shape, torch::TensorOptions().dtype(dtype));
+    in.seekg(t->begin);
+    in.read(static_cast<char*>(buf.data_ptr()), t->end - t->begin);
+    if (!in) bad(t->file, "cannot read tensor '" + name + "' (truncated file)");
+    params[name].copy_(buf);
+  }
+}
+
+}  // namespace shardfit::executor
