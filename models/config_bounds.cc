@@ -15,6 +15,9 @@ Keys keys_of(Family f) {
   if (f == Family::kGpt2)
     return {"vocab_size", "n_positions",       "n_embd", "n_layer", "n_head",
             "n_inner",    "layer_norm_epsilon"};
+  if (f == Family::kLlama)
+    return {"vocab_size",          "max_position_embeddings", "hidden_size",  "num_hidden_layers",
+            "num_attention_heads", "intermediate_size",       "rms_norm_eps"};
   return {"vocab_size",          "max_position_embeddings", "hidden_size",   "num_hidden_layers",
           "num_attention_heads", "intermediate_size",       "layer_norm_eps"};
 }
@@ -40,6 +43,8 @@ void check_model_bounds(const ModelConfig& c, const std::string& origin) {
   at_most(c.layers, kMaxLayers, k.layers);
   at_most(c.heads, kMaxHeads, k.heads);
   at_most(c.intermediate, kMaxIntermediate, k.intermediate);
+  at_most(c.kv_heads, kMaxHeads, "num_key_value_heads");
+  at_most(c.head_dim, kMaxHidden, "head_dim");
   if (c.family == Family::kBert) {
     at_most(c.type_vocab_size, kMaxTypeVocab, "type_vocab_size");
     at_most(c.num_labels, kMaxLabels, "num_labels");

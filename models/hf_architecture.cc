@@ -33,17 +33,26 @@ const std::vector<Unimplemented>& unimplemented_keys() {
 }  // namespace
 
 const std::vector<HfArchitecture>& hf_architectures() {
-  // transformers' modeling_gpt2 / modeling_bert classes.
+  // transformers' modeling_gpt2 / modeling_bert / modeling_llama,
+  // modeling_mistral and modeling_qwen2 classes (models/llama.cc builds all three).
   static const std::vector<HfArchitecture> kArchitectures = {
       {"GPT2LMHeadModel", "gpt2", Head::kCausalLm, "GPT2Block"},
       {"BertForSequenceClassification", "bert", Head::kSequenceClassification, "BertLayer"},
       {"BertForMaskedLM", "bert", Head::kMaskedLm, "BertLayer"},
+      {"LlamaForCausalLM", "llama", Head::kCausalLm, "LlamaDecoderLayer"},
+      {"MistralForCausalLM", "mistral", Head::kCausalLm, "MistralDecoderLayer"},
+      {"Qwen2ForCausalLM", "qwen2", Head::kCausalLm, "Qwen2DecoderLayer"},
   };
   return kArchitectures;
 }
 
+// The llama family serves three model_types; gpt2 and bert are their family.
+std::string hf_model_type(const ModelConfig& c) {
+  return c.model_type.empty() ? std::string(family_name(c.family)) : c.model_type;
+}
+
 const HfArchitecture& architecture_of(const ModelConfig& c) {
-  const std::string type = family_name(c.family);
+  const std::string type = hf_model_type(c);
   for (const auto& a : hf_architectures())
     if (c.architecture.empty() ? a.model_type == type : c.architecture == a.name) return a;
   throw std::invalid_argument("no Hugging Face class for " + c.name);
@@ -67,7 +76,7 @@ std::string hf_config_path(const std::string& path) {
 }
 
 void apply_hf_architecture(const nlohmann::json& j, ModelConfig& c, const std::string& origin) {
-  const std::string type = family_name(c.family);
+  const std::string type = hf_model_type(c);
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const auto& list = j["architectures"];
     if (!list.is_array() || list.empty() || !list[0].is_string())
@@ -133,6 +142,29 @@ nlohmann::json to_hf_config(const ModelConfig& c) {
               {"layer_norm_epsilon", c.layer_norm_eps},
               {"activation_function", c.activation},
               {"tie_word_embeddings", c.tie_word_embeddings}});
+  } else if (c.family == Family::kLlama) {
+    j.update({{"hidden_size", c.hidden},
+              {"num_hidden_layers", c.layers},
+              {"num_attention_heads", c.heads},
+              {"num_key_value_heads", c.kv_heads_or_heads()},
+              {"head_dim", c.head_dim_or_default()},
+              {"intermediate_size", c.intermediate},
+              {"max_position_embeddings", c.max_positions},
+              {"rms_norm_eps", c.layer_norm_eps},
+              {"rope_theta", c.rope_theta},
+              {"attention_dropout", c.attn_dropout},
+              {"hidden_act", c.activation},
+              {"tie_word_embeddings", c.tie_word_embeddings}});
+    if (c.model_type == "llama") j["attention_bias"] = c.qkv_bias;
+    if (c.model_type == "mistral") j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+    if (c.model_type == "qwen2") j["use_sliding_window"] = c.sliding_window > 0;
+    if (c.model_type == "qwen2" && c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+    if (c.rope_factor > 0)
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", c.rope_factor},
+                           {"low_freq_factor", c.rope_low_freq_factor},
+                           {"high_freq_factor", c.rope_high_freq_factor},
+                           {"original_max_position_embeddings", c.rope_original_max_positions}};
   } else {
     nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
     for (int64_t i = 0; i < c.num_labels; ++i) {

@@ -35,6 +35,9 @@ const std::vector<HfArchitecture>& hf_architectures();
 // The row for `config` (its architecture, or its family's default).
 // Throws std::invalid_argument when there is none.
 const HfArchitecture& architecture_of(const ModelConfig& config);
+// The config's Hugging Face model_type: the llama family serves llama,
+// mistral and qwen2; gpt2 and bert are their family's name.
+std::string hf_model_type(const ModelConfig& config);
 
 // "GPT2Block", "BertLayer"; "" for a config without a known class.
 std::string hf_block_class(const ModelConfig& config);

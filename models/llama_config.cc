@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "models/model_config.h"
+#include "models/config_bounds.h"
+#include "models/hf_architecture.h"
 
 namespace shardfit::models {
 namespace {
@@ -186,6 +188,8 @@ ModelConfig parse_llama_config(const std::string& text, const std::string& origi
   if (!(c.layer_norm_eps > 0)) r.fail("rms_norm_eps", "must be positive");
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   if (c.attn_dropout < 0 || c.attn_dropout >= 1) r.fail("attention_dropout", "must be in [0, 1)");
+  check_model_bounds(c, origin);        // before anything is sized from it
+  apply_hf_architecture(j, c, origin);  // architectures names this model_type's class
   return c;
 }
 

@@ -40,6 +40,8 @@ struct ModelConfig {
   std::string architecture;
   // gpt2: lm_head shares transformer.wte.weight (Hugging Face's default);
   // false gives lm_head a weight of its own (vocab x hidden more params).
+  // bert MLM: the decoder is the word embeddings. llama: lm_head is
+  // model.embed_tokens' weight.
   bool tie_word_embeddings = true;
   // bert: BertForMaskedLM (vocabulary-wide MLM head, no pooler, labels per
   // token) rather than sequence classification.
@@ -53,7 +55,8 @@ struct ModelConfig {
   int64_t head_dim = 0;            // head_dim; 0: hidden / heads
   bool qkv_bias = false;           // q/k/v projections carry biases (qwen2, llama attention_bias)
   bool o_bias = false;             // o_proj carries a bias (llama attention_bias)
-  bool tie_word_embeddings = false;
+  // (tie_word_embeddings above: the llama reader defaults it to false, as
+  // transformers' LlamaConfig does.)
   double rope_theta = 10000.0;
   // rope_scaling of type llama3 (factor 0: none): Llama 3.1's frequency
   // rescaling by wavelength.

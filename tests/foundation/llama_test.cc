@@ -20,6 +20,8 @@
 #include "executor/adamw.h"
 #include "executor/data.h"
 #include "models/model.h"
+#include "models/config_bounds.h"
+#include "models/hf_architecture.h"
 #include "models/model_config.h"
 #include "planner/trace.h"
 
@@ -134,6 +136,34 @@ TEST(LlamaConfig, UnsupportedOptionsAreOneLineNamingTheKey) {
   }
   EXPECT_NE(error_of(R"({"model_type": "qwen2", "attention_bias": true})").find("attention_bias"),
             std::string::npos);
+}
+
+// The llama family in the Hugging Face class table (export-config's block
+// class, `models FILE`, --export's config.json) and under the size bounds.
+TEST(LlamaConfig, HuggingFaceClassesBoundsAndConfigRoundTrip) {
+  const std::vector<std::pair<std::string, std::string>> classes = {
+      {"llama-3.1-8b", "LlamaDecoderLayer"}, {"mistral-7b", "MistralDecoderLayer"},
+      {"qwen2.5-7b", "Qwen2DecoderLayer"}, {"llama-tiny", "LlamaDecoderLayer"}};
+  for (const auto& [name, block] : classes) {
+    const auto c = models::resolve_model(name);
+    EXPECT_EQ(models::hf_block_class(c), block) << name;
+    // to_hf_config -> parse gives the same model: what --export writes loads back.
+    const auto back = models::parse_hf_config(models::to_hf_config(c).dump(), "exported");
+    EXPECT_EQ(back.param_count(), c.param_count()) << name;
+    EXPECT_EQ(back.model_type, c.model_type) << name;
+    EXPECT_EQ(back.sliding_window, c.sliding_window) << name;
+    EXPECT_EQ(back.rope_factor, c.rope_factor) << name;
+  }
+  const std::string base =
+      R"("model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 100, "max_position_embeddings": 64)";
+  EXPECT_EQ(error_of("{" + base + R"(, "architectures": ["MistralForCausalLM"]})"), "");
+  EXPECT_NE(error_of("{" + base + R"(, "architectures": ["LlamaForCausalLM"]})").find("architectures"),
+            std::string::npos);
+  EXPECT_NE(error_of("{" + base + R"(, "num_hidden_layers": 1000000000})").find("'num_hidden_layers'"),
+            std::string::npos);
+  EXPECT_NE(error_of("{" + base + R"(, "rms_norm_eps": -1})").find("rms_norm_eps"), std::string::npos);
 }
 
 TEST(LlamaConfig, SlidingWindowShorterThanTheSequenceIsRefused) {
