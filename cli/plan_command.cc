@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "cli/validators.h"
 #include "models/model_config.h"
 #include "planner/plan_builder.h"
@@ -58,6 +59,12 @@ int run(const PlanArgs& a) {
   r.objective = planner::parse_objective(a.objective);
   r.grad_accum = a.grad_accum;
 
+  // A sweep of big models takes seconds to minutes: say where it is.
+  ThrottledProgress progress;
+  r.on_progress = [&progress](const std::string& stage, size_t done, size_t total,
+                              const std::string& label) {
+    progress.done(stage == "trace" ? "plan: traced step" : "plan: candidate", done, total, label);
+  };
   const planner::Plan plan = planner::build_plan(r);
   if (!a.out.empty()) {
     std::ofstream probe(a.out, std::ios::app);

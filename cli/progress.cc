@@ -57,6 +57,22 @@ void Progress::start(const std::string& label) {
                eta.empty() ? "" : ", ", eta);
 }
 
+ThrottledProgress::ThrottledProgress(double interval_s)
+    : interval_s_(interval_s), begin_(std::chrono::steady_clock::now()) {}
+
+void ThrottledProgress::done(const std::string& what, size_t done, size_t total,
+                             const std::string& label) {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin_).count();
+  const bool due = elapsed - last_s_ >= interval_s_;
+  if (!due && !spdlog::should_log(spdlog::level::debug)) return;
+  const std::string eta = eta_text(elapsed, done, total);
+  spdlog::log(due ? spdlog::level::info : spdlog::level::debug, "{} {}/{} ({}%) {}, {} elapsed{}{}",
+              what, done, total, total ? 100 * done / total : 0, label, format_duration(elapsed),
+              eta.empty() ? "" : ", ", eta);
+  if (due) last_s_ = elapsed;
+}
+
 std::string version_text() {
   std::string v = std::string("shardfit ") + SHARDFIT_VERSION + "\nLibTorch " + TORCH_VERSION;
   v += executor::engine_supports_cuda() ? "\nCUDA: yes (LibTorch built with CUDA)"

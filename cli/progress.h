@@ -36,6 +36,22 @@ class Progress {
   std::chrono::steady_clock::time_point begin_;
 };
 
+// Progress of a command whose units finish in any order and may be many and
+// quick (`plan`'s candidates): "WHAT 12/76 (15%) LABEL, 0:03 elapsed, ETA
+// 0:15" as unit `done` finishes, at most one line a second (every unit at
+// --log-level debug), the first one second after the start, so quick
+// commands stay quiet. Not thread-safe: callers serialise.
+class ThrottledProgress {
+ public:
+  explicit ThrottledProgress(double interval_s = 1.0);
+  void done(const std::string& what, size_t done, size_t total, const std::string& label);
+
+ private:
+  double interval_s_;
+  std::chrono::steady_clock::time_point begin_;
+  double last_s_ = 0;
+};
+
 // "shardfit 0.2.0 (LibTorch 1.13.0, CPU only)", one line per fact.
 std::string version_text();
 

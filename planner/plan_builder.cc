@@ -3,6 +3,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -230,18 +231,31 @@ Plan build_plan(const PlanRequest& r) {
     std::string sim_key;
   };
   std::vector<Work> work;
+  std::vector<std::vector<int>> ckpts;
+  std::set<std::string> trace_keys;
   for (const Candidate& c : candidates) {
     auto pit = partitions.find(c.wrap);
     if (pit == partitions.end())
       pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
+    ckpts.push_back(c.ckpt ? checkpoint_modules(modules, pit->second) : std::vector<int>{});
+    trace_keys.insert(trace_key(compute_dtype(c.precision), cuda, ckpts.back()));
+  }
+  std::set<std::string> traced;
+  for (size_t ci = 0; ci < candidates.size(); ++ci) {
+    const Candidate& c = candidates[ci];
     const DType dtype = compute_dtype(c.precision);
-    const std::vector<int> ckpt = c.ckpt ? checkpoint_modules(modules, pit->second) : std::vector<int>{};
-    work.push_back({&pit->second, &traces.get(dtype, ckpt), trace_key(dtype, cuda, ckpt) + "|" + c.wrap});
+    const std::string key = trace_key(dtype, cuda, ckpts[ci]);
+    work.push_back({&partitions.at(c.wrap), &traces.get(dtype, ckpts[ci]), key + "|" + c.wrap});
+    if (traced.insert(key).second && r.on_progress)
+      r.on_progress("trace", traced.size(), trace_keys.size(),
+                    std::string(precision_name(c.precision)) + (c.ckpt ? " with recompute" : ""));
   }
 
   // Phase 2, parallel: each worker simulates every k-th candidate with its
   // own simulators and allocator models (they keep state between batches).
   plan.candidates.resize(candidates.size());
+  std::mutex progress_mutex;
+  size_t simulated = 0;
   auto evaluate = [&](size_t first, size_t stride) {
     std::map<std::string, std::unique_ptr<BatchSimulator>> simulators;
     ExactAllocator exact_alloc(budget);
@@ -320,6 +334,10 @@ Plan build_plan(const PlanRequest& r) {
       pc.predicted.optimizer_s = st.optimizer_s;
     }
     plan.candidates[ci] = std::move(pc);
+    if (r.on_progress) {
+      const std::lock_guard<std::mutex> lock(progress_mutex);
+      r.on_progress("simulate", ++simulated, candidates.size(), c.to_id());
+    }
     }
   };
   const size_t workers = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), 4);

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "models/model_config.h"
 #include "planner/candidate.h"
@@ -30,6 +32,12 @@ struct PlanRequest {
   // micro-batch. zero2/3/hybrid then hold their fp32 shard grads through
   // every micro-batch after the first, so their max batch can only shrink.
   int grad_accum = 1;
+  // Called as the plan advances, from build_plan's worker threads but never
+  // two at once: stage "trace" (one traced step of a distinct precision and
+  // recompute set) or "simulate" (one candidate's batch search done), how
+  // many of that stage are done out of how many, and what was just done.
+  std::function<void(const std::string& stage, size_t done, size_t total, const std::string& label)>
+      on_progress;
 };
 
 // Throws std::invalid_argument (one line) for impossible requests: zero

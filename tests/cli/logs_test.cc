@@ -56,6 +56,19 @@ TEST(Progress, ValidateSaysWhereItIsWithAnEta) {
   EXPECT_EQ(r.out.find("validate 1/2"), std::string::npos);
 }
 
+TEST(Progress, PlanSaysWhichCandidateItIsAt) {
+  // At info a plan logs at most one line a second (a quick plan none); at
+  // debug every traced step and every candidate, on stderr.
+  const Result r =
+      shardfit({"plan", "--model", "gpt2-tiny", "--seq-len", "32", "--gpus", "2", "--device", "cpu",
+                "--gpu-mem", "12MiB", "--precision", "fp32", "--log-level", "debug"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("plan: traced step 1/"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("plan: candidate 1/"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(100%)"), std::string::npos) << r.err;  // the last candidate
+  EXPECT_EQ(r.out.find("plan: candidate"), std::string::npos) << r.out;
+}
+
 TEST(PlanTop, PrintsTheBestRowsAndSaysHowManyAreLeft) {
   const Result r =
       shardfit({"plan", "--model", "gpt2-tiny", "--seq-len", "32", "--gpus", "2", "--device", "cpu",
