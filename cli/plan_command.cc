@@ -18,6 +18,7 @@ struct PlanArgs {
   std::string model;
   int64_t seq_len = 128;
   std::string loss = "full";
+  std::string attention = "eager";
   int gpus = 1;
   int nodes = 1;
   std::string device;
@@ -38,6 +39,7 @@ int run(const PlanArgs& a) {
   r.seq_len = a.seq_len;
   try {
     models::set_loss(&r.model, a.loss);
+    models::set_attention(&r.model, a.attention);
   } catch (const std::invalid_argument& e) {
     throw BadInput(e.what());
   }
@@ -98,6 +100,12 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--loss", a->loss,
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "
                   "logits recomputed in backward; llama family)")
+      ->capture_default_str();
+  sub->add_option("--attention", a->attention,
+                  "eager (softmax(QK^T)V, keeps the heads x s x s probabilities) or flash (PyTorch's "
+                  "FlashAttention-2 kernel through scaled_dot_product_attention: keeps the output and one fp32 "
+                  "log-sum-exp per row; CUDA devices of compute capability 8.0+, fp16/bf16; gpt2 and llama "
+                  "families). A CPU build of shardfit plans flash but runs only eager")
       ->capture_default_str();
   sub->add_option("--gpus", a->gpus, "GPUs per node")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--nodes", a->nodes, "Nodes")->capture_default_str()->check(AtLeastOne);

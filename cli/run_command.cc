@@ -28,6 +28,8 @@
 #include <optional>
 #include <thread>
 
+#include <torch/version.h>
+
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
@@ -92,6 +94,7 @@ struct RunArgs {
   bool allow_nonfinite = false;  // train on through a NaN/Inf loss
   std::string init;         // Hugging Face checkpoint to start from (executor/hf_init.h)
   std::string loss;         // "": full, or the plan's
+  std::string attention;    // "": eager, or the plan's
   // Which options the user gave (a plan fills in the others).
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false;
   std::string command_line;
@@ -104,6 +107,7 @@ struct Job {
   int64_t batch = 1;
   int64_t seq_len = 128;
   std::string loss = "full";   // --loss, else the plan's
+  std::string attention = "eager";  // --attention, else the plan's
   int64_t budget_bytes = 0;
   int64_t grad_accum = 1;      // --grad-accum, else the plan's
   int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
@@ -142,6 +146,7 @@ Job resolve_job(const RunArgs& a) {
     job.batch = a.batch_given ? a.batch : c->max_batch_per_gpu;
     job.seq_len = a.seq_len_given ? a.seq_len : plan.model.seq_len;
     job.loss = plan.model.loss;
+    job.attention = plan.model.attention;
     job.budget_bytes = plan.hardware.device_mem_bytes;
     job.plan_world = plan.hardware.world_size();
     job.plan_gpus_per_node = plan.hardware.gpus_per_node;
@@ -152,8 +157,14 @@ Job resolve_job(const RunArgs& a) {
   }
   job.model = models::resolve_model(model_name);
   if (!a.loss.empty()) job.loss = a.loss;
+  if (!a.attention.empty()) job.attention = a.attention;
   try {
     models::set_loss(&job.model, job.loss);
+    models::set_attention(&job.model, job.attention);
+    if (job.model.flash_attention && !executor::engine_supports_flash_attention())
+      throw std::invalid_argument(std::string("--attention flash: this build has LibTorch ") + TORCH_VERSION +
+                                  (executor::engine_supports_cuda() ? "" : " for CPU") +
+                                  "; the flash kernel needs a CUDA LibTorch 2.0 or later (plan with it, run eager here)");
   } catch (const std::invalid_argument& e) {
     throw BadInput(e.what());
   }
@@ -654,6 +665,9 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--allow-nonfinite", a->allow_nonfinite,
                 "Train on when the loss turns NaN/Inf (default: stop, exit 1, \"diverged at step N\")");
   sub->add_option("--loss", a->loss, "full or chunked:N (N tokens at a time; llama family); default: the plan's");
+  sub->add_option("--attention", a->attention,
+                  "eager or flash (PyTorch's flash kernel: a CUDA LibTorch 2.0+ build only; a CPU build runs "
+                  "eager); default: the plan's");
   sub->add_option("--init", a->init,
                   "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
                   "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")

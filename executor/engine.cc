@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 #include <spdlog/spdlog.h>
 
 #include "executor/data.h"
@@ -210,6 +211,7 @@ void check_engine_options(const EngineOptions& o, int world_size) {
 
 bool engine_supports_cuda() { return cuda_meter_built(); }
 bool engine_supports_nccl() { return SHARDFIT_WITH_NCCL != 0; }
+bool engine_supports_flash_attention() { return TORCH_VERSION_MAJOR >= 2 && engine_supports_cuda(); }
 
 Engine::Engine(const EngineOptions& o, Communicator& world)
     : o_(o),

@@ -3,6 +3,7 @@
 // unless the config says tie_word_embeddings: false.
 #include <cmath>
 
+#include "models/attention.h"
 #include "models/layers.h"
 #include "models/model.h"
 
@@ -26,6 +27,11 @@ class GPT2AttentionImpl : public ModuleBase {
       auto qkv = c_attn(h).split(cfg.hidden, /*dim=*/2);
       auto heads = [&](const torch::Tensor& t) { return t.view({b, s, nh, hd}).permute({0, 2, 1, 3}); };
       auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+      if (cfg.flash_attention) {  // transformers' GPT2SdpaAttention: no mask, is_causal
+        const double p = is_training() ? cfg.attn_dropout : 0.0;
+        auto y = flash_attention(q, k, v, p, cfg.flash_sm_count).transpose(1, 2).contiguous();
+        return maybe_dropout(c_proj(y.view({b, s, cfg.hidden})), cfg.hidden_dropout, is_training());
+      }
       auto w = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(hd));
       w = w.masked_fill(in[1], -std::numeric_limits<float>::infinity());
       w = torch::softmax(w, -1);

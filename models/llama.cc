@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "models/attention.h"
 #include "models/chunked_loss.h"
 #include "models/layers.h"
 #include "models/model.h"
@@ -109,6 +110,11 @@ class AttentionImpl : public ModuleBase {
       };
       k = repeat(k);
       v = repeat(v);
+      if (cfg.flash_attention) {  // transformers' LlamaSdpaAttention: repeat_kv, no mask, is_causal
+        const double p = is_training() ? cfg.attn_dropout : 0.0;
+        auto y = flash_attention(q, k, v, p, cfg.flash_sm_count).transpose(1, 2).contiguous();
+        return o_proj(y.view({b, s, nh * hd}));
+      }
       auto w = torch::matmul(q, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(hd)));
       w = w.masked_fill(in[3], -std::numeric_limits<float>::infinity());
       w = torch::softmax(w, -1, torch::kFloat).to(q.scalar_type());

@@ -233,6 +233,26 @@ std::string loss_name(const ModelConfig& c) {
   return c.loss_chunk > 0 ? "chunked:" + std::to_string(c.loss_chunk) : "full";
 }
 
+void set_attention(ModelConfig* c, const std::string& attention) {
+  if (attention == "eager") {
+    c->flash_attention = false;
+    return;
+  }
+  if (attention != "flash") throw std::invalid_argument("--attention " + attention + ": expected eager or flash");
+  if (c->family == Family::kBert)
+    throw std::invalid_argument("--attention flash: " + c->name +
+                                " adds a padding mask to its scores, which PyTorch's flash kernel does not take");
+  // flash_api.cpp (mha_fwd): "head_size must be a multiple of 8" after
+  // padding, and at most 256; we do not model the padded copies.
+  const int64_t hd = c->family == Family::kLlama ? c->head_dim_or_default() : c->hidden / c->heads;
+  if (hd % 8 != 0 || hd > 256)
+    throw std::invalid_argument("--attention flash: " + c->name + " has head dimension " + std::to_string(hd) +
+                                "; the flash kernel takes multiples of 8 up to 256");
+  c->flash_attention = true;
+}
+
+const char* attention_name(const ModelConfig& c) { return c.flash_attention ? "flash" : "eager"; }
+
 void check_sequence_supported(const ModelConfig& c, int64_t seq_len) {
   if (c.family == Family::kLlama && c.sliding_window > 0 && seq_len > c.sliding_window)
     throw std::invalid_argument(c.name + ": field 'sliding_window' " +

@@ -66,6 +66,13 @@ struct ModelConfig {
   // `--loss chunked:N` (llama family): cross-entropy N tokens at a time
   // (models/chunked_loss.h); 0: `--loss full`, the whole logits matrix.
   int64_t loss_chunk = 0;
+  // `--attention flash` (gpt2 and the llama family, CUDA only): PyTorch's
+  // FlashAttention-2 kernel through scaled_dot_product_attention instead of
+  // the eager softmax(QK^T)V (models/attention.h). The planner sets
+  // flash_sm_count from the device profile: the forward kernel's split-KV
+  // heuristic reads the number of SMs.
+  bool flash_attention = false;
+  int64_t flash_sm_count = 0;
 
   int64_t kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -107,5 +114,12 @@ void check_sequence_supported(const ModelConfig& c, int64_t seq_len);
 // chunking for a family without it: only the llama family chunks).
 void set_loss(ModelConfig* c, const std::string& loss);
 std::string loss_name(const ModelConfig& c);  // "full" or "chunked:N"
+
+// `--attention`: "eager" or "flash" into c->flash_attention. Throws
+// std::invalid_argument naming --attention (a bad value; flash for BERT,
+// whose padding mask PyTorch's flash kernel does not take; a head dimension
+// the kernel refuses: not a multiple of 8 or above 256).
+void set_attention(ModelConfig* c, const std::string& attention);
+const char* attention_name(const ModelConfig& c);  // "eager" or "flash"
 
 }  // namespace shardfit::models

@@ -35,6 +35,12 @@ ModelTrace AffineTrace::at(int64_t batch) const {
   return t;
 }
 
+std::pair<double, double> AffineTrace::flops_at(int64_t batch) const {
+  const double steps = static_cast<double>(batch - base_.batch);
+  return {base_.forward_flops + steps * forward_flops_per_batch_,
+          base_.backward_flops + steps * backward_flops_per_batch_};
+}
+
 std::vector<int64_t> AffineTrace::alloc_bytes(int64_t batch) const {
   if (batch < base_.batch)
     throw std::logic_error("affine trace from batch " + std::to_string(base_.batch) + " asked for batch " +

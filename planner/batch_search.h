@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <functional>
 #include <stdexcept>
 
@@ -27,6 +28,9 @@ class AffineTrace {
   // Only the sizes of its allocations, in trace order (cheap).
   std::vector<int64_t> alloc_bytes(int64_t batch) const;
   const ModelTrace& base() const { return base_; }
+  // Forward and backward FLOPs at any batch >= 1: FLOPs are linear in the
+  // batch, so unlike the bytes they extrapolate below k too.
+  std::pair<double, double> flops_at(int64_t batch) const;
 
  private:
   ModelTrace base_;                       // batch k

@@ -1,5 +1,6 @@
 #include "planner/plan_builder.h"
 
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "planner/batch_search.h"
 #include "planner/shard_layout.h"
@@ -49,10 +51,31 @@ MemoryBreakdown to_breakdown(const CategoryBytes& c) {
   return b;
 }
 
-std::vector<Precision> supported(const DeviceProfile& p) {
+// The precisions a sweep tries: what the device computes in, and with
+// `--attention flash` only fp16 and bf16 (the kernel takes nothing else).
+std::vector<Precision> supported(const DeviceProfile& p, const models::ModelConfig& m) {
   std::vector<Precision> out;
   for (Precision x : {Precision::kFp32, Precision::kFp16, Precision::kBf16})
-    if (p.supports(compute_dtype(x))) out.push_back(x);
+    if (p.supports(compute_dtype(x)) && !(m.flash_attention && x == Precision::kFp32)) out.push_back(x);
+  return out;
+}
+
+// The model as it runs on `p`: `--attention flash` needs a CUDA device of
+// compute capability 8.0 or later (flash_api.cpp: "FlashAttention only
+// supports Ampere GPUs or newer"), and its trace needs the SM count.
+models::ModelConfig model_on_device(const models::ModelConfig& m, const DeviceProfile& p) {
+  models::ModelConfig out = m;
+  if (!m.flash_attention) return out;
+  const std::string why = "--attention flash: PyTorch's flash kernel runs on CUDA GPUs of compute capability 8.0 or later; ";
+  if (p.kind != DeviceKind::kCuda) throw std::invalid_argument(why + p.name + " is not a CUDA device");
+  if (p.compute_capability < 8.0) {
+    char cc[32];
+    std::snprintf(cc, sizeof(cc), "%.1f", p.compute_capability);
+    throw std::invalid_argument(why + p.name + (p.compute_capability > 0 ? std::string(" is ") + cc
+                                                                          : std::string(" gives no compute_capability")));
+  }
+  if (p.sm_count <= 0) throw std::invalid_argument(why + "profile " + p.name + " gives no sm_count");
+  out.flash_sm_count = p.sm_count;
   return out;
 }
 
@@ -73,6 +96,13 @@ class BatchTraces {
   }
   const ModelTrace& at1() const { return at1_; }
   const AffineTrace* affine() const { return affine_.get(); }
+  // Forward and backward FLOPs at `batch`. Batch 1's trace records none
+  // (TraceOptions::record_ops): from the affine traces, or traced again.
+  std::pair<double, double> flops_at(int64_t batch) const {
+    if (affine_) return affine_->flops_at(batch);
+    const ModelTrace t = exact_at(batch);
+    return {t.forward_flops, t.backward_flops};
+  }
   ModelTrace exact_at(int64_t batch) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = exact_cache_.find(batch);
@@ -199,14 +229,16 @@ Plan build_plan(const PlanRequest& r) {
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
   const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
 
+  const models::ModelConfig model = model_on_device(r.model, r.profile);
   CandidateOptions copts = r.candidates;
-  copts.supported_precisions = supported(r.profile);
-  copts.device_name = r.profile.name;
+  copts.supported_precisions = supported(r.profile, model);
+  copts.device_name = r.profile.name + (model.flash_attention ? " with --attention flash" : "");
   copts.nodes = r.nodes;
   const std::vector<Candidate> candidates = enumerate_candidates(copts);
 
   Plan plan;
-  plan.model = {r.model.name, r.model.param_count(), r.seq_len, models::loss_name(r.model)};
+  plan.model = {r.model.name, r.model.param_count(), r.seq_len, models::loss_name(r.model),
+                models::attention_name(r.model)};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
   plan.hardware.gpus_per_node = r.gpus_per_node;
@@ -217,7 +249,7 @@ Plan build_plan(const PlanRequest& r) {
 
   const std::vector<ModuleNode> modules = module_tree(r.model);
   std::map<std::string, UnitPartition> partitions;
-  TraceCache traces(r.model, r.seq_len, cuda, world);
+  TraceCache traces(model, r.seq_len, cuda, world);
   SimOptions sim_options;
   if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = {r.profile.cublas_workspace_bytes};
 
@@ -312,9 +344,7 @@ Plan build_plan(const PlanRequest& r) {
     if (pc.max_batch_per_gpu > 0) {
       StepTimeInputs ti;
       ti.candidate = c;
-      const ModelTrace t = trace.at(pc.max_batch_per_gpu);
-      ti.forward_flops = t.forward_flops;
-      ti.backward_flops = t.backward_flops;
+      std::tie(ti.forward_flops, ti.backward_flops) = trace.flops_at(pc.max_batch_per_gpu);
       for (int u : sim.forward_order())  // the time model wants units in forward order
         ti.unit_padded_numel.push_back(padded_numel(units.units[u].numel, s.shard_group_size));
       ti.batch = pc.max_batch_per_gpu;
@@ -373,7 +403,9 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   o.target_cuda = cuda;
   o.cpu_threads = cpu_rank_threads(world);
   if (c.ckpt) o.checkpoint_modules = checkpoint_modules(modules, units);
-  const ModelTrace trace = trace_step(r.model, o);
+  if (r.model.flash_attention && c.precision == Precision::kFp32)
+    throw std::invalid_argument("--attention flash: the flash kernel takes fp16 or bf16, not " + c.to_id());
+  const ModelTrace trace = trace_step(model_on_device(r.model, r.profile), o);
 
   Strategy s;
   s.sharding = c.sharding;

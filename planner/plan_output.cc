@@ -183,6 +183,9 @@ Plan plan_from(const json& j, const std::string& origin) {
   plan.model.params = model.integer("params", 0);
   plan.model.seq_len = model.integer("seq_len", 1);
   if (j["model"].contains("loss")) plan.model.loss = model.text("loss");
+  if (j["model"].contains("attention")) plan.model.attention = model.text("attention");
+  if (plan.model.attention != "eager" && plan.model.attention != "flash")
+    model.fail("attention", "must be \"eager\" or \"flash\"");
 
   FieldReader hw = r.object("hardware");
   plan.hardware.profile = hw.text("profile");
@@ -325,7 +328,8 @@ void to_json(json& j, const Plan& plan) {
        {{"name", plan.model.name},
         {"params", plan.model.params},
         {"seq_len", plan.model.seq_len},
-        {"loss", plan.model.loss}}},
+        {"loss", plan.model.loss},
+        {"attention", plan.model.attention}}},
       {"hardware",
        {{"profile", plan.hardware.profile},
         {"device_mem_bytes", plan.hardware.device_mem_bytes},
@@ -412,7 +416,8 @@ std::string format_plan_table(const Plan& plan, size_t top) {
 
   std::ostringstream out;
   const PlanHardware& hw = plan.hardware;
-  out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss << ", " << hw.world_size() << " GPU"
+  out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
+      << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention) << ", " << hw.world_size() << " GPU"
       << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
   if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";
   out << ", usable memory "

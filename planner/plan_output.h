@@ -69,6 +69,7 @@ struct PlanModel {
   int64_t params = 0;  // exact parameter count
   int64_t seq_len = 0;
   std::string loss = "full";  // extra: "full" or "chunked:N" (--loss), every candidate's
+  std::string attention = "eager";  // extra: "eager" or "flash" (--attention), every candidate's
 };
 
 struct PlanHardware {

@@ -204,6 +204,12 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
   p.memory_bytes = r.bytes("memory_bytes");
   if (p.kind == DeviceKind::kCuda && p.memory_bytes == 0)
     r.fail("memory_bytes", "must be > 0 for a cuda device");
+  p.compute_capability = r.optional_number("compute_capability");
+  if (p.compute_capability < 0) r.fail("compute_capability", "must be >= 0");
+  const double sms = r.optional_number("sm_count");
+  if (sms < 0 || sms > 1e6 || sms != static_cast<double>(static_cast<int64_t>(sms)))
+    r.fail("sm_count", "must be a whole number >= 0");
+  p.sm_count = static_cast<int64_t>(sms);
   p.cuda_context_bytes = r.bytes("overheads_bytes.cuda_context");
   p.cublas_workspace_bytes = r.bytes("overheads_bytes.cublas_workspace");
   p.nccl_buffers_bytes = r.bytes("overheads_bytes.nccl_buffers");

@@ -56,6 +56,13 @@ struct DeviceProfile {
   // where the budget comes from --gpu-mem).
   int64_t memory_bytes = 0;
 
+  // CUDA compute capability (8.0 = Ampere A100) and streaming
+  // multiprocessors; 0 when the profile does not say. `--attention flash`
+  // needs both: the kernel runs on 8.0 and later, and its forward splits
+  // work by the SM count (models/attention.h).
+  double compute_capability = 0;
+  int64_t sm_count = 0;
+
   // Fixed overheads, none measured by us (see the profile's sources).
   // The CUDA context and NCCL's buffers are cudaMalloc'ed outside the caching
   // allocator, so they shrink what it can reserve; NCCL's only exist when

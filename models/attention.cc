@@ -1,0 +1,105 @@
+#include "models/attention.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace shardfit::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+// What the flash kernels allocate, on meta tensors (see attention.h for the
+// sources). Forward: out, softmax_lse, [split-KV accumulators, freed on
+// return], rng_state, unused offset. Backward: contiguous grad_out and out,
+// dq, dk, dv, softmax_d, dq_accum (both freed on return).
+class FlashAttentionMeta : public torch::autograd::Function<FlashAttentionMeta> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, double dropout, int64_t sm_count) {
+    const auto qt = q.transpose(1, 2), kt = k.transpose(1, 2);  // [b, s, h, d]
+    const int64_t b = qt.size(0), s = qt.size(1), h = qt.size(2), d = qt.size(3), sk = kt.size(1);
+    auto out = at::empty_like(qt);
+    auto lse = at::empty({b, h, s}, q.options().dtype(torch::kFloat));
+    torch::Tensor lse_accum, out_accum;  // live until mha_fwd returns
+    const int64_t splits = dropout == 0 ? flash_num_splits(b, h, s, sk, d, sm_count) : 1;
+    if (splits > 1) {
+      const int64_t d_rounded = round_up(d, d <= 128 ? 32 : 64);
+      lse_accum = at::empty({splits, b, h, s}, q.options().dtype(torch::kFloat));
+      out_accum = at::empty({splits, b, h, s, d_rounded}, q.options().dtype(torch::kFloat));
+    }
+    // rng_state (2 x uint64) and the unused offset (one uint64): kLong has
+    // their size and LibTorch 1.13 has no kUInt64. With dropout the state is
+    // allocated again (the first freed) for the philox seed and offset.
+    auto rng_state = at::empty({2}, q.options().dtype(torch::kLong));
+    auto unused = at::empty({}, q.options().dtype(torch::kLong));
+    if (dropout > 0) rng_state = at::empty({2}, q.options().dtype(torch::kLong));
+    lse_accum = torch::Tensor();
+    out_accum = torch::Tensor();
+    auto result = out.transpose(1, 2);
+    ctx->save_for_backward({q, k, v, result, lse, rng_state, unused});
+    return result;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto qt = saved[0].transpose(1, 2), kt = saved[1].transpose(1, 2), vt = saved[2].transpose(1, 2);
+    const int64_t b = qt.size(0), s = qt.size(1), h = qt.size(2), d = qt.size(3);
+    auto grad_out = grads[0].transpose(1, 2).contiguous();
+    auto out = saved[3].transpose(1, 2).contiguous();
+    auto dq = at::empty_like(qt);
+    auto dk = at::empty_like(kt);
+    auto dv = at::empty_like(vt);
+    auto f32 = qt.options().dtype(torch::kFloat);
+    auto softmax_d = at::empty({b, h, round_up(s, 128)}, f32);
+    auto dq_accum = at::empty({b, round_up(s, 128), h, round_up(d, d <= 128 ? 32 : 64)}, f32);
+    return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+int64_t flash_num_splits(int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_k, int64_t head_dim,
+                         int64_t sm_count) {
+  if (sm_count <= 0) return 1;
+  const int64_t block_n = head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 64);
+  const int64_t n_blocks = ceil_div(seq_k, block_n);
+  const int64_t work = batch * heads * ceil_div(seq_q, 64);  // (batch x heads x 64-row blocks)
+  const int64_t slots = 2 * sm_count;  // 128 threads per block: two blocks per SM
+  if (static_cast<double>(work) >= 0.8 * static_cast<double>(slots)) return 1;
+  const int64_t most = std::min({int64_t{128}, slots, n_blocks});
+  // A split count is worth trying only if it changes the blocks per split.
+  auto eligible = [&](int64_t n) { return n == 1 || ceil_div(n_blocks, n) != ceil_div(n_blocks, n - 1); };
+  auto efficiency = [&](int64_t n) {
+    const double waves = static_cast<double>(work * n) / static_cast<double>(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int64_t n = 1; n <= most; ++n)
+    if (eligible(n)) best = std::max(best, efficiency(n));
+  for (int64_t n = 1; n <= most; ++n)
+    if (eligible(n) && efficiency(n) >= 0.85 * best) return n;
+  return 1;
+}
+
+torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              double dropout, int64_t sm_count) {
+  // sdp_utils.cpp (check_flash_attention_datatype): half and bfloat16 only;
+  // fp32 would fall back to another kernel with other memory.
+  if (q.scalar_type() != torch::kHalf && q.scalar_type() != torch::kBFloat16)
+    throw std::invalid_argument("--attention flash: the flash kernel takes fp16 or bf16, not fp32");
+  if (q.is_meta()) return FlashAttentionMeta::apply(q, k, v, dropout, sm_count);
+#if TORCH_VERSION_MAJOR >= 2
+  if (q.is_cuda()) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
+#endif
+  throw std::invalid_argument(
+      "--attention flash: needs a CUDA LibTorch 2.0 or later (this build runs only eager attention)");
+}
+
+}  // namespace shardfit::models

@@ -1,0 +1,146 @@
+// `--attention flash` (models/attention.h): the allocations the planner's
+// trace makes for PyTorch's flash kernel, each checked against the sizes
+// flash_api.cpp's mha_fwd / mha_bwd allocate; the split-KV heuristic; what
+// flash buys a plan; and the settings it is refused for.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "models/attention.h"
+#include "models/model_config.h"
+#include "planner/plan_builder.h"
+#include "planner/trace.h"
+
+namespace shardfit {
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+TEST(FlashAttention, SplitKvHeuristicFollowsFlashApi) {
+  // Enough (batch x heads x 64-row blocks) to fill 80% of 2 x 132 slots: no split.
+  EXPECT_EQ(models::flash_num_splits(2, 12, 1024, 1024, 64, 132), 1);
+  // 192 blocks of work, 4 key blocks of 256: splits 1, 2 and 4 are eligible
+  // (3 gives the same 2 blocks per split as 2); 4 fills 97% of the last wave.
+  EXPECT_EQ(models::flash_num_splits(1, 12, 1024, 1024, 64, 132), 4);
+  // One key block: nothing to split.
+  EXPECT_EQ(models::flash_num_splits(1, 12, 128, 128, 64, 132), 1);
+  // No SM count: no split.
+  EXPECT_EQ(models::flash_num_splits(1, 12, 1024, 1024, 64, 0), 1);
+}
+
+// The bytes of every allocation made inside the attention module itself (not
+// its projections) by an aten::empty* op, by phase.
+std::map<planner::Phase, std::vector<int64_t>> flash_allocs(const planner::ModelTrace& t, int attn) {
+  std::map<planner::Phase, std::vector<int64_t>> out;
+  for (const auto& e : t.events) {
+    if (e.kind != planner::MemEvent::kAlloc || e.module != attn || e.op < 0) continue;
+    if (t.op_names[e.op].rfind("aten::empty", 0) == 0) out[e.phase].push_back(e.bytes);
+  }
+  return out;
+}
+
+// Whether `run` appears in `all` as consecutive elements (the attention
+// module also allocates around the kernel: rotary embeddings, dropout).
+bool has_run(const std::vector<int64_t>& all, const std::vector<int64_t>& run) {
+  return std::search(all.begin(), all.end(), run.begin(), run.end()) != all.end();
+}
+
+int module_index(const planner::ModelTrace& t, const std::string& path) {
+  for (size_t i = 0; i < t.modules.size(); ++i)
+    if (t.modules[i].path == path) return static_cast<int>(i);
+  return -1;
+}
+
+TEST(FlashAttention, TraceAllocatesWhatTheKernelAllocates) {
+  planner::TraceOptions o;
+  o.batch = 2;
+  o.seq_len = 64;
+  o.dtype = planner::DType::kF16;
+  for (const char* name : {"llama-tiny", "gpt2-tiny"}) {
+    SCOPED_TRACE(name);
+    auto cfg = models::resolve_model(name);
+    models::set_attention(&cfg, "flash");
+    cfg.flash_sm_count = 132;
+    const auto t = planner::trace_step(cfg, o);
+    const bool llama = cfg.family == models::Family::kLlama;
+    const int attn = module_index(t, llama ? "model.layers.0.self_attn" : "transformer.h.0.attn");
+    ASSERT_GE(attn, 0);
+    const int64_t b = o.batch, s = o.seq_len, h = cfg.heads;
+    const int64_t d = llama ? cfg.head_dim_or_default() : cfg.hidden / cfg.heads;
+    ASSERT_EQ(models::flash_num_splits(b, h, s, s, d, 132), 1) << "this case has no split-KV buffers";
+    const int64_t qkv = b * s * h * d * 2;  // fp16
+    auto allocs = flash_allocs(t, attn);
+    // mha_fwd: out, softmax_lse [b, h, s] fp32, rng_state (2 words), the unused
+    // offset (1 word); with dropout (gpt2's attn_pdrop) the rng state again.
+    std::vector<int64_t> fwd = {qkv, b * h * s * 4, 16, 8};
+    if (!llama) fwd.push_back(16);
+    EXPECT_TRUE(has_run(allocs[planner::Phase::kForward], fwd))
+        << testing::PrintToString(allocs[planner::Phase::kForward]);
+    // mha_bwd: dq, dk, dv, softmax_d [b, h, s128] fp32, dq_accum [b, s128, h, d32] fp32.
+    const std::vector<int64_t> bwd = {qkv, qkv, qkv, b * h * round_up(s, 128) * 4,
+                                      b * round_up(s, 128) * h * round_up(d, 32) * 4};
+    EXPECT_TRUE(has_run(allocs[planner::Phase::kBackward], bwd))
+        << testing::PrintToString(allocs[planner::Phase::kBackward]);
+  }
+}
+
+TEST(FlashAttention, RefusedWhereTheKernelCannotRun) {
+  auto bert = models::resolve_model("bert-tiny");
+  EXPECT_THROW(models::set_attention(&bert, "flash"), std::invalid_argument);
+  auto llama = models::resolve_model("llama-tiny");
+  EXPECT_THROW(models::set_attention(&llama, "sdpa"), std::invalid_argument);
+  models::set_attention(&llama, "flash");
+  EXPECT_STREQ(models::attention_name(llama), "flash");
+  // fp32 runs another kernel: refused rather than planned as flash.
+  planner::TraceOptions o;
+  o.batch = 1;
+  o.seq_len = 16;
+  o.dtype = planner::DType::kF32;
+  EXPECT_THROW(planner::trace_step(llama, o), std::invalid_argument);
+}
+
+planner::PlanRequest request(const std::string& model, const std::string& attention, const std::string& device,
+                             int64_t seq_len) {
+  planner::PlanRequest r;
+  r.model = models::resolve_model(model);
+  models::set_attention(&r.model, attention);
+  r.seq_len = seq_len;
+  r.gpus_per_node = 8;
+  r.profile = planner::load_profile(device, std::string(SHARDFIT_SOURCE_DIR) + "/profiles");
+  r.candidates.strategies = {"zero3/bf16/wrap=block"};
+  return r;
+}
+
+TEST(FlashAttention, FitsALargerBatchThanEagerAtLongSequences) {
+  const auto eager = planner::build_plan(request("llama-3.2-1b", "eager", "h100-80gb", 4096));
+  const auto flash = planner::build_plan(request("llama-3.2-1b", "flash", "h100-80gb", 4096));
+  ASSERT_EQ(eager.candidates.size(), 1u);
+  ASSERT_EQ(flash.candidates.size(), 1u);
+  EXPECT_EQ(flash.model.attention, "flash");
+  // Eager keeps 32 heads x 4096^2 probabilities per layer; flash does not.
+  EXPECT_EQ(eager.candidates[0].max_batch_per_gpu, 1);
+  EXPECT_GT(flash.candidates[0].max_batch_per_gpu, 2 * eager.candidates[0].max_batch_per_gpu);
+  // A max batch of 1 still computes: 6 x 1.24e9 parameters x 4096 tokens at
+  // most 989 TFLOP/s is at least 30 ms (batch 1's trace records no FLOPs of
+  // its own; they come from batches 2 and 3).
+  EXPECT_GT(eager.candidates[0].predicted.compute_s, 0.03);
+}
+
+TEST(FlashAttention, PlanRefusesDevicesWithoutTheKernel) {
+  for (const char* device : {"titan-rtx-24gb", "v100-32gb", "cpu"}) {
+    SCOPED_TRACE(device);
+    try {
+      planner::build_plan(request("llama-tiny", "flash", device, 64));
+      ADD_FAILURE() << "planned flash on " << device;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("compute capability 8.0"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardfit
