@@ -92,6 +92,7 @@ struct RunArgs {
   bool oversubscribe = false;    // --nproc above the cores
   bool resume_anyway = false;    // resume despite options that break bit-exactness
   bool allow_nonfinite = false;  // train on through a NaN/Inf loss
+  bool save_on_signal = false;   // SIGTERM/SIGINT: finish the step, save it, exit 128+sig
   std::string init;         // Hugging Face checkpoint to start from (executor/hf_init.h)
   std::string loss;         // "": full, or the plan's
   std::string attention;    // "": eager, or the plan's
@@ -212,6 +213,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   o.checkpoint.save_every = a.save_every;
   o.checkpoint.resume_from = a.resume;
   o.allow_nonfinite = a.allow_nonfinite;
+  if (a.save_on_signal) o.stop_requested = executor::stop_signal_received;  // the ranks agree on it
   o.init_from = a.init;
   return o;
 }
@@ -325,7 +327,8 @@ std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job,
           {"--gpu-mem", std::to_string(job.budget_bytes)}, {"--lr", num(a.lr)}, {"--weight-decay", num(a.weight_decay)},
           {"--grad-accum", std::to_string(job.grad_accum)}, {"--clip-grad-norm", num(a.clip_grad_norm)},
           {"--gpus-per-node", std::to_string(gpus_per_node)}, {"--save", a.save},
-          {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume}};
+          {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume},
+          {"--save-on-signal", a.save_on_signal ? "yes" : "no"}};
 }
 
 // This process is one rank of `comm` (gloo or loopback).
@@ -359,6 +362,8 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     r.resumed_from = resumed_from;
     r.resume_changes = job.resume_changes;
     r.diverged_at_step = result.diverged_at_step;
+    r.interrupted = result.stop_signal != 0;
+    r.saved_on_signal_step = result.saved_on_signal_step;
     r.loss = result.loss;
     r.tokens_per_s = result.tokens_per_s;
     r.ranks = std::move(ranks);
@@ -385,6 +390,9 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     }
   }
   comm.barrier();  // rank 0 hosts the store: nobody leaves before everybody is done
+  if (result.stop_signal != 0)
+    return end_rank_saved_on_signal(leader, {result.stop_signal, result.saved_on_signal_step, result.saved.back()},
+                                    comm.world_size(), a.save, a.out);
   return code;
 }
 
@@ -394,6 +402,8 @@ std::vector<std::string> check_checkpoint_args(const RunArgs& a, const Job& job,
                                                executor::Backend backend) {
   const bool any = !a.save.empty() || !a.resume.empty() || !a.export_path.empty();
   if (a.resume_anyway && a.resume.empty()) throw BadInput("--resume-anyway: needs --resume DIR");
+  if (a.save_on_signal && a.save.empty())
+    throw BadInput("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
   if (!any) {
     if (a.save_every > 0) throw BadInput("--save-every " + std::to_string(a.save_every) + ": needs --save DIR");
     return {};
@@ -460,9 +470,16 @@ int launch(const RunArgs& a, const Job& job, int nproc, int gpus_per_node) {
   lo.timeout = std::chrono::milliseconds(0);  // each rank's collectives time out on their own
   // Let the survivors' own errors (naming the peer they lost) reach the log.
   lo.survivor_grace = std::chrono::milliseconds(static_cast<int64_t>(std::min(a.timeout_s, 3.0) * 1000));
+  lo.ranks_save_on_signal = a.save_on_signal;  // their step, their save: bounded by --timeout + 5 s
+  lo.save_on_signal_wait = std::chrono::milliseconds(static_cast<int64_t>((a.timeout_s + 5) * 1000));
+  const std::string note = a.save_on_signal ? export_stop_note_path() : "";
   // The report records the command as typed (with --nproc), not the ranks'.
   ::setenv("SHARDFIT_COMMAND_LINE", a.command_line.c_str(), 1);
   const executor::LaunchResult res = executor::launch_local(nproc, executor::without_nproc_option(own_argv()), lo);
+  const std::optional<SavedOnSignal> saved = note.empty() ? std::nullopt : take_stop_note(note);
+  if (res.ranks_saved_on_signal)  // rank 0 wrote the report
+    throw Interrupted((saved ? saved_on_signal_line(*saved, nproc, a.save) : res.error) +
+                          (a.out.empty() ? "" : "; report " + a.out), res.interrupted_by);
   if (res.interrupted_by != 0) {
     if (!a.out.empty()) {  // what the launcher knows: the job, and that it did not finish
       reports::RunReport r = report_skeleton(job, job.model.param_count(), nproc, gpus_per_node, "gloo");
@@ -555,6 +572,7 @@ int run(const RunArgs& a) {
   executor::check_engine_options(checked, world);  // one line, before any rank starts
 
   if (nproc > 0 && !in_job) return launch(a, job, nproc, gpus_per_node);
+  if (a.save_on_signal) executor::install_save_on_signal_handlers();  // before the rendezvous
 
   try {
     if (in_job) {
@@ -654,6 +672,10 @@ Command add_run_command(CLI::App& app) {
                   "Continue from a checkpoint (a step-NNNNNN directory, or a --save DIR: its latest); "
                   "--steps stays the total")
       ->type_name("DIR");
+  sub->add_flag("--save-on-signal", a->save_on_signal,
+                "With --save: on SIGTERM/SIGINT every rank finishes its step, all save it (DIR/step-NNNNNN, "
+                "as --save-every does), the report says interrupted, and run exits 143/130; a second signal "
+                "stops at once (the last committed checkpoint stays)");
   sub->add_option("--export", a->export_path,
                   "With --save: write the last checkpoint as one Hugging Face .safetensors file")
       ->type_name("FILE");

@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "cli/commands.h"
+#include "executor/signals.h"
 
 namespace shardfit::cli {
 namespace fs = std::filesystem;
@@ -72,6 +73,56 @@ void check_export_path(const std::string& file) {
     throw BadInput("--export " + file + ": no directory " + parent.string());
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
     throw BadInput("--export " + file + ": directory " + parent.string() + " is not writable");
+}
+
+std::string export_stop_note_path() {
+  const std::string path =
+      (fs::temp_directory_path() / ("shardfit-stop-" + std::to_string(::getpid()) + ".json")).string();
+  std::error_code ec;
+  fs::remove(path, ec);  // a note left by an earlier process of this pid is not this job's
+  ::setenv(kStopNoteVariable, path.c_str(), 1);
+  return path;
+}
+
+std::optional<SavedOnSignal> take_stop_note(const std::string& path) {
+  std::optional<SavedOnSignal> s;
+  if (std::ifstream f(path); f) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(f);
+      s = SavedOnSignal{j.at("signal").get<int>(), j.at("step").get<int64_t>(),
+                        j.at("checkpoint").get<std::string>()};
+    } catch (const std::exception&) {
+      s.reset();  // unreadable: the launcher says what it knows
+    }
+  }
+  std::error_code ec;
+  fs::remove(path, ec);
+  fs::remove(path + ".tmp", ec);  // rank 0 killed while writing it
+  return s;
+}
+
+std::string saved_on_signal_line(const SavedOnSignal& saved, int ranks, const std::string& save_root) {
+  return "interrupted by " + executor::signal_name(saved.signal) + ": all " + std::to_string(ranks) +
+         " rank(s) finished step " + std::to_string(saved.step) + " and saved it to " + saved.checkpoint +
+         " (--resume " + save_root + " continues from there)";
+}
+
+int end_rank_saved_on_signal(bool leader, const SavedOnSignal& saved, int ranks, const std::string& save_root,
+                             const std::string& report) {
+  if (!leader) return 128 + saved.signal;
+  const char* note = std::getenv(kStopNoteVariable);
+  if (note != nullptr && std::getenv("RANK") != nullptr) {
+    // Written whole, then renamed: the launcher never reads half a note.
+    const std::string tmp = std::string(note) + ".tmp";
+    std::ofstream(tmp) << nlohmann::json{{"signal", saved.signal}, {"step", saved.step},
+                                         {"checkpoint", saved.checkpoint}}.dump()
+                       << "\n";
+    std::error_code ec;
+    fs::rename(tmp, note, ec);
+    if (!ec) return 128 + saved.signal;
+  }
+  throw Interrupted(saved_on_signal_line(saved, ranks, save_root) + (report.empty() ? "" : "; report " + report),
+                    saved.signal);
 }
 
 std::string now_iso8601() {

@@ -177,6 +177,8 @@ void check_engine_options(const EngineOptions& o, int world_size) {
   if (m.family == models::Family::kBert && o.seq_len < 5)
     throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) +
                                 ": BERT sentence pairs need at least 5 tokens");
+  if (o.stop_requested && o.checkpoint.save_dir.empty())
+    throw std::invalid_argument("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
   const planner::Candidate& c = o.candidate;
   if (c.sharding == Sharding::kDdp && c.offload)
     throw std::invalid_argument("--strategy " + c.to_id() +
@@ -582,7 +584,10 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
         break;
       }
       if (o_.on_step_end) o_.on_step_end(step, unit_pointers());
-      if (wants_save(step)) result.saved.push_back(save(step).string());
+      // --save-on-signal: the step is whole (optimizer applied) on every rank.
+      const int stop = o_.stop_requested && step < o_.steps
+                           ? agree_on_stop_signal(*world_, o_.stop_requested(), device_) : 0;
+      if (wants_save(step) || stop != 0) result.saved.push_back(save(step).string());
       // Throughput leaves out the first step (allocations, warm-up) when
       // there are two or more; checkpoint writes count, as they do in a job.
       const bool skip_first = o_.steps - first_step >= 1;
@@ -594,6 +599,11 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
       if (timed_steps > 0 && timed_s > 0)
         result.tokens_per_s = static_cast<double>(timed_steps * tokens_per_step) / timed_s;
       if (on_step) on_step({step, o_.steps, loss, result.tokens_per_s, elapsed});
+      if (stop != 0) {
+        result.stop_signal = stop;
+        result.saved_on_signal_step = step;
+        break;
+      }
     }
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) {

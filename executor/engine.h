@@ -88,6 +88,13 @@ struct EngineOptions {
   // infinite ends the run there (EngineResult::diverged_at_step), on every
   // rank alike; true: train on (--allow-nonfinite).
   bool allow_nonfinite = false;
+  // --save-on-signal (with checkpoint.save_dir): this rank's stop request,
+  // polled after every step but the last (signals.h: the signal, 0 = none).
+  // The ranks agree on it (agree_on_stop_signal), so a signal that reached
+  // one rank stops them all after the same step: each saves that step's
+  // committed checkpoint, as --save-every would, and the run ends
+  // (EngineResult::stop_signal). Unset: no collective is added.
+  std::function<int()> stop_requested;
   // `run --init`: a Hugging Face checkpoint (executor/hf_init.h) copied into
   // the host model before its shards are cut; "" = Hugging Face init.
   std::string init_from;
@@ -117,6 +124,10 @@ struct EngineResult {
   std::string oom_message;
   std::vector<std::string> saved;  // checkpoint directories committed, in order
   int64_t diverged_at_step = 0;    // > 0: that step's loss was not finite; the run stopped there
+  // --save-on-signal: the signal the ranks agreed to stop on (0 = none), and
+  // the step they finished and saved (saved.back()) before stopping.
+  int stop_signal = 0;
+  int64_t saved_on_signal_step = 0;
 };
 
 // Trains on `world` (rank r of N reads global sequences r*b.. of each step,

@@ -1,6 +1,8 @@
 // The engine's communication adapters (engine_comm.h).
 #include "executor/engine_comm.h"
 
+#include <signal.h>
+
 #include <algorithm>
 
 #include <torch/torch.h>
@@ -90,6 +92,16 @@ void all_reduce_host(Communicator& comm, const at::Tensor& host, ReduceOp op, c1
   at::Tensor on_device = host.to(device);
   comm.all_reduce(on_device, op);
   host.copy_(on_device);
+}
+
+int agree_on_stop_signal(Communicator& world, int mine, c10::Device device) {
+  ScopedUntracked host;
+  torch::Tensor got = torch::zeros({2}, torch::kDouble);  // [any SIGTERM, any SIGINT]
+  if (mine == SIGTERM) got[0] = 1.0;
+  if (mine == SIGINT) got[1] = 1.0;
+  all_reduce_host(world, got, ReduceOp::kSum, device);
+  if (got[0].item<double>() > 0) return SIGTERM;
+  return got[1].item<double>() > 0 ? SIGINT : 0;
 }
 
 void warm_up_groups(const std::vector<Communicator*>& groups, c10::Device device) {

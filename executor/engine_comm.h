@@ -3,7 +3,8 @@
 //  - bf16 over gloo (LibTorch 1.13's Gloo has no bfloat16): a decorator
 //    that carries the engine's bf16 collectives;
 //  - host values (the loss, fp16's overflow flag, the squared gradient norm,
-//    report text) over nccl, which reduces device tensors only;
+//    report text, --save-on-signal's stop) over nccl, which reduces device
+//    tensors only;
 //  - NCCL's own buffers set up before a card's memory is capped, so the cap
 //    counts them outside the caching allocator, as the planner does.
 // comm.h is where the first belongs once comm.cc's gloo backend learns bf16.
@@ -27,6 +28,12 @@ std::unique_ptr<Communicator> with_bf16_over_gloo(Communicator& world);
 // device tensors only, so there it goes through a copy on `device` (a few
 // bytes of the caching allocator's small pool) and back.
 void all_reduce_host(Communicator& comm, const at::Tensor& host, ReduceOp op, c10::Device device);
+
+// --save-on-signal: the stop signal every rank of `world` agrees on after
+// a step, from each rank's own (0 = none; a signal may reach one rank
+// only): SIGTERM if any rank got one, else SIGINT if any did, else 0. One
+// all-reduce of two host flags; the same answer on every rank.
+int agree_on_stop_signal(Communicator& world, int mine, c10::Device device);
 
 // One tiny all-reduce on each distinct group (nullptr ones skipped), in the
 // given order, on every rank: NCCL sets up its buffers at a communicator's

@@ -325,18 +325,38 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv, const
     }
   };
 
-  enum class Phase { kRunning, kSurvivorGrace, kStopping };
+  // kDraining (ranks_save_on_signal): the ranks were asked to stop and are
+  // saving; they get until drain_until.
+  enum class Phase { kRunning, kSurvivorGrace, kDraining, kStopping };
   Phase phase = Phase::kRunning;
   const auto start = Clock::now();
   Clock::time_point grace_end{}, kill_at{};
   bool timed_out = false;
   Clock::time_point all_reaped_at{};
   bool all_reaped = false;
+  Clock::time_point drain_until{};
+  int signals_seen = 0;             // stop signals to this process acted on so far
+  bool killed_while_saving = false;  // a second signal (ranks_save_on_signal)
+  bool drain_timed_out = false;
 
   auto begin_stopping = [&] {
     phase = Phase::kStopping;
     stop(SIGTERM);
     kill_at = Clock::now() + options.kill_grace;
+  };
+  auto kill_now = [&] {
+    phase = Phase::kStopping;
+    stop(SIGKILL);
+    kill_at = Clock::now();
+  };
+  auto begin_draining = [&] {
+    phase = Phase::kDraining;
+    drain_until = Clock::now() + options.save_on_signal_wait;
+  };
+  // A rank of a --save-on-signal job that saved and stopped (not a failure).
+  auto saved_and_stopped = [&](int status) {
+    return options.ranks_save_on_signal && WIFEXITED(status) &&
+           (WEXITSTATUS(status) == 128 + SIGTERM || WEXITSTATUS(status) == 128 + SIGINT);
   };
 
   for (;;) {
@@ -357,9 +377,24 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv, const
     }
 
     // SIGTERM/SIGINT to this process: stop every rank, report it as such.
-    if (phase != Phase::kStopping && result.interrupted_by == 0 && stop_signal_received() != 0) {
-      result.interrupted_by = stop_signal_received();
-      begin_stopping();
+    // With ranks_save_on_signal the first is passed on (the ranks save, then
+    // stop) and a second kills them at once.
+    if (phase != Phase::kStopping && stop_signals_received_count() > signals_seen) {
+      const int sig = stop_signal_received();
+      if (result.interrupted_by == 0) result.interrupted_by = sig;
+      if (!options.ranks_save_on_signal || phase == Phase::kSurvivorGrace) {
+        begin_stopping();
+      } else if (stop_signals_received_count() >= 2) {
+        killed_while_saving = true;
+        spdlog::warn("{} again: killing the ranks now (the last committed checkpoint stays as it is)",
+                     signal_name(sig));
+        kill_now();
+      } else {
+        for (auto& c : children)
+          if (c.running) kill(c.pid, sig);  // a request, not SIGTERM's end: stop_sent stays false
+        if (phase == Phase::kRunning) begin_draining();
+      }
+      signals_seen = stop_signals_received_count();
     }
 
     // Reap. Failures found in one pass are reported together: the rank that
@@ -378,7 +413,12 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv, const
       } else if (WIFEXITED(status)) {
         c.exit.how = RankExit::How::kExited;
         c.exit.code = WEXITSTATUS(status);
-        if (c.exit.code != 0) new_failures.push_back(c.exit.rank);
+        if (saved_and_stopped(status)) {  // the signal reached the ranks: wait for the others alike
+          if (result.interrupted_by == 0) result.interrupted_by = c.exit.code - 128;
+          if (phase == Phase::kRunning) begin_draining();
+        } else if (c.exit.code != 0) {
+          new_failures.push_back(c.exit.rank);
+        }
       } else {
         c.exit.how = RankExit::How::kSignaled;
         c.exit.code = WTERMSIG(status);
@@ -423,6 +463,22 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv, const
         spdlog::warn("rank {} {}", r, children[r].exit.describe());
       }
       if (now > grace_end && any_running) begin_stopping();
+    } else if (phase == Phase::kDraining) {
+      // A rank that fails while saving leaves the others waiting in a collective.
+      for (int r : new_failures) {
+        result.failed_ranks.push_back(r);
+        spdlog::warn("rank {} {} while the ranks were saving; stopping the others", r, children[r].exit.describe());
+      }
+      if (!new_failures.empty() && any_running) {
+        begin_stopping();
+      } else if (now > drain_until && any_running) {
+        drain_timed_out = true;
+        for (const auto& c : children)
+          if (c.running) result.failed_ranks.push_back(c.exit.rank);
+        spdlog::warn("rank(s) {} did not save within {}; killing them", join_ranks(result.failed_ranks),
+                     seconds_str(options.save_on_signal_wait));
+        kill_now();
+      }
     }
     if (phase == Phase::kStopping && now > kill_at && any_running) {
       bool first = false;
@@ -436,8 +492,38 @@ LaunchResult launch_local(int nproc, const std::vector<std::string>& argv, const
   for (const auto& c : children) result.ranks.push_back(c.exit);
   if (result.interrupted_by != 0) {
     result.exit_code = 128 + result.interrupted_by;
-    result.error = "interrupted by " + signal_name(result.interrupted_by) + ": stopped all " +
-                   std::to_string(nproc) + " rank(s)";
+    const std::string by = "interrupted by " + signal_name(result.interrupted_by) + ": ";
+    if (!options.ranks_save_on_signal) {
+      result.error = by + "stopped all " + std::to_string(nproc) + " rank(s)";
+      return result;
+    }
+    auto all_exited = [&](auto code_ok) {
+      return std::all_of(result.ranks.begin(), result.ranks.end(), [&](const RankExit& e) {
+        return e.how == RankExit::How::kExited && code_ok(e.code);
+      });
+    };
+    if (all_exited([](int code) { return code == 0; })) {  // the signal came during the last step
+      spdlog::warn("{} came too late to stop the run: it finished", signal_name(result.interrupted_by));
+      result.interrupted_by = 0;
+      result.exit_code = 0;
+      return result;
+    }
+    if (all_exited([](int code) { return code == 128 + SIGTERM || code == 128 + SIGINT; })) {
+      result.ranks_saved_on_signal = true;
+      result.error = by + "all " + std::to_string(nproc) + " rank(s) saved and stopped";
+      return result;
+    }
+    if (killed_while_saving)
+      result.error = by + "a second signal killed all " + std::to_string(nproc) +
+                     " rank(s) (a save in progress is not committed; the last committed checkpoint is kept)";
+    else if (drain_timed_out)
+      result.error = by + "rank(s) " + join_ranks(result.failed_ranks) + " had not saved after " +
+                     seconds_str(options.save_on_signal_wait) + ", killed";
+    else if (!result.failed_ranks.empty())
+      result.error = by + "rank " + std::to_string(result.failed_ranks.front()) + " " +
+                     result.ranks[result.failed_ranks.front()].describe() + " before saving; stopped all";
+    else
+      result.error = by + "stopped all " + std::to_string(nproc) + " rank(s) before they had saved";
     return result;
   }
   if (timed_out) {

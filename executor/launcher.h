@@ -52,6 +52,15 @@ struct LaunchOptions {
   // stopped. 0 (torchrun's behavior): at once. A few seconds lets the
   // survivors' own errors (which name the peer they lost) reach the log.
   std::chrono::milliseconds survivor_grace{0};
+  // `run --save-on-signal`: the ranks catch SIGTERM/SIGINT themselves,
+  // finish their step, save it and exit 128 + the signal (executor/signals.h).
+  // A stop signal to this process is then passed on to them (instead of
+  // SIGTERM, SIGKILL after kill_grace) and they get `save_on_signal_wait` to
+  // save before SIGKILL; a second signal kills them at once. A rank that
+  // exits 130/143 by itself (the signal reached the ranks only) interrupts
+  // the run: it is not a failure, and the others are waited for alike.
+  bool ranks_save_on_signal = false;
+  std::chrono::milliseconds save_on_signal_wait{std::chrono::seconds(305)};
   // The program to start; argv[0] is passed as given.
   std::string executable = "/proc/self/exe";
   std::string master_addr = "127.0.0.1";
@@ -85,8 +94,13 @@ struct LaunchResult {
   std::vector<RankExit> ranks;   // by rank
   int master_port = 0;
   // A stop signal (SIGTERM/SIGINT, executor/signals.h) this process got
-  // while the ranks ran: every rank was stopped; exit_code is 128 + it.
+  // while the ranks ran (or, with ranks_save_on_signal, one a rank exited
+  // on): every rank was stopped; exit_code is 128 + it.
   int interrupted_by = 0;
+  // ranks_save_on_signal: every rank exited 128 + a stop signal, i.e. all of
+  // them saved the step they stopped at (else they were killed first, and
+  // `error` says why).
+  bool ranks_saved_on_signal = false;
 };
 
 // Starts `nproc` ranks of options.executable with `argv` (argv[0] first;

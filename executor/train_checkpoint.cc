@@ -1,10 +1,13 @@
 #include "executor/train_checkpoint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include <ATen/CPUGeneratorImpl.h>
 #ifdef SHARDFIT_CUDA_TORCH
@@ -92,6 +95,15 @@ int64_t int_meta(const fs::path& file, const nlohmann::json& meta, const char* k
   return it->get<int64_t>();
 }
 
+// Test hook: SHARDFIT_TEST_SLOW_SAVE_S=S holds every save S seconds between
+// the rank files and the commit, so a test can signal a save in progress.
+void pause_before_commit_for_testing(int64_t step, int rank) {
+  const char* s = std::getenv("SHARDFIT_TEST_SLOW_SAVE_S");
+  if (s == nullptr) return;
+  if (rank == 0) spdlog::info("step {}: saving, {} s before the commit (SHARDFIT_TEST_SLOW_SAVE_S)", step, s);
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(s)));
+}
+
 }  // namespace
 
 fs::path step_checkpoint_dir(const fs::path& root, int64_t step) {
@@ -144,6 +156,7 @@ void save_training_checkpoint(const fs::path& dir, Communicator& world, const st
                     {"units_with_optimizer_state", with_state},
                     {"job", job}};
   save_rank_checkpoint(dir, world.rank(), world.world_size(), state);
+  pause_before_commit_for_testing(progress.step, world.rank());
   world.barrier();  // every rank file is on disk
   if (world.rank() == 0) write_checkpoint_manifest(dir, world.world_size());
   world.barrier();  // committed: nobody goes on (or exits) before it is

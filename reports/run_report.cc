@@ -105,7 +105,9 @@ nlohmann::json to_json(const RunReport& r) {
             {"resumed_from", r.resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.resumed_from)},
             {"resume_changes", r.resume_changes},
             {"diverged_at_step", r.diverged_at_step > 0 ? nlohmann::json(r.diverged_at_step) : nlohmann::json(nullptr)},
-            {"interrupted", r.interrupted}}},
+            {"interrupted", r.interrupted},
+            {"saved_on_signal_step",
+             r.saved_on_signal_step > 0 ? nlohmann::json(r.saved_on_signal_step) : nlohmann::json(nullptr)}}},
           {"ranks", ranks},
           {"max_batch", {{"predicted", opt(r.max_batch_predicted)}, {"measured", opt(r.max_batch_measured)}}},
           {"machine", r.machine ? to_json(*r.machine) : nlohmann::json(nullptr)},
@@ -144,6 +146,8 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   if (run.contains("diverged_at_step") && !run["diverged_at_step"].is_null())
     r.diverged_at_step = get<int64_t>(run, "diverged_at_step", w);
   if (run.contains("interrupted")) r.interrupted = get<bool>(run, "interrupted", w);
+  if (run.contains("saved_on_signal_step") && !run["saved_on_signal_step"].is_null())
+    r.saved_on_signal_step = get<int64_t>(run, "saved_on_signal_step", w);
   r.tokens_per_s = get<double>(run, "tokens_per_s", w);
   for (const auto& rk : field(j, "ranks", origin)) {
     RankReport x;

@@ -63,6 +63,8 @@ struct RunReport {
   std::vector<std::string> resume_changes;
   int64_t diverged_at_step = 0;  // > 0: the loss went NaN/Inf there and the run stopped
   bool interrupted = false;      // SIGTERM/SIGINT stopped the run; the figures are what it had
+  // --save-on-signal: > 0, the step every rank finished and saved (checkpoints.back()) before stopping
+  int64_t saved_on_signal_step = 0;
   double tokens_per_s = 0;
   std::vector<RankReport> ranks;
   std::optional<int64_t> max_batch_predicted, max_batch_measured;
