@@ -36,6 +36,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "executor/nccl_group.h"
 #include "executor/nccl_types.h"
 
 namespace shardfit::executor {
@@ -44,23 +45,17 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using nccl_detail::cuda_error_text;
+using nccl_detail::GroupState;
+using nccl_detail::nccl_error_text;
+using nccl_detail::NcclWorld;
+using nccl_detail::Pending;
+
 // ---- small helpers ----------------------------------------------------------
 
 using comm_detail::join_ints;
 using comm_detail::seconds_str;
 std::string first_line(const std::exception& e) { return comm_detail::error_text(e); }
-
-std::string cuda_error_text(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
-}
-
-// NCCL's result and, when the communicator has one, its last error message.
-std::string nccl_error_text(ncclResult_t r, ncclComm_t comm) {
-  std::string s = std::string("NCCL ") + ncclGetErrorString(r);
-  const char* last = ncclGetLastError(comm);
-  if (last && *last) s += ": " + std::string(last);
-  return s;
-}
 
 // Selects `device` for this thread while alive.
 class DeviceGuard {
@@ -146,146 +141,6 @@ std::vector<uint8_t> bytes_of(const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   return {p, p + n};
 }
-
-// What every communicator of one world shares.
-struct NcclWorld {
-  c10::intrusive_ptr<c10d::Store> store;  // prefixed "shardfit/nccl"
-  std::string store_address;
-  std::chrono::milliseconds timeout{};
-  int global_rank = 0;
-  int device = 0;
-  NcclOptions options;
-  std::vector<ProcessId> processes;  // by global rank, from the world rendezvous
-};
-
-// ---- one group's state, shared by the communicator, its works, its watchdog
-
-// One issued collective: its done event and when it was issued.
-struct Pending {
-  const char* op = "";
-  cudaEvent_t done = nullptr;
-  Clock::time_point issued;
-  bool all_gather = false;
-  ~Pending() {
-    if (done) (void)cudaEventDestroy(done);
-  }
-};
-
-struct GroupState {
-  std::shared_ptr<NcclWorld> world;
-  std::vector<int> global_ranks;
-  std::mutex mu;  // guards everything below and every NCCL call on `comm`
-  ncclComm_t comm = nullptr;
-  std::deque<std::shared_ptr<Pending>> in_flight;  // oldest first (one stream: they finish in order)
-  std::string failure;                              // the first failure, one line; empty while healthy
-  std::string failure_op;
-  std::vector<int> failure_dead;
-  bool failure_reported = false;  // a call threw it (the watchdog need not end the process)
-  Clock::time_point failure_at;
-
-  std::vector<int> dead_peers() const {
-    std::vector<int> dead;
-    const auto& procs = world->processes;
-    if (procs.empty()) return dead;
-    const ProcessId& me = procs[world->global_rank];
-    for (int g : global_ranks) {
-      if (g == world->global_rank || g >= static_cast<int>(procs.size())) continue;
-      const ProcessId& p = procs[g];
-      if (p.host == me.host && p.pid_namespace == me.pid_namespace && !process_alive(p.pid)) dead.push_back(g);
-    }
-    return dead;
-  }
-
-  // Records the failure (the first one wins) and aborts the communicator:
-  // ncclCommAbort makes kernels stuck on a dead peer return. Holds mu.
-  void fail_locked(const std::string& op, const std::string& detail, bool peer_just_failed) {
-    if (!failure.empty()) return;
-    std::vector<int> dead = dead_peers();
-    // A peer's sockets close a moment before /proc shows it exited.
-    for (int i = 0; peer_just_failed && dead.empty() && i < 10; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      dead = dead_peers();
-    }
-    std::string msg = op + " failed on rank " + std::to_string(world->global_rank);
-    if (global_ranks.size() != world->processes.size()) msg += " (group {" + join_ints(global_ranks) + "})";
-    msg += dead.empty() ? ": no peer is known to have exited (one may hang or run on another host)"
-                        : ": peer rank " + join_ints(dead) + " exited";
-    msg += "; " + detail;
-    failure = msg;
-    failure_op = op;
-    failure_dead = dead;
-    failure_at = Clock::now();
-    if (comm) {
-      (void)ncclCommAbort(comm);
-      comm = nullptr;
-    }
-  }
-
-  // The failure as `op` reports it: the first report is the failure itself,
-  // later calls are refused naming it. Holds mu.
-  CommError error_locked(const char* op) {
-    if (!failure_reported) {
-      failure_reported = true;
-      return CommError(failure, failure_op, failure_dead);
-    }
-    return CommError(std::string(op) + " refused on rank " + std::to_string(world->global_rank) +
-                         ": the communicator is broken by an earlier failure: " + failure,
-                     op, failure_dead);
-  }
-
-  // Drops the finished collectives from the front. Holds mu.
-  void retire_locked() {
-    while (!in_flight.empty() && failure.empty()) {
-      cudaError_t q = cudaEventQuery(in_flight.front()->done);
-      if (q == cudaErrorNotReady) return;
-      if (q != cudaSuccess) {
-        fail_locked(in_flight.front()->op, "CUDA " + cuda_error_text(q), false);
-        return;
-      }
-      in_flight.pop_front();
-    }
-  }
-
-  // NCCL's asynchronous error and the oldest collective's age. Holds mu.
-  void check_health_locked() {
-    if (!failure.empty()) return;
-    retire_locked();
-    if (!failure.empty() || !comm) return;
-    ncclResult_t async = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(comm, &async);
-    if (r != ncclSuccess) async = r;
-    if (async != ncclSuccess && async != ncclInProgress) {
-      const char* op = in_flight.empty() ? "collective" : in_flight.front()->op;
-      fail_locked(op, nccl_error_text(async, comm), async == ncclRemoteError || async == ncclSystemError);
-      return;
-    }
-    if (!in_flight.empty() && Clock::now() - in_flight.front()->issued > world->timeout)
-      fail_locked(in_flight.front()->op, "did not complete within " + seconds_str(world->timeout), false);
-  }
-
-  // The host waits for `p`, bounded by the timeout from its issue.
-  void host_wait(const Pending& p) {
-    auto sleep = std::chrono::microseconds(20);
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!failure.empty()) throw error_locked(p.op);
-        cudaError_t q = cudaEventQuery(p.done);
-        if (q == cudaSuccess) return;
-        if (q != cudaErrorNotReady) {
-          fail_locked(p.op, "CUDA " + cuda_error_text(q), false);
-          throw error_locked(p.op);
-        }
-        check_health_locked();
-        if (failure.empty() && Clock::now() - p.issued > world->timeout)
-          fail_locked(p.op, "did not complete within " + seconds_str(world->timeout), false);
-        if (!failure.empty()) throw error_locked(p.op);
-      }
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
-    }
-  }
-};
 
 // ---- NcclWork ---------------------------------------------------------------
 

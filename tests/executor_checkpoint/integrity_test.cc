@@ -27,9 +27,7 @@
 #include <string>
 #include <vector>
 
-#ifndef SHARDFIT_BINARY
-#error "SHARDFIT_BINARY must be the path of the built shardfit executable"
-#endif
+#include "tests/support/shardfit_process.h"
 
 namespace {
 
@@ -37,40 +35,12 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Args = std::vector<std::string>;
 
-fs::path test_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::temp_directory_path() / (std::string("shardfit_integrity_") + info->name() +
-                                            "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+fs::path test_dir() { return shardfit::test_support::test_dir("integrity"); }
+using shardfit::test_support::read_file;
+using shardfit::test_support::Result;
 
 // Bounded: timeout(1) ends a hung job (and its ranks) after 120 s.
-Result shardfit(const fs::path& dir, const Args& args) {
-  const fs::path out = dir / "stdout", err = dir / "stderr";
-  std::string cmd = "timeout -k 5 120 '" SHARDFIT_BINARY "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " </dev/null >'" + out.string() + "' 2>'" + err.string() + "'";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  return r;
-}
+Result shardfit(const fs::path&, const Args& args) { return shardfit::test_support::shardfit(args, "", 120); }
 
 Args job(int steps, const Args& more = {}) {
   Args a = {"run",

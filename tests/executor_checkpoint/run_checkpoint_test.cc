@@ -29,48 +29,19 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#ifndef SHARDFIT_BINARY
-#error "SHARDFIT_BINARY must be the path of the built shardfit executable"
-#endif
+#include "tests/support/shardfit_process.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path test_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path d = fs::temp_directory_path() /
-               (std::string("shardfit_ckpt_") + info->test_suite_name() + "_" + info->name() + "_" +
-                std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path test_dir() { return shardfit::test_support::test_dir("ckpt"); }
+using shardfit::test_support::read_file;
+using shardfit::test_support::Result;
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Result shardfit(const fs::path& dir, const std::vector<std::string>& args, const std::string& env = "") {
-  const fs::path out = dir / "stdout", err = dir / "stderr";
-  std::string cmd = env + (env.empty() ? "" : " ") + "'" SHARDFIT_BINARY "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " </dev/null >'" + out.string() + "' 2>'" + err.string() + "'";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  return r;
+Result shardfit(const fs::path&, const std::vector<std::string>& args, const std::string& env = "") {
+  return shardfit::test_support::shardfit(args, env);
 }
 
 // gpt2-tiny on two gloo ranks: dropout on (the default 0.1), so the saved

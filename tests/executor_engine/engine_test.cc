@@ -29,6 +29,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/shardfit_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -48,28 +50,8 @@ constexpr double kLlamaFp32RelTol = 1e-6;
 // Every rank's |peak error| against the planner (SPEC: on allocated bytes).
 constexpr double kMaxPeakErrorPct = 1.0;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-Result shardfit(const std::vector<std::string>& args, const std::string& env = "") {
-  std::string cmd = env + " " + SHARDFIT_BINARY;
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1";
-  const auto start = std::chrono::steady_clock::now();
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
-}
+using shardfit::test_support::Result;
+using shardfit::test_support::shardfit;
 
 const fs::path& tmp_dir() {
   static const fs::path dir = [] {
@@ -109,7 +91,7 @@ json run_report(std::vector<std::string> args, const std::string& env = "") {
   args.insert(args.begin(), "run");
   args.insert(args.end(), {"--out", out});
   const Result r = shardfit(args, env);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   if (r.exit_code != 0) return json();
   std::ifstream f(out);
   return json::parse(f);
@@ -319,8 +301,8 @@ TEST(EngineFailure, AKilledRankEndsTheJobWithExit3NamingIt) {
   const Result r = shardfit({"run", "--model", "gpt2-tiny", "--strategy", "zero3/fp32/wrap=block", "--nproc", "3", "--oversubscribe",
                              "--seq-len", "16", "--steps", "50", "--timeout", "20"},
                             "SHARDFIT_TEST_DIE_AT_STEP=2");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_NE(r.output.find("rank 1 was killed by signal 9"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("rank 1 was killed by signal 9"), std::string::npos) << r.err;
   EXPECT_LT(r.seconds, 20.0) << "the survivors must stop within the timeout";
 }
 
@@ -329,8 +311,8 @@ TEST(EngineCli, OutOfMemoryIsAResultNotACrash) {
   const std::string out = (tmp_dir() / "oom.json").string();
   const Result oom = shardfit({"run", "--model", "gpt2-tiny", "--strategy", "zero3/fp32/wrap=block", "--nproc", "2",
                                "--seq-len", "16", "--steps", "2", "--gpu-mem", "600KiB", "--out", out});
-  EXPECT_EQ(oom.exit_code, 4) << oom.output;
-  EXPECT_NE(oom.output.find("out of memory on rank(s) 0,1"), std::string::npos) << oom.output;
+  EXPECT_EQ(oom.exit_code, 4) << oom.err;
+  EXPECT_NE(oom.err.find("out of memory on rank(s) 0,1"), std::string::npos) << oom.err;
   EXPECT_TRUE(std::filesystem::exists(out));
   const json r = run_report({"--model", "gpt2-tiny", "--strategy", "zero3/fp32/wrap=block", "--nproc", "2",
                              "--seq-len", "16", "--steps", "2", "--gpu-mem", "600KiB", "--oom-ok"});
@@ -347,7 +329,7 @@ TEST(EngineCli, RunsAPlansCandidateAtItsMaxBatch) {
   const Result p = shardfit({"plan", "--model", "gpt2-tiny", "--seq-len", "16", "--gpus", "2", "--device", "cpu",
                              "--gpu-mem", "3MiB", "--strategies", "zero3/fp32/wrap=block,zero1/fp32/wrap=none",
                              "--out", plan, "--json"});
-  ASSERT_EQ(p.exit_code, 0) << p.output;
+  ASSERT_EQ(p.exit_code, 0) << p.err;
   const json r = run_report({"--plan", plan, "--steps", "2"});
   ASSERT_FALSE(r.is_null());
   std::ifstream f(plan);
@@ -378,8 +360,8 @@ TEST(EngineCli, BadInputIsOneLineAndExit2) {
   };
   for (const auto& args : cases) {
     const Result r = shardfit(args);
-    EXPECT_EQ(r.exit_code, 2) << args[4] << ": " << r.output;
-    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_EQ(r.exit_code, 2) << args[4] << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
 }
 

@@ -24,6 +24,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/shardfit_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -43,23 +45,11 @@ const fs::path& tmp_dir() {
 json run_report(std::vector<std::string> args) {
   static int counter = 0;
   const std::string out = (tmp_dir() / ("run-" + std::to_string(counter++) + ".json")).string();
-  std::string cmd = std::string(SHARDFIT_BINARY) + " run";
+  args.insert(args.begin(), "run");
   args.insert(args.end(), {"--steps", "2", "--out", out});
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1";
-  std::string output;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    ADD_FAILURE() << "cannot run " << cmd;
-    return json();
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output.append(buf, n);
-  const int status = pclose(p);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  EXPECT_EQ(code, 0) << cmd << "\n" << output;
-  if (code != 0) return json();
+  const auto r = shardfit::test_support::shardfit(args);
+  EXPECT_EQ(r.exit_code, 0) << shardfit::test_support::joined(args) << "\n" << r.out << r.err;
+  if (r.exit_code != 0) return json();
   std::ifstream f(out);
   return json::parse(f);
 }
@@ -181,15 +171,12 @@ TEST(PredictionExact, LlamaFamily) {
 TEST(PredictionExact, PlannedMaxMicroBatchUnderAccumulation) {
   const std::string plan = (tmp_dir() / "accum-plan.json").string();
   auto max_batch = [&](const std::string& accum) {
-    std::string cmd = std::string(SHARDFIT_BINARY) +
-                      " plan --model gpt2-tiny --seq-len 32 --gpus 2 --device cpu --gpu-mem 6MiB"
-                      " --strategies zero2/fp32/wrap=block --json --out " + plan + " --grad-accum " + accum;
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string text;
-    char buf[4096];
-    size_t n;
-    while (p && (n = fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
-    EXPECT_EQ(p ? pclose(p) : -1, 0) << cmd << "\n" << text;
+    const std::vector<std::string> args = {"plan", "--model", "gpt2-tiny", "--seq-len", "32", "--gpus", "2",
+                                           "--device", "cpu", "--gpu-mem", "6MiB", "--strategies",
+                                           "zero2/fp32/wrap=block", "--json", "--out", plan, "--grad-accum", accum};
+    const auto r = shardfit::test_support::shardfit(args);
+    EXPECT_EQ(r.exit_code, 0) << shardfit::test_support::joined(args) << "\n" << r.out << r.err;
+    const std::string& text = r.out;
     const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
     return j.is_discarded() ? int64_t{-1} : j["candidates"][0]["max_batch_per_gpu"].get<int64_t>();
   };

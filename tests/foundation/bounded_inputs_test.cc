@@ -15,9 +15,7 @@
 #include <thread>
 #include <vector>
 
-#ifndef SHARDFIT_BINARY
-#error "SHARDFIT_BINARY must be the path of the built shardfit executable"
-#endif
+#include "tests/support/shardfit_process.h"
 
 namespace {
 
@@ -32,44 +30,13 @@ fs::path dir() {
   return d;
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using shardfit::test_support::read_file;
+using shardfit::test_support::Result;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-  double seconds = 0;
-};
-
-Result shardfit(const Args& args) {
-  const fs::path d = dir();
-  std::string cmd = "timeout -k 5 60 '" SHARDFIT_BINARY "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " </dev/null >'" + (d / "out").string() + "' 2>'" + (d / "err").string() + "'";
-  const auto start = std::chrono::steady_clock::now();
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = read_file(d / "out");
-  r.err = read_file(d / "err");
-  return r;
-}
-
-// Exit 2, exactly one line on stderr, naming `needle`.
+// Bounded: timeout(1) ends a run that would hang after 60 s.
+Result shardfit(const Args& args) { return shardfit::test_support::shardfit(args, "", 60); }
 Result expect_bad_input(const Args& args, const std::string& needle) {
-  const Result r = shardfit(args);
-  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  size_t lines = 0;
-  for (char c : r.err) lines += c == '\n';
-  EXPECT_EQ(lines, 1u) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos)
-      << "stderr does not name '" << needle << "': " << r.err;
-  return r;
+  return shardfit::test_support::expect_bad_input(args, needle, "", 60);
 }
 
 std::string config(const std::string& body) {

@@ -19,60 +19,15 @@
 
 #include "reports/run_report.h"
 
-#ifndef SHARDFIT_BINARY
-#error "SHARDFIT_BINARY must be the path of the built shardfit executable"
-#endif
+#include "tests/support/shardfit_process.h"
 
 namespace {
 
-std::string temp_path(const std::string& stem) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return (std::filesystem::temp_directory_path() /
-          (std::string("shardfit_cli_") + info->name() + "_" + std::to_string(::getpid()) + "_" +
-           stem))
-      .string();
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-// Runs `shardfit ARGS` (each argument single-quoted) with no stdin.
-Result shardfit(const std::vector<std::string>& args) {
-  const std::string out = temp_path("stdout"), err = temp_path("stderr");
-  std::string cmd = "'" SHARDFIT_BINARY "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " </dev/null >'" + out + "' 2>'" + err + "'";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
-}
-
-// SPEC: exit 2, one line on stderr that names the input.
-void expect_bad_input(const std::vector<std::string>& args, const std::string& names) {
-  std::string shown;
-  for (const auto& a : args) shown += a + " ";
-  const Result r = shardfit(args);
-  EXPECT_EQ(r.exit_code, 2) << shown << "\nstderr: " << r.err;
-  ASSERT_FALSE(r.err.empty()) << shown;
-  EXPECT_EQ(r.err.back(), '\n') << shown;
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << shown << ": more than one line:\n" << r.err;
-  EXPECT_NE(r.err.find(names), std::string::npos) << shown << ": does not name '" << names
-                                                   << "': " << r.err;
-}
+using shardfit::test_support::expect_bad_input;
+using shardfit::test_support::read_file;
+using shardfit::test_support::Result;
+using shardfit::test_support::shardfit;
+using shardfit::test_support::temp_path;
 
 TEST(CliTest, ModelsJsonListsExactCounts) {
   const Result r = shardfit({"models", "--json"});
