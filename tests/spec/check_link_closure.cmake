@@ -1,6 +1,7 @@
 # cmake -DCLOSURE=file -DFORBIDDEN=a,b -P check_link_closure.cmake: fails when
 # the closure file (a ;-list of the targets a target links, transitively)
 # names a forbidden target, or when it is missing (the rule never ran).
+cmake_minimum_required(VERSION 3.18)  # IN_LIST
 if(NOT EXISTS "${CLOSURE}")
   message(FATAL_ERROR "${CLOSURE} is missing: cmake/ShardfitLinkRules.cmake did not run")
 endif()
