@@ -9,13 +9,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include "spec/exit_codes.h"
+
 namespace shardfit::cli {
 
-constexpr int kExitOk = 0;
-constexpr int kExitCheckFailed = 1;
-constexpr int kExitBadInput = 2;
-constexpr int kExitEnvironment = 3;
-constexpr int kExitOom = 4;  // `run`: a rank went out of memory (report written); --oom-ok: 0
+// SPEC's exit codes (spec/exit_codes.h).
+using spec::kExitBadInput;
+using spec::kExitCheckFailed;
+using spec::kExitEnvironment;
+using spec::kExitOk;
+using spec::kExitOom;
 
 // Bad input found after parsing: one line naming the input.
 struct BadInput : std::runtime_error {

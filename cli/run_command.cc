@@ -48,12 +48,13 @@
 #include "executor/trainer.h"
 #include "models/hf_architecture.h"
 #include "models/model_config.h"
+#include "models/module_table.h"
 #include "planner/candidate.h"
 #include "planner/plan_builder.h"
 #include "planner/plan_output.h"
 #include "planner/profile.h"
-#include "planner/trace.h"
-#include "planner/wrap_policy.h"
+#include "spec/strategy.h"
+#include "spec/wrap_policy.h"
 #include "reports/run_report.h"
 
 namespace shardfit::cli {
@@ -231,7 +232,8 @@ std::optional<planner::CandidatePrediction> predict(const Job& job, int world, i
     r.grad_accum = static_cast<int>(grad_accum);
     r.profile = planner::load_profile(job.profile, profiles_dir());
     r.device_mem_bytes = job.budget_bytes;
-    if (job.candidate.sharding == planner::Sharding::kHybrid) {
+    // A plan's topology: hybrid's shard group is a node; the others see one node of `world`.
+    if (spec::sharding_traits(job.candidate.sharding).replicate_across_groups) {
       r.gpus_per_node = gpus_per_node;
       r.nodes = world / gpus_per_node;
     } else {
@@ -431,11 +433,9 @@ std::vector<std::string> check_checkpoint_args(const RunArgs& a, const Job& job,
                      " ranks, this job has " + std::to_string(world) + " (shards are cut per rank)");
     // The shards must be cut the same way: the same units (model and wrap
     // policy), each over the same shard group (sharding, world, nodes).
-    const planner::UnitPartition units = planner::wrap_modules(planner::module_tree(job.model),
-                                                               planner::WrapPolicy::parse(job.candidate.wrap));
-    const int group = job.candidate.sharding == planner::Sharding::kDdp      ? 1
-                      : job.candidate.sharding == planner::Sharding::kHybrid ? gpus_per_node
-                                                                             : world;
+    const spec::UnitPartition units =
+        spec::wrap_modules(models::module_table(job.model), spec::WrapPolicy::parse(job.candidate.wrap));
+    const int group = spec::shard_group_for(job.candidate.sharding, world, gpus_per_node);
     bool same = info.units.size() == units.units.size();
     for (size_t i = 0; same && i < units.units.size(); ++i) {
       const nlohmann::json& u = info.units[i];

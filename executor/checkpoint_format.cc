@@ -11,7 +11,7 @@ namespace shardfit::executor::ckpt {
 
 json unit_to_json(const UnitShardLayout& u, bool with_shard) {
   json params = json::array();
-  for (const planner::FlatParamEntry& p : u.params)
+  for (const spec::FlatParamEntry& p : u.params)
     params.push_back(
         {{"name", p.name}, {"shape", p.shape}, {"numel", p.numel}, {"offset", p.offset}});
   json j = {{"unit", u.unit},
@@ -44,7 +44,7 @@ UnitShardLayout unit_from_json(const fs::path& file, const json& j, const std::s
   if (!params.is_array()) bad(file, where + ".params is not an array");
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string pw = where + ".params[" + std::to_string(i) + "]";
-    planner::FlatParamEntry p;
+    spec::FlatParamEntry p;
     p.name = string_field(file, params[i], "name", pw);
     p.shape = shape_field(file, params[i], "shape", pw);
     p.numel = int_field(file, params[i], "numel", pw);
@@ -68,17 +68,17 @@ void check_units(const fs::path& file, int world_size, const std::vector<UnitSha
       bad(file, where + " is cut over " + std::to_string(u.shard_group_size) +
                     " ranks, the job has " + std::to_string(world_size));
     }
-    std::vector<planner::ParamInfo> infos;
-    for (const planner::FlatParamEntry& p : u.params) {
+    std::vector<spec::ParamInfo> infos;
+    for (const spec::FlatParamEntry& p : u.params) {
       if (p.name.empty()) bad(file, where + " has a parameter with an empty name");
       if (!param_names.insert(p.name).second) bad(file, "parameter '" + p.name + "' appears twice");
       if (checked_numel(p.shape) != p.numel) {
         bad(file, where + " parameter '" + p.name + "' has numel " + std::to_string(p.numel) +
                       " but shape " + shape_string(p.shape));
       }
-      infos.push_back(planner::ParamInfo{p.name, p.shape, p.numel});
+      infos.push_back(spec::ParamInfo{p.name, p.shape, p.numel});
     }
-    const planner::FlatParamLayout layout(infos, u.shard_group_size);
+    const spec::FlatParamLayout layout(infos, u.shard_group_size);
     for (size_t i = 0; i < u.params.size(); ++i) {
       if (u.params[i].offset != layout.params()[i].offset) {
         bad(file, where + " parameter '" + u.params[i].name + "' is at flat offset " +
@@ -354,7 +354,7 @@ VerifySummary verify_path(const fs::path& path) {
 namespace shardfit::executor {
 
 UnitShardLayout UnitShardLayout::from(std::string unit, std::string param_tensor,
-                                      const planner::FlatParamLayout& layout, int shard_index) {
+                                      const spec::FlatParamLayout& layout, int shard_index) {
   UnitShardLayout u;
   u.unit = std::move(unit);
   u.param_tensor = std::move(param_tensor);
@@ -367,11 +367,11 @@ UnitShardLayout UnitShardLayout::from(std::string unit, std::string param_tensor
   return u;
 }
 
-planner::FlatParamLayout UnitShardLayout::flat_layout() const {
-  std::vector<planner::ParamInfo> infos;
-  for (const planner::FlatParamEntry& p : params)
-    infos.push_back(planner::ParamInfo{p.name, p.shape, p.numel});
-  return planner::FlatParamLayout(infos, shard_group_size);
+spec::FlatParamLayout UnitShardLayout::flat_layout() const {
+  std::vector<spec::ParamInfo> infos;
+  for (const spec::FlatParamEntry& p : params)
+    infos.push_back(spec::ParamInfo{p.name, p.shape, p.numel});
+  return spec::FlatParamLayout(infos, shard_group_size);
 }
 
 bool UnitShardLayout::operator==(const UnitShardLayout& o) const {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/shard_layout.h"
+#include "spec/shard_layout.h"
 
 namespace shardfit::executor {
 
@@ -27,15 +27,15 @@ struct UnitShardLayout {
   // hybrid sharding, 1 and 0 when replicated (ddp).
   int shard_group_size = 1;
   int shard_index = 0;
-  std::vector<planner::FlatParamEntry> params;  // flattening order
+  std::vector<spec::FlatParamEntry> params;  // flattening order
   int64_t numel = 0;
   int64_t padded_numel = 0;
   int64_t shard_numel = 0;
 
   static UnitShardLayout from(std::string unit, std::string param_tensor,
-                              const planner::FlatParamLayout& layout, int shard_index);
+                              const spec::FlatParamLayout& layout, int shard_index);
   // The same layout, rebuilt (the pieces of each shard come from it).
-  planner::FlatParamLayout flat_layout() const;
+  spec::FlatParamLayout flat_layout() const;
   bool operator==(const UnitShardLayout& o) const;
   bool operator!=(const UnitShardLayout& o) const { return !(*this == o); }
 };

@@ -18,22 +18,21 @@
 #include "shardfit_gpu_config.h"
 #include "models/autograd_hooks.h"
 #include "models/model.h"
-#include "planner/plan_builder.h"
-#include "planner/trace.h"
-#include "planner/wrap_policy.h"
+#include "models/module_table.h"
+#include "spec/recompute.h"
+#include "spec/strategy.h"
+#include "spec/wrap_policy.h"
 
 namespace shardfit::executor {
 namespace {
 
-using planner::Sharding;
-
-c10::ScalarType compute_scalar_type(planner::Precision p) {
-  switch (p) {
-    case planner::Precision::kFp16:
+c10::ScalarType scalar_type(spec::DType d) {
+  switch (d) {
+    case spec::DType::kF16:
       return torch::kHalf;
-    case planner::Precision::kBf16:
+    case spec::DType::kBF16:
       return torch::kBFloat16;
-    case planner::Precision::kFp32:
+    case spec::DType::kF32:
       break;
   }
   return torch::kFloat;
@@ -127,9 +126,8 @@ class Engine final : public models::ModuleRunner {
   Communicator* world_;
   c10::Device device_;  // where units, grads and activations live
   std::unique_ptr<DeviceMeter> meter_;
-  Sharding sharding_;
-  bool sharded_;                // zero2/zero3/hybrid: params live as shards
-  bool reshard_after_forward_;  // zero3/hybrid
+  spec::StrategyTraits traits_;  // what o_.candidate means, decoded once
+  bool sharded_;                 // zero2/zero3/hybrid: params live as shards (traits_.shard_params)
   c10::ScalarType compute_dtype_;
   std::unique_ptr<Communicator> bridged_world_;  // bf16 over gloo (engine_comm.h)
   HybridGroups hybrid_;
@@ -138,10 +136,10 @@ class Engine final : public models::ModuleRunner {
   int group_size_ = 1;                   // N of the flat param layout
 
   std::shared_ptr<models::TrainableModel> model_;
-  planner::UnitPartition units_;
+  spec::UnitPartition units_;
   int root_unit_ = 0;
   std::vector<int> unit_of_root_;  // module index -> unit rooted there, or -1
-  std::vector<bool> checkpoint_;   // module index -> recomputed in backward
+  std::vector<bool> recompute_;    // module index -> re-runs its forward in backward
   std::vector<std::unique_ptr<FlatParam>> flat_;
   torch::Tensor flat_grad_;  // ddp/zero1: every unit's grads, one buffer
   std::unique_ptr<DynamicLossScaler> scaler_;
@@ -179,19 +177,10 @@ void check_engine_options(const EngineOptions& o, int world_size) {
                                 ": BERT sentence pairs need at least 5 tokens");
   if (o.stop_requested && o.checkpoint.save_dir.empty())
     throw std::invalid_argument("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
-  const planner::Candidate& c = o.candidate;
-  if (c.sharding == Sharding::kDdp && c.offload)
-    throw std::invalid_argument("--strategy " + c.to_id() +
-                                ": offload needs sharded state (use zero1, zero2, zero3 or hybrid)");
-  if (c.sharding == Sharding::kHybrid) {
-    const int g = o.shard_group_size > 0 ? o.shard_group_size : world_size;
-    if (world_size % g != 0) {
-      throw std::invalid_argument("--strategy " + c.to_id() + ": --gpus-per-node " + std::to_string(g) +
-                                  " does not divide the world of " + std::to_string(world_size) + " ranks (" +
-                                  std::to_string(world_size) + " % " + std::to_string(g) + " = " +
-                                  std::to_string(world_size % g) + ")");
-    }
-  }
+  const spec::Candidate& c = o.candidate;
+  const std::string problem =
+      spec::strategy_problem(c, world_size, spec::shard_group_for(c.sharding, world_size, o.shard_group_size));
+  if (!problem.empty()) throw std::invalid_argument("--strategy " + c.to_id() + ": " + problem);
   if (!o.device.is_cpu() && !o.device.is_cuda())
     throw std::invalid_argument("--device " + o.device.str() + ": expected cpu or cuda");
   if (o.device.is_cuda()) {
@@ -204,10 +193,11 @@ void check_engine_options(const EngineOptions& o, int world_size) {
                                   " CUDA device(s) visible (one GPU per rank: cuda:LOCAL_RANK)");
   }
   // CUDA computes every precision the candidates name (bf16: Ampere and later).
-  const std::string problem = o.device.is_cpu() ? cpu_precision_problem(compute_scalar_type(c.precision)) : "";
-  if (!problem.empty()) {
+  const std::string cpu_problem =
+      o.device.is_cpu() ? cpu_precision_problem(scalar_type(spec::compute_dtype(c.precision))) : "";
+  if (!cpu_problem.empty()) {
     throw std::invalid_argument("--strategy " + c.to_id() + ": this CPU LibTorch cannot compute in " +
-                                planner::precision_name(c.precision) + " (" + problem + "); use bf16 or fp32");
+                                spec::precision_name(c.precision) + " (" + cpu_problem + "); use bf16 or fp32");
   }
 }
 
@@ -225,21 +215,18 @@ Engine::Engine(const EngineOptions& o, Communicator& world)
   meter_ = make_device_meter(device_);
   bridged_world_ = with_bf16_over_gloo(world);
   world_ = bridged_world_.get();
-  const planner::Candidate& c = o.candidate;
-  sharding_ = c.sharding;
-  sharded_ = sharding_ == Sharding::kZero2 || sharding_ == Sharding::kZero3 || sharding_ == Sharding::kHybrid;
-  reshard_after_forward_ = sharding_ == Sharding::kZero3 || sharding_ == Sharding::kHybrid;
-  compute_dtype_ = compute_scalar_type(c.precision);
+  const int n = world.world_size();
+  traits_ = spec::decode_strategy(o.candidate, n, spec::shard_group_for(o.candidate.sharding, n, o.shard_group_size));
+  sharded_ = traits_.shard_params;
+  compute_dtype_ = scalar_type(traits_.compute_dtype);
   if (compute_dtype_ == torch::kHalf) scaler_ = std::make_unique<DynamicLossScaler>();
 
-  const int n = world.world_size();
-  if (sharding_ == Sharding::kHybrid) {
-    group_size_ = o.shard_group_size > 0 ? o.shard_group_size : n;
+  group_size_ = traits_.shard_group_size;
+  if (traits_.replicate_across_groups) {
     hybrid_ = make_hybrid_groups(*world_, group_size_);  // throws, showing the arithmetic
     shard_group_ = hybrid_.shard.get();
     replicate_ = hybrid_.replicate.get();
   } else {
-    group_size_ = sharding_ == Sharding::kDdp ? 1 : n;
     shard_group_ = world_;
   }
 }
@@ -254,10 +241,10 @@ std::vector<FlatParam*> Engine::unit_pointers() {
 // full model was built on the host, untracked: the same values on every
 // rank, as the one-rank model has.
 void Engine::build_units() {
-  const planner::Candidate& c = o_.candidate;
-  const std::vector<planner::ModuleNode> modules = planner::module_tree(o_.model);
-  units_ = planner::wrap_modules(modules, planner::WrapPolicy::parse(c.wrap));
-  // The meta-built module table and this model must index modules alike.
+  const std::vector<spec::ModuleNode> modules = models::module_table(*model_);
+  units_ = spec::wrap_modules(modules, spec::WrapPolicy::parse(o_.candidate.wrap));
+  // The table and the model's own module indices (ModuleBase::index, what
+  // run() sees) must agree.
   int index = 0;
   for (const auto& item : model_->named_modules("", /*include_self=*/true)) {
     auto* base = dynamic_cast<models::ModuleBase*>(item.value().get());
@@ -272,26 +259,26 @@ void Engine::build_units() {
     unit_of_root_[units_.units[u].root_module] = static_cast<int>(u);
     if (units_.units[u].root_module == 0) root_unit_ = static_cast<int>(u);
   }
-  checkpoint_.assign(modules.size(), false);
-  if (c.ckpt)
-    for (int m : planner::checkpoint_modules(modules, units_)) checkpoint_[m] = true;
+  recompute_.assign(modules.size(), false);
+  if (traits_.recompute)
+    for (int m : spec::recompute_modules(modules, units_)) recompute_[m] = true;
 
   FlatParamConfig config;
   config.sharded_params = sharded_;
-  config.shard_optimizer = sharding_ == Sharding::kZero1;
-  config.offload = c.offload;
+  config.shard_optimizer = traits_.shard_optimizer;  // zero1's slice (ignored when sharded_params)
+  config.offload = traits_.offload;
   config.compute_dtype = compute_dtype_;
   config.device = device_;
-  const int group_rank = sharding_ == Sharding::kDdp ? 0 : shard_group_->rank();
+  const int group_rank = traits_.shard_optimizer ? shard_group_->rank() : 0;  // ddp: one whole copy
   auto named = model_->named_parameters(/*recurse=*/true);
-  for (const planner::Unit& unit : units_.units) {
+  for (const spec::Unit& unit : units_.units) {
     std::vector<torch::Tensor> params;
-    for (const planner::ParamInfo& p : unit.params) {
+    for (const spec::ParamInfo& p : unit.params) {
       const torch::Tensor* t = named.find(p.name);
       if (t == nullptr) throw std::logic_error("unit " + unit.name + ": no parameter " + p.name);
       params.push_back(*t);
     }
-    flat_.push_back(std::make_unique<FlatParam>(unit.name, planner::FlatParamLayout(unit.params, group_size_),
+    flat_.push_back(std::make_unique<FlatParam>(unit.name, spec::FlatParamLayout(unit.params, group_size_),
                                                 group_rank, config, params));
   }
   const size_t num_units = units_.units.size();
@@ -348,7 +335,7 @@ torch::Tensor Engine::run(models::ModuleBase& module, const std::vector<torch::T
   }
   std::vector<torch::Tensor> ins = models::with_backward_callback(inputs, std::move(on_end));
   torch::Tensor y;
-  if (idx >= 0 && idx < static_cast<int>(checkpoint_.size()) && checkpoint_[idx]) {
+  if (idx >= 0 && idx < static_cast<int>(recompute_.size()) && recompute_[idx]) {
     y = models::checkpoint(ins, fn, [this, idx](bool begin) { on_recompute(idx, begin); });
   } else {
     y = fn(ins);
@@ -376,7 +363,7 @@ void Engine::pre_forward(int u) {
 // zero3/hybrid reshard after forward, except the root unit, which backward
 // needs first; zero2 keeps the unit gathered until its backward ends.
 void Engine::post_forward(int u) {
-  if (reshard_after_forward_ && u != root_unit_) flat_[u]->reshard();
+  if (traits_.reshard_after_forward && u != root_unit_) flat_[u]->reshard();
   mark(prefix_ + "forward/" + unit_name(u));
 }
 
@@ -511,7 +498,7 @@ void Engine::optimizer_step() {
     }
     // ddp holds every gradient whole; the others hold slices of the shard
     // group (hybrid's replicas hold the same slices: sum one group).
-    if (sharding_ != Sharding::kDdp) sum_sq = all_reduce_scalar(*shard_group_, sum_sq, ReduceOp::kSum);
+    if (traits_.shard_optimizer) sum_sq = all_reduce_scalar(*shard_group_, sum_sq, ReduceOp::kSum);
     const double norm = std::sqrt(sum_sq) * factor;
     const double coef = o_.clip_grad_norm / (norm + 1e-6);
     if (coef < 1.0) factor *= coef;
@@ -523,8 +510,8 @@ void Engine::optimizer_step() {
     }
   }
   ++optimizer_steps_;
-  Communicator& group = sharding_ == Sharding::kZero1 ? *world_ : *shard_group_;
-  for (auto& f : flat_) f->optimizer_step(o_.adamw, optimizer_steps_, group);
+  // zero1 publishes its updated slice to the world, which is its shard group.
+  for (auto& f : flat_) f->optimizer_step(o_.adamw, optimizer_steps_, *shard_group_);
 }
 
 EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
@@ -667,8 +654,7 @@ std::filesystem::path Engine::save(int64_t step) {
 // Loads a checkpoint into the units just built; returns the first step to run.
 int64_t Engine::resume(const std::string& from) {
   const std::filesystem::path dir = resolve_resume_dir(from);
-  Communicator& group = sharding_ == Sharding::kZero1 ? *world_ : *shard_group_;
-  const TrainingProgress p = load_training_checkpoint(dir, *world_, group, unit_pointers());
+  const TrainingProgress p = load_training_checkpoint(dir, *world_, *shard_group_, unit_pointers());
   optimizer_steps_ = p.optimizer_steps;
   skipped_steps_ = p.skipped_steps;
   if (scaler_ && p.loss_scale > 0) {

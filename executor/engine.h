@@ -4,10 +4,13 @@
 //
 // The model stays single-device (models/ knows nothing of sharding); the
 // engine applies parallelism from outside, as torchtitan does:
-//  1. wrap: planner::wrap_modules over the model's module tree gives the
-//     units; each becomes a FlatParam (flat_param.h) laid out by
-//     planner::FlatParamLayout over its shard group — the very description
-//     the planner simulates;
+//  1. wrap: spec::wrap_modules over the model's module table
+//     (models::module_table) gives the units; each becomes a FlatParam
+//     (flat_param.h) laid out by spec::FlatParamLayout over its shard group —
+//     the very description the planner simulates. What the candidate means
+//     (what is sharded, when units reshard, where the master lives) is
+//     spec::StrategyTraits, decoded once; the modules that recompute are
+//     spec::recompute_modules, the tracer's own choice;
 //  2. hooks: a ModuleRunner (the same seam the planner's tracer uses) sees
 //     every module's forward begin and end, and puts identity autograd nodes
 //     on its inputs and output, so a unit's backward begin (its output's
@@ -47,13 +50,13 @@
 #include "executor/train_checkpoint.h"
 #include "executor/trainer.h"
 #include "models/model_config.h"
-#include "planner/candidate.h"
+#include "spec/candidate.h"
 
 namespace shardfit::executor {
 
 struct EngineOptions {
   models::ModelConfig model;
-  planner::Candidate candidate;
+  spec::Candidate candidate;
   int64_t batch = 1;       // sequences per rank per micro-batch
   int64_t seq_len = 128;   // tokens per sequence
   int64_t steps = 10;      // optimizer steps
@@ -99,7 +102,7 @@ struct EngineOptions {
   // the host model before its shards are cut; "" = Hugging Face init.
   std::string init_from;
   // Test hooks: after init and after each optimizer step. Units are in
-  // planner::wrap_modules order; each holds this rank's fp32 master and
+  // spec::wrap_modules order; each holds this rank's fp32 master and
   // AdamW state.
   std::function<void(const std::vector<FlatParam*>& units)> on_init;
   std::function<void(int64_t step, const std::vector<FlatParam*>& units)> on_step_end;

@@ -36,7 +36,7 @@ void free_now(torch::Tensor& t) {
 
 }  // namespace
 
-FlatParam::FlatParam(std::string name, planner::FlatParamLayout layout, int rank,
+FlatParam::FlatParam(std::string name, spec::FlatParamLayout layout, int rank,
                      FlatParamConfig config, const std::vector<torch::Tensor>& params)
     : name_(std::move(name)),
       layout_(std::move(layout)),
@@ -61,14 +61,14 @@ FlatParam::FlatParam(std::string name, planner::FlatParamLayout layout, int rank
   auto copy_full_into = [&](const torch::Tensor& flat) {
     flat.zero_();
     for (size_t i = 0; i < params_.size(); ++i) {
-      const planner::FlatParamEntry& e = layout_.params()[i];
+      const spec::FlatParamEntry& e = layout_.params()[i];
       flat.narrow(0, e.offset, e.numel).copy_(params_[i].reshape({-1}));
     }
   };
   // This rank's slice of that flat buffer, without building the buffer.
   auto copy_shard_into = [&](const torch::Tensor& shard) {
     shard.zero_();
-    for (const planner::ShardPiece& p : layout_.pieces(rank_)) {
+    for (const spec::ShardPiece& p : layout_.pieces(rank_)) {
       shard.narrow(0, p.shard_offset, p.numel)
           .copy_(params_[p.param].reshape({-1}).narrow(0, p.param_offset, p.numel));
     }
@@ -132,7 +132,7 @@ bool FlatParam::staged_gather() const { return mixed_ || config_.offload; }
 
 void FlatParam::point_params_at(const torch::Tensor& flat) {
   for (size_t i = 0; i < params_.size(); ++i) {
-    const planner::FlatParamEntry& e = layout_.params()[i];
+    const spec::FlatParamEntry& e = layout_.params()[i];
     params_[i].set_data(flat.narrow(0, e.offset, e.numel).view(e.shape));
   }
 }
@@ -176,7 +176,7 @@ void FlatParam::alloc_unsharded_grad() {
   torch::NoGradGuard no_grad;
   unsharded_grad_ = torch::zeros({layout_.padded_numel()}, dev_compute_);
   for (size_t i = 0; i < params_.size(); ++i) {
-    const planner::FlatParamEntry& e = layout_.params()[i];
+    const spec::FlatParamEntry& e = layout_.params()[i];
     params_[i].mutable_grad() = unsharded_grad_.narrow(0, e.offset, e.numel).view(e.shape);
   }
 }
@@ -187,7 +187,7 @@ void FlatParam::attach_flat_grad(const torch::Tensor& flat_grad) {
                            " elements for " + std::to_string(layout_.padded_numel()));
   flat_grad_ = flat_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const planner::FlatParamEntry& e = layout_.params()[i];
+    const spec::FlatParamEntry& e = layout_.params()[i];
     params_[i].mutable_grad() = flat_grad_.narrow(0, e.offset, e.numel).view(e.shape);
   }
 }

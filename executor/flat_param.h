@@ -1,5 +1,5 @@
 // One wrapped unit's flat parameter (FSDP's FlatParamHandle): the unit's
-// parameters flattened and padded by planner::FlatParamLayout — the same
+// parameters flattened and padded by spec::FlatParamLayout — the same
 // description the StepSimulator charges — with this rank's fp32 shard, the
 // gathered compute-dtype buffer every original parameter is a view of, the
 // gradient buffers, and the unit's AdamW state. Each method is one of the
@@ -37,7 +37,7 @@
 
 #include "executor/adamw.h"
 #include "executor/comm.h"
-#include "planner/shard_layout.h"
+#include "spec/shard_layout.h"
 
 namespace shardfit::executor {
 
@@ -74,13 +74,13 @@ class FlatParam {
   // values into it, and points every parameter at its view of the compute
   // buffer (param.set_data: the parameter stays the same autograd leaf).
   // `rank` is this rank in the shard group (0 for ddp).
-  FlatParam(std::string name, planner::FlatParamLayout layout, int rank, FlatParamConfig config,
+  FlatParam(std::string name, spec::FlatParamLayout layout, int rank, FlatParamConfig config,
             const std::vector<torch::Tensor>& params);
   FlatParam(const FlatParam&) = delete;
   FlatParam& operator=(const FlatParam&) = delete;
 
   const std::string& name() const { return name_; }
-  const planner::FlatParamLayout& layout() const { return layout_; }
+  const spec::FlatParamLayout& layout() const { return layout_; }
   const FlatParamConfig& config() const { return config_; }
   ParamState state() const { return state_; }
   // This rank's index in the layout's shard group (0 for ddp).
@@ -157,7 +157,7 @@ class FlatParam {
   void point_params_at(const torch::Tensor& flat);
 
   std::string name_;
-  planner::FlatParamLayout layout_;
+  spec::FlatParamLayout layout_;
   int rank_;
   FlatParamConfig config_;
   bool mixed_;

@@ -3,6 +3,7 @@
 #include "executor/launcher.h"
 
 #include "executor/signals.h"
+#include "spec/exit_codes.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -31,9 +32,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // SPEC's exit codes, as ranks and the launcher use them.
-constexpr int kExitCheckFailed = 1;
-constexpr int kExitBadInput = 2;
-constexpr int kExitEnvironment = 3;
+using spec::kExitBadInput;
+using spec::kExitCheckFailed;
+using spec::kExitEnvironment;
 
 std::string seconds_str(std::chrono::milliseconds t) {
   char s[32];

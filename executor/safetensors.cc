@@ -104,7 +104,7 @@ void export_safetensors(const fs::path& checkpoint_dir, const fs::path& out_path
                                 "' (" + std::to_string(us.layout.shard_group_size) + " shards)");
       }
     }
-    for (const planner::FlatParamEntry& p : us.layout.params) {
+    for (const spec::FlatParamEntry& p : us.layout.params) {
       if (!sigs.emplace(p.name, std::make_pair(us.dtype, p.shape)).second)
         bad(checkpoint_dir, "parameter '" + p.name + "' is held by two units");
     }
@@ -127,12 +127,12 @@ void export_safetensors(const fs::path& checkpoint_dir, const fs::path& out_path
   int64_t copied = 0;
   for (const std::string& name : unit_order) {
     const UnitSources& us = units.at(name);
-    const planner::FlatParamLayout layout = us.layout.flat_layout();
+    const spec::FlatParamLayout layout = us.layout.flat_layout();
     const int64_t es = us.dtype->bytes;
     for (int s = 0; s < us.layout.shard_group_size; ++s) {
       const Source& src = us.shards[s];
-      for (const planner::ShardPiece& piece : layout.pieces(s)) {
-        const planner::FlatParamEntry& p = layout.params()[piece.param];
+      for (const spec::ShardPiece& piece : layout.pieces(s)) {
+        const spec::FlatParamEntry& p = layout.params()[piece.param];
         const int64_t from = src.file->data_start + src.tensor->begin + piece.shard_offset * es;
         const int64_t to = data_start + plan.data_offset.at(p.name) + piece.param_offset * es;
         for (int64_t done = 0, total = piece.numel * es; done < total;) {

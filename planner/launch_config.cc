@@ -45,7 +45,7 @@ ojson fsdp_wrap_policy(const WrapPolicyText& wrap, const std::string& block_clas
 }
 
 void check_ckpt(const Candidate& c, LaunchFormat format) {
-  if (c.ckpt && c.wrap == "none")
+  if (c.recompute && c.wrap == "none")
     throw InexpressibleCandidate(
         std::string(launch_format_name(format)) + " cannot express '" + c.to_id() +
         "': checkpointing with wrap=none checkpoints the whole model as one unit");
@@ -81,8 +81,8 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
 
   LaunchConfig out;
   out.settings["fsdp_kwargs"] = kwargs;
-  ojson ckpt{{"enabled", c.ckpt}};
-  if (c.ckpt) {
+  ojson ckpt{{"enabled", c.recompute}};
+  if (c.recompute) {
     ckpt["function"] = "apply_activation_checkpointing";
     ckpt["checkpoint_wrapper_fn"] = "checkpoint_wrapper";
     ckpt["auto_wrap_policy"] = fsdp_wrap_policy(wrap, block_class);
@@ -116,7 +116,7 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
   }
   fsdp["fsdp_offload_params"] = c.offload;
   fsdp["fsdp_backward_prefetch"] = "BACKWARD_PRE";
-  fsdp["fsdp_activation_checkpointing"] = c.ckpt;
+  fsdp["fsdp_activation_checkpointing"] = c.recompute;
   fsdp["fsdp_forward_prefetch"] = false;
   fsdp["fsdp_sync_module_states"] = true;
   fsdp["fsdp_use_orig_params"] = true;
@@ -184,7 +184,7 @@ LaunchConfig deepspeed(const Plan& plan, const PlanCandidate& pc) {
   s["zero_optimization"] = zero;
   s["bf16"] = ojson{{"enabled", c.precision == Precision::kBf16}};
   s["fp16"] = ojson{{"enabled", c.precision == Precision::kFp16}};
-  if (c.ckpt) {
+  if (c.recompute) {
     s["activation_checkpointing"] = ojson{{"partition_activations", false},
                                           {"cpu_checkpointing", false},
                                           {"contiguous_memory_optimization", false}};

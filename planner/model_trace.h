@@ -20,6 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "spec/dtype.h"
+#include "spec/module_table.h"
+
 namespace shardfit::planner {
 
 enum class Phase : uint8_t {
@@ -28,29 +31,12 @@ enum class Phase : uint8_t {
   kRecompute,  // forward re-run inside backward under activation checkpointing
 };
 
-enum class DType : uint8_t { kF32, kF16, kBF16 };
-inline int64_t dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
-
-struct ParamInfo {
-  std::string name;  // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
-  std::vector<int64_t> shape;
-  int64_t numel = 0;
-};
-
-struct ModuleNode {
-  std::string path;  // "" for the root, else e.g. "transformer.h.0.attn"
-  std::string type;  // e.g. "GPT2Block"
-  int parent = -1;   // index into ModelTrace::modules, -1 for the root
-  std::vector<int> children;      // in registration order
-  std::vector<ParamInfo> params;  // owned directly; a tied parameter appears once,
-                                  // under the module that registered it first
-  bool is_block = false;          // a transformer block: what wrap=block makes a unit
-  // Parameters this module uses but another module owns (GPT-2's lm_head
-  // borrows transformer.wte.weight). Wrap policies keep an owner and its
-  // borrowers in one unit: a unit resharded after its forward would free a
-  // weight that a later module still reads.
-  std::vector<std::string> borrowed_params;
-};
+// The module table and dtypes are the spec layer's (LibTorch-free, shared
+// with the executor); the trace refers to them by these names.
+using spec::DType;
+using spec::dtype_bytes;
+using spec::ModuleNode;
+using spec::ParamInfo;
 
 struct MemEvent {
   enum Kind : uint8_t {

@@ -10,32 +10,16 @@
 #include <thread>
 #include <tuple>
 
+#include "models/module_table.h"
 #include "planner/batch_search.h"
-#include "planner/shard_layout.h"
 #include "planner/time_model.h"
 #include "planner/trace.h"
-#include "planner/wrap_policy.h"
+#include "spec/recompute.h"
+#include "spec/shard_layout.h"
+#include "spec/strategy.h"
+#include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
-
-std::vector<int> checkpoint_modules(const std::vector<ModuleNode>& modules,
-                                    const UnitPartition& units) {
-  std::vector<bool> chosen(modules.size(), false);
-  for (const auto& u : units.units)
-    if (u.root_module != 0) chosen[u.root_module] = true;
-  bool any = false;
-  for (bool c : chosen) any = any || c;
-  if (!any)
-    for (size_t m = 0; m < modules.size(); ++m) chosen[m] = modules[m].is_block;
-  std::vector<int> out;
-  for (size_t m = 0; m < modules.size(); ++m) {
-    if (!chosen[m]) continue;
-    bool nested = false;  // an ancestor already recomputes this module
-    for (int p = modules[m].parent; p >= 0 && !nested; p = modules[p].parent) nested = chosen[p];
-    if (!nested) out.push_back(static_cast<int>(m));
-  }
-  return out;
-}
 
 namespace {
 
@@ -79,7 +63,7 @@ models::ModelConfig model_on_device(const models::ModelConfig& m, const DevicePr
   return out;
 }
 
-// A model's traces for one (precision, checkpointing) pair at every batch:
+// A model's traces for one (precision, recomputed modules) pair at every batch:
 // exact at batch 1, affine from batches 2 and 3 beyond — or, where the
 // trace is not batch-affine (CPU bf16: oneDNN's scratchpads are blocked by
 // K = tokens; a chunked loss: its chunk count), traced exactly at every
@@ -156,9 +140,9 @@ class BatchSimulator {
 // the CPU bf16 matmuls add oneDNN scratchpads (trace.h).
 DType trace_dtype(DType dtype, bool cuda) { return dtype == DType::kBF16 && cuda ? DType::kF16 : dtype; }
 
-std::string trace_key(DType dtype, bool cuda, const std::vector<int>& ckpt) {
+std::string trace_key(DType dtype, bool cuda, const std::vector<int>& recompute) {
   std::string key = std::to_string(static_cast<int>(trace_dtype(dtype, cuda))) + ":";
-  for (int m : ckpt) key += std::to_string(m) + ",";
+  for (int m : recompute) key += std::to_string(m) + ",";
   return key;
 }
 
@@ -172,14 +156,14 @@ class TraceCache {
  public:
   TraceCache(const models::ModelConfig& m, int64_t seq, bool cuda, int world)
       : model_(m), seq_(seq), cuda_(cuda), world_(world) {}
-  const BatchTraces& get(DType dtype, const std::vector<int>& ckpt) {
-    const std::string key = trace_key(dtype, cuda_, ckpt);
+  const BatchTraces& get(DType dtype, const std::vector<int>& recompute) {
+    const std::string key = trace_key(dtype, cuda_, recompute);
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
     TraceOptions o;
     o.seq_len = seq_;
     o.dtype = trace_dtype(dtype, cuda_);
-    o.checkpoint_modules = ckpt;
+    o.recompute_modules = recompute;
     o.target_cuda = cuda_;
     o.cpu_threads = cpu_rank_threads(world_);
     o.batch = 1;
@@ -212,6 +196,42 @@ class TraceCache {
   int world_;
   std::map<std::string, std::unique_ptr<BatchTraces>> cache_;
 };
+
+// What the simulator and the time model are given for candidate `c` of
+// request `r`, from its traits (decoded, and so validated, once).
+Strategy strategy_for(const Candidate& c, const PlanRequest& r) {
+  const int world = r.gpus_per_node * r.nodes;
+  const spec::StrategyTraits t =
+      spec::decode_strategy(c, world, spec::shard_group_for(c.sharding, world, r.gpus_per_node), r.optimizer);
+  Strategy s;
+  s.sharding = c.sharding;
+  s.offload = t.offload;
+  s.recompute = t.recompute;
+  s.compute_dtype = t.compute_dtype;
+  s.optimizer = r.optimizer;
+  s.world_size = world;
+  s.shard_group_size = t.shard_group_size;
+  s.grad_accum = r.grad_accum;
+  return s;
+}
+
+// The time model's inputs besides the trace's FLOPs: units in forward order,
+// each padded to the group its ring collective spans.
+StepTimeInputs time_inputs(const Candidate& c, const PlanRequest& r, const UnitPartition& units,
+                           const std::vector<int>& forward_order, int64_t batch) {
+  const spec::StrategyTraits t = strategy_for(c, r).traits();
+  StepTimeInputs ti;
+  ti.candidate = c;
+  for (int u : forward_order) ti.unit_padded_numel.push_back(spec::padded_numel(units.units[u].numel, t.collective_group_size));
+  ti.batch = batch;
+  ti.grad_accum = r.grad_accum;
+  ti.seq_len = r.seq_len;
+  ti.world_size = t.world_size;
+  ti.shard_group_size = t.collective_group_size;
+  ti.nodes = r.nodes;
+  ti.optimizer_states = t.optimizer_states;
+  return ti;
+}
 
 }  // namespace
 
@@ -247,7 +267,7 @@ Plan build_plan(const PlanRequest& r) {
   plan.objective = r.objective;
   plan.grad_accum = r.grad_accum;
 
-  const std::vector<ModuleNode> modules = module_tree(r.model);
+  const std::vector<ModuleNode> modules = models::module_table(r.model);
   std::map<std::string, UnitPartition> partitions;
   TraceCache traces(model, r.seq_len, cuda, world);
   SimOptions sim_options;
@@ -269,7 +289,7 @@ Plan build_plan(const PlanRequest& r) {
     auto pit = partitions.find(c.wrap);
     if (pit == partitions.end())
       pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
-    ckpts.push_back(c.ckpt ? checkpoint_modules(modules, pit->second) : std::vector<int>{});
+    ckpts.push_back(c.recompute ? spec::recompute_modules(modules, pit->second) : std::vector<int>{});
     trace_keys.insert(trace_key(compute_dtype(c.precision), cuda, ckpts.back()));
   }
   std::set<std::string> traced;
@@ -280,7 +300,7 @@ Plan build_plan(const PlanRequest& r) {
     work.push_back({&partitions.at(c.wrap), &traces.get(dtype, ckpts[ci]), key + "|" + c.wrap});
     if (traced.insert(key).second && r.on_progress)
       r.on_progress("trace", traced.size(), trace_keys.size(),
-                    std::string(precision_name(c.precision)) + (c.ckpt ? " with recompute" : ""));
+                    std::string(precision_name(c.precision)) + (c.recompute ? " with recompute" : ""));
   }
 
   // Phase 2, parallel: each worker simulates every k-th candidate with its
@@ -295,18 +315,8 @@ Plan build_plan(const PlanRequest& r) {
     for (size_t ci = first; ci < candidates.size(); ci += stride) {
     const Candidate& c = candidates[ci];
     const UnitPartition& units = *work[ci].units;
-    const DType dtype = compute_dtype(c.precision);
     const BatchTraces& trace = *work[ci].trace;
-
-    Strategy s;
-    s.sharding = c.sharding;
-    s.offload = c.offload;
-    s.ckpt = c.ckpt;
-    s.compute_dtype = dtype;
-    s.optimizer = r.optimizer;
-    s.world_size = world;
-    s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
-    s.grad_accum = r.grad_accum;
+    const Strategy s = strategy_for(c, r);
 
     const std::string& sim_key = work[ci].sim_key;
     auto sit = simulators.find(sim_key);
@@ -342,18 +352,8 @@ Plan build_plan(const PlanRequest& r) {
       pc.limit = std::string(category_name(next.oom_category)) + " in " + next.oom_label;
     }
     if (pc.max_batch_per_gpu > 0) {
-      StepTimeInputs ti;
-      ti.candidate = c;
+      StepTimeInputs ti = time_inputs(c, r, units, sim.forward_order(), pc.max_batch_per_gpu);
       std::tie(ti.forward_flops, ti.backward_flops) = trace.flops_at(pc.max_batch_per_gpu);
-      for (int u : sim.forward_order())  // the time model wants units in forward order
-        ti.unit_padded_numel.push_back(padded_numel(units.units[u].numel, s.shard_group_size));
-      ti.batch = pc.max_batch_per_gpu;
-      ti.grad_accum = r.grad_accum;
-      ti.seq_len = r.seq_len;
-      ti.world_size = world;
-      ti.shard_group_size = s.shard_group_size;
-      ti.nodes = r.nodes;
-      ti.optimizer_states = r.optimizer == Optimizer::kAdamW ? 2 : 0;
       const StepTime st = estimate_step_time(ti, r.profile);
       pc.predicted.step_time_s = st.step_time_s;
       pc.predicted.tokens_per_s = st.tokens_per_s;
@@ -394,7 +394,8 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
   const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
-  const std::vector<ModuleNode> modules = module_tree(r.model);
+  const Strategy s = strategy_for(c, r);  // validates c for this world
+  const std::vector<ModuleNode> modules = models::module_table(r.model);
   const UnitPartition units = wrap_modules(modules, WrapPolicy::parse(c.wrap));
   TraceOptions o;
   o.batch = batch;
@@ -402,20 +403,11 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   o.dtype = compute_dtype(c.precision);
   o.target_cuda = cuda;
   o.cpu_threads = cpu_rank_threads(world);
-  if (c.ckpt) o.checkpoint_modules = checkpoint_modules(modules, units);
+  if (c.recompute) o.recompute_modules = spec::recompute_modules(modules, units);
   if (r.model.flash_attention && c.precision == Precision::kFp32)
     throw std::invalid_argument("--attention flash: the flash kernel takes fp16 or bf16, not " + c.to_id());
   const ModelTrace trace = trace_step(model_on_device(r.model, r.profile), o);
 
-  Strategy s;
-  s.sharding = c.sharding;
-  s.offload = c.offload;
-  s.ckpt = c.ckpt;
-  s.compute_dtype = o.dtype;
-  s.optimizer = r.optimizer;
-  s.world_size = world;
-  s.shard_group_size = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
-  s.grad_accum = r.grad_accum;
   SimOptions so;
   so.steps = steps;
   if (cuda && r.profile.cublas_workspace_bytes > 0) so.overhead_bytes = {r.profile.cublas_workspace_bytes};
@@ -430,18 +422,9 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   out.sim = sim.simulate(s, *alloc, so);
   out.units = static_cast<int>(units.units.size());
   if (!out.sim.oom) {
-    StepTimeInputs ti;
-    ti.candidate = c;
+    StepTimeInputs ti = time_inputs(c, r, units, sim.forward_order(), batch);
     ti.forward_flops = trace.forward_flops;
     ti.backward_flops = trace.backward_flops;
-    for (int u : sim.forward_order()) ti.unit_padded_numel.push_back(padded_numel(units.units[u].numel, s.shard_group_size));
-    ti.batch = batch;
-    ti.grad_accum = r.grad_accum;
-    ti.seq_len = r.seq_len;
-    ti.world_size = world;
-    ti.shard_group_size = s.shard_group_size;
-    ti.nodes = r.nodes;
-    ti.optimizer_states = r.optimizer == Optimizer::kAdamW ? 2 : 0;
     const StepTime st = estimate_step_time(ti, r.profile);
     out.step_time_s = st.step_time_s;
     out.tokens_per_s = st.tokens_per_s;

@@ -58,10 +58,4 @@ struct CandidatePrediction {
 CandidatePrediction predict_candidate(const PlanRequest& request, const Candidate& candidate,
                                       int64_t batch, int steps = 2);
 
-// The modules a +ckpt candidate checkpoints under `units`: every unit's root
-// module except the model root and units nested in another checkpointed
-// one; when the policy makes no unit but the root, the transformer blocks.
-std::vector<int> checkpoint_modules(const std::vector<ModuleNode>& modules,
-                                    const UnitPartition& units);
-
 }  // namespace shardfit::planner

@@ -151,8 +151,8 @@ PlanCandidate candidate_from(const FieldReader& r) {
     r.fail("sharding", "is '" + sharding + "', not a sharding name");
   }
   if (r.boolean("offload") != c.offload) disagree("offload", c.offload ? "false" : "true");
-  if (r.boolean("activation_checkpointing") != c.ckpt)
-    disagree("activation_checkpointing", c.ckpt ? "false" : "true");
+  if (r.boolean("activation_checkpointing") != c.recompute)
+    disagree("activation_checkpointing", c.recompute ? "false" : "true");
   std::string precision = r.text("precision");
   if (precision != precision_name(c.precision)) disagree("precision", precision);
   std::string wrap = r.text("wrap");
@@ -298,7 +298,7 @@ void to_json(json& j, const PlanCandidate& c) {
   j = json{{"id", c.id()},
            {"sharding", sharding_name(c.candidate.sharding)},
            {"offload", c.candidate.offload},
-           {"activation_checkpointing", c.candidate.ckpt},
+           {"activation_checkpointing", c.candidate.recompute},
            {"precision", precision_name(c.candidate.precision)},
            {"wrap", c.candidate.wrap},
            {"max_batch_per_gpu", c.max_batch_per_gpu},

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "planner/shard_layout.h"
+#include "spec/shard_layout.h"
 
 namespace shardfit::planner {
 
@@ -219,12 +219,7 @@ class StepReplay {
 
   int64_t unit_id(int u, Slot s) const { return base_ + int64_t{u} * kNumSlots + s; }
   // zero2/zero3/hybrid keep only shards between uses; ddp/zero1 keep full params.
-  bool sharded_params() const {
-    return strategy_.sharding != Sharding::kDdp && strategy_.sharding != Sharding::kZero1;
-  }
-  bool reshard_after_forward() const {
-    return strategy_.sharding == Sharding::kZero3 || strategy_.sharding == Sharding::kHybrid;
-  }
+  bool sharded_params() const { return traits_.shard_params; }
 
   bool alloc(int64_t id, int64_t bytes, int stream, Category category);
   void free(int64_t id);
@@ -246,6 +241,7 @@ class StepReplay {
 
   const StepSimulator& sim_;
   const Strategy& strategy_;
+  const spec::StrategyTraits traits_;  // what strategy_ means, decoded once
   AllocatorModel& allocator_;
   const SimOptions& options_;
   StepSimResult* result_;
@@ -280,19 +276,20 @@ StepReplay::StepReplay(const StepSimulator& sim, const Strategy& strategy,
                        AllocatorModel& allocator, const SimOptions& options, StepSimResult* result)
     : sim_(sim),
       strategy_(strategy),
+      traits_(strategy.traits()),
       allocator_(allocator),
       options_(options),
       result_(result),
       num_units_(sim.num_units()),
-      group_(strategy.sharding == Sharding::kDdp ? 1 : strategy.shard_group_size),
-      c_(dtype_bytes(strategy.compute_dtype)),
-      mixed_(strategy.compute_dtype != DType::kF32),
+      group_(traits_.shard_group_size),
+      c_(dtype_bytes(traits_.compute_dtype)),
+      mixed_(traits_.mixed()),
       root_unit_(sim.root_unit_),
       base_(sim.num_trace_tensors_) {
   flat_grad_id_ = base_ + int64_t{num_units_} * kNumSlots;
   overhead_id_ = flat_grad_id_ + 1;
   for (int u = 0; u < num_units_; ++u) {
-    padded_.push_back(padded_numel(sim.unit_numel_[u], group_));
+    padded_.push_back(spec::padded_numel(sim.unit_numel_[u], group_));
     shard_.push_back(padded_.back() / group_);
     total_padded_ += padded_.back();
   }
@@ -368,7 +365,7 @@ bool StepReplay::init() {
   }
   for (int u = 0; u < num_units_; ++u) {
     if (!sharded_params()) {
-      if (strategy_.offload) {
+      if (traits_.offload) {
         // zero1+offload: the fp32 master shard lives on the host; the device
         // keeps only the params forward and backward read.
         host_alloc(kFp32Bytes * shard_[u]);
@@ -383,7 +380,7 @@ bool StepReplay::init() {
           return false;
         }
       }
-    } else if (strategy_.offload) {
+    } else if (traits_.offload) {
       host_alloc(kFp32Bytes * shard_[u]);  // SHARDED, on the host
     } else if (!alloc(unit_id(u, kShardParam), kFp32Bytes * shard_[u], kComputeStream,
                       Category::kParams)) {
@@ -400,7 +397,7 @@ void StepReplay::zero_grad() {
   if (!sharded_params()) return;
   for (int u = 0; u < num_units_; ++u) {
     if (!shard_grad_live_[u]) continue;
-    if (strategy_.offload) {
+    if (traits_.offload) {
       host_bytes_ -= kFp32Bytes * shard_[u];
     } else {
       free(unit_id(u, kShardGrad));
@@ -460,7 +457,7 @@ bool StepReplay::on_backward_start() {
 // copied from the host (offload): then a c*s_u staging buffer feeds the
 // gather and is freed once it is done.
 bool StepReplay::unshard(int u) {
-  const bool staged = mixed_ || strategy_.offload;
+  const bool staged = traits_.staged_gather();
   if (staged &&
       !alloc(unit_id(u, kGatherStaging), c_ * shard_[u], kCommStream, Category::kTemporaries)) {
     return false;
@@ -488,7 +485,7 @@ bool StepReplay::pre_forward(int u) {
 // which backward needs first (FSDP's root does not reshard after forward);
 // zero2 stays UNSHARDED until its backward ends.
 void StepReplay::post_forward(int u) {
-  if (reshard_after_forward() && u != root_unit_ && state_[u] == ParamState::kUnsharded) reshard(u);
+  if (traits_.reshard_after_forward && u != root_unit_ && state_[u] == ParamState::kUnsharded) reshard(u);
 }
 
 // Pre-backward: regather if SHARDED, prefetch the next unit in backward
@@ -520,11 +517,11 @@ bool StepReplay::post_backward(int u) {
   const int64_t shard_grad_bytes = kFp32Bytes * shard_[u];
   const bool accumulating = shard_grad_live_[u];
   if (!sharded_params()) {
-    if (strategy_.offload && !accumulating) host_alloc(shard_grad_bytes);
-    shard_grad_live_[u] = strategy_.offload;
+    if (traits_.offload && !accumulating) host_alloc(shard_grad_bytes);
+    shard_grad_live_[u] = traits_.offload;
     return true;
   }
-  if (!mixed_ && !strategy_.offload) {
+  if (!mixed_ && !traits_.offload) {
     // fp32: the reduce-scatter output is the shard grad itself; once it
     // exists, the output is the unsharded grad's own slot, added from there.
     if (!accumulating &&
@@ -536,7 +533,7 @@ bool StepReplay::post_backward(int u) {
     const Category out_category = mixed_ ? Category::kCommBuffers : Category::kGrads;
     if (!alloc(unit_id(u, kReduceScatterOut), c_ * shard_[u], kCommStream, out_category))
       return false;
-    if (strategy_.offload) {
+    if (traits_.offload) {
       if (!accumulating) host_alloc(shard_grad_bytes);
     } else if (!accumulating &&
                !alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads)) {
@@ -555,10 +552,10 @@ bool StepReplay::post_backward(int u) {
 // temporaries, freed before the next tensor.
 bool StepReplay::optimizer_step() {
   label_ = step_base_ + 2 * num_units_;
-  const bool adamw = strategy_.optimizer == Optimizer::kAdamW;
+  const bool adamw = traits_.optimizer_states > 0;
   for (int u = 0; u < num_units_; ++u) {
-    const int64_t n = strategy_.sharding == Sharding::kDdp ? padded_[u] : shard_[u];
-    if (strategy_.offload) {
+    const int64_t n = traits_.shard_optimizer ? shard_[u] : padded_[u];
+    if (traits_.offload) {
       // The update runs on the host; zero1 then copies its updated shard
       // back through a staging buffer and all-gathers it in place.
       if (adamw && !optimizer_state_live_[u]) host_alloc(2 * kFp32Bytes * n);
@@ -599,31 +596,11 @@ bool StepReplay::optimizer_step() {
 
 StepSimResult StepSimulator::simulate(const Strategy& strategy, AllocatorModel& allocator,
                                       const SimOptions& options) const {
-  const std::string name = sharding_name(strategy.sharding);
-  if (strategy.world_size < 1) {
-    throw std::invalid_argument("world size " + std::to_string(strategy.world_size) +
-                                " must be at least 1");
-  }
   if (strategy.grad_accum < 1) {
     throw std::invalid_argument("grad_accum " + std::to_string(strategy.grad_accum) +
                                 ": must be at least 1");
   }
-  if (strategy.sharding == Sharding::kDdp && strategy.offload) {
-    throw std::invalid_argument(
-        "ddp+offload: offload needs a sharded strategy (zero1, zero2, zero3, hybrid)");
-  }
-  if (strategy.sharding != Sharding::kDdp) {
-    const int n = strategy.shard_group_size;
-    if (n < 1 || strategy.world_size % n != 0) {
-      throw std::invalid_argument(name + ": world size " + std::to_string(strategy.world_size) +
-                                  " is not a multiple of shard group " + std::to_string(n));
-    }
-    if (strategy.sharding != Sharding::kHybrid && n != strategy.world_size) {
-      throw std::invalid_argument(name + " shards over the whole world: shard group " +
-                                  std::to_string(n) + " != world size " +
-                                  std::to_string(strategy.world_size));
-    }
-  }
+  (void)strategy.traits();  // spec's validator: throws for an impossible strategy
   // fp16 and bf16 allocate alike: a trace of either serves both.
   if (dtype_bytes(strategy.compute_dtype) != dtype_bytes(trace_dtype_)) {
     throw std::invalid_argument(
@@ -634,6 +611,11 @@ StepSimResult StepSimulator::simulate(const Strategy& strategy, AllocatorModel& 
   StepSimResult result;
   StepReplay(*this, strategy, allocator, options, &result).run();
   return result;
+}
+
+spec::StrategyTraits Strategy::traits() const {
+  const spec::Candidate c{sharding, offload, recompute, spec::precision_of(compute_dtype), "none"};
+  return spec::decode_strategy(c, world_size, shard_group_size, optimizer);
 }
 
 void StepSimulator::set_alloc_bytes(const std::vector<int64_t>& bytes) {

@@ -8,7 +8,9 @@
 // AllocatorModel, so the peak is what that allocator would report.
 //
 // The semantics below are what shardfit's executor does; the two must change
-// together. With P_u a unit's flat numel padded to the shard group N
+// together. Which of them a strategy has (sharded params/grads/optimizer,
+// reshard after forward, offload, mixed precision) is spec::StrategyTraits,
+// decoded once for both (spec/strategy.h). With P_u a unit's flat numel padded to the shard group N
 // (shard_layout.h), s_u = P_u / N its shard and c the compute dtype's bytes:
 //  - ddp: fp32 flat params 4*P_u per unit (mixed: plus a persistent c*P_u
 //    compute copy); one flat grad buffer c*sum(P_u) allocated when step 1's
@@ -53,7 +55,8 @@
 #include "planner/allocator_model.h"
 #include "planner/candidate.h"  // Sharding, sharding_name()
 #include "planner/model_trace.h"
-#include "planner/wrap_policy.h"
+#include "spec/strategy.h"
+#include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
 
@@ -73,10 +76,12 @@ inline constexpr int kNumCategories = 7;
 const char* category_name(Category c);
 using CategoryBytes = std::array<int64_t, kNumCategories>;
 
-enum class Optimizer : uint8_t {
-  kAdamW,  // exp_avg + exp_avg_sq: 8 bytes of state per element
-  kSgd,    // plain SGD without momentum: no state
-};
+using spec::Optimizer;  // kAdamW (2 fp32 states per element), kSgd (none)
+// Units come from the spec layer's wrap policy.
+using spec::Unit;
+using spec::UnitPartition;
+using spec::WrapPolicy;
+using spec::wrap_modules;
 
 // Allocation streams: the caching allocator never hands a block cached on
 // one stream to another.
@@ -84,10 +89,12 @@ inline constexpr int kComputeStream = 0;
 inline constexpr int kCommStream =
     1;  // all-gather outputs, reduce-scatter buffers, casts feeding them
 
+// The simulator's inputs; what they mean is decoded by spec::decode_strategy
+// (traits()), which also validates them.
 struct Strategy {
   Sharding sharding = Sharding::kDdp;
-  bool offload = false;  // zero1/zero2/zero3/hybrid only
-  bool ckpt = false;     // informational: checkpointing is already in the trace
+  bool offload = false;    // zero1/zero2/zero3/hybrid only
+  bool recompute = false;  // informational: the recomputation is already in the trace
   // kF32: fp32 everywhere. kF16/kBF16: mixed precision, 2-byte compute
   // params and grads, fp32 master weights and optimizer state. Must match
   // ModelTrace::compute_dtype.
@@ -103,6 +110,10 @@ struct Strategy {
   // Micro-batches per optimizer step (the executor's --grad-accum): each
   // replays the whole trace and marks its forward/backward labels again.
   int grad_accum = 1;
+
+  // The traits of these fields (wrap: irrelevant here, "none"). Throws
+  // std::invalid_argument for an impossible strategy (spec's validator).
+  spec::StrategyTraits traits() const;
 };
 
 struct SimOptions {

@@ -51,12 +51,14 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   check(in.world_size % in.nodes == 0, "world_size " + std::to_string(in.world_size) +
                                            " is not a multiple of nodes " +
                                            std::to_string(in.nodes));
-  check(in.world_size % in.shard_group_size == 0, "world_size " + std::to_string(in.world_size) +
-                                                      " is not a multiple of shard_group_size " +
-                                                      std::to_string(in.shard_group_size));
   check(in.forward_flops >= 0 && in.backward_flops >= 0 && in.optimizer_states >= 0,
         "negative flops or optimizer states");
-  const DType dtype = compute_dtype(c.precision);
+  // spec's validator: a shard group that does not fit the world, ddp+offload.
+  const std::string problem = spec::strategy_problem(c, in.world_size, in.shard_group_size);
+  check(problem.empty(), c.to_id() + ": " + problem);
+  const spec::StrategyTraits traits =
+      spec::decode_strategy(c, in.world_size, in.shard_group_size);
+  const DType dtype = traits.compute_dtype;
   check(profile.supports(dtype),
         std::string(precision_name(c.precision)) + " is not supported by " + profile.name);
 
@@ -90,66 +92,60 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   double post_step_comm_s = 0;
   int optimizer_shard_ranks = 1;  // the optimizer updates model / this many
   int gather_passes = 0;          // param gathers per step (for offload copies)
-  switch (c.sharding) {
-    case Sharding::kDdp:
-    case Sharding::kZero1: {
-      const double grad_bytes = model_numel * elem_bytes;
-      const double last_bucket_bytes = std::min(grad_bytes, static_cast<double>(kDdpBucketBytes));
-      const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s;
-      const double exposed_s = all_reduce_bytes_per_rank(last_bucket_bytes, n) / world_ring_per_s;
-      bwd = {total_s - exposed_s, exposed_s};
-      t.intra_node_comm_bytes = all_reduce_bytes_per_rank(grad_bytes, n);
-      if (c.sharding == Sharding::kZero1) {
-        // Every rank updated a shard of the fp32 params; all ranks need all.
-        const double param_bytes = model_numel * kMasterBytes;
-        post_step_comm_s = all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s;
-        t.intra_node_comm_bytes += all_gather_bytes_per_rank(param_bytes, n);
-        optimizer_shard_ranks = n;
-        gather_passes = 1;
-      }
-      break;
+  if (!traits.shard_grads) {
+    // ddp, zero1: the flat grads all-reduced in buckets.
+    const double grad_bytes = model_numel * elem_bytes;
+    const double last_bucket_bytes = std::min(grad_bytes, static_cast<double>(kDdpBucketBytes));
+    const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s;
+    const double exposed_s = all_reduce_bytes_per_rank(last_bucket_bytes, n) / world_ring_per_s;
+    bwd = {total_s - exposed_s, exposed_s};
+    t.intra_node_comm_bytes = all_reduce_bytes_per_rank(grad_bytes, n);
+    if (traits.all_gather_params_after_step()) {
+      // zero1: every rank updated a shard of the fp32 params; all ranks need all.
+      const double param_bytes = model_numel * kMasterBytes;
+      post_step_comm_s = all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s;
+      t.intra_node_comm_bytes += all_gather_bytes_per_rank(param_bytes, n);
+      optimizer_shard_ranks = n;
+      gather_passes = 1;
     }
-    case Sharding::kZero2:
-    case Sharding::kZero3:
-    case Sharding::kHybrid: {
-      const bool hybrid = c.sharding == Sharding::kHybrid;
-      const int g = hybrid ? in.shard_group_size : n;
-      check(!hybrid || g * in.nodes == n, "hybrid needs shard_group_size x nodes = world_size (" +
-                                              std::to_string(g) + " x " + std::to_string(in.nodes) +
-                                              " != " + std::to_string(n) + ")");
-      // Hybrid's shard group is one node: its ring never leaves the node.
-      const double ring_per_s = hybrid ? intra_per_s : world_ring_per_s;
-      auto ring_s = [&](double numel) {
-        return all_gather_bytes_per_rank(numel * elem_bytes, g) / ring_per_s;
+  } else {
+    // zero2, zero3, hybrid: gathers per unit, reduce-scatters of grads.
+    const bool hybrid = traits.replicate_across_groups;
+    const int g = traits.shard_group_size;
+    check(!hybrid || g * in.nodes == n, "hybrid needs shard_group_size x nodes = world_size (" +
+                                            std::to_string(g) + " x " + std::to_string(in.nodes) +
+                                            " != " + std::to_string(n) + ")");
+    // Hybrid's shard group is one node: its ring never leaves the node.
+    const double ring_per_s = hybrid ? intra_per_s : world_ring_per_s;
+    auto ring_s = [&](double numel) {
+      return all_gather_bytes_per_rank(numel * elem_bytes, g) / ring_per_s;
+    };
+    fwd = {ring_s(model_numel) - ring_s(first_unit_numel), ring_s(first_unit_numel)};
+    const bool regather = traits.reshard_after_forward;  // zero2 keeps params for backward
+    const int backward_collectives = regather ? 2 : 1;   // (AG +) RS
+    // Exposed in backward: the last reduce-scatter (first forward unit's)
+    // and, when params are re-gathered, the first backward unit's gather.
+    const double bwd_exposed_s =
+        ring_s(first_unit_numel) + (regather ? ring_s(last_unit_numel) : 0.0);
+    bwd = {backward_collectives * ring_s(model_numel) - bwd_exposed_s, bwd_exposed_s};
+    t.intra_node_comm_bytes =
+        (1 + backward_collectives) * all_gather_bytes_per_rank(model_numel * elem_bytes, g);
+    if (hybrid && in.nodes > 1) {
+      // Replicas average their shard of the grads across nodes, unit by
+      // unit after each reduce-scatter: overlappable except the last.
+      auto inter_s = [&](double numel) {
+        return all_reduce_bytes_per_rank(numel / g * elem_bytes, in.nodes) / inter_per_s;
       };
-      fwd = {ring_s(model_numel) - ring_s(first_unit_numel), ring_s(first_unit_numel)};
-      const bool regather = c.sharding != Sharding::kZero2;  // zero2 keeps params for backward
-      const int backward_collectives = regather ? 2 : 1;     // (AG +) RS
-      // Exposed in backward: the last reduce-scatter (first forward unit's)
-      // and, when params are re-gathered, the first backward unit's gather.
-      const double bwd_exposed_s =
-          ring_s(first_unit_numel) + (regather ? ring_s(last_unit_numel) : 0.0);
-      bwd = {backward_collectives * ring_s(model_numel) - bwd_exposed_s, bwd_exposed_s};
-      t.intra_node_comm_bytes =
-          (1 + backward_collectives) * all_gather_bytes_per_rank(model_numel * elem_bytes, g);
-      if (hybrid && in.nodes > 1) {
-        // Replicas average their shard of the grads across nodes, unit by
-        // unit after each reduce-scatter: overlappable except the last.
-        auto inter_s = [&](double numel) {
-          return all_reduce_bytes_per_rank(numel / g * elem_bytes, in.nodes) / inter_per_s;
-        };
-        bwd.overlappable_s += inter_s(model_numel) - inter_s(first_unit_numel);
-        bwd.exposed_s += inter_s(first_unit_numel);
-        t.inter_node_comm_bytes = all_reduce_bytes_per_rank(model_numel / g * elem_bytes, in.nodes);
-      }
-      optimizer_shard_ranks = g;
-      gather_passes = c.sharding == Sharding::kZero2 ? 1 : 2;
-      break;
+      bwd.overlappable_s += inter_s(model_numel) - inter_s(first_unit_numel);
+      bwd.exposed_s += inter_s(first_unit_numel);
+      t.inter_node_comm_bytes = all_reduce_bytes_per_rank(model_numel / g * elem_bytes, in.nodes);
     }
+    optimizer_shard_ranks = g;
+    gather_passes = regather ? 2 : 1;
   }
   // Micro-batches: sharded strategies communicate on each; ddp/zero1 reduce
   // once, after the last (their byte counts above are already per step).
-  const bool reduce_every_micro = c.sharding != Sharding::kDdp && c.sharding != Sharding::kZero1;
+  const bool reduce_every_micro = traits.reduce_every_micro_batch();
   const double comm_micro_batches = reduce_every_micro ? k : 1.0;
   if (reduce_every_micro) {
     t.intra_node_comm_bytes *= k;
@@ -161,7 +157,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   const double shard_numel = model_numel / optimizer_shard_ranks;
   // fp32 param read + write, grad read, each state read + write.
   const double optimizer_bytes = shard_numel * kMasterBytes * (3 + 2 * in.optimizer_states);
-  if (c.offload) {
+  if (traits.offload) {
     // Params in per gather pass, grads out once per reduction; zero1 gathers
     // once per step (after the update), the others on every micro-batch.
     const double copies = (gather_passes + 1) * comm_micro_batches;

@@ -54,6 +54,7 @@
 
 #include "planner/candidate.h"
 #include "planner/profile.h"
+#include "spec/strategy.h"
 
 namespace shardfit::planner {
 

@@ -10,6 +10,7 @@
 
 #include "models/autograd_hooks.h"
 #include "models/model.h"
+#include "models/module_table.h"
 #include "planner/meta_recording_allocator.h"
 
 namespace shardfit::planner {
@@ -235,41 +236,7 @@ c10::ScalarType scalar_type(DType d) {
   }
 }
 
-std::vector<ModuleNode> build_module_table(models::TrainableModel& model) {
-  std::vector<ModuleNode> nodes;
-  std::unordered_map<std::string, int> by_path;
-  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
-    ModuleNode n;
-    n.path = item.key();
-    auto* base = dynamic_cast<models::ModuleBase*>(item.value().get());
-    n.type = base ? base->type_name() : item.value()->name();
-    n.is_block = base && base->is_block();
-    if (base) n.borrowed_params = base->borrowed_params();
-    if (!n.path.empty()) {
-      const auto dot = n.path.rfind('.');
-      n.parent = by_path.at(dot == std::string::npos ? "" : n.path.substr(0, dot));
-    }
-    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-      ParamInfo info;
-      info.name = n.path.empty() ? p.key() : n.path + "." + p.key();
-      info.shape = p.value().sizes().vec();
-      info.numel = p.value().numel();
-      n.params.push_back(info);
-    }
-    const int idx = static_cast<int>(nodes.size());
-    by_path[n.path] = idx;
-    if (n.parent >= 0) nodes[n.parent].children.push_back(idx);
-    nodes.push_back(std::move(n));
-  }
-  return nodes;
-}
-
 }  // namespace
-
-std::vector<ModuleNode> module_tree(const models::ModelConfig& config) {
-  auto model = models::build_model(config, torch::TensorOptions().device(torch::kMeta));
-  return build_module_table(*model);
-}
 
 ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& o) {
   if (o.batch < 1) throw std::invalid_argument("batch " + std::to_string(o.batch) + ": must be at least 1");
@@ -290,16 +257,16 @@ ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& o) 
 
   const auto opts = torch::TensorOptions().device(torch::kMeta).dtype(scalar_type(o.dtype));
   auto model = models::build_model(config, opts);
-  trace.modules = build_module_table(*model);
+  trace.modules = models::module_table(*model);
   // Gradients exist before the step, as the executor's flat gradient views
   // do, so AccumulateGrad adds in place: the trace holds only the transient
   // gradient each backward op makes.
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
 
-  std::vector<bool> ckpt(trace.modules.size(), false);
-  for (int m : o.checkpoint_modules)
-    if (m > 0 && m < static_cast<int>(ckpt.size())) ckpt[m] = true;
-  TracingRunner runner(ckpt);
+  std::vector<bool> recompute(trace.modules.size(), false);
+  for (int m : o.recompute_modules)
+    if (m > 0 && m < static_cast<int>(recompute.size())) recompute[m] = true;
+  TracingRunner runner(recompute);
 
   g_rec = Recorder{};
   g_rec.trace = &trace;

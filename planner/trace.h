@@ -21,9 +21,9 @@ struct TraceOptions {
   int64_t batch = 1;
   int64_t seq_len = 128;
   DType dtype = DType::kF32;  // parameters and compute (mixed precision: the 2-byte type)
-  // Modules (indices into the module table) run under activation
-  // checkpointing; empty = none.
-  std::vector<int> checkpoint_modules;
+  // Modules (indices into the module table) that recompute their forward in
+  // backward (activation checkpointing, spec/recompute.h); empty = none.
+  std::vector<int> recompute_modules;
   // Whose kernels the meta kernels imitate where allocations differ by
   // device (LayerNorm statistics in fp32 for 2-byte inputs on CUDA; on the
   // CPU, dropout's noise tensor and the oneDNN scratchpad of bf16 matmuls).
@@ -40,9 +40,6 @@ struct TraceOptions {
   // without: the simulator needs neither, FLOPs come from batches 2 and 3.
   bool record_ops = true;
 };
-
-// The module table (ModelTrace::modules) alone: cheap, no forward.
-std::vector<ModuleNode> module_tree(const models::ModelConfig& config);
 
 // One traced forward + loss + backward. Throws std::invalid_argument for
 // batch < 1 or a sequence the model cannot take.

@@ -15,8 +15,8 @@
 #include <set>
 
 #include "models/model_config.h"
-#include "planner/trace.h"
-#include "planner/wrap_policy.h"
+#include "models/module_table.h"
+#include "spec/wrap_policy.h"
 
 namespace shardfit::executor {
 namespace {
@@ -80,8 +80,8 @@ void expect_error(F&& f, const fs::path& file, const std::string& problem) {
 }
 
 // A unit of two parameters (11 elements: padded to 12 over 2 ranks).
-planner::FlatParamLayout small_layout(int world) {
-  return planner::FlatParamLayout({{"a.weight", {2, 3}, 6}, {"a.bias", {5}, 5}}, world);
+spec::FlatParamLayout small_layout(int world) {
+  return spec::FlatParamLayout({{"a.weight", {2, 3}, 6}, {"a.bias", {5}, 5}}, world);
 }
 
 // A state with every dtype the format supports and values that only a
@@ -89,7 +89,7 @@ planner::FlatParamLayout small_layout(int world) {
 RankState varied_state(int shard_index, int64_t step) {
   torch::manual_seed(17 + shard_index);
   RankState s;
-  const planner::FlatParamLayout layout = small_layout(2);
+  const spec::FlatParamLayout layout = small_layout(2);
   torch::Tensor shard = torch::randn({layout.shard_numel()});
   const uint32_t nan_payload = 0x7fc00123u;
   std::memcpy(shard.data_ptr<float>(), &nan_payload, 4);
@@ -342,13 +342,13 @@ TEST(CheckpointTest, StrayTempFileFromACrashIsIgnored) {
 // Cuts `originals` into the shards of `layouts` as an FSDP rank holds them,
 // with NaN in the padding so that an export that reads padding fails.
 std::vector<RankState> shard_model(
-    const std::vector<std::pair<std::string, planner::FlatParamLayout>>& layouts,
+    const std::vector<std::pair<std::string, spec::FlatParamLayout>>& layouts,
     const std::map<std::string, torch::Tensor>& originals, int world) {
   std::vector<RankState> ranks(world);
   for (size_t u = 0; u < layouts.size(); ++u) {
-    const planner::FlatParamLayout& layout = layouts[u].second;
+    const spec::FlatParamLayout& layout = layouts[u].second;
     std::vector<torch::Tensor> flat;
-    for (const planner::FlatParamEntry& p : layout.params())
+    for (const spec::FlatParamEntry& p : layout.params())
       flat.push_back(originals.at(p.name).reshape(-1));
     flat.push_back(torch::full({layout.padding_numel()}, std::numeric_limits<float>::quiet_NaN()));
     const torch::Tensor padded = torch::cat(flat);
@@ -356,7 +356,7 @@ std::vector<RankState> shard_model(
     for (int r = 0; r < world; ++r) {
       const int index = r % group;
       const std::string prefix = "unit" + std::to_string(u);
-      const planner::ShardRange range = layout.shard(index);
+      const spec::ShardRange range = layout.shard(index);
       RankState& s = ranks[r];
       s.tensors[prefix + ".param_shard"] =
           padded.slice(0, range.offset, range.offset + range.size).clone();
@@ -414,21 +414,21 @@ void expect_valid_safetensors(const fs::path& path) {
 }
 
 TEST(CheckpointTest, ExportConsolidatesGpt2TinyFromThreeShards) {
-  const std::vector<planner::ModuleNode> modules =
-      planner::module_tree(models::resolve_model("gpt2-tiny"));
-  const planner::UnitPartition partition =
-      planner::wrap_modules(modules, planner::WrapPolicy::parse("block"));
+  const std::vector<spec::ModuleNode> modules =
+      models::module_table(models::resolve_model("gpt2-tiny"));
+  const spec::UnitPartition partition =
+      spec::wrap_modules(modules, spec::WrapPolicy::parse("block"));
   const int world = 3;
-  std::vector<std::pair<std::string, planner::FlatParamLayout>> layouts;
+  std::vector<std::pair<std::string, spec::FlatParamLayout>> layouts;
   std::map<std::string, torch::Tensor> originals;
   torch::manual_seed(0);
   bool padded = false, split = false;
-  for (const planner::Unit& unit : partition.units) {
-    layouts.emplace_back(unit.name, planner::FlatParamLayout(unit.params, world));
-    const planner::FlatParamLayout& layout = layouts.back().second;
+  for (const spec::Unit& unit : partition.units) {
+    layouts.emplace_back(unit.name, spec::FlatParamLayout(unit.params, world));
+    const spec::FlatParamLayout& layout = layouts.back().second;
     padded |= layout.padding_numel() > 0;
     split |= layout.pieces(0).back().param == layout.pieces(1).front().param;
-    for (const planner::ParamInfo& p : unit.params) originals[p.name] = torch::randn(p.shape);
+    for (const spec::ParamInfo& p : unit.params) originals[p.name] = torch::randn(p.shape);
   }
   // The cases worth testing occur: a unit with padding, a parameter cut by a
   // shard boundary, and GPT-2's tied embedding held once.

@@ -23,7 +23,7 @@ std::unique_ptr<Communicator> loopback(int rank, int world) {
 // padded), rank 2 holding elements 8..9 and two of padding.
 struct TwoParams {
   std::vector<torch::Tensor> params;
-  std::vector<planner::ParamInfo> infos = {{"a.weight", {2, 3}, 6}, {"a.bias", {4}, 4}};
+  std::vector<spec::ParamInfo> infos = {{"a.weight", {2, 3}, 6}, {"a.bias", {4}, 4}};
   TwoParams() {
     ScopedUntracked host;
     params.push_back(torch::arange(6, torch::kFloat).view({2, 3}).requires_grad_(true));
@@ -41,7 +41,7 @@ TEST(FlatParam, ShardHoldsThisRanksSliceWithZeroPadding) {
   TrackingAllocator& meter = TrackingAllocator::cpu();
   TwoParams p;
   const int64_t before = meter.allocated_bytes();
-  FlatParam f("a", planner::FlatParamLayout(p.infos, 3), /*rank=*/2, sharded_fp32(), p.params);
+  FlatParam f("a", spec::FlatParamLayout(p.infos, 3), /*rank=*/2, sharded_fp32(), p.params);
   EXPECT_EQ(meter.allocated_bytes() - before, 4 * 4);  // init: the fp32 shard only
   EXPECT_EQ(f.state(), ParamState::kSharded);
   EXPECT_TRUE(torch::equal(f.master(), torch::tensor({8.0f, 9.0f, 0.0f, 0.0f})));
@@ -51,7 +51,7 @@ TEST(FlatParam, ReshardFreesStorageUnderLiveViewsAndUnshardRefillsIt) {
   TrackingAllocator& meter = TrackingAllocator::cpu();
   TwoParams p;
   auto comm = loopback(0, 1);
-  FlatParam f("a", planner::FlatParamLayout(p.infos, 1), 0, sharded_fp32(), p.params);
+  FlatParam f("a", spec::FlatParamLayout(p.infos, 1), 0, sharded_fp32(), p.params);
   const int64_t sharded = meter.allocated_bytes();
   f.unshard(*comm);
   EXPECT_EQ(meter.allocated_bytes() - sharded, 10 * 4);  // the gathered buffer
@@ -86,7 +86,7 @@ TEST(FlatParam, MixedPrecisionGathersThroughAStagingCast) {
   auto comm = loopback(1, 2);
   FlatParamConfig c = sharded_fp32();
   c.compute_dtype = torch::kBFloat16;
-  FlatParam f("a", planner::FlatParamLayout(p.infos, 2), 1, c, p.params);
+  FlatParam f("a", spec::FlatParamLayout(p.infos, 2), 1, c, p.params);
   meter.reset_peak();
   const int64_t sharded = meter.allocated_bytes();
   f.unshard(*comm);
@@ -101,7 +101,7 @@ TEST(FlatParam, FullParamsAreViewsOfOneFlatBufferAndGradsOfTheEnginesSlice) {
   TwoParams p;
   auto comm = loopback(0, 1);
   FlatParamConfig c;  // ddp
-  FlatParam f("a", planner::FlatParamLayout(p.infos, 1), 0, c, p.params);
+  FlatParam f("a", spec::FlatParamLayout(p.infos, 1), 0, c, p.params);
   EXPECT_EQ(f.params()[1].data_ptr<float>(), f.params()[0].data_ptr<float>() + 6);
   torch::Tensor flat_grad = torch::zeros({10});
   f.attach_flat_grad(flat_grad);

@@ -335,7 +335,7 @@ TEST(LlamaTrace, EveryAllocIsFreedWithAndWithoutCheckpointing) {
         auto model = models::build_model(cfg, kMetaOpts);
         for (const auto& item : model->named_modules("", true)) {
           auto* m = dynamic_cast<models::ModuleBase*>(item.value().get());
-          if (m->is_block()) o.checkpoint_modules.push_back(m->index());
+          if (m->is_block()) o.recompute_modules.push_back(m->index());
         }
       }
       const auto t = planner::trace_step(cfg, o);

@@ -404,7 +404,7 @@ planner::ModelTrace trace(const char* name, int64_t batch, std::vector<int> ckpt
   planner::TraceOptions o;
   o.batch = batch;
   o.seq_len = 32;
-  o.checkpoint_modules = std::move(ckpt);
+  o.recompute_modules = std::move(ckpt);
   return planner::trace_step(models::resolve_model(name), o);
 }
 

@@ -6,7 +6,9 @@
 #include "planner/batch_search.h"
 #include "planner/plan_builder.h"
 #include "planner/trace.h"
-#include "planner/wrap_policy.h"
+#include "models/module_table.h"
+#include "spec/recompute.h"
+#include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
 namespace {
@@ -121,17 +123,17 @@ TEST(BatchTraces, AffineExtrapolationIsExact) {
   EXPECT_DOUBLE_EQ(x5.forward_flops, t5.forward_flops);
 }
 
-TEST(CheckpointModules, BlocksWhenOnlyTheRootIsAUnit) {
-  const auto modules = module_tree(models::resolve_model("gpt2-tiny"));
+TEST(RecomputeModules, BlocksWhenOnlyTheRootIsAUnit) {
+  const auto modules = models::module_table(models::resolve_model("gpt2-tiny"));
   const auto none = wrap_modules(modules, WrapPolicy::parse("none"));
-  const auto blocks = checkpoint_modules(modules, none);
+  const auto blocks = spec::recompute_modules(modules, none);
   ASSERT_EQ(blocks.size(), 2u);  // gpt2-tiny has 2 layers
   for (int m : blocks) EXPECT_TRUE(modules[m].is_block);
-  EXPECT_EQ(checkpoint_modules(modules, wrap_modules(modules, WrapPolicy::parse("block"))), blocks);
+  EXPECT_EQ(spec::recompute_modules(modules, wrap_modules(modules, WrapPolicy::parse("block"))), blocks);
   // size:2000 wraps leaves inside blocks and never a block itself; none nested.
   const auto units = wrap_modules(modules, WrapPolicy::parse("size:2000"));
-  for (int m : checkpoint_modules(modules, units))
-    for (int q : checkpoint_modules(modules, units))
+  for (int m : spec::recompute_modules(modules, units))
+    for (int q : spec::recompute_modules(modules, units))
       for (int p = modules[m].parent; p >= 0; p = modules[p].parent) EXPECT_NE(p, q);
 }
 

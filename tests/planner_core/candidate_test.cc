@@ -41,7 +41,7 @@ TEST(CandidateTest, ParsesSpecExamples) {
   Candidate c = parse_candidate("zero3+offload/fp32/wrap=size:2000");
   EXPECT_EQ(c.sharding, Sharding::kZero3);
   EXPECT_TRUE(c.offload);
-  EXPECT_FALSE(c.ckpt);
+  EXPECT_FALSE(c.recompute);
   EXPECT_EQ(c.precision, Precision::kFp32);
   EXPECT_EQ(c.wrap, "size:2000");
   EXPECT_EQ(c.to_id(), "zero3+offload/fp32/wrap=size:2000");

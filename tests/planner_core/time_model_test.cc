@@ -143,7 +143,7 @@ StepTime gpt2_large_on_titans(const std::string& id, int64_t batch = 8) {
   in.candidate = parse_candidate(id);
   const double params = 774'030'080, tokens = static_cast<double>(batch) * 128;
   in.forward_flops = 2 * params * tokens;
-  in.backward_flops = 4 * params * tokens * (in.candidate.ckpt ? 1.5 : 1.0);
+  in.backward_flops = 4 * params * tokens * (in.candidate.recompute ? 1.5 : 1.0);
   if (in.candidate.wrap == "none") {
     in.unit_padded_numel = {774'030'080};
   } else {

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "planner/model_trace.h"
+#include "spec/module_table.h"
 
-namespace shardfit::planner {
+namespace shardfit::spec {
 
 // A contiguous slice, in elements.
 struct ShardRange {
@@ -88,4 +88,4 @@ class FlatParamLayout {
   std::vector<FlatParamEntry> params_;
 };
 
-}  // namespace shardfit::planner
+}  // namespace shardfit::spec

@@ -9,13 +9,13 @@
 //     output.dense 2,360,064 | output.LayerNorm 1,536 (= 7,087,872);
 //     word_embeddings 23,440,896, position 393,216, token_type 1,536,
 //     embeddings.LayerNorm 1,536, pooler.dense 590,592, classifier 1,538.
-#include "planner/wrap_policy.h"
+#include "spec/wrap_policy.h"
 
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 
-namespace shardfit::planner {
+namespace shardfit::spec {
 namespace {
 
 class TreeBuilder {
@@ -287,4 +287,4 @@ TEST(WrapPolicyTest, UnitsAreInPreOrderAndOwnTheirSubtrees) {
 }
 
 }  // namespace
-}  // namespace shardfit::planner
+}  // namespace shardfit::spec

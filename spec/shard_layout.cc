@@ -1,9 +1,9 @@
-#include "planner/shard_layout.h"
+#include "spec/shard_layout.h"
 
 #include <algorithm>
 #include <stdexcept>
 
-namespace shardfit::planner {
+namespace shardfit::spec {
 namespace {
 
 void check_world(int64_t numel, int world) {
@@ -49,7 +49,7 @@ FlatParamLayout::FlatParamLayout(const std::vector<ParamInfo>& params, int world
     params_.push_back(FlatParamEntry{p.name, p.shape, p.numel, numel_});
     numel_ += p.numel;
   }
-  padded_numel_ = planner::padded_numel(numel_, world);
+  padded_numel_ = spec::padded_numel(numel_, world);
 }
 
 ShardRange FlatParamLayout::shard(int rank) const { return shard_range(numel_, world_, rank); }
@@ -73,4 +73,4 @@ std::vector<ShardPiece> FlatParamLayout::pieces(int rank) const {
   return out;
 }
 
-}  // namespace shardfit::planner
+}  // namespace shardfit::spec

@@ -1,12 +1,12 @@
 // Sharding arithmetic, exact: FSDP's padding rule for worlds 1-8, uneven
 // splits, a shard that cuts a parameter in two, a shard of pure padding.
-#include "planner/shard_layout.h"
+#include "spec/shard_layout.h"
 
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 
-namespace shardfit::planner {
+namespace shardfit::spec {
 namespace {
 
 ParamInfo param(const std::string& name, std::vector<int64_t> shape) {
@@ -111,4 +111,4 @@ TEST(FlatParamLayoutTest, PiecesCoverEveryElementOnceForAllWorlds) {
 }
 
 }  // namespace
-}  // namespace shardfit::planner
+}  // namespace shardfit::spec

@@ -1,11 +1,11 @@
-#include "planner/wrap_policy.h"
+#include "spec/wrap_policy.h"
 
 #include <boost/graph/depth_first_search.hpp>
 #include <algorithm>
 #include <charconv>
 #include <stdexcept>
 
-namespace shardfit::planner {
+namespace shardfit::spec {
 namespace {
 
 std::string module_label(const std::vector<ModuleNode>& modules, int i) {
@@ -187,4 +187,4 @@ UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPol
   return out;
 }
 
-}  // namespace shardfit::planner
+}  // namespace shardfit::spec

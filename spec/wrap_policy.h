@@ -1,6 +1,6 @@
 // Which modules become units: the groups of parameters that are flattened,
 // sharded, gathered and reduced together. The module tree is a Boost.Graph
-// (the "graph" of DESIGN.md) built from ModelTrace::modules; a wrap policy
+// (the "graph" of DESIGN.md) built from the module table; a wrap policy
 // walks it the way PyTorch FSDP's _recursive_wrap does and returns the units,
 // each with its parameters in the order they are flattened.
 //
@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "planner/model_trace.h"
+#include "spec/module_table.h"
 
-namespace shardfit::planner {
+namespace shardfit::spec {
 
-// Vertex i is ModelTrace::modules[i]; an edge runs from a module to each child,
+// Vertex i is modules[i]; an edge runs from a module to each child,
 // added in registration order so out_edges() visits children in that order.
 using ModuleTree = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
 
@@ -39,7 +39,7 @@ struct WrapPolicy {
 };
 
 struct Unit {
-  int root_module = 0;  // index into ModelTrace::modules
+  int root_module = 0;  // index into the module table
   std::string name;     // the root module's path, "root" for the model root
   // Modules whose own parameters this unit holds: the root module's subtree
   // minus the subtrees of units nested in it, in pre-order.
@@ -58,7 +58,7 @@ struct UnitPartition {
 };
 
 // Applies `policy` to the module tree. Every parameter ends up in exactly one
-// unit, so the unit numels sum to ModelTrace::param_numel().
+// unit, so the unit numels sum to the table's parameter count.
 UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPolicy& policy);
 
-}  // namespace shardfit::planner
+}  // namespace shardfit::spec
