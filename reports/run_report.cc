@@ -1,7 +1,9 @@
 #include "reports/run_report.h"
 
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 
 namespace shardfit::reports {
 namespace {
@@ -32,13 +34,32 @@ const nlohmann::json& field(const nlohmann::json& j, const char* name, const std
   return j.at(name);
 }
 
+// A whole number that fits T. nlohmann converts a float to an integer with
+// a cast (2.2e24 into int64_t is undefined behaviour: found by fuzz_report)
+// and an unsigned beyond T's range wraps: both are refused here.
+template <typename T>
+T whole(const nlohmann::json& v, const std::string& what) {
+  static_assert(std::is_integral_v<T>);
+  if (!v.is_number_integer()) throw std::invalid_argument(what + " must be a whole number");
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                        : v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                              v.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
+  if (!fits) throw std::invalid_argument(what + " is out of range");
+  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
+}
+
 template <typename T>
 T get(const nlohmann::json& j, const char* name, const std::string& where) {
   const auto& v = field(j, name, where);
-  try {
-    return v.get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw std::invalid_argument(where + ": field '" + name + "' has the wrong type");
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    return whole<T>(v, where + ": field '" + name + "'");
+  } else {
+    try {
+      return v.get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw std::invalid_argument(where + ": field '" + name + "' has the wrong type");
+    }
   }
 }
 
@@ -57,9 +78,7 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
       if (!s["category_bytes"].is_object())
         throw std::invalid_argument(where + ".timeline: field 'category_bytes' must be an object");
       for (const auto& [k, v] : s["category_bytes"].items()) {
-        if (!v.is_number_integer())
-          throw std::invalid_argument(where + ".timeline: category_bytes." + k + " must be an integer");
-        classes[k] = v.get<int64_t>();
+        classes[k] = whole<int64_t>(v, where + ".timeline: category_bytes." + k);
       }
     }
     if (!classes.empty()) {
@@ -69,7 +88,8 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
     f.timeline.push_back(t);
   }
   if (j.contains("breakdown_bytes") && j["breakdown_bytes"].is_object())
-    f.breakdown_bytes = j["breakdown_bytes"].get<std::map<std::string, int64_t>>();
+    for (const auto& [k, v] : j["breakdown_bytes"].items())
+      f.breakdown_bytes[k] = whole<int64_t>(v, where + ": breakdown_bytes." + k);
   return f;
 }
 
@@ -164,8 +184,10 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   }
   if (j.contains("max_batch")) {
     const auto& mb = j["max_batch"];
-    if (mb.contains("predicted") && !mb["predicted"].is_null()) r.max_batch_predicted = mb["predicted"].get<int64_t>();
-    if (mb.contains("measured") && !mb["measured"].is_null()) r.max_batch_measured = mb["measured"].get<int64_t>();
+    if (mb.contains("predicted") && !mb["predicted"].is_null())
+      r.max_batch_predicted = whole<int64_t>(mb["predicted"], origin + ": max_batch.predicted");
+    if (mb.contains("measured") && !mb["measured"].is_null())
+      r.max_batch_measured = whole<int64_t>(mb["measured"], origin + ": max_batch.measured");
   }
   if (j.contains("machine") && !j["machine"].is_null())
     r.machine = machine_from_json(j["machine"], origin + ": machine");

@@ -104,5 +104,26 @@ TEST(ReportJson, PerClassTimelineRoundTrips) {
   EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument);
 }
 
+// Byte counts are whole numbers that fit int64: a float such as 2.2e24 (which
+// nlohmann would cast, undefined behaviour: fuzz_report found it) or an
+// unsigned beyond 2^63-1 is bad input naming the field.
+TEST(ReportJson, ByteCountsBeyondInt64OrFractionalAreRefused) {
+  const RunReport r = report(true);
+  for (const nlohmann::json& bad : {nlohmann::json(2.2e24), nlohmann::json(1.5),
+                                    nlohmann::json(uint64_t{1} << 63)}) {
+    nlohmann::json j = to_json(r);
+    j["ranks"][0]["measured"]["peak_allocated_bytes"] = bad;
+    try {
+      report_from_json(j, "r.json");
+      ADD_FAILURE() << "accepted " << bad.dump();
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("peak_allocated_bytes"), std::string::npos) << e.what();
+    }
+    j = to_json(r);
+    j["ranks"][0]["measured"]["breakdown_bytes"] = {{"params", bad}};
+    EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument) << bad.dump();
+  }
+}
+
 }  // namespace
 }  // namespace shardfit::reports
