@@ -34,6 +34,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/run_job.h"
 #include "cli/run_outcome.h"
 #include "cli/run_support.h"
 #include "cli/validators.h"
@@ -59,137 +60,6 @@
 
 namespace shardfit::cli {
 namespace {
-
-struct RunArgs {
-  std::string model;
-  std::string strategy = "ddp/fp32/wrap=none";
-  int64_t batch = 1;
-  int64_t seq_len = 0;  // 0: min(128, the model's positions)
-  int64_t steps = 10;
-  uint64_t seed = 1234;
-  std::string data = "synthetic";
-  std::string device = "cpu";
-  std::string out;
-  std::string gpu_mem;
-  double lr = executor::AdamWOptions{}.lr;
-  double weight_decay = executor::AdamWOptions{}.weight_decay;
-  int nproc = 0;
-  std::string backend;  // "": nccl with --device cuda, else gloo
-  std::string profile;  // the prediction's device profile; "": see resolve_job
-  int rank = 0;        // loopback
-  int world_size = 0;  // loopback; 0 = 1
-  int gpus_per_node = 0;
-  double timeout_s = 300;
-  std::string plan;
-  std::string candidate;
-  int64_t grad_accum = 1;
-  double clip_grad_norm = 0;
-  bool reference_trainer = false;
-  bool oom_ok = false;  // an out-of-memory run exits 0 (validate's max+1 runs), not 4
-  std::string save;         // checkpoint root
-  int64_t save_every = 0;
-  std::string resume;       // a checkpoint directory or a --save root
-  std::string export_path;  // safetensors file from the last checkpoint
-  bool oversubscribe = false;    // --nproc above the cores
-  bool resume_anyway = false;    // resume despite options that break bit-exactness
-  bool allow_nonfinite = false;  // train on through a NaN/Inf loss
-  bool save_on_signal = false;   // SIGTERM/SIGINT: finish the step, save it, exit 128+sig
-  std::string init;         // Hugging Face checkpoint to start from (executor/hf_init.h)
-  std::string loss;         // "": full, or the plan's
-  std::string attention;    // "": eager, or the plan's
-  // Which options the user gave (a plan fills in the others).
-  bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false;
-  std::string command_line;
-};
-
-// What one job runs, after the plan (if any) and the defaults are applied.
-struct Job {
-  models::ModelConfig model;
-  planner::Candidate candidate;
-  int64_t batch = 1;
-  int64_t seq_len = 128;
-  std::string loss = "full";   // --loss, else the plan's
-  std::string attention = "eager";  // --attention, else the plan's
-  int64_t budget_bytes = 0;
-  int64_t grad_accum = 1;      // --grad-accum, else the plan's
-  int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
-  int plan_gpus_per_node = 0;  // the plan's GPUs per node
-  std::string device = "cpu";   // --device
-  std::string profile = "cpu";  // what predict() plans for
-  std::vector<std::string> resume_changes;  // --resume-anyway: what differs from the checkpoint
-};
-
-// --device cuda predicts for this profile when neither --profile nor a CUDA
-// plan names one: the reference scenario's card, the one `--gpu-mem 24GiB`
-// emulates on a bigger GPU (scripts/gpu-check).
-constexpr const char* kDefaultCudaProfile = "titan-rtx-24gb";
-
-Job resolve_job(const RunArgs& a) {
-  Job job;
-  std::string strategy = a.strategy;
-  std::string model_name = a.model;
-  if (!a.plan.empty()) {
-    const planner::Plan plan = planner::read_plan_file(a.plan);
-    const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
-    if (id.empty())
-      throw BadInput("--plan " + a.plan + ": no candidate fits batch 1, so there is none to run (name one with --candidate)");
-    const planner::PlanCandidate* c = plan.find(id);
-    if (c == nullptr) throw BadInput("--candidate " + id + ": not among the candidates of " + a.plan);
-    if (a.strategy_given && planner::parse_candidate(a.strategy).to_id() != c->id())
-      throw BadInput("--strategy " + a.strategy + ": conflicts with --plan's candidate " + c->id());
-    // The plan's max batch is per micro-batch of its accumulation.
-    job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
-    if (!a.model.empty() && a.model != plan.model.name)
-      throw BadInput("--model " + a.model + ": the plan " + a.plan + " is for " + plan.model.name);
-    if (!a.batch_given && c->max_batch_per_gpu < 1)
-      throw BadInput("--plan " + a.plan + ": " + c->id() + " fits no batch (max batch 0); pass --batch to run it anyway");
-    strategy = c->id();
-    model_name = plan.model.name;
-    job.batch = a.batch_given ? a.batch : c->max_batch_per_gpu;
-    job.seq_len = a.seq_len_given ? a.seq_len : plan.model.seq_len;
-    job.loss = plan.model.loss;
-    job.attention = plan.model.attention;
-    job.budget_bytes = plan.hardware.device_mem_bytes;
-    job.plan_world = plan.hardware.world_size();
-    job.plan_gpus_per_node = plan.hardware.gpus_per_node;
-  } else {
-    if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
-    job.batch = a.batch;
-    job.grad_accum = a.grad_accum;
-  }
-  job.model = models::resolve_model(model_name);
-  if (!a.loss.empty()) job.loss = a.loss;
-  if (!a.attention.empty()) job.attention = a.attention;
-  try {
-    models::set_loss(&job.model, job.loss);
-    models::set_attention(&job.model, job.attention);
-    if (job.model.flash_attention && !executor::engine_supports_flash_attention())
-      throw std::invalid_argument(std::string("--attention flash: this build has LibTorch ") + TORCH_VERSION +
-                                  (executor::engine_supports_cuda() ? "" : " for CPU") +
-                                  "; the flash kernel needs a CUDA LibTorch 2.0 or later (plan with it, run eager here)");
-  } catch (const std::invalid_argument& e) {
-    throw BadInput(e.what());
-  }
-  job.candidate = planner::parse_candidate(strategy);
-  if (a.plan.empty() || a.seq_len_given)
-    job.seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(128, job.model.max_positions);
-  if (!a.gpu_mem.empty()) {
-    try {
-      job.budget_bytes = planner::parse_size_bytes(a.gpu_mem);
-    } catch (const std::invalid_argument& e) {
-      throw BadInput(std::string("--gpu-mem: ") + e.what());
-    }
-  }
-  // The prediction's profile: cpu on the CPU (exact allocator, as measured);
-  // on cuda --profile, else a CUDA plan's own, else kDefaultCudaProfile.
-  job.device = a.device;
-  const std::string plan_profile = a.plan.empty() ? "" : planner::read_plan_file(a.plan).hardware.profile;
-  if (!a.profile.empty())
-    job.profile = a.profile;
-  else if (a.device == "cuda")
-    job.profile = !plan_profile.empty() && plan_profile != "cpu" ? plan_profile : kDefaultCudaProfile;
-  return job;
-}
 
 executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int shard_group_size) {
   executor::EngineOptions o;

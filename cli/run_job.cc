@@ -1,0 +1,82 @@
+#include "cli/run_job.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "cli/commands.h"
+#include "executor/engine.h"
+#include "planner/plan_output.h"
+#include "planner/profile.h"
+
+namespace shardfit::cli {
+
+Job resolve_job(const RunArgs& a) {
+  Job job;
+  std::string strategy = a.strategy;
+  std::string model_name = a.model;
+  if (!a.plan.empty()) {
+    const planner::Plan plan = planner::read_plan_file(a.plan);
+    const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
+    if (id.empty())
+      throw BadInput("--plan " + a.plan + ": no candidate fits batch 1, so there is none to run (name one with --candidate)");
+    const planner::PlanCandidate* c = plan.find(id);
+    if (c == nullptr) throw BadInput("--candidate " + id + ": not among the candidates of " + a.plan);
+    if (a.strategy_given && planner::parse_candidate(a.strategy).to_id() != c->id())
+      throw BadInput("--strategy " + a.strategy + ": conflicts with --plan's candidate " + c->id());
+    // The plan's max batch is per micro-batch of its accumulation.
+    job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
+    if (!a.model.empty() && a.model != plan.model.name)
+      throw BadInput("--model " + a.model + ": the plan " + a.plan + " is for " + plan.model.name);
+    if (!a.batch_given && c->max_batch_per_gpu < 1)
+      throw BadInput("--plan " + a.plan + ": " + c->id() + " fits no batch (max batch 0); pass --batch to run it anyway");
+    strategy = c->id();
+    model_name = plan.model.name;
+    job.batch = a.batch_given ? a.batch : c->max_batch_per_gpu;
+    job.seq_len = a.seq_len_given ? a.seq_len : plan.model.seq_len;
+    job.loss = plan.model.loss;
+    job.attention = plan.model.attention;
+    job.budget_bytes = plan.hardware.device_mem_bytes;
+    job.plan_world = plan.hardware.world_size();
+    job.plan_gpus_per_node = plan.hardware.gpus_per_node;
+  } else {
+    if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
+    job.batch = a.batch;
+    job.grad_accum = a.grad_accum;
+  }
+  job.model = models::resolve_model(model_name);
+  if (!a.loss.empty()) job.loss = a.loss;
+  if (!a.attention.empty()) job.attention = a.attention;
+  try {
+    models::set_loss(&job.model, job.loss);
+    models::set_attention(&job.model, job.attention);
+    if (job.model.flash_attention && !executor::engine_supports_flash_attention())
+      throw std::invalid_argument(std::string("--attention flash: this build has LibTorch ") + TORCH_VERSION +
+                                  (executor::engine_supports_cuda() ? "" : " for CPU") +
+                                  "; the flash kernel needs a CUDA LibTorch 2.0 or later (plan with it, run eager here)");
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
+  job.candidate = planner::parse_candidate(strategy);
+  if (a.plan.empty() || a.seq_len_given)
+    job.seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(128, job.model.max_positions);
+  if (!a.gpu_mem.empty()) {
+    try {
+      job.budget_bytes = planner::parse_size_bytes(a.gpu_mem);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(std::string("--gpu-mem: ") + e.what());
+    }
+  }
+  // The prediction's profile: cpu on the CPU (exact allocator, as measured);
+  // on cuda --profile, else a CUDA plan's own, else kDefaultCudaProfile.
+  job.device = a.device;
+  const std::string plan_profile = a.plan.empty() ? "" : planner::read_plan_file(a.plan).hardware.profile;
+  if (!a.profile.empty())
+    job.profile = a.profile;
+  else if (a.device == "cuda")
+    job.profile = !plan_profile.empty() && plan_profile != "cpu" ? plan_profile : kDefaultCudaProfile;
+  return job;
+}
+
+}  // namespace shardfit::cli
