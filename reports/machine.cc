@@ -1,5 +1,7 @@
 #include "reports/machine.h"
 
+#include "reports/json_whole.h"
+
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -87,8 +89,8 @@ Machine machine_from_json(const nlohmann::json& j, const std::string& where) {
   try {
     m.cpu_model = j.at("cpu_model").get<std::string>();
     m.isa_flags = j.at("isa_flags").get<std::vector<std::string>>();
-    m.l2_cache_bytes = j.at("l2_cache_bytes").get<int64_t>();
-    m.threads_per_rank = j.at("threads_per_rank").get<int>();
+    m.l2_cache_bytes = json_whole<int64_t>(j.at("l2_cache_bytes"), where + ": machine.l2_cache_bytes");
+    m.threads_per_rank = json_whole<int>(j.at("threads_per_rank"), where + ": machine.threads_per_rank");
   } catch (const nlohmann::json::exception&) {
     throw std::invalid_argument(where +
                                 ": machine needs cpu_model, isa_flags, l2_cache_bytes and threads_per_rank");

@@ -1,5 +1,7 @@
 #include "reports/run_report.h"
 
+#include "reports/json_whole.h"
+
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -34,26 +36,11 @@ const nlohmann::json& field(const nlohmann::json& j, const char* name, const std
   return j.at(name);
 }
 
-// A whole number that fits T. nlohmann converts a float to an integer with
-// a cast (2.2e24 into int64_t is undefined behaviour: found by fuzz_report)
-// and an unsigned beyond T's range wraps: both are refused here.
-template <typename T>
-T whole(const nlohmann::json& v, const std::string& what) {
-  static_assert(std::is_integral_v<T>);
-  if (!v.is_number_integer()) throw std::invalid_argument(what + " must be a whole number");
-  const bool fits = v.is_number_unsigned()
-                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
-                        : v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-                              v.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max());
-  if (!fits) throw std::invalid_argument(what + " is out of range");
-  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
-}
-
 template <typename T>
 T get(const nlohmann::json& j, const char* name, const std::string& where) {
   const auto& v = field(j, name, where);
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    return whole<T>(v, where + ": field '" + name + "'");
+    return json_whole<T>(v, where + ": field '" + name + "'");
   } else {
     try {
       return v.get<T>();
@@ -71,14 +58,16 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
     TimelineSample t;
     t.phase = get<std::string>(s, "phase", where + ".timeline");
     t.allocated_bytes = get<int64_t>(s, "allocated_bytes", where + ".timeline");
-    t.reserved_bytes = s.value("reserved_bytes", t.allocated_bytes);
+    t.reserved_bytes = s.contains("reserved_bytes")
+                           ? json_whole<int64_t>(s["reserved_bytes"], where + ".timeline: reserved_bytes")
+                           : t.allocated_bytes;
     t.peak_allocated_bytes = s.value("peak_allocated_bytes", t.allocated_bytes);
     std::map<std::string, int64_t> classes;
     if (s.contains("category_bytes")) {
       if (!s["category_bytes"].is_object())
         throw std::invalid_argument(where + ".timeline: field 'category_bytes' must be an object");
       for (const auto& [k, v] : s["category_bytes"].items()) {
-        classes[k] = whole<int64_t>(v, where + ".timeline: category_bytes." + k);
+        classes[k] = json_whole<int64_t>(v, where + ".timeline: category_bytes." + k);
       }
     }
     if (!classes.empty()) {
@@ -89,7 +78,7 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
   }
   if (j.contains("breakdown_bytes") && j["breakdown_bytes"].is_object())
     for (const auto& [k, v] : j["breakdown_bytes"].items())
-      f.breakdown_bytes[k] = whole<int64_t>(v, where + ": breakdown_bytes." + k);
+      f.breakdown_bytes[k] = json_whole<int64_t>(v, where + ": breakdown_bytes." + k);
   return f;
 }
 
@@ -143,6 +132,11 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   r.candidate = get<std::string>(j, "candidate", origin);
   r.model = field(j, "model", origin);
   r.hardware = field(j, "hardware", origin);
+  // Read as numbers by the renderers: checked here, once.
+  for (const auto& [obj, key] : {std::pair{&r.hardware, "device_mem_bytes"}, std::pair{&r.model, "params"},
+                                 std::pair{&r.model, "seq_len"}})
+    if (obj->is_object() && obj->contains(key) && !(*obj)[key].is_null())
+      json_whole<int64_t>((*obj)[key], origin + ": field '" + key + "'");
   const auto& run = field(j, "run", origin);
   const std::string w = origin + ": run";
   r.batch_per_gpu = get<int64_t>(run, "batch_per_gpu", w);
@@ -185,9 +179,9 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   if (j.contains("max_batch")) {
     const auto& mb = j["max_batch"];
     if (mb.contains("predicted") && !mb["predicted"].is_null())
-      r.max_batch_predicted = whole<int64_t>(mb["predicted"], origin + ": max_batch.predicted");
+      r.max_batch_predicted = json_whole<int64_t>(mb["predicted"], origin + ": max_batch.predicted");
     if (mb.contains("measured") && !mb["measured"].is_null())
-      r.max_batch_measured = whole<int64_t>(mb["measured"], origin + ": max_batch.measured");
+      r.max_batch_measured = json_whole<int64_t>(mb["measured"], origin + ": max_batch.measured");
   }
   if (j.contains("machine") && !j["machine"].is_null())
     r.machine = machine_from_json(j["machine"], origin + ": machine");

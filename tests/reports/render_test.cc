@@ -122,6 +122,12 @@ TEST(ReportJson, ByteCountsBeyondInt64OrFractionalAreRefused) {
     j = to_json(r);
     j["ranks"][0]["measured"]["breakdown_bytes"] = {{"params", bad}};
     EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument) << bad.dump();
+    j = to_json(r);
+    j["ranks"][0]["predicted"]["timeline"][0]["reserved_bytes"] = bad;
+    EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument) << bad.dump();
+    j = to_json(r);
+    j["hardware"]["device_mem_bytes"] = bad;  // the renderer reads it as a number
+    EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument) << bad.dump();
   }
 }
 
