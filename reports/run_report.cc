@@ -61,7 +61,10 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
     t.reserved_bytes = s.contains("reserved_bytes")
                            ? json_whole<int64_t>(s["reserved_bytes"], where + ".timeline: reserved_bytes")
                            : t.allocated_bytes;
-    t.peak_allocated_bytes = s.value("peak_allocated_bytes", t.allocated_bytes);
+    t.peak_allocated_bytes =
+        s.contains("peak_allocated_bytes")
+            ? json_whole<int64_t>(s["peak_allocated_bytes"], where + ".timeline: peak_allocated_bytes")
+            : t.allocated_bytes;
     std::map<std::string, int64_t> classes;
     if (s.contains("category_bytes")) {
       if (!s["category_bytes"].is_object())

@@ -122,9 +122,11 @@ TEST(ReportJson, ByteCountsBeyondInt64OrFractionalAreRefused) {
     j = to_json(r);
     j["ranks"][0]["measured"]["breakdown_bytes"] = {{"params", bad}};
     EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument) << bad.dump();
-    j = to_json(r);
-    j["ranks"][0]["predicted"]["timeline"][0]["reserved_bytes"] = bad;
-    EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument) << bad.dump();
+    for (const char* key : {"reserved_bytes", "peak_allocated_bytes"}) {
+      j = to_json(r);
+      j["ranks"][0]["predicted"]["timeline"][0][key] = bad;
+      EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument) << key << " " << bad.dump();
+    }
     j = to_json(r);
     j["hardware"]["device_mem_bytes"] = bad;  // the renderer reads it as a number
     EXPECT_THROW(report_from_json(j, "r.json"), std::invalid_argument) << bad.dump();
