@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 namespace shardfit::spec {
-namespace {
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -18,8 +17,6 @@ std::string trim(const std::string& s) {
   while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
   return s.substr(b, e - b);
 }
-
-}  // namespace
 
 const char* sharding_name(Sharding sharding) {
   switch (sharding) {

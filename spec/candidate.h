@@ -61,4 +61,9 @@ std::string parse_wrap(const std::string& text);
 // std::invalid_argument with one line naming the text and the bad part.
 Candidate parse_candidate(const std::string& text);
 
+// The text helpers the candidate parsers share (here and planner/candidate.cc's
+// lists): ASCII lower case, and the string without surrounding white space.
+std::string lower(std::string s);
+std::string trim(const std::string& s);
+
 }  // namespace shardfit::spec
