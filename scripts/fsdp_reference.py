@@ -221,7 +221,20 @@ def wrap(torch, model, cand, block_class, device):
         if cand["offload"]:
             raise NotImplementedError("DDP has no offload")
         from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(model, device_ids=[device.index]), "torch DDP (bucket 25 MiB)"
+        ddp = DDP(model, device_ids=[device.index])
+        # The fake group's all_reduce future holds no value, and DDP's
+        # reducer asserts on that ("expected the hook result is either a
+        # Tensor or a TensorList found None", torch 2.11, comm.cpp). This
+        # hook hands the bucket back as the default one does after its
+        # in-place all_reduce (allreduce_hook in
+        # torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py):
+        # the same buffers, no allocation of its own, no communication.
+        def local_bucket(state, bucket):
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        ddp.register_comm_hook(None, local_bucket)
+        return ddp, "torch DDP (bucket 25 MiB; comm hook: the bucket unchanged)"
     if cand["sharding"] not in ("zero2", "zero3"):
         raise NotImplementedError("%s: FSDP has no counterpart here (zero1/hybrid)" % cand["sharding"])
     if cand["ckpt"]:
@@ -351,19 +364,20 @@ class Trial:
         return result
 
 
-def search(trial, model_name, cand, hint, deadline, log):
+def search(run_trial, hint, deadline, log, tried=None, on_trial=None):
     """The largest batch that fits, starting at `hint`: up by 1, 2, 4, ...
-    while it fits, down likewise while it does not, then bisect."""
-    tried = {}
+    while it fits, down likewise while it does not, then bisect. `tried`:
+    the trials already known ({batch: result}), which are not run again."""
+    tried = dict(tried or {})
 
     def fits(b):
         if b not in tried:
             if time.time() > deadline:
                 raise TimeoutError
-            t0 = time.time()
-            r = trial.run(model_name, cand, b)
-            r["trial_s"] = round(time.time() - t0, 1)
+            r = run_trial(b)  # sets r["trial_s"]
             tried[b] = r
+            if on_trial:
+                on_trial(b, r)
             log("  batch %d: %s (%.1f s)" % (b, "fits, peak reserved %.2f GiB" % (r["peak_reserved"] / 2**30)
                                               if r["fits"] else "OOM", r["trial_s"]))
         return tried[b]["fits"]
@@ -400,6 +414,154 @@ def search(trial, model_name, cand, hint, deadline, log):
 
 # ---------------------------------------------------------------------------
 
+def setup_cuda(torch, args, cap):
+    """The card, context and cuBLAS first (so what is outside the allocator is
+    there), then the cap. Returns (device, facts about the card)."""
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    a = torch.randn(256, 256, device=device)
+    (a @ a).sum().item()
+    del a
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    outside = total - free - torch.cuda.memory_reserved(device)
+    budget = cap if args.cap_mode == "allocator" else cap - outside
+    torch.cuda.set_per_process_memory_fraction(budget / total, device)
+    return device, dict(card=torch.cuda.get_device_name(device), card_total_bytes=total, cap_bytes=budget,
+                        outside_allocator_bytes=outside)
+
+
+def worker(args):
+    """One row in this process: the search from the trials already known
+    (--worker JOB: {row, tried, deadline}), each trial appended to
+    JOB.results as a JSON line. A trial that leaves memory allocated behind
+    it (seen after OOMs under FSDP: every later trial then ran out) ends the
+    worker with exit 75 ("tainted"), and the coordinator starts a fresh one
+    that carries on from the trials known."""
+    job = json.load(open(args.worker))
+    out = open(args.worker + ".results", "a")
+
+    def emit(**rec):
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+    def log(msg):
+        print("[fsdp_reference row %s] %s" % (job["row"].get("row"), msg), flush=True)
+
+    import torch
+    import torch.distributed as dist
+    if not torch.cuda.is_available():
+        emit(error="no CUDA device")
+        return 1
+    device, facts = setup_cuda(torch, args, parse_size(args.gpu_mem))
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as e:
+        emit(error="no fake process group in this torch: %s" % e)
+        return 1
+    facts["process_group"] = "fake (torch.testing._internal.distributed.fake_pg.FakeStore)"
+    emit(setup=facts)
+    r = job["row"]
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=r["world"])
+    baseline = torch.cuda.memory_allocated(device)
+    trial = Trial(torch, args, device)
+    cand = parse_candidate(r["id"])
+
+    class Tainted(Exception):
+        pass
+
+    def run_trial(b):
+        t0 = time.time()
+        res = trial.run(r["model"], cand, b)
+        res["trial_s"] = round(time.time() - t0, 1)
+        left = torch.cuda.memory_allocated(device) - baseline
+        if left > 0:  # the trial's own result stands; what follows it would not
+            emit(trial=b, result=res)
+            emit(tainted=left, batch=b)
+            raise Tainted("%d bytes still allocated after batch %d" % (left, b))
+        return res
+
+    tried = {int(b): t for b, t in job["tried"].items()}
+    try:
+        lo, hi, tried, complete = search(run_trial, r["hint"], job["deadline"], log, tried,
+                                         lambda b, t: emit(trial=b, result=t))
+        step_s = None
+        if lo > 0:
+            best = tried[lo]
+            step_s = best["step_s"][1:]  # the first step creates AdamW's state
+            if args.timed_steps > 0 and time.time() + 3 * best["trial_s"] < job["deadline"]:
+                again = trial.run(r["model"], cand, lo, steps=1 + args.timed_steps)
+                if again.get("fits"):
+                    step_s = again["step_s"][1:]
+        emit(final=dict(lo=lo, hi=hi, complete=complete, step_s=step_s))
+    except Tainted as e:
+        log("a fresh worker follows: %s" % e)
+        return 75
+    except NotImplementedError as e:
+        emit(error="no PyTorch counterpart: %s" % e)
+    except Exception as e:  # noqa: BLE001 -- recorded per row; the next row still runs
+        emit(error="%s: %s" % (type(e).__name__, str(e).strip().splitlines()[0][:300] if str(e).strip() else ""))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def run_row(r, args, deadline, log):
+    """The coordinator's side of one row: workers until one reports a final
+    result or an error. Returns (entry fields, setup facts)."""
+    import subprocess
+    import tempfile
+    tried, facts, restarts = {}, None, 0
+    while True:
+        fd, job_path = tempfile.mkstemp(prefix="fsdp_row%s_" % r.get("row"), suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(row={k: v for k, v in r.items() if k != "candidate"}, tried=tried, deadline=deadline), f)
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", job_path, "--gpu-mem", args.gpu_mem,
+               "--cap-mode", args.cap_mode, "--seq-len", str(args.seq_len), "--timed-steps", str(args.timed_steps)]
+        if args.minimal:
+            cmd.append("--minimal")
+        try:
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, timeout=max(30, deadline - time.time() + 60)).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timed out"
+        final, error = None, None
+        if os.path.exists(job_path + ".results"):
+            for line in open(job_path + ".results"):
+                rec = json.loads(line)
+                if "trial" in rec:
+                    tried[str(rec["trial"])] = rec["result"]
+                facts = rec.get("setup", facts)
+                final = rec.get("final", final)
+                error = rec.get("error", error)
+            os.remove(job_path + ".results")
+        os.remove(job_path)
+        if final is not None or error is not None:
+            break
+        if rc != 75 or restarts >= 8:
+            error = "worker exit %s" % rc if rc != 75 else "tainted again after %d fresh workers" % restarts
+            break
+        restarts += 1
+    entry = dict(worker_restarts=restarts)
+    if error is not None:
+        entry["status"] = "error: %s" % error if not error.startswith("no PyTorch") else error
+        return entry, facts
+    lo, hi, complete = final["lo"], final["hi"], final["complete"]
+    entry["trials"] = {b: {k: v for k, v in t.items() if k not in ("impl", "api")}
+                       for b, t in sorted(tried.items(), key=lambda kv: int(kv[0]))}
+    entry["max_batch"] = lo if complete else None
+    entry["status"] = "done" if complete else "partial: time budget (max >= %d%s)" % (
+        lo, "" if hi is None else ", < %d" % hi)
+    if lo > 0:
+        best = tried[str(lo)]
+        entry.update(impl=best["impl"], api=best["api"], peak_reserved_bytes=best["peak_reserved"],
+                     peak_allocated_bytes=best["peak_allocated"], num_alloc_retries=best["num_alloc_retries"])
+        if final["step_s"]:
+            s = sorted(final["step_s"])[len(final["step_s"]) // 2]
+            entry.update(step_s=round(s, 4), tokens_per_s=lo * args.seq_len / s,
+                         tokens_per_s_job=lo * args.seq_len * r["world"] / s)
+    return entry, facts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows-file", help="JSON list of {row, model, world, id, hint}; default: the reference scenario")
@@ -408,10 +570,18 @@ def main():
     ap.add_argument("--cap-mode", choices=("allocator", "card"), default="allocator")
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--timed-steps", type=int, default=2, help="extra steps timed at the max batch")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="rows searched at once, each in its own process under its own cap (memory is "
+                         "per process; step times then share the card)")
     ap.add_argument("--minimal", action="store_true", help="the plain-torch GPT-2 even if transformers is there")
     ap.add_argument("--out", default="fsdp_reference.json")
     ap.add_argument("--dry-run", action="store_true", help="print the rows and settings, import nothing")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.jobs > 1 and args.cap_mode == "card":
+        raise SystemExit("--cap-mode card measures what is outside the allocator: one row at a time (--jobs 1)")
     started = time.time()
     deadline = started + args.budget_s
     cap = parse_size(args.gpu_mem)
@@ -435,100 +605,60 @@ def main():
         for r in rows:
             log("row %s: %s world %d %s (start at batch %d) -> %s" % (r.get("row"), r["model"], r["world"], r["id"],
                                                                      r["hint"], r["candidate"]))
-        log("cap %d bytes (%s, mode %s), seq %d, budget %.0f s" % (cap, args.gpu_mem, args.cap_mode, args.seq_len,
-                                                                  args.budget_s))
+        log("cap %d bytes (%s, mode %s), seq %d, budget %.0f s, %d row(s) at once" % (
+            cap, args.gpu_mem, args.cap_mode, args.seq_len, args.budget_s, args.jobs))
         return 0
 
+    import threading
     import torch
-    import torch.distributed as dist
     result = dict(schema="shardfit.fsdp-reference/1", torch=torch.__version__, cuda=torch.version.cuda,
                   command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]), seq_len=args.seq_len,
-                  gpu_mem=args.gpu_mem, cap_mode=args.cap_mode, rows=[],
+                  gpu_mem=args.gpu_mem, cap_mode=args.cap_mode, jobs=args.jobs, rows=[],
                   notes="rank 0 of a fake process group (no communication: tokens/s excludes it); "
-                        "tokens_per_s is rank 0's, tokens_per_s_job = x world (perfect scaling)")
+                        "tokens_per_s is rank 0's, tokens_per_s_job = x world (perfect scaling); "
+                        "each row in fresh processes (a worker that leaks memory after an OOM is replaced)")
+    lock = threading.Lock()
 
     def save():
-        json.dump(result, open(args.out, "w"), indent=1)
+        with lock:
+            json.dump(result, open(args.out, "w"), indent=1)
 
     if not torch.cuda.is_available():
         result["error"] = "no CUDA device"
         save()
         log("no CUDA device")
         return 1
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
-    # Context and cuBLAS first, so what is outside the allocator is there.
-    a = torch.randn(256, 256, device=device)
-    (a @ a).sum().item()
-    del a
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    outside = total - free - torch.cuda.memory_reserved(device)
-    budget = cap if args.cap_mode == "allocator" else cap - outside
-    torch.cuda.set_per_process_memory_fraction(budget / total, device)
-    result.update(card=torch.cuda.get_device_name(device), card_total_bytes=total, cap_bytes=budget,
-                  outside_allocator_bytes=outside)
-    try:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-        result["process_group"] = "fake (torch.testing._internal.distributed.fake_pg.FakeStore)"
-    except ImportError as e:
-        result["error"] = "no fake process group in this torch: %s" % e
-        save()
-        log(result["error"])
-        return 1
-    log("%s, cap %.2f GiB (%s mode; %.2f GiB outside the allocator), torch %s" % (
-        result["card"], budget / 2**30, args.cap_mode, outside / 2**30, torch.__version__))
+    entries = [dict(row=r.get("row"), model=r["model"], world=r["world"], id=r["id"], start=r["hint"]) for r in rows]
+    result["rows"] = entries
+    queue = list(zip(rows, entries))
 
-    trial = Trial(torch, args, device)
-    world = None
-    for r in rows:
-        entry = dict(row=r.get("row"), model=r["model"], world=r["world"], id=r["id"], start=r["hint"])
-        result["rows"].append(entry)
-        if time.time() > deadline:
-            entry["status"] = "skipped: time budget"
+    def drain():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                r, entry = queue.pop(0)
+            if time.time() > deadline:
+                entry["status"] = "skipped: time budget"
+                save()
+                continue
+            log("row %s: %s world %d %s, start at batch %d" % (r.get("row"), r["model"], r["world"], r["id"],
+                                                              r["hint"]))
+            fields, facts = run_row(r, args, deadline, log)
+            with lock:
+                entry.update(fields)
+                if facts and "card" not in result:
+                    result.update(facts)
+                if entry.get("impl"):
+                    result.setdefault("model_impl", entry["impl"])
+            log("row %s: max batch %s (%s)" % (r.get("row"), entry.get("max_batch"), entry["status"]))
             save()
-            continue
-        if world != r["world"]:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=r["world"])
-            world = r["world"]
-        log("row %s: %s world %d %s, start at batch %d" % (r.get("row"), r["model"], r["world"], r["id"], r["hint"]))
-        try:
-            lo, hi, tried, complete = search(trial, r["model"], r["candidate"], r["hint"], deadline, log)
-        except NotImplementedError as e:
-            entry["status"] = "no PyTorch counterpart: %s" % e
-            save()
-            continue
-        except Exception as e:  # noqa: BLE001 -- recorded per row; the next row still runs
-            entry["status"] = "error: %s: %s" % (type(e).__name__, str(e).strip().splitlines()[0][:300] if str(e).strip() else "")
-            log(entry["status"])
-            gc.collect()
-            torch.cuda.empty_cache()
-            save()
-            continue
-        entry["trials"] = {str(b): {k: v for k, v in t.items() if k not in ("impl", "api")} for b, t in sorted(tried.items())}
-        entry["max_batch"] = lo if complete else None
-        entry["status"] = "done" if complete else "partial: time budget (max >= %d%s)" % (
-            lo, "" if hi is None else ", < %d" % hi)
-        if lo > 0:
-            best = tried[lo]
-            entry.update(impl=best["impl"], api=best["api"], peak_reserved_bytes=best["peak_reserved"],
-                         peak_allocated_bytes=best["peak_allocated"], num_alloc_retries=best["num_alloc_retries"])
-            step_s = best["step_s"][1:]  # the first step creates AdamW's state
-            if args.timed_steps > 0 and time.time() + 3 * best["trial_s"] < deadline:
-                again = trial.run(r["model"], r["candidate"], lo, steps=1 + args.timed_steps)
-                if again.get("fits"):
-                    step_s = again["step_s"][1:]
-            if step_s:
-                s = sorted(step_s)[len(step_s) // 2]
-                entry.update(step_s=round(s, 4), tokens_per_s=lo * args.seq_len / s,
-                             tokens_per_s_job=lo * args.seq_len * r["world"] / s)
-        result.setdefault("model_impl", entry.get("impl"))
-        log("row %s: max batch %s (%s)" % (r.get("row"), entry["max_batch"], entry["status"]))
-        save()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+
+    threads = [threading.Thread(target=drain) for _ in range(max(1, args.jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     result["elapsed_s"] = round(time.time() - started, 1)
     save()
     return 0
