@@ -475,7 +475,10 @@ def worker(args):
         res = trial.run(r["model"], cand, b)
         res["trial_s"] = round(time.time() - t0, 1)
         left = torch.cuda.memory_allocated(device) - baseline
-        if left > 0:  # the trial's own result stands; what follows it would not
+        # Up to 64 MiB stays by design: cuBLAS keeps a workspace per thread
+        # and stream (33 MiB seen for the backward thread on the H200, torch
+        # 2.11). FSDP left a whole 1.6 GiB behind after every trial there.
+        if left > 64 * 2**20:  # the trial's own result stands; what follows it would not
             emit(trial=b, result=res)
             emit(tainted=left, batch=b)
             raise Tainted("%d bytes still allocated after batch %d" % (left, b))
