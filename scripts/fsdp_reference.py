@@ -651,6 +651,9 @@ def main():
             with lock:
                 entry.update(fields)
                 if facts and "card" not in result:
+                    if args.jobs > 1:  # other rows' processes were on the card too
+                        facts.pop("outside_allocator_bytes", None)
+                        facts["outside_allocator_note"] = "not measured: --jobs > 1 (rows share the card)"
                     result.update(facts)
                 if entry.get("impl"):
                     result.setdefault("model_impl", entry["impl"])

@@ -222,7 +222,8 @@ def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
     if fsdp:
         L.append("## PyTorch reference (scripts/fsdp_reference.py)")
         L.append("")
-        for k in ("torch", "model_impl", "process_group", "cap_bytes", "outside_allocator_bytes", "notes"):
+        for k in ("torch", "model_impl", "process_group", "cap_bytes", "outside_allocator_bytes", "outside_allocator_note",
+                  "notes"):
             if k in fsdp:
                 L.append("- %s: %s" % (k, fsdp[k]))
         for x in fsdp.get("rows", []):
