@@ -611,6 +611,7 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
   result.peak_allocated_bytes = meter_->peak_allocated_bytes() - baseline;
   result.peak_reserved_bytes = meter_->peak_reserved_bytes() - reserved_baseline;
   result.alloc_retries = meter_->num_alloc_retries();
+  result.cached_free_at_start_bytes = reserved_baseline - baseline;
   result.timeline = meter_->timeline();
   for (auto& t : result.timeline) {
     t.allocated_bytes -= baseline;

@@ -117,6 +117,12 @@ struct EngineResult {
   // equal to peak_allocated_bytes, nothing is cached).
   int64_t peak_reserved_bytes = 0;
   int64_t alloc_retries = 0;            // cuda: cudaMalloc retries after a cache flush; cpu: 0
+  // cuda: free bytes in segments that predate the run (reserved minus
+  // allocated at its start, after the cache is flushed: the slack beside
+  // storages the process still holds, e.g. an earlier run's cuBLAS
+  // workspaces). New small blocks can fill it without reserving, so the
+  // run's reserved (above its start) may trail its allocated by up to this.
+  int64_t cached_free_at_start_bytes = 0;
   std::vector<TimelinePoint> timeline;  // at the simulator's labels, reserved filled in
   std::string device = "cpu";           // "cpu" or "cuda"
   int64_t param_count = 0;

@@ -128,10 +128,15 @@ TEST(EngineCuda, ReservedCoversAllocatedAtThePlannersLabels) {
   const EngineResult r = train_loopback(o);
   ASSERT_FALSE(r.oom) << r.oom_message;
   EXPECT_GT(r.peak_allocated_bytes, 0);
-  EXPECT_GE(r.peak_reserved_bytes, r.peak_allocated_bytes);
+  // Both are above the run's start; the free part of segments that predate
+  // it (earlier tests' cuBLAS workspaces, H200 / torch 2.11: reserved
+  // trailed allocated by up to 0.7 MiB) is the only way reserved can trail.
+  const int64_t slack = r.cached_free_at_start_bytes;
+  EXPECT_GE(slack, 0);
+  EXPECT_GE(r.peak_reserved_bytes + slack, r.peak_allocated_bytes);
   for (const auto& p : r.timeline) {
-    EXPECT_GE(p.reserved_bytes, p.allocated_bytes) << p.phase;
-    EXPECT_GE(p.peak_reserved_bytes, p.peak_allocated_bytes) << p.phase;
+    EXPECT_GE(p.reserved_bytes + slack, p.allocated_bytes) << p.phase;
+    EXPECT_GE(p.peak_reserved_bytes + slack, p.peak_allocated_bytes) << p.phase;
   }
   // The meter marks at the simulator's labels, so the report lines them up.
   const planner::CandidatePrediction pred = predict(o);
@@ -175,8 +180,10 @@ TEST(EngineCuda, ActivationGrowthWithTheBatchMatchesThePrediction) {
   const int64_t measured = rb.peak_allocated_bytes - rs.peak_allocated_bytes;
   const int64_t predicted = predict(big).sim.peak_allocated_bytes - predict(small).sim.peak_allocated_bytes;
   ASSERT_GT(predicted, 4 * kMiB) << "batch 32 should add megabytes of activations";
-  EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(predicted), 0.10 * static_cast<double>(predicted))
-      << "batch 4 -> 32 added " << measured << " B measured, " << predicted << " B predicted";
+  // Exact: 30,184,448 bytes measured and predicted on an H200 with torch
+  // 2.11 (reports/gpu/gpu-check-20261130T161414Z.md).
+  EXPECT_EQ(measured, predicted) << "batch 4 -> 32 added " << measured << " B measured, " << predicted
+                                 << " B predicted";
   RecordProperty("measured_growth_bytes", std::to_string(measured));
   RecordProperty("predicted_growth_bytes", std::to_string(predicted));
 }
@@ -191,7 +198,9 @@ TEST(EngineCuda, OffloadAndMixedPrecisionTrain) {
     ASSERT_EQ(r.loss.size(), 10u);
     for (double l : r.loss) EXPECT_TRUE(std::isfinite(l));
     EXPECT_LT(r.loss.back(), r.loss.front());
-    EXPECT_GE(r.peak_reserved_bytes, r.peak_allocated_bytes);
+    // As in ReservedCoversAllocatedAtThePlannersLabels: up to the slack that
+    // predates the run.
+    EXPECT_GE(r.peak_reserved_bytes + r.cached_free_at_start_bytes, r.peak_allocated_bytes);
   }
 }
 
