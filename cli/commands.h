@@ -55,6 +55,7 @@ Command add_report_command(CLI::App& app);
 Command add_validate_command(CLI::App& app);
 Command add_export_config_command(CLI::App& app);
 Command add_verify_command(CLI::App& app);
+Command add_calibrate_command(CLI::App& app);
 
 // This executable's path (/proc/self/exe), for spawning itself.
 std::string self_exe();

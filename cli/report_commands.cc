@@ -23,7 +23,7 @@ Command add_compare_command(CLI::App& app) {
       "compare", "Check a run report: peak error per rank, max batch, and against a baseline report");
   struct Args {
     std::string report, baseline;
-    double max_peak_error = -1, max_slowdown = 50, max_error_growth = 0.5;
+    double max_peak_error = -1, max_slowdown = 50, max_error_growth = 0.5, max_step_time_error = -1;
     bool ignore_throughput = false;
   };
   auto a = std::make_shared<Args>();
@@ -39,6 +39,9 @@ Command add_compare_command(CLI::App& app) {
       ->check(NonNegative);
   sub->add_flag("--ignore-throughput", a->ignore_throughput,
                 "Print throughput against the baseline but never fail on it (CI gates only on memory)");
+  sub->add_option("--max-step-time-error", a->max_step_time_error,
+                  "Fail when the report's |step_time_error_pct| exceeds this (default: printed, not gated)")
+      ->check(NonNegative);
   sub->add_option("--max-error-growth", a->max_error_growth,
                   "Allowed growth of |peak error| against the baseline, percentage points")
       ->capture_default_str()
@@ -53,6 +56,7 @@ Command add_compare_command(CLI::App& app) {
             o.max_slowdown_pct = a->max_slowdown;
             o.max_error_growth_pp = a->max_error_growth;
             o.gate_throughput = !a->ignore_throughput;
+            if (a->max_step_time_error >= 0) o.max_step_time_error_pct = a->max_step_time_error;
             const auto result = reports::compare_reports(r, base ? &*base : nullptr, o);
             std::cout << r.candidate << " (" << a->report << ")\n";
             for (const auto& c : result.checks)

@@ -117,6 +117,11 @@ std::optional<planner::CandidatePrediction> predict(const Job& job, int world, i
   }
 }
 
+std::optional<double> predicted_step_time(const std::optional<planner::CandidatePrediction>& pred) {
+  if (!pred || !(pred->step_time_s > 0)) return std::nullopt;
+  return pred->step_time_s;
+}
+
 void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
   r.command = a.command_line;
   r.created = now_iso8601();
@@ -126,6 +131,13 @@ void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
               r.loss.size());
   if (!r.loss.empty())
     std::printf("loss %.4f -> %.4f   %.0f tokens/s\n", r.loss.front(), r.loss.back(), r.tokens_per_s);
+  if (r.step_time_measured_s) {
+    std::printf("step %.4f s", *r.step_time_measured_s);
+    if (r.step_time_error_pct)
+      std::printf(", predicted %.4f s (%+.1f%%) on %s", *r.step_time_predicted_s, *r.step_time_error_pct,
+                  job.profile.c_str());
+    std::printf("\n");
+  }
   for (const auto& rk : r.ranks) {
     std::printf("rank %d: peak allocated %.3f MiB", rk.rank, rk.measured.peak_allocated_bytes / 1048576.0);
     if (rk.predicted)
@@ -185,7 +197,9 @@ int run_single_rank_trainer(const RunArgs& a, const Job& job) {
   r.loss = result.loss;
   r.tokens_per_s = result.tokens_per_s;
   r.ranks.push_back(rank_report(0, result.peak_allocated_bytes, result.timeline, result.oom, result.oom_message));
-  attach_prediction(r.ranks, predict(job, 1, 1, /*grad_accum=*/1, a.steps));
+  const auto pred = predict(job, 1, 1, /*grad_accum=*/1, a.steps);
+  attach_prediction(r.ranks, pred);
+  reports::set_step_time(r, static_cast<double>(job.batch * job.seq_len), predicted_step_time(pred));
   write_and_print(a, r, job);
   return oom_exit(a.oom_ok, a.out, r);
 }
@@ -239,7 +253,12 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     r.loss = result.loss;
     r.tokens_per_s = result.tokens_per_s;
     r.ranks = std::move(ranks);
-    attach_prediction(r.ranks, predict(job, world, gpus_per_node, job.grad_accum, a.steps), job.device == "cuda");
+    const auto pred = predict(job, world, gpus_per_node, job.grad_accum, a.steps);
+    attach_prediction(r.ranks, pred, job.device == "cuda");
+    // Loopback: one process computes rank 0 alone, so its tokens/s is not the job's.
+    if (comm.backend() != executor::Backend::kLoopback)
+      reports::set_step_time(r, static_cast<double>(world) * static_cast<double>(job.batch * job.grad_accum * job.seq_len),
+                             predicted_step_time(pred));
     write_and_print(a, r, job);
     code = oom_exit(a.oom_ok, a.out, r);
     if (result.diverged_at_step > 0) {
@@ -393,9 +412,10 @@ int run(const RunArgs& a) {
   }
   const bool in_job = std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
   // The prediction's profile must describe the device measured.
-  if (!cuda && job.profile != "cpu")
-    throw BadInput("--profile " + job.profile + ": a cpu run is measured exactly and predicted with the cpu "
-                   "profile; --profile names the card for --device cuda");
+  // On the CPU a cpu-kind profile: "cpu", or one `shardfit calibrate` wrote.
+  if (!cuda && job.profile != "cpu" && planner::load_profile(job.profile, profiles_dir()).kind != planner::DeviceKind::kCpu)
+    throw BadInput("--profile " + job.profile + ": a cpu run is measured exactly and predicted with a cpu profile "
+                   "(cpu, or one `shardfit calibrate` wrote); --profile names the card for --device cuda");
   if (cuda && planner::load_profile(job.profile, profiles_dir()).kind != planner::DeviceKind::kCuda)
     throw BadInput("--profile " + job.profile + ": not a CUDA profile (--device cuda predicts with the caching "
                    "allocator model of a card, e.g. " + kDefaultCudaProfile + ")");

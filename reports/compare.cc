@@ -62,6 +62,19 @@ CompareResult compare_reports(const RunReport& r, const RunReport* base, const C
                std::to_string(*r.max_batch_measured);
     out.checks.push_back(c);
   }
+  if (r.step_time_error_pct) {
+    CompareCheck c;
+    c.what = "step time";
+    c.detail = fmt("%+.1f%% (predicted %.4f s, measured %.4f s", *r.step_time_error_pct,
+                   r.step_time_predicted_s.value_or(0), r.step_time_measured_s.value_or(0));
+    if (o.max_step_time_error_pct) {
+      c.passed = std::fabs(*r.step_time_error_pct) <= *o.max_step_time_error_pct;
+      c.detail += fmt(", tolerance %.1f%%)", *o.max_step_time_error_pct);
+    } else {
+      c.detail += "): not gated";
+    }
+    out.checks.push_back(c);
+  }
   if (base) {
     if (base->candidate != r.candidate) {
       out.checks.push_back({"baseline candidate", false,

@@ -30,6 +30,10 @@ struct CompareOptions {
   // Off: throughput against the baseline is printed, never failed (CI: a
   // speed on a shared VM is not deterministic, so it gates nothing).
   bool gate_throughput = true;
+  // |step_time_error_pct| allowed (the time model against the measured step,
+  // both on this machine). Unset: printed, never failed; a step time on a
+  // shared machine is not deterministic.
+  std::optional<double> max_step_time_error_pct;
 };
 
 struct CompareCheck {

@@ -87,6 +87,18 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
 
 }  // namespace
 
+void set_step_time(RunReport& r, double tokens_per_step, std::optional<double> predicted_step_time_s) {
+  r.step_time_measured_s.reset();
+  r.step_time_predicted_s.reset();
+  r.step_time_error_pct.reset();
+  if (!(r.tokens_per_s > 0) || !(tokens_per_step > 0)) return;
+  const double measured = tokens_per_step / r.tokens_per_s;
+  r.step_time_measured_s = measured;
+  if (!predicted_step_time_s || !(*predicted_step_time_s > 0)) return;
+  r.step_time_predicted_s = *predicted_step_time_s;
+  r.step_time_error_pct = 100.0 * (*predicted_step_time_s - measured) / measured;
+}
+
 nlohmann::json to_json(const RunReport& r) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& rk : r.ranks) {
@@ -97,7 +109,7 @@ nlohmann::json to_json(const RunReport& r) {
     if (rk.oom) j["oom_message"] = rk.oom_message;
     ranks.push_back(j);
   }
-  auto opt = [](const std::optional<int64_t>& v) {
+  auto opt = [](const auto& v) {  // std::optional<int64_t> or <double>
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
   return {{"schema", kSchema},
@@ -113,6 +125,8 @@ nlohmann::json to_json(const RunReport& r) {
             {"first_step", r.first_step},
             {"loss", r.loss},
             {"tokens_per_s", r.tokens_per_s},
+            {"step_time_s", {{"measured", opt(r.step_time_measured_s)}, {"predicted", opt(r.step_time_predicted_s)}}},
+            {"step_time_error_pct", opt(r.step_time_error_pct)},
             {"checkpoints", r.checkpoints},
             {"resumed_from", r.resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.resumed_from)},
             {"resume_changes", r.resume_changes},
@@ -166,6 +180,16 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   if (run.contains("saved_on_signal_step") && !run["saved_on_signal_step"].is_null())
     r.saved_on_signal_step = get<int64_t>(run, "saved_on_signal_step", w);
   r.tokens_per_s = get<double>(run, "tokens_per_s", w);
+  if (run.contains("step_time_s") && !run["step_time_s"].is_null()) {
+    const auto& st = run["step_time_s"];
+    if (!st.is_object()) throw std::invalid_argument(w + ": 'step_time_s' must be an object {measured, predicted}");
+    for (const char* k : {"measured", "predicted"})
+      if (st.contains(k) && !st[k].is_null())
+        (std::string(k) == "measured" ? r.step_time_measured_s : r.step_time_predicted_s) =
+            get<double>(st, k, w + ".step_time_s");
+  }
+  if (run.contains("step_time_error_pct") && !run["step_time_error_pct"].is_null())
+    r.step_time_error_pct = get<double>(run, "step_time_error_pct", w);
   for (const auto& rk : field(j, "ranks", origin)) {
     RankReport x;
     const std::string wr = origin + ": ranks";

@@ -66,6 +66,13 @@ struct RunReport {
   // --save-on-signal: > 0, the step every rank finished and saved (checkpoints.back()) before stopping
   int64_t saved_on_signal_step = 0;
   double tokens_per_s = 0;
+  // One training step, in seconds: measured = the job's tokens per step /
+  // tokens_per_s (the timed steps: after the first when there are two or
+  // more); predicted = the planner's time model on the report's profile.
+  // Unset for a loopback run (one process computes rank 0 alone) and in
+  // reports from before they were recorded; the error needs both.
+  std::optional<double> step_time_measured_s, step_time_predicted_s;
+  std::optional<double> step_time_error_pct;  // 100 × (predicted − measured) / measured
   std::vector<RankReport> ranks;
   std::optional<int64_t> max_batch_predicted, max_batch_measured;
   // Where it was measured: memory on the CPU depends on it for bf16, speed
@@ -74,6 +81,12 @@ struct RunReport {
   std::string command;  // the command line that made it
   std::string created;  // ISO 8601 date-time
 };
+
+// Fills the step-time fields from r.tokens_per_s, the job's global tokens
+// per optimizer step (world × batch × grad_accum × seq_len) and the time
+// model's step time (nullopt or <= 0: no prediction). Leaves them unset when
+// nothing was timed (tokens_per_s or tokens_per_step not > 0).
+void set_step_time(RunReport& r, double tokens_per_step, std::optional<double> predicted_step_time_s);
 
 nlohmann::json to_json(const RunReport& r);
 // Validates the schema tag and the fields; throws std::invalid_argument

@@ -118,3 +118,54 @@ TEST(Machine, ReadsThisMachinesL2WhereSysfsHasIt) {
 
 }  // namespace
 }  // namespace shardfit::reports
+
+namespace shardfit::reports {
+namespace {
+
+// Issue 11: the report carries the step time, measured and predicted. 4
+// ranks x batch 2 x seq 64 = 512 tokens a step at 1024 tokens/s is 0.5 s.
+TEST(StepTime, MeasuredFromTokensPerSecondBesideTheModelsPrediction) {
+  RunReport r = report(1024, 0, epyc());
+  set_step_time(r, 4 * 2 * 64, 0.4);
+  ASSERT_TRUE(r.step_time_measured_s && r.step_time_predicted_s && r.step_time_error_pct);
+  EXPECT_DOUBLE_EQ(*r.step_time_measured_s, 0.5);
+  EXPECT_DOUBLE_EQ(*r.step_time_predicted_s, 0.4);
+  EXPECT_DOUBLE_EQ(*r.step_time_error_pct, -20.0);  // predicted 20% short, the sign of peak_error_pct
+  const RunReport back = report_from_json(to_json(r), "test");
+  EXPECT_EQ(back.step_time_measured_s, r.step_time_measured_s);
+  EXPECT_EQ(back.step_time_predicted_s, r.step_time_predicted_s);
+  EXPECT_EQ(back.step_time_error_pct, r.step_time_error_pct);
+
+  set_step_time(r, 512, std::nullopt);  // no prediction: the measurement alone
+  EXPECT_TRUE(r.step_time_measured_s);
+  EXPECT_FALSE(r.step_time_predicted_s || r.step_time_error_pct);
+  r.tokens_per_s = 0;  // nothing timed (a run that went out of memory in step 1)
+  set_step_time(r, 512, 0.4);
+  EXPECT_FALSE(r.step_time_measured_s || r.step_time_error_pct);
+  // Reports from before the fields: absent, not an error; wrong type: one line.
+  nlohmann::json old = to_json(report(1024, 0, epyc()));
+  old["run"].erase("step_time_s");
+  old["run"].erase("step_time_error_pct");
+  EXPECT_FALSE(report_from_json(old, "old").step_time_error_pct);
+  old["run"]["step_time_s"] = {{"measured", "slow"}};
+  EXPECT_THROW(report_from_json(old, "old"), std::invalid_argument);
+}
+
+TEST(StepTime, ComparePrintsItAndGatesOnlyWhenAsked) {
+  RunReport r = report(1024, 0, epyc());
+  set_step_time(r, 512, 0.4);  // -20%
+  const CompareResult plain = compare_reports(r, nullptr, {});
+  EXPECT_TRUE(plain.passed());
+  const CompareCheck* c = find(plain, "step time");
+  ASSERT_NE(c, nullptr);
+  EXPECT_NE(c->detail.find("-20.0%"), std::string::npos) << c->detail;
+  EXPECT_NE(c->detail.find("not gated"), std::string::npos) << c->detail;
+  CompareOptions tight;
+  tight.max_step_time_error_pct = 15;
+  EXPECT_FALSE(compare_reports(r, nullptr, tight).passed());
+  tight.max_step_time_error_pct = 25;
+  EXPECT_TRUE(compare_reports(r, nullptr, tight).passed());
+}
+
+}  // namespace
+}  // namespace shardfit::reports
