@@ -12,6 +12,18 @@
 
 namespace shardfit::cli {
 
+namespace {
+// A cpu-kind profile (cpu, or one `shardfit calibrate` wrote); false when
+// it is a card's or cannot be read here (a plan made on another machine).
+bool is_cpu_profile(const std::string& name) {
+  try {
+    return planner::load_profile(name, profiles_dir()).kind == planner::DeviceKind::kCpu;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+}  // namespace
+
 Job resolve_job(const RunArgs& a) {
   Job job;
   std::string strategy = a.strategy;
@@ -76,6 +88,8 @@ Job resolve_job(const RunArgs& a) {
     job.profile = a.profile;
   else if (a.device == "cuda")
     job.profile = !plan_profile.empty() && plan_profile != "cpu" ? plan_profile : kDefaultCudaProfile;
+  else if (!plan_profile.empty() && plan_profile != "cpu" && is_cpu_profile(plan_profile))
+    job.profile = plan_profile;  // a calibrated cpu profile the plan was made with (shardfit calibrate)
   return job;
 }
 
