@@ -39,6 +39,20 @@ TEST(Calibrate, WritesAProfileOfMeasuredRatesThatRunPredictsWith) {
   // The memory prediction is the cpu profile's exact one, calibrated or not.
   EXPECT_EQ(rep["ranks"][0]["peak_error_pct"].get<double>(), 0.0);
   std::remove(out.c_str());
+
+  // plan --device FILE records where the profile is, and run --plan (so
+  // validate, and the accuracy matrix's MATRIX_PROFILE) predicts with it.
+  const std::string plan = temp_path("calibrated-plan.json");
+  const Result p2 = shardfit({"plan", "--model", "gpt2-tiny", "--seq-len", "16", "--gpus", "2", "--device", prof,
+                              "--gpu-mem", "64MiB", "--strategies", "zero2/fp32/wrap=block", "--out", plan});
+  ASSERT_EQ(p2.exit_code, 0) << p2.err;
+  const json pj = json::parse(read_file(plan));
+  EXPECT_EQ(pj["hardware"]["profile"], prof) << "temp_path is absolute: the recorded path is the same";
+  const Result r2 = shardfit({"run", "--plan", plan, "--batch", "2", "--nproc", "2", "--steps", "2", "--out", out});
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  EXPECT_EQ(json::parse(read_file(out))["hardware"]["profile"], prof);
+  std::remove(out.c_str());
+  std::remove(plan.c_str());
   std::remove(prof.c_str());
 }
 
