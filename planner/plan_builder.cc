@@ -271,7 +271,7 @@ Plan build_plan(const PlanRequest& r) {
   std::map<std::string, UnitPartition> partitions;
   TraceCache traces(model, r.seq_len, cuda, world);
   SimOptions sim_options;
-  if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = {r.profile.cublas_workspace_bytes};
+  if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = r.profile.cublas_workspace_allocations;
 
   SimOptions no_timeline = sim_options;
   no_timeline.record_timeline = false;
@@ -410,7 +410,7 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
 
   SimOptions so;
   so.steps = steps;
-  if (cuda && r.profile.cublas_workspace_bytes > 0) so.overhead_bytes = {r.profile.cublas_workspace_bytes};
+  if (cuda && r.profile.cublas_workspace_bytes > 0) so.overhead_bytes = r.profile.cublas_workspace_allocations;
   const StepSimulator sim(trace, units);
   std::unique_ptr<AllocatorModel> alloc;
   if (r.profile.allocator == AllocatorKind::kExact)

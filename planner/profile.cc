@@ -94,6 +94,19 @@ class ProfileReader {
     return node.get<int64_t>();
   }
 
+  // A whole number of bytes, or a list of them (each >= 0).
+  std::vector<int64_t> bytes_list(const std::string& dotted) const {
+    const json& node = need(dotted);
+    if (!node.is_array()) return {bytes(dotted)};
+    std::vector<int64_t> out;
+    for (const json& v : node) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        fail(dotted, "must be a whole number of bytes >= 0, or a list of them");
+      out.push_back(v.get<int64_t>());
+    }
+    return out;
+  }
+
   double fraction(const std::string& dotted) const {
     double value = number(dotted);
     if (value <= 0 || value > 1) fail(dotted, "must be in (0, 1]");
@@ -114,6 +127,8 @@ void collect_numeric_paths(const json& node, const std::string& prefix,
       if (prefix.empty() && it.key() == "sources") continue;
       collect_numeric_paths(*it, prefix.empty() ? it.key() : prefix + "." + it.key(), out);
     }
+  } else if (node.is_array()) {  // a list of numbers (cublas_workspace) is sourced as one field
+    for (const json& v : node) collect_numeric_paths(v, prefix, out);
   } else if (node.is_number()) {
     out->push_back(prefix);
   }
@@ -211,7 +226,11 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
     r.fail("sm_count", "must be a whole number >= 0");
   p.sm_count = static_cast<int64_t>(sms);
   p.cuda_context_bytes = r.bytes("overheads_bytes.cuda_context");
-  p.cublas_workspace_bytes = r.bytes("overheads_bytes.cublas_workspace");
+  p.cublas_workspace_allocations = r.bytes_list("overheads_bytes.cublas_workspace");
+  for (int64_t b : p.cublas_workspace_allocations) {
+    if (b > (int64_t{1} << 40)) r.fail("overheads_bytes.cublas_workspace", "more than 1 TiB");
+    p.cublas_workspace_bytes += b;
+  }
   p.nccl_buffers_bytes = r.bytes("overheads_bytes.nccl_buffers");
 
   p.fp32_flops_per_s = r.number("peak_flops_per_s.fp32");

@@ -69,7 +69,11 @@ struct DeviceProfile {
   // world size > 1. cuBLAS's workspace goes through the caching allocator,
   // so it is an allocation the simulator charges, not a deduction.
   int64_t cuda_context_bytes = 0;
-  int64_t cublas_workspace_bytes = 0;
+  int64_t cublas_workspace_bytes = 0;  // the sum of the allocations below
+  // The workspaces as the allocator sees them, one block each (the profile
+  // gives one number, or a list: on sm_90 with torch 2.11, 32 MiB cuBLAS +
+  // 1 MiB cuBLASLt for the forward thread, 32 MiB for the autograd thread).
+  std::vector<int64_t> cublas_workspace_allocations;
   int64_t nccl_buffers_bytes = 0;
 
   // Peak dense FLOP/s (no sparsity) per compute dtype; 0 = not supported

@@ -118,6 +118,28 @@ TEST(ProfileTest, LoadsByPath) {
   EXPECT_NE(err.find("/nonexistent/x.json"), std::string::npos) << err;
 }
 
+// The H200's cuBLAS workspaces as measured on the card (reports/gpu/): three
+// blocks the caching allocator sees, charged one by one, summed for the rest.
+TEST(ProfileTest, CublasWorkspacesAreTheBlocksMeasuredOnTheH200) {
+  const DeviceProfile h200 = load_profile("h200-141gb", kProfilesDir);
+  EXPECT_EQ(h200.cublas_workspace_allocations, (std::vector<int64_t>{32 << 20, 1 << 20, 32 << 20}));
+  EXPECT_EQ(h200.cublas_workspace_bytes, int64_t{65} << 20);
+  EXPECT_NE(h200.sources.at("overheads_bytes.cublas_workspace").find("measured 2026-11-30"), std::string::npos);
+  const DeviceProfile titan = load_profile("titan-rtx-24gb", kProfilesDir);  // one number: one block
+  EXPECT_EQ(titan.cublas_workspace_allocations, std::vector<int64_t>{titan.cublas_workspace_bytes});
+  // A list is a number like any other: refused without a source, or with a negative entry.
+  std::string text = read_text(kProfilesDir + "/h200-141gb.json");
+  const std::string key = "\"overheads_bytes.cublas_workspace\":";
+  std::string unsourced = text;
+  unsourced.replace(unsourced.find(key), key.size(), "\"overheads_bytes.unrelated\":");
+  std::string err = error_of([&] { load_profile(write_temp("unsourced.json", unsourced), kProfilesDir); });
+  EXPECT_NE(err.find("overheads_bytes.cublas_workspace"), std::string::npos) << err;
+  std::string negative = text;
+  negative.replace(negative.find("[33554432, 1048576"), 18, "[33554432, -1");
+  err = error_of([&] { load_profile(write_temp("negative.json", negative), kProfilesDir); });
+  EXPECT_NE(err.find("list of them"), std::string::npos) << err;
+}
+
 TEST(ProfileTest, MalformedJsonNamesTheFile) {
   std::string path = write_temp("broken.json", "{\"name\": \"x\",");
   std::string err = error_of([&] { load_profile(path, kProfilesDir); });
