@@ -63,7 +63,7 @@ struct DeviceProfile {
   double compute_capability = 0;
   int64_t sm_count = 0;
 
-  // Fixed overheads, none measured by us (see the profile's sources).
+  // Fixed overheads (the profile's sources say which were measured: the H200's).
   // The CUDA context and NCCL's buffers are cudaMalloc'ed outside the caching
   // allocator, so they shrink what it can reserve; NCCL's only exist when
   // world size > 1. cuBLAS's workspace goes through the caching allocator,
