@@ -161,9 +161,7 @@ Command add_calibrate_command(CLI::App& app) {
             }();
             if (base.kind != planner::DeviceKind::kCpu)
               throw BadInput("--base " + a->base + ": not a cpu profile");
-            const bool is_path = a->base.find('/') != std::string::npos ||
-                                 (a->base.size() > 5 && a->base.substr(a->base.size() - 5) == ".json");
-            const std::string base_path = is_path ? a->base : profiles_dir() + "/" + a->base + ".json";
+            const std::string base_path = planner::profile_file(a->base, profiles_dir());
             std::ifstream in(base_path);
             if (!in) throw BadInput("--base " + a->base + ": cannot read " + base_path);
             nlohmann::json p = nlohmann::json::parse(in);

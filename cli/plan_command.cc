@@ -71,8 +71,7 @@ int run(const PlanArgs& a) {
   planner::Plan plan = planner::build_plan(r);
   // A profile given as a file (shardfit calibrate's): the plan records where
   // it is, so `run --plan` and `validate` predict with the same one.
-  if (a.device.find('/') != std::string::npos || (a.device.size() > 5 && a.device.rfind(".json") == a.device.size() - 5))
-    plan.hardware.profile = std::filesystem::absolute(a.device).string();
+  if (planner::is_profile_path(a.device)) plan.hardware.profile = std::filesystem::absolute(a.device).string();
   if (!a.out.empty()) {
     std::ofstream probe(a.out, std::ios::app);
     if (!probe) throw BadInput("--out " + a.out + ": cannot write file");

@@ -282,9 +282,16 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
   return p;
 }
 
+bool is_profile_path(const std::string& name_or_path) {
+  return name_or_path.find('/') != std::string::npos || ends_with(name_or_path, ".json");
+}
+
+std::string profile_file(const std::string& name_or_path, const std::string& profiles_dir) {
+  return is_profile_path(name_or_path) ? name_or_path : profiles_dir + "/" + name_or_path + ".json";
+}
+
 DeviceProfile load_profile(const std::string& name_or_path, const std::string& profiles_dir) {
-  bool is_path = name_or_path.find('/') != std::string::npos || ends_with(name_or_path, ".json");
-  if (is_path) return parse_profile(read_file(name_or_path), name_or_path);
+  if (is_profile_path(name_or_path)) return parse_profile(read_file(name_or_path), name_or_path);
 
   std::vector<std::string> known = list_profiles(profiles_dir);
   if (std::find(known.begin(), known.end(), name_or_path) == known.end()) {
@@ -292,7 +299,7 @@ DeviceProfile load_profile(const std::string& name_or_path, const std::string& p
                                 (known.empty() ? "none in " + profiles_dir : join(known, ", ")) +
                                 "; or give a path to a .json profile)");
   }
-  std::string path = profiles_dir + "/" + name_or_path + ".json";
+  const std::string path = profile_file(name_or_path, profiles_dir);
   DeviceProfile p = parse_profile(read_file(path), path);
   if (p.name != name_or_path) {
     throw std::invalid_argument("device profile " + path + ": field 'name' is '" + p.name +

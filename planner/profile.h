@@ -110,6 +110,11 @@ struct DeviceProfile {
 // known profiles; a malformed file names the file and the field.
 DeviceProfile load_profile(const std::string& name_or_path, const std::string& profiles_dir);
 
+// Whether load_profile takes `name_or_path` as a path (it contains '/' or
+// ends in ".json"), and the file it reads for it.
+bool is_profile_path(const std::string& name_or_path);
+std::string profile_file(const std::string& name_or_path, const std::string& profiles_dir);
+
 // Parses a profile from JSON text; `origin` names it in error messages.
 DeviceProfile parse_profile(const std::string& json_text, const std::string& origin);
 

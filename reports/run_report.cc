@@ -183,10 +183,9 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   if (run.contains("step_time_s") && !run["step_time_s"].is_null()) {
     const auto& st = run["step_time_s"];
     if (!st.is_object()) throw std::invalid_argument(w + ": 'step_time_s' must be an object {measured, predicted}");
-    for (const char* k : {"measured", "predicted"})
-      if (st.contains(k) && !st[k].is_null())
-        (std::string(k) == "measured" ? r.step_time_measured_s : r.step_time_predicted_s) =
-            get<double>(st, k, w + ".step_time_s");
+    for (const auto& [key, dst] : {std::pair{"measured", &r.step_time_measured_s},
+                                   std::pair{"predicted", &r.step_time_predicted_s}})
+      if (st.contains(key) && !st[key].is_null()) *dst = get<double>(st, key, w + ".step_time_s");
   }
   if (run.contains("step_time_error_pct") && !run["step_time_error_pct"].is_null())
     r.step_time_error_pct = get<double>(run, "step_time_error_pct", w);
