@@ -143,6 +143,8 @@ void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
     if (rk.predicted)
       std::printf(", predicted %.3f MiB (%+.3f%%)", rk.predicted->peak_allocated_bytes / 1048576.0,
                   rk.peak_error_pct.value_or(0.0));
+    if (rk.init_read_bytes)
+      std::printf(", --init read %.3f of %.3f MiB", *rk.init_read_bytes / 1048576.0, r.init_data_bytes / 1048576.0);
     std::printf("%s\n", rk.oom ? "  OUT OF MEMORY" : "");
     if (rk.oom && rk.rank == r.ranks.front().rank) std::printf("out of memory: %s\n", rk.oom_message.c_str());
   }
@@ -214,7 +216,7 @@ std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job,
           {"--grad-accum", std::to_string(job.grad_accum)}, {"--clip-grad-norm", num(a.clip_grad_norm)},
           {"--gpus-per-node", std::to_string(gpus_per_node)}, {"--save", a.save},
           {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume},
-          {"--save-on-signal", a.save_on_signal ? "yes" : "no"}};
+          {"--save-on-signal", a.save_on_signal ? "yes" : "no"}, {"--init", a.init}};
 }
 
 // This process is one rank of `comm` (gloo or loopback).
@@ -230,6 +232,7 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
   executor::EngineResult result = executor::train_data_parallel(o, comm, step_logger(a.steps));
   reports::RankReport mine = rank_report(comm.rank(), result.peak_allocated_bytes, result.timeline, result.oom,
                                          result.oom_message, result.device == "cuda" ? result.peak_reserved_bytes : -1);
+  if (result.init_read_bytes >= 0) mine.init_read_bytes = result.init_read_bytes;
 
   std::vector<reports::RankReport> ranks;
   int code = kExitOk;
@@ -247,6 +250,10 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     r.checkpoints = result.saved;
     r.resumed_from = resumed_from;
     r.resume_changes = job.resume_changes;
+    if (!o.init_from.empty()) {
+      r.init_from = o.init_from;
+      r.init_data_bytes = result.init_data_bytes;
+    }
     r.diverged_at_step = result.diverged_at_step;
     r.interrupted = result.stop_signal != 0;
     r.saved_on_signal_step = result.saved_on_signal_step;

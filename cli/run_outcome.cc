@@ -106,12 +106,14 @@ nlohmann::json rank_json(const reports::RankReport& r) {
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& t : r.measured.timeline)
     timeline.push_back({t.phase, t.allocated_bytes, t.peak_allocated_bytes, t.reserved_bytes});
-  return {{"rank", r.rank},
-          {"peak", r.measured.peak_allocated_bytes},
-          {"peak_reserved", r.measured.peak_reserved_bytes},
-          {"timeline", timeline},
-          {"oom", r.oom},
-          {"oom_message", r.oom_message}};
+  nlohmann::json j = {{"rank", r.rank},
+                      {"peak", r.measured.peak_allocated_bytes},
+                      {"peak_reserved", r.measured.peak_reserved_bytes},
+                      {"timeline", timeline},
+                      {"oom", r.oom},
+                      {"oom_message", r.oom_message}};
+  if (r.init_read_bytes) j["init_read_bytes"] = *r.init_read_bytes;
+  return j;
 }
 
 reports::RankReport rank_from_json(const nlohmann::json& j) {
@@ -120,9 +122,11 @@ reports::RankReport rank_from_json(const nlohmann::json& j) {
     timeline.push_back({t.at(0).get<std::string>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>(),
                         t.at(3).get<int64_t>()});
   // Reserved as the rank measured it (on the CPU it equals allocated).
-  return rank_report(j.at("rank").get<int>(), j.at("peak").get<int64_t>(), timeline,
-                     j.at("oom").get<bool>(), j.at("oom_message").get<std::string>(),
-                     j.at("peak_reserved").get<int64_t>());
+  reports::RankReport r = rank_report(j.at("rank").get<int>(), j.at("peak").get<int64_t>(), timeline,
+                                      j.at("oom").get<bool>(), j.at("oom_message").get<std::string>(),
+                                      j.at("peak_reserved").get<int64_t>());
+  if (j.contains("init_read_bytes")) r.init_read_bytes = j.at("init_read_bytes").get<int64_t>();
+  return r;
 }
 
 void check_ranks_agree(executor::Communicator& comm, const std::map<std::string, std::string>& job,

@@ -136,6 +136,7 @@ class Engine final : public models::ModuleRunner {
   int group_size_ = 1;                   // N of the flat param layout
 
   std::shared_ptr<models::TrainableModel> model_;
+  std::unique_ptr<HfCheckpoint> init_;  // `run --init`, until the units are built
   spec::UnitPartition units_;
   int root_unit_ = 0;
   std::vector<int> unit_of_root_;  // module index -> unit rooted there, or -1
@@ -278,8 +279,14 @@ void Engine::build_units() {
       if (t == nullptr) throw std::logic_error("unit " + unit.name + ": no parameter " + p.name);
       params.push_back(*t);
     }
+    FlatParam::ValueSource values;
+    if (init_) {
+      values = [this, &unit](size_t i, int64_t offset, const torch::Tensor& dst) {
+        init_->read(unit.params[i].name, offset, dst);
+      };
+    }
     flat_.push_back(std::make_unique<FlatParam>(unit.name, spec::FlatParamLayout(unit.params, group_size_),
-                                                group_rank, config, params));
+                                                group_rank, config, params, values));
   }
   const size_t num_units = units_.units.size();
   fwd_depth_.assign(num_units, 0);
@@ -528,10 +535,16 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
     torch::manual_seed(o_.seed);
     // The full model, before its shards are cut: on the host, on every
     // device (EngineOptions::device says why); the units copy their part to
-    // the device.
+    // the device. From a checkpoint: on the meta device, and each unit reads
+    // only its own part from the file (executor/hf_init.h).
     ScopedUntracked host;
-    model_ = models::build_model(o_.model, torch::TensorOptions().dtype(torch::kFloat));
-    if (!o_.init_from.empty()) load_hf_checkpoint(o_.init_from, *model_);
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+    if (o_.init_from.empty()) {
+      model_ = models::build_model(o_.model, f32);
+    } else {
+      model_ = models::build_model(o_.model, f32.device(torch::kMeta));
+      init_ = std::make_unique<HfCheckpoint>(o_.init_from, *model_);
+    }
   }
   result.param_count = models::count_parameters(*model_);
   int64_t first_step = 1;
@@ -547,6 +560,11 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
   try {
     build_units();
     result.units = static_cast<int>(flat_.size());
+    if (init_) {
+      result.init_read_bytes = init_->bytes_read();
+      result.init_data_bytes = init_->data_bytes();
+      init_.reset();  // closes the files
+    }
     if (!o_.checkpoint.resume_from.empty()) first_step = resume(o_.checkpoint.resume_from);
     result.first_step = first_step;
     if (o_.on_init) o_.on_init(unit_pointers());

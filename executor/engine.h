@@ -98,8 +98,8 @@ struct EngineOptions {
   // committed checkpoint, as --save-every would, and the run ends
   // (EngineResult::stop_signal). Unset: no collective is added.
   std::function<int()> stop_requested;
-  // `run --init`: a Hugging Face checkpoint (executor/hf_init.h) copied into
-  // the host model before its shards are cut; "" = Hugging Face init.
+  // `run --init`: a Hugging Face checkpoint (executor/hf_init.h); each rank
+  // reads only the parameter elements it keeps; "" = Hugging Face init.
   std::string init_from;
   // Test hooks: after init and after each optimizer step. Units are in
   // spec::wrap_modules order; each holds this rank's fp32 master and
@@ -127,6 +127,10 @@ struct EngineResult {
   std::string device = "cpu";           // "cpu" or "cuda"
   int64_t param_count = 0;
   int units = 0;
+  // `run --init`: the checkpoint's data bytes this rank read, of all its
+  // parameters' stored bytes; -1 without --init.
+  int64_t init_read_bytes = -1;
+  int64_t init_data_bytes = -1;
   int64_t skipped_steps = 0;  // fp16: optimizer steps skipped on gradient overflow
   double loss_scale = 0;      // fp16: the dynamic loss scale at the end; 0 otherwise
   bool oom = false;           // the budget was hit; `loss` holds the steps before it

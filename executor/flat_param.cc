@@ -37,7 +37,8 @@ void free_now(torch::Tensor& t) {
 }  // namespace
 
 FlatParam::FlatParam(std::string name, spec::FlatParamLayout layout, int rank,
-                     FlatParamConfig config, const std::vector<torch::Tensor>& params)
+                     FlatParamConfig config, const std::vector<torch::Tensor>& params,
+                     const ValueSource& values)
     : name_(std::move(name)),
       layout_(std::move(layout)),
       rank_(rank),
@@ -57,21 +58,22 @@ FlatParam::FlatParam(std::string name, spec::FlatParamLayout layout, int rank,
   const int64_t s = layout_.shard_numel();
   const auto compute = dev_compute_;
 
+  const ValueSource fill = values ? values : [this](size_t i, int64_t offset, const torch::Tensor& dst) {
+    dst.copy_(params_[i].reshape({-1}).narrow(0, offset, dst.numel()));
+  };
   // Every parameter's values at its offset of a flat buffer, padding zeroed.
   auto copy_full_into = [&](const torch::Tensor& flat) {
     flat.zero_();
     for (size_t i = 0; i < params_.size(); ++i) {
       const spec::FlatParamEntry& e = layout_.params()[i];
-      flat.narrow(0, e.offset, e.numel).copy_(params_[i].reshape({-1}));
+      fill(i, 0, flat.narrow(0, e.offset, e.numel));
     }
   };
   // This rank's slice of that flat buffer, without building the buffer.
   auto copy_shard_into = [&](const torch::Tensor& shard) {
     shard.zero_();
-    for (const spec::ShardPiece& p : layout_.pieces(rank_)) {
-      shard.narrow(0, p.shard_offset, p.numel)
-          .copy_(params_[p.param].reshape({-1}).narrow(0, p.param_offset, p.numel));
-    }
+    for (const spec::ShardPiece& p : layout_.pieces(rank_))
+      fill(static_cast<size_t>(p.param), p.param_offset, shard.narrow(0, p.shard_offset, p.numel));
   };
 
   if (config_.sharded_params) {
@@ -133,7 +135,20 @@ bool FlatParam::staged_gather() const { return mixed_ || config_.offload; }
 void FlatParam::point_params_at(const torch::Tensor& flat) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const spec::FlatParamEntry& e = layout_.params()[i];
-    params_[i].set_data(flat.narrow(0, e.offset, e.numel).view(e.shape));
+    torch::Tensor view = flat.narrow(0, e.offset, e.numel).view(e.shape);
+    if (!params_[i].is_meta()) {
+      params_[i].set_data(view);
+    } else {
+      // A parameter built on the meta device (`run --init`). set_data
+      // refuses meta -> cpu/cuda as incompatible tensor types
+      // (torch/csrc/autograd/variable.cpp, VariableHooks::set_data's
+      // _has_compatible_shallow_copy_type check); what it does after that
+      // check, for a leaf without a gradient accumulator yet, is this
+      // metadata copy (the same TensorImpl, now a view of the flat buffer).
+      if (params_[i].grad().defined() || params_[i].grad_fn())
+        throw std::logic_error("unit " + name_ + ": a meta parameter with autograd state");
+      params_[i].unsafeGetTensorImpl()->shallow_copy_from(view.getIntrusivePtr());
+    }
   }
 }
 

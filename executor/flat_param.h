@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,14 +69,22 @@ enum class ParamState : uint8_t {
 
 class FlatParam {
  public:
+  // Where initial values come from: fills `dst` (contiguous, the unit's
+  // buffer dtype and device) with elements [offset, offset + dst.numel())
+  // of parameter `param` (an index into the layout), flattened.
+  using ValueSource = std::function<void(size_t param, int64_t offset, const torch::Tensor& dst)>;
+
   // `params` are the unit's parameters in layout order: the model's own
-  // tensors, still holding the full fp32 initial values (built untracked).
-  // Allocates this unit's init memory, copies this rank's part of the
-  // values into it, and points every parameter at its view of the compute
-  // buffer (param.set_data: the parameter stays the same autograd leaf).
-  // `rank` is this rank in the shard group (0 for ddp).
+  // tensors. Allocates this unit's init memory, fills this rank's part of
+  // it, and points every parameter at its view of the compute buffer
+  // (param.set_data: the parameter stays the same autograd leaf). The values
+  // come from `values`, or, when it is empty, from the parameters themselves
+  // (then holding the full fp32 initial values, built untracked). With a
+  // ValueSource the parameters may be on the meta device: only the part
+  // this rank keeps is ever read. `rank` is this rank in the shard group
+  // (0 for ddp).
   FlatParam(std::string name, spec::FlatParamLayout layout, int rank, FlatParamConfig config,
-            const std::vector<torch::Tensor>& params);
+            const std::vector<torch::Tensor>& params, const ValueSource& values = {});
   FlatParam(const FlatParam&) = delete;
   FlatParam& operator=(const FlatParam&) = delete;
 

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "executor/checkpoint_io.h"
+#include "executor/tracking_allocator.h"
 #include "models/model.h"
 
 namespace shardfit::executor {
@@ -175,24 +177,44 @@ void check_hf_checkpoint(const std::string& path, const models::ModelConfig& con
   check_hf_checkpoint(path, *meta);
 }
 
-void load_hf_checkpoint(const std::string& path, torch::nn::Module& model) {
-  const auto stored = read_checkpoint(path);
-  const auto matched = match(path, stored, model);
+struct HfCheckpoint::Impl {
+  std::map<std::string, StoredTensor> stored;
+  std::map<std::string, const StoredTensor*> matched;  // model name -> stored
+  std::map<fs::path, ckpt::ReadFile> files;
+};
+
+HfCheckpoint::HfCheckpoint(const std::string& path, torch::nn::Module& model)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->stored = read_checkpoint(path);
+  impl_->matched = match(path, impl_->stored, model);
+  for (const auto& [name, t] : impl_->matched) data_bytes_ += t->end - t->begin;
+}
+
+HfCheckpoint::~HfCheckpoint() = default;
+
+void HfCheckpoint::read(const std::string& name, int64_t offset, const torch::Tensor& dst) {
+  auto it = impl_->matched.find(name);
+  if (it == impl_->matched.end()) throw std::logic_error("--init: no stored tensor for parameter " + name);
+  const StoredTensor& t = *it->second;
+  int64_t elem = 0;
+  const auto dtype = scalar_type_of(t.dtype, &elem);
+  const int64_t n = dst.numel();
+  if (offset < 0 || offset + n > (t.end - t.begin) / elem || !dst.is_contiguous())
+    throw std::logic_error("--init: elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                           ") of " + name + " asked for");
+  auto file = impl_->files.find(t.file);
+  if (file == impl_->files.end()) file = impl_->files.emplace(t.file, ckpt::ReadFile(t.file)).first;
   torch::NoGradGuard no_grad;
-  auto params = model.named_parameters(/*recurse=*/true);
-  std::map<fs::path, std::ifstream> files;
-  for (const auto& [name, t] : matched) {
-    auto it = files.find(t->file);
-    if (it == files.end())
-      it = files.emplace(t->file, std::ifstream(t->file, std::ios::binary)).first;
-    std::ifstream& in = it->second;
-    int64_t elem = 0;
-    const auto dtype = scalar_type_of(t->dtype, &elem);
-    torch::Tensor buf = torch::empty(t->shape, torch::TensorOptions().dtype(dtype));
-    in.seekg(t->begin);
-    in.read(static_cast<char*>(buf.data_ptr()), t->end - t->begin);
-    if (!in) bad(t->file, "cannot read tensor '" + name + "' (truncated file)");
-    params[name].copy_(buf);
+  // The stored bytes of this piece, on the host (not the emulated device),
+  // converted on the host, then copied into place.
+  ScopedUntracked host;
+  torch::Tensor buf = torch::empty({n}, torch::TensorOptions().dtype(dtype));
+  file->second.read_at(t.begin + offset * elem, buf.data_ptr(), n * elem);
+  bytes_read_ += n * elem;
+  if (dst.device().is_cpu()) {
+    dst.copy_(buf);  // converts in place: no fp32 temporary
+  } else {
+    dst.copy_(buf.to(dst.scalar_type()));
   }
 }
 

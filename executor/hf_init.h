@@ -3,8 +3,12 @@
 // `model.safetensors.index.json` (its weight_map naming each tensor's shard
 // file). Stored F32, BF16 or F16 tensors are converted to the fp32 master.
 //
-// Every tensor is read with a ranged read of exactly its bytes (the headers
-// say where), one tensor at a time through a buffer of that tensor's size.
+// Each rank reads only the elements its own shards hold (HfCheckpoint::read
+// from FlatParam's constructor, one ranged read per shard piece, through a
+// host buffer of that piece's stored bytes): under zero2/zero3/hybrid no rank
+// reads, or ever holds, the whole model; ddp and zero1 hold every parameter
+// on every rank anyway and read it all. The model itself is built on the
+// meta device (no bytes) when a checkpoint initialises it.
 // The names must be the model's parameter names (a tied output head is one
 // parameter, stored once, as `--export` writes it); a GPT-2 checkpoint
 // saved from the base model (`h.0.attn...` without `transformer.`) is
@@ -17,6 +21,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+#include <memory>
 #include <string>
 
 #include "models/model_config.h"
@@ -30,7 +36,28 @@ void check_hf_checkpoint(const std::string& path, torch::nn::Module& model);
 // The same against `config`'s model, built on the meta device.
 void check_hf_checkpoint(const std::string& path, const models::ModelConfig& config);
 
-// check_hf_checkpoint, then copies every stored tensor into its parameter.
-void load_hf_checkpoint(const std::string& path, torch::nn::Module& model);
+// A checkpoint checked against a model, read piece by piece.
+class HfCheckpoint {
+ public:
+  // check_hf_checkpoint's checks; `model` may be on the meta device.
+  HfCheckpoint(const std::string& path, torch::nn::Module& model);
+  ~HfCheckpoint();
+  HfCheckpoint(const HfCheckpoint&) = delete;
+  HfCheckpoint& operator=(const HfCheckpoint&) = delete;
+
+  // Elements [offset, offset + dst.numel()) of parameter `name` (its
+  // model name), flattened in row-major order, read from the file and
+  // converted into `dst` (contiguous; any floating dtype, any device).
+  void read(const std::string& name, int64_t offset, const torch::Tensor& dst);
+  // Data bytes read so far, and every parameter's stored bytes.
+  int64_t bytes_read() const { return bytes_read_; }
+  int64_t data_bytes() const { return data_bytes_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t bytes_read_ = 0;
+  int64_t data_bytes_ = 0;
+};
 
 }  // namespace shardfit::executor

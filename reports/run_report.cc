@@ -107,6 +107,7 @@ nlohmann::json to_json(const RunReport& r) {
     j["peak_error_pct"] = rk.peak_error_pct ? nlohmann::json(*rk.peak_error_pct) : nullptr;
     j["oom"] = rk.oom;
     if (rk.oom) j["oom_message"] = rk.oom_message;
+    if (rk.init_read_bytes) j["init_read_bytes"] = *rk.init_read_bytes;
     ranks.push_back(j);
   }
   auto opt = [](const auto& v) {  // std::optional<int64_t> or <double>
@@ -130,6 +131,8 @@ nlohmann::json to_json(const RunReport& r) {
             {"checkpoints", r.checkpoints},
             {"resumed_from", r.resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.resumed_from)},
             {"resume_changes", r.resume_changes},
+            {"init", r.init_from.empty() ? nlohmann::json(nullptr)
+                                         : nlohmann::json{{"path", r.init_from}, {"data_bytes", r.init_data_bytes}}},
             {"diverged_at_step", r.diverged_at_step > 0 ? nlohmann::json(r.diverged_at_step) : nlohmann::json(nullptr)},
             {"interrupted", r.interrupted},
             {"saved_on_signal_step",
@@ -172,6 +175,11 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   if (run.contains("checkpoints")) r.checkpoints = get<std::vector<std::string>>(run, "checkpoints", w);
   if (run.contains("resumed_from") && run["resumed_from"].is_string())
     r.resumed_from = run["resumed_from"].get<std::string>();
+  if (run.contains("init") && !run["init"].is_null()) {
+    const auto& init = run["init"];
+    r.init_from = get<std::string>(init, "path", w + ".init");
+    r.init_data_bytes = get<int64_t>(init, "data_bytes", w + ".init");
+  }
   if (run.contains("resume_changes"))
     r.resume_changes = get<std::vector<std::string>>(run, "resume_changes", w);
   if (run.contains("diverged_at_step") && !run["diverged_at_step"].is_null())
@@ -200,6 +208,8 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
       x.peak_error_pct = rk["peak_error_pct"].get<double>();
     x.oom = rk.value("oom", false);
     x.oom_message = rk.value("oom_message", "");
+    if (rk.contains("init_read_bytes") && !rk["init_read_bytes"].is_null())
+      x.init_read_bytes = json_whole<int64_t>(rk["init_read_bytes"], wr + ".init_read_bytes");
     r.ranks.push_back(x);
   }
   if (j.contains("max_batch")) {

@@ -43,6 +43,9 @@ struct RankReport {
   std::optional<double> peak_error_pct;    // 100 × (predicted − measured) / measured
   bool oom = false;                        // the run hit the memory budget
   std::string oom_message;
+  // `run --init`: the checkpoint data bytes this rank read (its own shard's
+  // elements under zero2/zero3/hybrid, every parameter under ddp/zero1).
+  std::optional<int64_t> init_read_bytes;
 };
 
 struct RunReport {
@@ -58,6 +61,10 @@ struct RunReport {
   std::vector<double> loss;
   std::vector<std::string> checkpoints;  // committed checkpoint directories (--save)
   std::string resumed_from;              // the checkpoint directory (--resume), or ""
+  // `run --init`: the Hugging Face checkpoint, and its parameters' stored
+  // bytes (each rank's share in ranks[].init_read_bytes); "" and 0 without.
+  std::string init_from;
+  int64_t init_data_bytes = 0;
   // --resume-anyway: the options that differ from the checkpoint's job
   // ("batch_per_gpu 4 -> 8"), so the loss curve is not the one it would have been.
   std::vector<std::string> resume_changes;

@@ -6,6 +6,11 @@
 //    weights stay as loaded) gives the same bytes, for llama-tiny, qwen-tiny,
 //    gpt2-tiny and bert-tiny, also from a directory of two shards with
 //    model.safetensors.index.json;
+//  - each rank reads only its own shard's bytes (zero3: the ranks' reads
+//    add up to the checkpoint, ddp: every rank reads it all; the report
+//    says so) and holds at init exactly what the plan predicts; a BF16
+//    checkpoint, read piece by piece at element offsets, loads as its
+//    values widened to fp32, bit for bit;
 //  - a llama-tiny run started from another run's export continues its loss
 //    curve (far below a fresh start);
 //  - a missing, extra, misshapen or wrongly typed tensor is exit 2 with one
@@ -143,6 +148,94 @@ TEST(HfInit, ShardedDirectoryWithIndexLoads) {
                        {"--init", sharded.string(), "--lr", "1e-50", "--weight-decay", "0"})
           .empty());
   EXPECT_TRUE(read_file(a) == read_file(b));
+}
+
+// The report of a run with `--init`, and the exit code.
+json init_report(const fs::path& dir, const std::string& strategy, int nproc, const fs::path& init,
+                 const std::string& tag, const fs::path& exported = {}) {
+  std::vector<std::string> args = {"run", "--model", "llama-tiny", "--strategy", strategy, "--nproc",
+                                   std::to_string(nproc), "--batch", "2", "--seq-len", "32", "--steps", "1",
+                                   "--init", init.string(), "--lr", "1e-50", "--weight-decay", "0",
+                                   "--out", (dir / (tag + ".json")).string()};
+  if (nproc > 2) args.push_back("--oversubscribe");  // CI has 2 cores
+  if (!exported.empty()) {
+    for (const std::string& a : {std::string("--save"), (dir / ("ckpt-" + tag)).string(), std::string("--export"),
+                                 exported.string()})
+      args.push_back(a);
+  }
+  const Result r = shardfit(dir, args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  if (r.exit_code != 0) return json();
+  return json::parse(read_file(dir / (tag + ".json")));
+}
+
+TEST(HfInit, EachRankReadsOnlyItsOwnShard) {
+  const fs::path dir = test_dir();
+  const fs::path a = dir / "a.safetensors";
+  ASSERT_FALSE(train_and_export(dir, "llama-tiny", "ddp/fp32/wrap=none", 1, 1, a).empty());
+  const auto data_bytes = static_cast<int64_t>(parse(read_file(a)).data.size());
+  for (const auto& [strategy, nproc] : {std::pair{"zero3/fp32/wrap=block", 2}, std::pair{"zero2/fp32/wrap=block", 3},
+                                        std::pair{"ddp/fp32/wrap=none", 2}}) {
+    SCOPED_TRACE(strategy);
+    const json report = init_report(dir, strategy, nproc, a, "read-" + std::to_string(nproc));
+    ASSERT_TRUE(report.is_object());
+    EXPECT_EQ(report["run"]["init"]["data_bytes"].get<int64_t>(), data_bytes);
+    int64_t sum = 0;
+    for (const json& rank : report["ranks"]) {
+      const auto read = rank["init_read_bytes"].get<int64_t>();
+      sum += read;
+      if (std::string(strategy).rfind("ddp", 0) == 0) {
+        EXPECT_EQ(read, data_bytes) << "ddp keeps every parameter on every rank";
+      } else {
+        EXPECT_LT(read, data_bytes) << "rank " << rank["rank"] << " read the whole model";
+        // Shards are ceil(numel / world) elements per unit: a rank reads at most that.
+        EXPECT_LE(read, data_bytes / nproc + 4 * 16) << "rank " << rank["rank"];
+      }
+      // What init holds on the device is what the plan charges for it.
+      auto at_init = [](const json& timeline) {
+        for (const json& t : timeline)
+          if (t["phase"] == "init") return t["allocated_bytes"].get<int64_t>();
+        return int64_t{-1};
+      };
+      const int64_t measured = at_init(rank["measured"]["timeline"]);
+      EXPECT_GT(measured, 0);
+      EXPECT_EQ(measured, at_init(rank["predicted"]["timeline"])) << "rank " << rank["rank"];
+    }
+    if (std::string(strategy).rfind("ddp", 0) != 0) {
+      EXPECT_EQ(sum, data_bytes) << "the shards tile the model";
+    }
+  }
+}
+
+TEST(HfInit, ABf16CheckpointLoadsAsItsValuesWidened) {
+  const fs::path dir = test_dir();
+  const fs::path a = dir / "a.safetensors", half = dir / "a-bf16.safetensors", b = dir / "b.safetensors";
+  ASSERT_FALSE(train_and_export(dir, "llama-tiny", "zero3/fp32/wrap=block", 2, 2, a).empty());
+  // BF16 is a float's upper 16 bits (little-endian: bytes 2 and 3).
+  Safetensors st = parse(read_file(a));
+  json header = st.header;
+  std::string data, widened(st.data.size(), '\0');
+  for (const auto& item : st.header.items()) {
+    if (item.key() == "__metadata__") continue;
+    const auto begin = item.value()["data_offsets"][0].get<size_t>();
+    const auto end = item.value()["data_offsets"][1].get<size_t>();
+    header[item.key()]["dtype"] = "BF16";
+    header[item.key()]["data_offsets"] = {begin / 2, end / 2};
+  }
+  header.erase("__metadata__");  // its checksums are the fp32 data's
+  data.resize(st.data.size() / 2);
+  for (size_t i = 0; i < st.data.size(); i += 4) {
+    data[i / 2] = st.data[i + 2];
+    data[i / 2 + 1] = st.data[i + 3];
+    widened[i + 2] = st.data[i + 2];
+    widened[i + 3] = st.data[i + 3];
+  }
+  write(half, header, data);
+  const json report = init_report(dir, "zero3/fp32/wrap=block", 2, half, "bf16", b);
+  ASSERT_TRUE(report.is_object());
+  EXPECT_EQ(report["run"]["init"]["data_bytes"].get<int64_t>(), static_cast<int64_t>(data.size()));
+  const Safetensors out = parse(read_file(b));
+  EXPECT_TRUE(out.data == widened) << "the exported fp32 values are not the BF16 ones widened";
 }
 
 TEST(HfInit, ARunFromAnExportContinuesTheLossCurve) {

@@ -151,6 +151,28 @@ TEST(StepTime, MeasuredFromTokensPerSecondBesideTheModelsPrediction) {
   EXPECT_THROW(report_from_json(old, "old"), std::invalid_argument);
 }
 
+TEST(RunReport, CarriesWhatInitRead) {
+  RunReport r = report(1024, 0, epyc());
+  r.init_from = "/ckpt/model.safetensors";
+  r.init_data_bytes = 4000;
+  r.ranks.resize(2);
+  r.ranks[0].init_read_bytes = 2000;
+  r.ranks[1].rank = 1;
+  r.ranks[1].init_read_bytes = 2000;
+  const RunReport back = report_from_json(to_json(r), "test");
+  EXPECT_EQ(back.init_from, r.init_from);
+  EXPECT_EQ(back.init_data_bytes, 4000);
+  ASSERT_EQ(back.ranks.size(), 2u);
+  EXPECT_EQ(back.ranks[1].init_read_bytes, 2000);
+  // Without --init: no field, nothing read back.
+  const nlohmann::json plain = to_json(report(1024, 0, epyc()));
+  EXPECT_TRUE(plain["run"]["init"].is_null());
+  EXPECT_TRUE(report_from_json(plain, "plain").init_from.empty());
+  nlohmann::json bad = to_json(r);
+  bad["run"]["init"]["data_bytes"] = "4k";
+  EXPECT_THROW(report_from_json(bad, "bad"), std::invalid_argument);
+}
+
 TEST(StepTime, ComparePrintsItAndGatesOnlyWhenAsked) {
   RunReport r = report(1024, 0, epyc());
   set_step_time(r, 512, 0.4);  // -20%
