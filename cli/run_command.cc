@@ -61,21 +61,28 @@
 namespace shardfit::cli {
 namespace {
 
-executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int shard_group_size) {
-  executor::EngineOptions o;
+// What the single-rank trainer and the engine both take from the job.
+executor::TrainOptions train_options(const RunArgs& a, const Job& job) {
+  executor::TrainOptions o;
   o.model = job.model;
-  o.candidate = job.candidate;
   o.batch = job.batch;
   o.seq_len = job.seq_len;
   o.steps = a.steps;
-  o.grad_accum = job.grad_accum;
   o.seed = a.seed;
   o.data = a.data;
   o.adamw.lr = a.lr;
   o.adamw.weight_decay = a.weight_decay;
+  o.budget_bytes = job.budget_bytes;
+  return o;
+}
+
+executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int shard_group_size) {
+  executor::EngineOptions o;
+  static_cast<executor::TrainOptions&>(o) = train_options(a, job);
+  o.candidate = job.candidate;
+  o.grad_accum = job.grad_accum;
   o.clip_grad_norm = a.clip_grad_norm;
   o.shard_group_size = shard_group_size;
-  o.budget_bytes = job.budget_bytes;
   // One GPU per rank: cuda:LOCAL_RANK (torchrun and --nproc set it; 0 alone or loopback).
   const char* local_rank = std::getenv("LOCAL_RANK");
   o.device = job.device == "cuda" ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank ? std::atoi(local_rank) : 0))
@@ -183,17 +190,7 @@ std::function<void(const executor::StepLog&)> step_logger(int64_t steps) {
 
 // One rank alone, ddp/fp32/wrap=none: the single-rank trainer, as before.
 int run_single_rank_trainer(const RunArgs& a, const Job& job) {
-  executor::TrainOptions o;
-  o.model = job.model;
-  o.batch = job.batch;
-  o.seq_len = job.seq_len;
-  o.steps = a.steps;
-  o.seed = a.seed;
-  o.data = a.data;
-  o.adamw.lr = a.lr;
-  o.adamw.weight_decay = a.weight_decay;
-  o.budget_bytes = job.budget_bytes;
-  auto result = executor::train_single_rank(o, step_logger(a.steps));
+  auto result = executor::train_single_rank(train_options(a, job), step_logger(a.steps));
   reports::RunReport r = report_skeleton(job, result.param_count, 1, 1, "none");
   r.steps = static_cast<int64_t>(result.loss.size());
   r.loss = result.loss;

@@ -450,39 +450,13 @@ bool is_loopback_address(const std::string& addr) {
 }
 
 std::unique_ptr<Communicator> make_gloo(const CommOptions& o) {
-  // A peer that dies closes its sockets; writing to them must be an error,
-  // not SIGPIPE killing this rank (Python, hence torch.distributed, ignores
-  // SIGPIPE the same way).
-  struct sigaction old {};
-  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
-
+  comm_detail::ignore_sigpipe();
   auto world = std::make_shared<GlooWorld>();
   world->timeout = o.timeout;
   world->all_gather_algo = o.gloo_all_gather;
   world->global_rank = o.rank;
-  world->store_address = o.master_addr + ":" + std::to_string(o.master_port);
-  const bool host_store = o.rank == 0 && !o.store_hosted_by_agent;
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(o.master_port);
-  store_options.isServer = host_store;
-  store_options.numWorkers = static_cast<size_t>(o.world_size);
-  store_options.waitWorkers = false;  // the group rendezvous below names who is missing
-  store_options.timeout = o.timeout;
-  c10::intrusive_ptr<c10d::Store> tcp;
-  try {
-    const Watchdog watchdog(o.timeout + kWatchdogGrace, "reaching the store at " + world->store_address);
-    tcp = c10::make_intrusive<c10d::TCPStore>(o.master_addr, store_options);
-  } catch (const std::exception& e) {
-    throw CommError("rendezvous failed on rank " + std::to_string(o.rank) + ": " +
-                        (host_store ? "cannot host the store at " : "cannot reach the store at ") +
-                        world->store_address +
-                        (host_store ? " (is the port in use?)" : " within " + seconds_str(o.timeout) +
-                                                                     " (rank 0 hosts it)") +
-                        ": " + error_text(e),
-                    "rendezvous", {});
-  }
-  const std::string prefix = (o.store_prefix.empty() ? "" : o.store_prefix + "/") + "shardfit";
-  world->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
+  world->store_address = comm_detail::store_address(o);
+  world->store = comm_detail::connect_store(o, "shardfit");
 
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
     world->device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
@@ -499,14 +473,7 @@ std::unique_ptr<Communicator> make_gloo(const CommOptions& o) {
 }  // namespace
 
 std::unique_ptr<Communicator> make_communicator(const CommOptions& o) {
-  if (o.world_size < 1)
-    throw std::invalid_argument("world size " + std::to_string(o.world_size) + ": must be at least 1");
-  if (o.rank < 0 || o.rank >= o.world_size)
-    throw std::invalid_argument("rank " + std::to_string(o.rank) + ": must be in [0, " +
-                                std::to_string(o.world_size) + ") for world size " +
-                                std::to_string(o.world_size));
-  if (o.timeout.count() <= 0)
-    throw std::invalid_argument("timeout " + std::to_string(o.timeout.count()) + " ms: must be positive");
+  comm_detail::check_comm_options(o, o.backend != Backend::kLoopback);
   switch (o.backend) {
     case Backend::kLoopback: {
       std::vector<int> globals(static_cast<size_t>(o.world_size));
@@ -514,9 +481,6 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& o) {
       return std::make_unique<LoopbackCommunicator>(o.rank, std::move(globals));
     }
     case Backend::kGloo:
-      if (o.master_port < 1 || o.master_port > 65535)
-        throw std::invalid_argument("MASTER_PORT " + std::to_string(o.master_port) +
-                                    ": must be in 1..65535");
       return make_gloo(o);
     case Backend::kNccl:
 #if SHARDFIT_WITH_NCCL

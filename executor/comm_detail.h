@@ -14,10 +14,15 @@
 #include <string>
 #include <vector>
 
+#include <signal.h>
+
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "executor/comm.h"
+#include "executor/watchdog.h"
 
 namespace shardfit::executor::comm_detail {
 
@@ -118,6 +123,59 @@ inline std::vector<std::vector<uint8_t>> store_rendezvous(c10d::Store& store, co
   std::vector<std::vector<uint8_t>> values;
   for (const auto& k : keys) values.push_back(store.get(k));
   return values;
+}
+
+// The checks every backend's constructor starts with; `store`: it meets
+// its peers through MASTER_ADDR:MASTER_PORT (gloo, nccl).
+inline void check_comm_options(const CommOptions& o, bool store) {
+  if (o.world_size < 1)
+    throw std::invalid_argument("world size " + std::to_string(o.world_size) + ": must be at least 1");
+  if (o.rank < 0 || o.rank >= o.world_size)
+    throw std::invalid_argument("rank " + std::to_string(o.rank) + ": must be in [0, " +
+                                std::to_string(o.world_size) + ") for world size " + std::to_string(o.world_size));
+  if (o.timeout.count() <= 0)
+    throw std::invalid_argument("timeout " + std::to_string(o.timeout.count()) + " ms: must be positive");
+  if (store && (o.master_port < 1 || o.master_port > 65535))
+    throw std::invalid_argument("MASTER_PORT " + std::to_string(o.master_port) + ": must be in 1..65535");
+}
+
+// A peer that dies closes its sockets; writing to them must be an error,
+// not SIGPIPE killing this rank (Python, hence torch.distributed, ignores
+// SIGPIPE the same way). A handler someone installed is left alone.
+inline void ignore_sigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+}
+
+inline std::string store_address(const CommOptions& o) {
+  return o.master_addr + ":" + std::to_string(o.master_port);
+}
+
+// The job's store, every backend's one rendezvous point: a TCPStore at
+// MASTER_ADDR:MASTER_PORT hosted by rank 0 (or by the launcher's agent),
+// seen through the prefix "<store_prefix>/<name>". Reaching it is bounded
+// by the timeout (and the watchdog past it); failing is one CommError.
+inline c10::intrusive_ptr<c10d::Store> connect_store(const CommOptions& o, const std::string& name) {
+  const bool host_store = o.rank == 0 && !o.store_hosted_by_agent;
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(o.master_port);
+  options.isServer = host_store;
+  options.numWorkers = static_cast<size_t>(o.world_size);
+  options.waitWorkers = false;  // the group rendezvous names who is missing
+  options.timeout = o.timeout;
+  c10::intrusive_ptr<c10d::Store> tcp;
+  try {
+    const Watchdog watchdog(o.timeout + kWatchdogGrace, "reaching the store at " + store_address(o));
+    tcp = c10::make_intrusive<c10d::TCPStore>(o.master_addr, options);
+  } catch (const std::exception& e) {
+    throw CommError("rendezvous failed on rank " + std::to_string(o.rank) + ": " +
+                        (host_store ? "cannot host the store at " : "cannot reach the store at ") + store_address(o) +
+                        (host_store ? " (is the port in use?)"
+                                    : " within " + seconds_str(o.timeout) + " (rank 0 hosts it)") +
+                        ": " + error_text(e),
+                    "rendezvous", {});
+  }
+  return c10::make_intrusive<c10d::PrefixStore>((o.store_prefix.empty() ? "" : o.store_prefix + "/") + name, tcp);
 }
 
 }  // namespace shardfit::executor::comm_detail

@@ -169,13 +169,7 @@ void check_engine_options(const EngineOptions& o, int world_size) {
   if (o.steps < 1) throw std::invalid_argument("--steps " + std::to_string(o.steps) + ": must be at least 1");
   if (o.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(o.grad_accum) + ": must be at least 1");
-  if (o.seq_len < 2 || o.seq_len > m.max_positions)
-    throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + ": must be in 2.." +
-                                std::to_string(m.max_positions) + " for " + m.name);
-  models::check_sequence_supported(m, o.seq_len);
-  if (m.family == models::Family::kBert && o.seq_len < 5)
-    throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) +
-                                ": BERT sentence pairs need at least 5 tokens");
+  models::check_seq_len(m, o.seq_len);
   if (o.stop_requested && o.checkpoint.save_dir.empty())
     throw std::invalid_argument("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
   const spec::Candidate& c = o.candidate;

@@ -54,16 +54,13 @@
 
 namespace shardfit::executor {
 
-struct EngineOptions {
-  models::ModelConfig model;
+// The single-rank trainer's options (model, batch, seq_len, steps, seed,
+// data, adamw, budget_bytes), read per rank: `batch` is sequences per rank
+// per micro-batch, `steps` optimizer steps, the seed's model init identical
+// on every rank; then what only the engine has.
+struct EngineOptions : TrainOptions {
   spec::Candidate candidate;
-  int64_t batch = 1;       // sequences per rank per micro-batch
-  int64_t seq_len = 128;   // tokens per sequence
-  int64_t steps = 10;      // optimizer steps
   int64_t grad_accum = 1;  // micro-batches per optimizer step
-  uint64_t seed = 1234;    // model init (identical on every rank), dropout, synthetic data
-  std::string data = "synthetic";  // or an llm.c token file
-  AdamWOptions adamw;
   // Clip the global gradient norm (over every rank's shard) to this value,
   // as torch.nn.utils.clip_grad_norm_. 0 = off, the default: the single-rank
   // trainer does not clip, and the parity tests compare against it.
@@ -75,12 +72,12 @@ struct EngineOptions {
   // activations and comm buffers live there; +offload state on the host
   // (pinned on CUDA). The full model is built on the host first (as FSDP
   // does from a CPU init): the same initial values as on the CPU, and the
-  // full model's bytes never pass through the GPU's caching allocator.
+  // full model's bytes never pass through the GPU's caching allocator
+  // (with init_from: on the meta device, each rank reading its part).
   c10::Device device = torch::kCPU;
-  // The device's memory in bytes (--gpu-mem); 0 = unlimited. Past it the
-  // step fails as OOM, a result. cpu: tracked bytes above what predates the
-  // run; cuda: a card of this many bytes in all (DeviceMeter::limit_device_bytes).
-  int64_t budget_bytes = 0;
+  // budget_bytes (--gpu-mem; 0 = unlimited), past which the step fails as
+  // OOM, a result: cpu, tracked bytes above what predates the run; cuda, a
+  // card of this many bytes in all (DeviceMeter::limit_device_bytes).
   // Called at the start of every step (from 1); tests kill ranks here.
   std::function<void(int64_t step)> on_step_begin;
   // Sharded checkpoints (executor/train_checkpoint.h): resume after init,

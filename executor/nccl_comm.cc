@@ -55,7 +55,6 @@ using nccl_detail::Pending;
 
 using comm_detail::join_ints;
 using comm_detail::seconds_str;
-std::string first_line(const std::exception& e) { return comm_detail::error_text(e); }
 
 // Selects `device` for this thread while alive.
 class DeviceGuard {
@@ -645,51 +644,21 @@ std::string nccl_version_string() {
 }
 
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(const CommOptions& o, const NcclOptions& nccl) {
-  if (o.world_size < 1)
-    throw std::invalid_argument("world size " + std::to_string(o.world_size) + ": must be at least 1");
-  if (o.rank < 0 || o.rank >= o.world_size)
-    throw std::invalid_argument("rank " + std::to_string(o.rank) + ": must be in [0, " +
-                                std::to_string(o.world_size) + ") for world size " + std::to_string(o.world_size));
-  if (o.timeout.count() <= 0)
-    throw std::invalid_argument("timeout " + std::to_string(o.timeout.count()) + " ms: must be positive");
-  if (o.master_port < 1 || o.master_port > 65535)
-    throw std::invalid_argument("MASTER_PORT " + std::to_string(o.master_port) + ": must be in 1..65535");
+  comm_detail::check_comm_options(o, /*store=*/true);
   std::string why;
   const int visible = cuda_device_count(&why);
   if (visible == 0)
     throw std::invalid_argument("--backend nccl: no CUDA device is visible (" + why +
                                 "); use --backend gloo on CPU, or loopback");
 
-  struct sigaction old {};
-  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
-
+  comm_detail::ignore_sigpipe();
   auto world = std::make_shared<NcclWorld>();
   world->timeout = o.timeout;
   world->global_rank = o.rank;
   world->options = nccl;
   world->device = choose_device(o.rank, nccl.device, visible);
-  world->store_address = o.master_addr + ":" + std::to_string(o.master_port);
-  const bool host_store = o.rank == 0 && !o.store_hosted_by_agent;
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(o.master_port);
-  store_options.isServer = host_store;
-  store_options.numWorkers = static_cast<size_t>(o.world_size);
-  store_options.waitWorkers = false;  // the group rendezvous names who is missing
-  store_options.timeout = o.timeout;
-  c10::intrusive_ptr<c10d::Store> tcp;
-  try {
-    tcp = c10::make_intrusive<c10d::TCPStore>(o.master_addr, store_options);
-  } catch (const std::exception& e) {
-    throw CommError("rendezvous failed on rank " + std::to_string(o.rank) + ": " +
-                        (host_store ? "cannot host the store at " : "cannot reach the store at ") +
-                        world->store_address +
-                        (host_store ? " (is the port in use?)"
-                                    : " within " + seconds_str(o.timeout) + " (rank 0 hosts it)") +
-                        ": " + first_line(e),
-                    "rendezvous", {});
-  }
-  const std::string prefix = (o.store_prefix.empty() ? "" : o.store_prefix + "/") + "shardfit/nccl";
-  world->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
+  world->store_address = comm_detail::store_address(o);
+  world->store = comm_detail::connect_store(o, "shardfit/nccl");
 
   std::vector<int> globals(static_cast<size_t>(o.world_size));
   for (int r = 0; r < o.world_size; ++r) globals[r] = r;

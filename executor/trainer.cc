@@ -13,12 +13,7 @@ namespace shardfit::executor {
 TrainResult train_single_rank(const TrainOptions& o, const std::function<void(const StepLog&)>& on_step) {
   if (o.batch < 1) throw std::invalid_argument("--batch " + std::to_string(o.batch) + ": must be at least 1");
   if (o.steps < 1) throw std::invalid_argument("--steps " + std::to_string(o.steps) + ": must be at least 1");
-  if (o.seq_len < 2 || o.seq_len > o.model.max_positions)
-    throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + ": must be in 2.." +
-                                std::to_string(o.model.max_positions) + " for " + o.model.name);
-  models::check_sequence_supported(o.model, o.seq_len);
-  if (o.model.family == models::Family::kBert && o.seq_len < 5)
-    throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + ": BERT sentence pairs need at least 5 tokens");
+  models::check_seq_len(o.model, o.seq_len);
   auto data = o.data == "synthetic" ? make_synthetic(o.model, o.seq_len, o.seed)
                                     : make_token_file(o.data, o.model, o.seq_len, o.batch);
 

@@ -253,12 +253,15 @@ void set_attention(ModelConfig* c, const std::string& attention) {
 
 const char* attention_name(const ModelConfig& c) { return c.flash_attention ? "flash" : "eager"; }
 
-void check_sequence_supported(const ModelConfig& c, int64_t seq_len) {
+void check_seq_len(const ModelConfig& c, int64_t seq_len) {
+  const std::string arg = "--seq-len " + std::to_string(seq_len);
+  if (seq_len < 2 || seq_len > c.max_positions)
+    throw std::invalid_argument(arg + ": " + c.name + " takes 2.." + std::to_string(c.max_positions) + " tokens");
+  if (c.family == Family::kBert && seq_len < 5)
+    throw std::invalid_argument(arg + ": BERT sentence pairs need at least 5 tokens");
   if (c.family == Family::kLlama && c.sliding_window > 0 && seq_len > c.sliding_window)
-    throw std::invalid_argument(c.name + ": field 'sliding_window' " +
-                                std::to_string(c.sliding_window) +
-                                " is shorter than --seq-len " + std::to_string(seq_len) +
-                                " (sliding-window attention is not supported)");
+    throw std::invalid_argument(arg + ": " + c.name + "'s field 'sliding_window' " + std::to_string(c.sliding_window) +
+                                " is shorter (sliding-window attention is not supported)");
 }
 
 }  // namespace shardfit::models

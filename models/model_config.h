@@ -104,10 +104,11 @@ const char* family_name(Family f);
 std::vector<ModelConfig> llama_builtins();
 ModelConfig parse_llama_config(const std::string& json_text, const std::string& origin);
 int64_t llama_param_count(const ModelConfig& c);
-// Throws std::invalid_argument naming the config key when `seq_len` needs an
-// option the llama code does not implement (a sliding window shorter than the
-// sequence). No-op for other families.
-void check_sequence_supported(const ModelConfig& c, int64_t seq_len);
+// The one check of a sequence length, for plan, trace and run alike: 2 up
+// to the model's positions; BERT's sentence pairs need 5; a llama-family
+// sliding window must not be shorter (not implemented: refused naming the
+// config key). Throws std::invalid_argument starting "--seq-len N".
+void check_seq_len(const ModelConfig& c, int64_t seq_len);
 
 // `--loss`: "full" or "chunked:N" (N tokens at a time, N >= 1) into
 // c->loss_chunk. Throws std::invalid_argument naming --loss (a bad value, or

@@ -240,10 +240,7 @@ Plan build_plan(const PlanRequest& r) {
   if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
   if (r.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(r.grad_accum) + ": must be at least 1");
-  if (r.seq_len < 2 || r.seq_len > r.model.max_positions)
-    throw std::invalid_argument("--seq-len " + std::to_string(r.seq_len) + ": " + r.model.name +
-                                " takes 2.." + std::to_string(r.model.max_positions) + " tokens");
-  models::check_sequence_supported(r.model, r.seq_len);
+  models::check_seq_len(r.model, r.seq_len);
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;

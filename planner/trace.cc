@@ -240,10 +240,7 @@ c10::ScalarType scalar_type(DType d) {
 
 ModelTrace trace_step(const models::ModelConfig& config, const TraceOptions& o) {
   if (o.batch < 1) throw std::invalid_argument("batch " + std::to_string(o.batch) + ": must be at least 1");
-  if (o.seq_len < 2 || o.seq_len > config.max_positions)
-    throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + ": " + config.name +
-                                " takes 2.." + std::to_string(config.max_positions) + " tokens");
-  models::check_sequence_supported(config, o.seq_len);
+  models::check_seq_len(config, o.seq_len);
   std::lock_guard<std::mutex> lock(g_trace_mu);
   register_missing_meta_kernels();
   install_meta_allocator();

@@ -168,14 +168,32 @@ TEST(LlamaConfig, HuggingFaceClassesBoundsAndConfigRoundTrip) {
 
 TEST(LlamaConfig, SlidingWindowShorterThanTheSequenceIsRefused) {
   const auto m = models::resolve_model("mistral-7b");
-  EXPECT_NO_THROW(models::check_sequence_supported(m, 4096));
+  EXPECT_NO_THROW(models::check_seq_len(m, 4096));
   try {
-    models::check_sequence_supported(m, 4097);
+    models::check_seq_len(m, 4097);
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("sliding_window"), std::string::npos) << e.what();
   }
-  EXPECT_NO_THROW(models::check_sequence_supported(models::resolve_model("qwen2.5-7b"), 131072));
+  EXPECT_NO_THROW(models::check_seq_len(models::resolve_model("qwen2.5-7b"), 131072));
+}
+
+TEST(SeqLen, OneCheckForPlanTraceAndRun) {
+  auto error = [](const std::string& model, int64_t seq_len) -> std::string {
+    try {
+      models::check_seq_len(models::resolve_model(model), seq_len);
+      return "";
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(error("gpt2-tiny", 2), "");
+  EXPECT_EQ(error("gpt2-tiny", 1).rfind("--seq-len 1: gpt2-tiny takes 2..", 0), 0u) << error("gpt2-tiny", 1);
+  const int64_t positions = models::resolve_model("gpt2-tiny").max_positions;
+  EXPECT_EQ(error("gpt2-tiny", positions), "");
+  EXPECT_NE(error("gpt2-tiny", positions + 1), "");
+  EXPECT_NE(error("bert-tiny", 4).find("BERT sentence pairs"), std::string::npos);
+  EXPECT_EQ(error("bert-tiny", 5), "");
 }
 
 TEST(LlamaModel, HuggingFaceNamesAndShapes) {
