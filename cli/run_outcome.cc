@@ -31,11 +31,11 @@ reports::MemoryFigures predicted_figures(const planner::StepSimResult& sim) {
   reports::MemoryFigures f;
   f.peak_allocated_bytes = sim.peak_allocated_bytes;
   f.peak_reserved_bytes = sim.peak_reserved_bytes;
-  for (const auto& p : sim.timeline) {
-    f.timeline.push_back({p.label, p.allocated_bytes, p.reserved_bytes, p.peak_allocated_bytes});
+  f.timeline = sim.timeline;
+  for (const auto& bytes : sim.timeline_category_bytes) {
     auto& classes = f.timeline_category_bytes.emplace_back();
     for (int c = 0; c < planner::kNumCategories; ++c)
-      classes[planner::category_name(static_cast<planner::Category>(c))] = p.category_bytes[c];
+      classes[planner::category_name(static_cast<planner::Category>(c))] = bytes[c];
   }
   for (int c = 0; c < planner::kNumCategories; ++c)
     f.breakdown_bytes[planner::category_name(static_cast<planner::Category>(c))] =
@@ -53,10 +53,9 @@ reports::RankReport rank_report(int rank, int64_t peak,
   r.rank = rank;
   r.measured.peak_allocated_bytes = peak;
   r.measured.peak_reserved_bytes = cuda ? cuda_peak_reserved : peak;
-  for (const auto& t : timeline)
-    r.measured.timeline.push_back({t.phase, t.allocated_bytes,
-                                   cuda ? t.reserved_bytes : t.allocated_bytes,
-                                   t.peak_allocated_bytes});
+  r.measured.timeline = timeline;
+  if (!cuda)
+    for (auto& t : r.measured.timeline) t.reserved_bytes = t.allocated_bytes;
   r.oom = oom;
   r.oom_message = oom_message;
   return r;
@@ -105,7 +104,7 @@ std::vector<std::string> all_gather_strings(executor::Communicator& comm, const 
 nlohmann::json rank_json(const reports::RankReport& r) {
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& t : r.measured.timeline)
-    timeline.push_back({t.phase, t.allocated_bytes, t.peak_allocated_bytes, t.reserved_bytes});
+    timeline.push_back({t.label, t.allocated_bytes, t.reserved_bytes, t.peak_allocated_bytes});
   nlohmann::json j = {{"rank", r.rank},
                       {"peak", r.measured.peak_allocated_bytes},
                       {"peak_reserved", r.measured.peak_reserved_bytes},
@@ -120,7 +119,7 @@ reports::RankReport rank_from_json(const nlohmann::json& j) {
   std::vector<executor::TimelinePoint> timeline;
   for (const auto& t : j.at("timeline"))
     timeline.push_back({t.at(0).get<std::string>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>(),
-                        t.at(3).get<int64_t>()});
+                        t.at(3).get<int64_t>()});  // label, allocated, reserved, peak allocated
   // Reserved as the rank measured it (on the CPU it equals allocated).
   reports::RankReport r = rank_report(j.at("rank").get<int>(), j.at("peak").get<int64_t>(), timeline,
                                       j.at("oom").get<bool>(), j.at("oom_message").get<std::string>(),

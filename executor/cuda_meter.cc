@@ -172,7 +172,7 @@ void CudaMeter::mark(const std::string& phase) {
   std::lock_guard<std::mutex> lock(mu_);
   const Stats s = read();
   TimelinePoint p;
-  p.phase = phase;
+  p.label = phase;
   p.allocated_bytes = s.allocated;
   p.peak_allocated_bytes = s.peak_allocated;
   p.reserved_bytes = s.reserved;

@@ -110,7 +110,11 @@ void TrackingAllocator::reset_peak() {
 void TrackingAllocator::mark(const std::string& phase) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = allocated_.load();
-  timeline_.push_back({phase, now, peak_since_mark_.exchange(now)});
+  TimelinePoint p;
+  p.label = phase;
+  p.allocated_bytes = now;
+  p.peak_allocated_bytes = peak_since_mark_.exchange(now);
+  timeline_.push_back(p);
 }
 
 std::vector<TimelinePoint> TrackingAllocator::timeline() const {

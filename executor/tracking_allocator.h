@@ -18,19 +18,11 @@
 #include <vector>
 
 #include "compat/c10_allocator.h"
+#include "spec/timeline.h"
 
 namespace shardfit::executor {
 
-struct TimelinePoint {
-  std::string phase;                 // e.g. "init", "step1/forward"
-  int64_t allocated_bytes = 0;       // live bytes when the phase ended
-  int64_t peak_allocated_bytes = 0;  // highest live bytes since the previous point
-  // What the device's allocator holds (CUDA: cached segments too). Only a
-  // DeviceMeter fills these (the CPU one with the allocated figures, since
-  // nothing is cached); TrackingAllocator::timeline leaves them 0.
-  int64_t reserved_bytes = 0;
-  int64_t peak_reserved_bytes = 0;
-};
+using spec::TimelinePoint;  // label, allocated, reserved (0 here: DeviceMeter fills it), peaks
 
 class TrackingAllocator final : public c10::Allocator {
  public:

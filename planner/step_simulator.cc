@@ -335,8 +335,8 @@ void StepReplay::host_alloc(int64_t bytes) {
 void StepReplay::mark(int label) {
   if (!options_.record_timeline) return;
   result_->timeline.push_back(TimelinePoint{sim_.labels_[label], allocator_.allocated_bytes(),
-                                            allocator_.reserved_bytes(), category_bytes_,
-                                            peak_since_mark_});
+                                            allocator_.reserved_bytes(), peak_since_mark_});
+  result_->timeline_category_bytes.push_back(category_bytes_);
   peak_since_mark_ = allocator_.allocated_bytes();
 }
 

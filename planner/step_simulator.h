@@ -56,6 +56,7 @@
 #include "planner/candidate.h"  // Sharding, sharding_name()
 #include "planner/model_trace.h"
 #include "spec/strategy.h"
+#include "spec/timeline.h"
 #include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
@@ -127,18 +128,7 @@ struct SimOptions {
   int steps = 2;
 };
 
-struct TimelinePoint {
-  // "init", "step1/forward/<unit>", "step1/backward/<unit>",
-  // "step1/optimizer", ... where <unit> is Unit::name ("root" for the root).
-  // With grad_accum k, a step's forward and backward labels come k times.
-  std::string label;
-  int64_t allocated_bytes = 0;
-  int64_t reserved_bytes = 0;
-  CategoryBytes category_bytes{};  // allocated, by category
-  // The highest allocated bytes since the previous point (the meter's
-  // peak_allocated_bytes per mark): where a phase's transient peak shows.
-  int64_t peak_allocated_bytes = 0;
-};
+using spec::TimelinePoint;
 
 struct StepSimResult {
   int64_t peak_allocated_bytes = 0;
@@ -152,7 +142,10 @@ struct StepSimResult {
   Category oom_category = Category::kActivations;  // what it was for
   int64_t oom_request_bytes = 0;
   int64_t peak_host_bytes = 0;          // offload: host-resident shards, grads, state
-  std::vector<TimelinePoint> timeline;  // a point after each phase; empty if not recorded
+  // A point after each phase (its peak_allocated_bytes, the meter's per
+  // mark, is where a phase's transient peak shows); empty if not recorded.
+  std::vector<TimelinePoint> timeline;
+  std::vector<CategoryBytes> timeline_category_bytes;  // allocated, by category, at each point
 };
 
 // Built once per (trace, units): indexes the trace so that simulate(), which

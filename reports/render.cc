@@ -138,7 +138,7 @@ std::string render_timeline_svg(const RunReport& r) {
     << "' font-family='sans-serif' font-size='11'>\n";
   o << "<rect x='0' y='0' width='" << width << "' height='" << height << "' fill='white'/>\n";
   // Shade forward and backward phases, using the first rank's labels.
-  const std::vector<TimelineSample>* labels = nullptr;
+  const std::vector<TimelinePoint>* labels = nullptr;
   for (const auto& k : r.ranks)
     if (!k.measured.timeline.empty()) { labels = &k.measured.timeline; break; }
   if (!labels)
@@ -146,11 +146,11 @@ std::string render_timeline_svg(const RunReport& r) {
       if (k.predicted && !k.predicted->timeline.empty()) { labels = &k.predicted->timeline; break; }
   if (labels && n > 1) {
     for (size_t i = 1; i < labels->size(); ++i) {
-      const std::string kind = phase_kind((*labels)[i].phase);
+      const std::string kind = phase_kind((*labels)[i].label);
       const char* fill = kind == "forward" ? "#e8f0ff" : kind == "backward" ? "#fff0e0" : kind == "optimizer" ? "#eaf7ea" : nullptr;
       if (!fill) continue;
       o << "<rect x='" << x_of(i - 1) << "' y='" << top << "' width='" << (x_of(i) - x_of(i - 1)) << "' height='"
-        << plot_h << "' fill='" << fill << "'><title>" << escape((*labels)[i].phase) << "</title></rect>\n";
+        << plot_h << "' fill='" << fill << "'><title>" << escape((*labels)[i].label) << "</title></rect>\n";
     }
   }
   // Axes and grid.
@@ -169,7 +169,7 @@ std::string render_timeline_svg(const RunReport& r) {
     const size_t every = std::max<size_t>(1, labels->size() / 16);
     for (size_t i = 0; i < labels->size(); i += every)
       o << "<text x='" << x_of(i) << "' y='" << top + plot_h + 12 << "' transform='rotate(35 " << x_of(i) << " "
-        << top + plot_h + 12 << ")'>" << escape((*labels)[i].phase) << "</text>\n";
+        << top + plot_h + 12 << ")'>" << escape((*labels)[i].label) << "</text>\n";
   }
   if (budget > 0)
     o << "<line x1='" << left << "' y1='" << y_of(budget) << "' x2='" << left + plot_w << "' y2='" << y_of(budget)
@@ -179,7 +179,7 @@ std::string render_timeline_svg(const RunReport& r) {
   for (size_t ri = 0; ri < r.ranks.size(); ++ri) {
     const auto& k = r.ranks[ri];
     const char* color = colors[ri % 8];
-    auto polyline = [&](const std::vector<TimelineSample>& t, const char* dash) {
+    auto polyline = [&](const std::vector<TimelinePoint>& t, const char* dash) {
       if (t.empty()) return;
       // Through each phase's peak (mid-phase) to its end value: the line
       // shows how high memory went inside a phase, not just where it ended.
@@ -191,7 +191,7 @@ std::string render_timeline_svg(const RunReport& r) {
       o << "'/>\n";
       for (size_t i = 1; i < t.size(); ++i)
         o << "<circle cx='" << (x_of(i - 1) + x_of(i)) / 2 << "' cy='" << y_of(t[i].peak_allocated_bytes)
-          << "' r='2.5' fill='" << color << "'><title>" << escape(t[i].phase) << ": peak "
+          << "' r='2.5' fill='" << color << "'><title>" << escape(t[i].label) << ": peak "
           << mib(t[i].peak_allocated_bytes) << " MiB</title></circle>\n";
     };
     polyline(k.measured.timeline, "");

@@ -31,6 +31,6 @@ std::string render_loss_svg(const RunReport& report);
 // per-class timeline.
 std::string render_breakdown_svg(const RunReport& report);
 // Whether two timelines are the same samples (phase, allocated, peak).
-bool timelines_coincide(const std::vector<TimelineSample>& a, const std::vector<TimelineSample>& b);
+bool timelines_coincide(const std::vector<TimelinePoint>& a, const std::vector<TimelinePoint>& b);
 
 }  // namespace shardfit::reports

@@ -48,11 +48,11 @@ constexpr ClassStyle kClasses[] = {
 
 }  // namespace
 
-bool timelines_coincide(const std::vector<TimelineSample>& a,
-                        const std::vector<TimelineSample>& b) {
+bool timelines_coincide(const std::vector<TimelinePoint>& a,
+                        const std::vector<TimelinePoint>& b) {
   if (a.empty() || a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].phase != b[i].phase || a[i].allocated_bytes != b[i].allocated_bytes ||
+    if (a[i].label != b[i].label || a[i].allocated_bytes != b[i].allocated_bytes ||
         a[i].peak_allocated_bytes != b[i].peak_allocated_bytes)
       return false;
   return true;
@@ -165,7 +165,7 @@ std::string render_breakdown_svg(const RunReport& r) {
   const size_t every = std::max<size_t>(1, n / 16);
   for (size_t i = 0; i < n; i += every)
     o << "<text x='" << x_of(i) << "' y='" << kTop + plot_h + 12 << "' transform='rotate(35 "
-      << x_of(i) << " " << kTop + plot_h + 12 << ")'>" << esc(t[i].phase) << "</text>\n";
+      << x_of(i) << " " << kTop + plot_h + 12 << ")'>" << esc(t[i].label) << "</text>\n";
   o << "<text x='" << kLeft
     << "' y='18' font-size='13'>Predicted allocated MiB by class at each phase end, rank "
     << rank->rank << " (the meter measures totals only)</text>\n</svg>\n";

@@ -15,8 +15,8 @@ constexpr const char* kSchema = "shardfit.report/1";
 nlohmann::json figures_json(const MemoryFigures& f) {
   nlohmann::json timeline = nlohmann::json::array();
   for (size_t i = 0; i < f.timeline.size(); ++i) {
-    const TimelineSample& s = f.timeline[i];
-    timeline.push_back({{"phase", s.phase},
+    const TimelinePoint& s = f.timeline[i];
+    timeline.push_back({{"phase", s.label},
                         {"allocated_bytes", s.allocated_bytes},
                         {"reserved_bytes", s.reserved_bytes},
                         {"peak_allocated_bytes", s.peak_allocated_bytes}});
@@ -55,8 +55,8 @@ MemoryFigures figures_from(const nlohmann::json& j, const std::string& where) {
   f.peak_allocated_bytes = get<int64_t>(j, "peak_allocated_bytes", where);
   f.peak_reserved_bytes = get<int64_t>(j, "peak_reserved_bytes", where);
   for (const auto& s : field(j, "timeline", where)) {
-    TimelineSample t;
-    t.phase = get<std::string>(s, "phase", where + ".timeline");
+    TimelinePoint t;
+    t.label = get<std::string>(s, "phase", where + ".timeline");
     t.allocated_bytes = get<int64_t>(s, "allocated_bytes", where + ".timeline");
     t.reserved_bytes = s.contains("reserved_bytes")
                            ? json_whole<int64_t>(s["reserved_bytes"], where + ".timeline: reserved_bytes")

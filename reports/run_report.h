@@ -13,20 +13,18 @@
 #include <nlohmann/json.hpp>
 
 #include "reports/machine.h"
+#include "spec/timeline.h"
 
 namespace shardfit::reports {
 
-struct TimelineSample {
-  std::string phase;
-  int64_t allocated_bytes = 0;
-  int64_t reserved_bytes = 0;
-  int64_t peak_allocated_bytes = 0;  // highest since the previous sample
-};
+// A timeline point, predicted or measured (spec/timeline.h); JSON: each
+// point's "phase" (its label), allocated, reserved and peak allocated bytes.
+using spec::TimelinePoint;
 
 struct MemoryFigures {
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
-  std::vector<TimelineSample> timeline;
+  std::vector<TimelinePoint> timeline;
   // Allocated bytes by memory class at each timeline sample (SPEC's
   // breakdown keys), parallel to `timeline`; the planner knows them, the
   // meter does not (empty = unknown). JSON: each sample's "category_bytes".

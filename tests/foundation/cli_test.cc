@@ -76,8 +76,8 @@ TEST(CliTest, RunWritesAReport) {
   ASSERT_EQ(rep.ranks.size(), 1u);
   EXPECT_GT(rep.ranks[0].measured.peak_allocated_bytes, 4 * rep.model.at("params").get<int64_t>());
   ASSERT_FALSE(rep.ranks[0].measured.timeline.empty());
-  EXPECT_EQ(rep.ranks[0].measured.timeline.front().phase, "init");
-  EXPECT_EQ(rep.ranks[0].measured.timeline.back().phase, "step3/optimizer");
+  EXPECT_EQ(rep.ranks[0].measured.timeline.front().label, "init");
+  EXPECT_EQ(rep.ranks[0].measured.timeline.back().label, "step3/optimizer");
   EXPECT_GT(rep.tokens_per_s, 0);
 }
 

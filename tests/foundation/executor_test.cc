@@ -90,10 +90,10 @@ TEST_F(MeterTest, MarkRecordsAllocatedAndPeakSinceThePreviousMark) {
   meter_->mark("c");  // nothing happened: peak since "b" is what is live
   const auto tl = meter_->timeline();
   ASSERT_EQ(tl.size(), 3u);
-  EXPECT_EQ(tl[0].phase, "a");
+  EXPECT_EQ(tl[0].label, "a");
   EXPECT_EQ(tl[0].allocated_bytes - base, 4000);
   EXPECT_EQ(tl[0].peak_allocated_bytes - base, 4000);
-  EXPECT_EQ(tl[1].phase, "b");
+  EXPECT_EQ(tl[1].label, "b");
   EXPECT_EQ(tl[1].allocated_bytes - base, 4000);
   EXPECT_EQ(tl[1].peak_allocated_bytes - base, 12000);
   EXPECT_EQ(tl[2].allocated_bytes - base, 4000);
@@ -406,7 +406,7 @@ TEST(TrainerTest, TimelineHasEveryPhase) {
   const auto r = train_single_rank(tiny_run(2, 2));
   ASSERT_FALSE(r.oom);
   std::vector<std::string> phases;
-  for (const auto& t : r.timeline) phases.push_back(t.phase);
+  for (const auto& t : r.timeline) phases.push_back(t.label);
   const std::vector<std::string> expected = {"init", "step1/forward", "step1/backward",
                                              "step1/optimizer", "step2/forward", "step2/backward",
                                              "step2/optimizer"};
@@ -419,8 +419,8 @@ TEST(TrainerTest, TimelineHasEveryPhase) {
   // Peak: at least that, and the per-phase peaks never exceed the run's.
   EXPECT_GE(r.peak_allocated_bytes, 4 * param_bytes);
   for (const auto& t : r.timeline) {
-    EXPECT_LE(t.allocated_bytes, t.peak_allocated_bytes) << t.phase;
-    EXPECT_LE(t.peak_allocated_bytes, r.peak_allocated_bytes) << t.phase;
+    EXPECT_LE(t.allocated_bytes, t.peak_allocated_bytes) << t.label;
+    EXPECT_LE(t.peak_allocated_bytes, r.peak_allocated_bytes) << t.label;
   }
   // The forward keeps activations for backward: live bytes rise in it.
   EXPECT_GT(r.timeline[1].allocated_bytes, r.timeline[0].allocated_bytes);
@@ -448,8 +448,8 @@ TEST(TrainerTest, BudgetPastTheParametersOomsInTheStep) {
   const auto r = train_single_rank(o);
   EXPECT_TRUE(r.oom);
   ASSERT_GE(r.timeline.size(), 2u);
-  EXPECT_EQ(r.timeline.front().phase, "init");
-  EXPECT_EQ(r.timeline.back().phase, "oom");
+  EXPECT_EQ(r.timeline.front().label, "init");
+  EXPECT_EQ(r.timeline.back().label, "oom");
   EXPECT_LE(r.peak_allocated_bytes, o.budget_bytes);
 }
 

@@ -55,7 +55,7 @@ TEST_F(CudaMeterTest, AllocatedAndReservedFollowATensor) {
   meter_->mark("without");
   auto tl = meter_->timeline();
   ASSERT_EQ(tl.size(), 2u);
-  EXPECT_EQ(tl[0].phase, "with");
+  EXPECT_EQ(tl[0].label, "with");
   EXPECT_EQ(tl[0].allocated_bytes - base_, 64 * kMiB);
   EXPECT_EQ(tl[0].peak_allocated_bytes - base_, 64 * kMiB);
   EXPECT_EQ(tl[1].allocated_bytes, base_);
@@ -89,7 +89,7 @@ TEST_F(CudaMeterTest, PastTheBudgetAnAllocationIsAReportedOom) {
   EXPECT_NE(oom->message.find("out of memory"), std::string::npos) << oom->message;
   EXPECT_EQ(oom->budget_bytes, budget);
   EXPECT_GE(meter_->num_ooms(), 1);
-  EXPECT_EQ(meter_->timeline().back().phase, "oom");
+  EXPECT_EQ(meter_->timeline().back().label, "oom");
   // The process goes on: what fits still fits.
   auto ok = meter_->run_catching_oom([] { at::Tensor small = mib_on_gpu(128); });
   EXPECT_FALSE(ok.has_value());

@@ -91,7 +91,7 @@ planner::CandidatePrediction predict(const EngineOptions& o) {
 
 int64_t at_label(const std::vector<TimelinePoint>& timeline, const std::string& label) {
   for (const auto& p : timeline)
-    if (p.phase == label) return p.allocated_bytes;
+    if (p.label == label) return p.allocated_bytes;
   ADD_FAILURE() << "no timeline point " << label;
   return -1;
 }
@@ -135,13 +135,13 @@ TEST(EngineCuda, ReservedCoversAllocatedAtThePlannersLabels) {
   EXPECT_GE(slack, 0);
   EXPECT_GE(r.peak_reserved_bytes + slack, r.peak_allocated_bytes);
   for (const auto& p : r.timeline) {
-    EXPECT_GE(p.reserved_bytes + slack, p.allocated_bytes) << p.phase;
-    EXPECT_GE(p.peak_reserved_bytes + slack, p.peak_allocated_bytes) << p.phase;
+    EXPECT_GE(p.reserved_bytes + slack, p.allocated_bytes) << p.label;
+    EXPECT_GE(p.peak_reserved_bytes + slack, p.peak_allocated_bytes) << p.label;
   }
   // The meter marks at the simulator's labels, so the report lines them up.
   const planner::CandidatePrediction pred = predict(o);
   std::set<std::string> measured, predicted;
-  for (const auto& p : r.timeline) measured.insert(p.phase);
+  for (const auto& p : r.timeline) measured.insert(p.label);
   for (const auto& p : pred.sim.timeline) predicted.insert(p.label);
   EXPECT_EQ(measured, predicted);
   RecordProperty("measured_peak_allocated_bytes", std::to_string(r.peak_allocated_bytes));
@@ -219,7 +219,7 @@ TEST(EngineCuda, ACardTooSmallIsAnOomResult) {
   ASSERT_TRUE(r.oom) << "batch 64 fit in a 4 MiB allocator";
   EXPECT_NE(r.oom_message.find("out of memory"), std::string::npos) << r.oom_message;
   ASSERT_FALSE(r.timeline.empty());
-  EXPECT_EQ(r.timeline.back().phase, "oom");
+  EXPECT_EQ(r.timeline.back().label, "oom");
   // The fraction caps what the allocator reserves (a 2 MiB segment of slack
   // for the context's drift between the two readings of `outside`).
   EXPECT_LE(r.peak_reserved_bytes, 6 * kMiB);

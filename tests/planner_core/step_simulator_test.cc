@@ -332,8 +332,8 @@ TEST(StepSimulatorTest, Zero1MixedOptimizerTemporaries) {
 TEST(StepSimulatorTest, OptimizerStateIsCreatedInStep1AndPersists) {
   const SimRun run = simulate(Sharding::kZero2);
   auto optimizer_at = [&](const std::string& label) {
-    for (const TimelinePoint& p : run.result.timeline) {
-      if (p.label == label) return p.category_bytes[kOptimizer];
+    for (size_t i = 0; i < run.result.timeline.size(); ++i) {
+      if (run.result.timeline[i].label == label) return run.result.timeline_category_bytes[i][kOptimizer];
     }
     ADD_FAILURE() << label;
     return int64_t{-1};

@@ -20,8 +20,8 @@ size_t count(const std::string& text, const std::string& what) {
 
 // One predicted sample and its bytes by class.
 void sample(MemoryFigures& f, const std::string& phase, int64_t params, int64_t activations) {
-  TimelineSample s;
-  s.phase = phase;
+  TimelinePoint s;
+  s.label = phase;
   s.allocated_bytes = params + activations;
   s.reserved_bytes = s.allocated_bytes;
   s.peak_allocated_bytes = s.allocated_bytes;
