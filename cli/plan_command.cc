@@ -29,6 +29,7 @@ struct PlanArgs {
   std::string optimizer = "adamw";
   std::string objective = "throughput";
   int grad_accum = 1;
+  int prefetch = 1;
   std::string out;
   bool json = false;
   size_t top = 0;  // table rows; 0 = all
@@ -61,6 +62,7 @@ int run(const PlanArgs& a) {
   r.optimizer = a.optimizer == "adamw" ? planner::Optimizer::kAdamW : planner::Optimizer::kSgd;
   r.objective = planner::parse_objective(a.objective);
   r.grad_accum = a.grad_accum;
+  r.prefetch = a.prefetch;
 
   // A sweep of big models takes seconds to minutes: say where it is.
   ThrottledProgress progress;
@@ -124,6 +126,11 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--grad-accum", a->grad_accum,
                   "Micro-batches per optimizer step; max batch is then per micro-batch (run it with the same "
                   "--grad-accum)")
+      ->capture_default_str()
+      ->check(AtLeastOne);
+  sub->add_option("--prefetch", a->prefetch,
+                  "Units gathered ahead of the one running (zero3/hybrid): N in backward (1 = FSDP's "
+                  "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); collectives stay synchronous")
       ->capture_default_str()
       ->check(AtLeastOne);
   sub->add_option("--out", a->out, "Write the plan JSON here");

@@ -81,6 +81,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   static_cast<executor::TrainOptions&>(o) = train_options(a, job);
   o.candidate = job.candidate;
   o.grad_accum = job.grad_accum;
+  o.prefetch = job.prefetch;
   o.clip_grad_norm = a.clip_grad_norm;
   o.shard_group_size = shard_group_size;
   // One GPU per rank: cuda:LOCAL_RANK (torchrun and --nproc set it; 0 alone or loopback).
@@ -107,6 +108,7 @@ std::optional<planner::CandidatePrediction> predict(const Job& job, int world, i
     r.model = job.model;
     r.seq_len = job.seq_len;
     r.grad_accum = static_cast<int>(grad_accum);
+    r.prefetch = job.prefetch;
     r.profile = planner::load_profile(job.profile, profiles_dir());
     r.device_mem_bytes = job.budget_bytes;
     // A plan's topology: hybrid's shard group is a node; the others see one node of `world`.
@@ -173,6 +175,7 @@ reports::RunReport report_skeleton(const Job& job, int64_t params, int world, in
                 {"gpus_per_node", gpus_per_node},
                 {"nodes", std::max(1, world / std::max(1, gpus_per_node))}};
   r.batch_per_gpu = job.batch;
+  r.prefetch = job.prefetch;
   r.world_size = world;
   r.backend = backend;
   r.device = job.device;
@@ -210,7 +213,7 @@ std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job,
           {"--seq-len", std::to_string(job.seq_len)}, {"--steps", std::to_string(a.steps)},
           {"--seed", std::to_string(a.seed)}, {"--data", a.data}, {"--device", a.device},
           {"--gpu-mem", std::to_string(job.budget_bytes)}, {"--lr", num(a.lr)}, {"--weight-decay", num(a.weight_decay)},
-          {"--grad-accum", std::to_string(job.grad_accum)}, {"--clip-grad-norm", num(a.clip_grad_norm)},
+          {"--grad-accum", std::to_string(job.grad_accum)}, {"--prefetch", std::to_string(job.prefetch)}, {"--clip-grad-norm", num(a.clip_grad_norm)},
           {"--gpus-per-node", std::to_string(gpus_per_node)}, {"--save", a.save},
           {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume},
           {"--save-on-signal", a.save_on_signal ? "yes" : "no"}, {"--init", a.init}};
@@ -552,6 +555,11 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one");
   auto* grad_accum = sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step (default 1, or the plan's)")->capture_default_str()
       ->check(AtLeastOne);
+  auto* prefetch = sub->add_option("--prefetch", a->prefetch,
+                                   "Units gathered ahead (zero3/hybrid): N in backward, N - 1 in forward (default 1, "
+                                   "or the plan's); collectives stay synchronous")
+                       ->capture_default_str()
+                       ->check(AtLeastOne);
   sub->add_option("--clip-grad-norm", a->clip_grad_norm,
                   "Clip the global gradient norm (across shards) to this value; 0 = off")
       ->capture_default_str()
@@ -591,9 +599,10 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");
-  return {sub, [a, batch, seq, strategy, grad_accum] {
+  return {sub, [a, batch, seq, strategy, grad_accum, prefetch] {
             a->batch_given = batch->count() > 0;
             a->grad_accum_given = grad_accum->count() > 0;
+            a->prefetch_given = prefetch->count() > 0;
             a->seq_len_given = seq->count() > 0;
             a->strategy_given = strategy->count() > 0;
             const char* parent = std::getenv("SHARDFIT_COMMAND_LINE");  // a rank of `--nproc`

@@ -39,6 +39,7 @@ Job resolve_job(const RunArgs& a) {
       throw BadInput("--strategy " + a.strategy + ": conflicts with --plan's candidate " + c->id());
     // The plan's max batch is per micro-batch of its accumulation.
     job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
+    job.prefetch = a.prefetch_given ? a.prefetch : plan.prefetch;
     if (!a.model.empty() && a.model != plan.model.name)
       throw BadInput("--model " + a.model + ": the plan " + a.plan + " is for " + plan.model.name);
     if (!a.batch_given && c->max_batch_per_gpu < 1)
@@ -56,6 +57,7 @@ Job resolve_job(const RunArgs& a) {
     if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
     job.batch = a.batch;
     job.grad_accum = a.grad_accum;
+    job.prefetch = a.prefetch;
   }
   job.model = models::resolve_model(model_name);
   if (!a.loss.empty()) job.loss = a.loss;

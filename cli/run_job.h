@@ -37,6 +37,7 @@ struct RunArgs {
   std::string plan;
   std::string candidate;
   int64_t grad_accum = 1;
+  int prefetch = 1;
   double clip_grad_norm = 0;
   bool reference_trainer = false;
   bool oom_ok = false;  // an out-of-memory run exits 0 (validate's max+1 runs), not 4
@@ -52,7 +53,8 @@ struct RunArgs {
   std::string loss;         // "": full, or the plan's
   std::string attention;    // "": eager, or the plan's
   // Which options the user gave (a plan fills in the others).
-  bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false;
+  bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false,
+       prefetch_given = false;
   std::string command_line;
 };
 
@@ -66,6 +68,7 @@ struct Job {
   std::string attention = "eager";  // --attention, else the plan's
   int64_t budget_bytes = 0;
   int64_t grad_accum = 1;      // --grad-accum, else the plan's
+  int prefetch = 1;            // --prefetch, else the plan's
   int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
   int plan_gpus_per_node = 0;  // the plan's GPUs per node
   std::string device = "cpu";   // --device

@@ -1,4 +1,5 @@
 #include "executor/engine.h"
+#include "executor/engine_impl.h"
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "models/model.h"
 #include "models/module_table.h"
 #include "spec/recompute.h"
+#include "spec/schedule.h"
 #include "spec/strategy.h"
 #include "spec/wrap_policy.h"
 
@@ -38,24 +40,6 @@ c10::ScalarType scalar_type(spec::DType d) {
   return torch::kFloat;
 }
 
-// fp16's dynamic loss scale, with torch.cuda.amp.GradScaler's defaults.
-struct DynamicLossScaler {
-  static constexpr double kInitScale = 65536.0;
-  static constexpr double kGrowthFactor = 2.0;
-  static constexpr double kBackoffFactor = 0.5;
-  static constexpr int64_t kGrowthInterval = 2000;  // overflow-free steps before growing
-  double scale = kInitScale;
-  int64_t good_steps = 0;
-  void update(bool overflow) {
-    if (overflow) {
-      scale *= kBackoffFactor;
-      good_steps = 0;
-    } else if (++good_steps == kGrowthInterval) {
-      scale *= kGrowthFactor;
-      good_steps = 0;
-    }
-  }
-};
 
 // LibTorch 1.13's CPU kernels lack some Half ops (addmm among them): try the
 // ops a transformer step needs on a tiny input before committing to fp16.
@@ -77,89 +61,7 @@ std::string cpu_precision_problem(c10::ScalarType dtype) {
   }
 }
 
-bool any_requires_grad(const std::vector<torch::Tensor>& ts) {
-  for (const auto& t : ts)
-    if (t.defined() && t.requires_grad()) return true;
-  return false;
-}
 
-// The engine is the ModuleRunner its model runs under.
-class Engine final : public models::ModuleRunner {
- public:
-  Engine(const EngineOptions& options, Communicator& world);
-  EngineResult train(const std::function<void(const StepLog&)>& on_step);
-
-  torch::Tensor run(models::ModuleBase& module, const std::vector<torch::Tensor>& inputs,
-                    const models::ModuleFn& fn) override;
-
- private:
-  void build_units();
-  void alloc_flat_grad();
-  void zero_grad();
-  void train_step(int64_t step, DataSource& data, double* loss);
-  bool wants_save(int64_t step) const;
-  std::filesystem::path save(int64_t step);
-  int64_t resume(const std::string& from);
-  void optimizer_step();
-  std::vector<FlatParam*> unit_pointers();
-
-  // The hooks, in the simulator's names.
-  void pre_forward(int u);
-  void post_forward(int u);
-  void pre_backward(int u);
-  void backward_end(int u);
-  void post_backward(int u);
-  void recompute_begin(int u);
-  void on_recompute(int module, bool begin);
-  void close_open_units();
-  void mark(const std::string& label) { meter_->mark(label); }
-  // The few host scalars the engine reduces (all_reduce_host).
-  double all_reduce_scalar(Communicator& comm, double value, ReduceOp op) {
-    ScopedUntracked host;
-    torch::Tensor t = torch::full({1}, value, torch::kDouble);
-    all_reduce_host(comm, t, op, device_);
-    return t.item<double>();
-  }
-  const std::string& unit_name(int u) const { return units_.units[u].name; }
-
-  const EngineOptions& o_;
-  Communicator* world_;
-  c10::Device device_;  // where units, grads and activations live
-  std::unique_ptr<DeviceMeter> meter_;
-  spec::StrategyTraits traits_;  // what o_.candidate means, decoded once
-  bool sharded_;                 // zero2/zero3/hybrid: params live as shards (traits_.shard_params)
-  c10::ScalarType compute_dtype_;
-  std::unique_ptr<Communicator> bridged_world_;  // bf16 over gloo (engine_comm.h)
-  HybridGroups hybrid_;
-  Communicator* shard_group_ = nullptr;  // all-gather / reduce-scatter group
-  Communicator* replicate_ = nullptr;    // hybrid: across nodes
-  int group_size_ = 1;                   // N of the flat param layout
-
-  std::shared_ptr<models::TrainableModel> model_;
-  std::unique_ptr<HfCheckpoint> init_;  // `run --init`, until the units are built
-  spec::UnitPartition units_;
-  int root_unit_ = 0;
-  std::vector<int> unit_of_root_;  // module index -> unit rooted there, or -1
-  std::vector<bool> recompute_;    // module index -> re-runs its forward in backward
-  std::vector<std::unique_ptr<FlatParam>> flat_;
-  torch::Tensor flat_grad_;  // ddp/zero1: every unit's grads, one buffer
-  std::unique_ptr<DynamicLossScaler> scaler_;
-  int64_t optimizer_steps_ = 0;
-  int64_t skipped_steps_ = 0;
-
-  // Per micro-batch state.
-  std::string prefix_;  // "step<k>/"
-  bool last_micro_ = true;
-  std::vector<int> fwd_depth_, rcp_depth_, ends_left_;
-  std::vector<bool> bwd_begun_, bwd_done_;
-  std::vector<int> open_;  // units whose backward began and has not ended, in begin order
-  bool in_recompute_ = false;
-  std::vector<std::unique_ptr<models::ScopedModuleRunner>> recompute_scopes_;
-  // Units in the order their forward first began: backward prefetch (FSDP's
-  // BACKWARD_PRE) gathers, at a unit's backward begin, the unit before it.
-  std::vector<int> forward_order_;
-  std::vector<bool> forward_seen_;
-};
 
 }  // namespace
 
@@ -169,6 +71,7 @@ void check_engine_options(const EngineOptions& o, int world_size) {
   if (o.steps < 1) throw std::invalid_argument("--steps " + std::to_string(o.steps) + ": must be at least 1");
   if (o.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(o.grad_accum) + ": must be at least 1");
+  if (o.prefetch < 1) throw std::invalid_argument("--prefetch " + std::to_string(o.prefetch) + ": must be at least 1");
   models::check_seq_len(m, o.seq_len);
   if (o.stop_requested && o.checkpoint.save_dir.empty())
     throw std::invalid_argument("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
@@ -200,6 +103,8 @@ bool engine_supports_cuda() { return cuda_meter_built(); }
 bool engine_supports_nccl() { return SHARDFIT_WITH_NCCL != 0; }
 bool engine_supports_flash_attention() { return TORCH_VERSION_MAJOR >= 2 && engine_supports_cuda(); }
 
+namespace engine_detail {
+
 Engine::Engine(const EngineOptions& o, Communicator& world)
     : o_(o),
       world_(&world),
@@ -212,7 +117,7 @@ Engine::Engine(const EngineOptions& o, Communicator& world)
   world_ = bridged_world_.get();
   const int n = world.world_size();
   traits_ = spec::decode_strategy(o.candidate, n, spec::shard_group_for(o.candidate.sharding, n, o.shard_group_size));
-  sharded_ = traits_.shard_params;
+  schedule_ = spec::Schedule(traits_, o.prefetch);
   compute_dtype_ = scalar_type(traits_.compute_dtype);
   if (compute_dtype_ == torch::kHalf) scaler_ = std::make_unique<DynamicLossScaler>();
 
@@ -259,7 +164,7 @@ void Engine::build_units() {
     for (int m : spec::recompute_modules(modules, units_)) recompute_[m] = true;
 
   FlatParamConfig config;
-  config.sharded_params = sharded_;
+  config.sharded_params = traits_.shard_params;
   config.shard_optimizer = traits_.shard_optimizer;  // zero1's slice (ignored when sharded_params)
   config.offload = traits_.offload;
   config.compute_dtype = compute_dtype_;
@@ -307,131 +212,6 @@ void Engine::alloc_flat_grad() {
 
 // zero2/3/hybrid free last step's shard grads (set_to_none); ddp/zero1 zero
 // their flat grad in place.
-void Engine::zero_grad() {
-  if (flat_grad_.defined()) flat_grad_.zero_();
-  for (auto& f : flat_) f->free_shard_grad();
-}
-
-torch::Tensor Engine::run(models::ModuleBase& module, const std::vector<torch::Tensor>& inputs,
-                          const models::ModuleFn& fn) {
-  const int idx = module.index();
-  const int u = idx >= 0 && idx < static_cast<int>(unit_of_root_.size()) ? unit_of_root_[idx] : -1;
-  const bool recompute = in_recompute_;
-  if (u >= 0) {
-    // Only the outermost call of a unit's root module gathers / reshards.
-    if (!recompute) {
-      if (fwd_depth_[u]++ == 0) pre_forward(u);
-    } else if (rcp_depth_[u]++ == 0) {
-      recompute_begin(u);
-    }
-    // Each call whose inputs carry gradient ends its backward on them.
-    if (torch::GradMode::is_enabled() && any_requires_grad(inputs)) ++ends_left_[u];
-  }
-  // Every module gets the identity nodes, as under the tracer, so autograd
-  // runs the very graph the planner traced; only units' nodes act.
-  std::function<void()> on_end, on_begin;
-  if (u >= 0) {
-    on_end = [this, u] { backward_end(u); };
-    on_begin = [this, u] { pre_backward(u); };
-  }
-  std::vector<torch::Tensor> ins = models::with_backward_callback(inputs, std::move(on_end));
-  torch::Tensor y;
-  if (idx >= 0 && idx < static_cast<int>(recompute_.size()) && recompute_[idx]) {
-    y = models::checkpoint(ins, fn, [this, idx](bool begin) { on_recompute(idx, begin); });
-  } else {
-    y = fn(ins);
-  }
-  y = models::with_backward_callback({y}, std::move(on_begin))[0];
-  if (u >= 0) {
-    if (!recompute) {
-      if (--fwd_depth_[u] == 0) post_forward(u);
-    } else {
-      --rcp_depth_[u];
-    }
-  }
-  return y;
-}
-
-// FORWARD: zero2/3/hybrid gather the unit if it is SHARDED.
-void Engine::pre_forward(int u) {
-  if (!forward_seen_[u]) {
-    forward_seen_[u] = true;
-    forward_order_.push_back(u);
-  }
-  if (sharded_) flat_[u]->unshard(*shard_group_);
-}
-
-// zero3/hybrid reshard after forward, except the root unit, which backward
-// needs first; zero2 keeps the unit gathered until its backward ends.
-void Engine::post_forward(int u) {
-  if (traits_.reshard_after_forward && u != root_unit_) flat_[u]->reshard();
-  mark(prefix_ + "forward/" + unit_name(u));
-}
-
-// PRE_BACKWARD (the unit's output gradient is ready): re-gather if SHARDED,
-// prefetch the unit that runs backward next, then the unsharded grad
-// AccumulateGrad adds into. A unit used twice acts at its first span only.
-void Engine::pre_backward(int u) {
-  if (bwd_begun_[u]) return;
-  bwd_begun_[u] = true;
-  open_.push_back(u);
-  if (!sharded_) return;
-  flat_[u]->unshard(*shard_group_);
-  auto it = std::find(forward_order_.begin(), forward_order_.end(), u);
-  if (it != forward_order_.end() && it != forward_order_.begin()) {
-    FlatParam& next = *flat_[*std::prev(it)];
-    if (next.state() == ParamState::kSharded) next.unshard(*shard_group_);
-  }
-  flat_[u]->alloc_unsharded_grad();
-}
-
-// The unit's input gradients are ready: POST_BACKWARD once its last span ends.
-void Engine::backward_end(int u) {
-  if (ends_left_[u] > 0 && --ends_left_[u] > 0) return;
-  if (!bwd_begun_[u] || bwd_done_[u]) return;
-  post_backward(u);
-}
-
-// POST_BACKWARD: reduce-scatter into the shard grad and reshard (sharded),
-// or all-reduce the flat grad in place (ddp/zero1, on the last micro-batch:
-// DDP's no_sync for the others).
-void Engine::post_backward(int u) {
-  bwd_done_[u] = true;
-  open_.erase(std::find(open_.begin(), open_.end(), u));
-  if (sharded_) {
-    flat_[u]->reduce_grad(*shard_group_, replicate_);
-  } else if (last_micro_) {
-    flat_[u]->reduce_grad(*world_, nullptr);
-  }
-  mark(prefix_ + "backward/" + unit_name(u));
-}
-
-// A checkpointed forward re-runs inside backward: its units must be gathered.
-void Engine::recompute_begin(int u) {
-  if (sharded_) flat_[u]->unshard(*shard_group_);
-}
-
-// Checkpointed module `module` re-runs its forward. The runner is
-// re-installed for the recomputation (autograd may run it on another thread).
-void Engine::on_recompute(int module, bool begin) {
-  if (begin) {
-    recompute_scopes_.push_back(std::make_unique<models::ScopedModuleRunner>(this));
-    in_recompute_ = true;
-    const int u = unit_of_root_[module];
-    if (u >= 0) recompute_begin(u);
-  } else {
-    in_recompute_ = false;
-    recompute_scopes_.pop_back();
-  }
-}
-
-// Units whose inputs need no gradient have no backward-end node: their
-// backward ends with the whole backward, latest begun first (the tracer's
-// order).
-void Engine::close_open_units() {
-  while (!open_.empty()) post_backward(open_.back());
-}
-
 void Engine::train_step(int64_t step, DataSource& data, double* loss_out) {
   prefix_ = "step" + std::to_string(step) + "/";
   zero_grad();
@@ -449,7 +229,7 @@ void Engine::train_step(int64_t step, DataSource& data, double* loss_out) {
     {
       models::ScopedModuleRunner scoped(this);
       loss = model_->forward_loss(batch);
-      if (!sharded_ && !flat_grad_.defined()) alloc_flat_grad();
+      run_hook(spec::Hook::kBackwardStart, -1);
       // The backward seed: 1 (as loss.backward()), divided over the
       // micro-batches and multiplied by fp16's loss scale.
       const double seed = (scaler_ ? scaler_->scale : 1.0) / static_cast<double>(accum);
@@ -678,9 +458,11 @@ int64_t Engine::resume(const std::string& from) {
   return p.step + 1;
 }
 
+}  // namespace engine_detail
+
 EngineResult train_data_parallel(const EngineOptions& options, Communicator& world,
                                  const std::function<void(const StepLog&)>& on_step) {
-  Engine engine(options, world);
+  engine_detail::Engine engine(options, world);
   return engine.train(on_step);
 }
 

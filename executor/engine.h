@@ -61,6 +61,9 @@ namespace shardfit::executor {
 struct EngineOptions : TrainOptions {
   spec::Candidate candidate;
   int64_t grad_accum = 1;  // micro-batches per optimizer step
+  // Units gathered ahead (--prefetch N, spec/schedule.h): N in backward,
+  // N - 1 in forward; 1 = FSDP's default (BACKWARD_PRE only).
+  int prefetch = 1;
   // Clip the global gradient norm (over every rank's shard) to this value,
   // as torch.nn.utils.clip_grad_norm_. 0 = off, the default: the single-rank
   // trainer does not clip, and the parity tests compare against it.

@@ -253,7 +253,6 @@ void FlatParam::reduce_grad(Communicator& group, Communicator* replicate) {
   }
   for (auto& p : params_) p.mutable_grad().reset();
   free_now(unsharded_grad_);
-  reshard();
 }
 
 void FlatParam::free_shard_grad() {

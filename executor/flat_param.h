@@ -118,8 +118,8 @@ class FlatParam {
   // ---- gradients -----------------------------------------------------------
   // Post-backward. Sharded: reduce-scatter (avg) the unsharded grad over
   // `group` into the fp32 shard grad (adding to it when it already holds a
-  // micro-batch's), all-reduce it across `replicate` (hybrid), free the
-  // unsharded grad and reshard. Full params (`group` = the world):
+  // micro-batch's), all-reduce it across `replicate` (hybrid) and free the
+  // unsharded grad (the schedule's kReshard follows). Full params (`group` = the world):
   // all-reduce (avg) the flat grad slice in place; zero1+offload then copies
   // this rank's slice to its host shard grad.
   void reduce_grad(Communicator& group, Communicator* replicate);

@@ -212,6 +212,7 @@ Strategy strategy_for(const Candidate& c, const PlanRequest& r) {
   s.world_size = world;
   s.shard_group_size = t.shard_group_size;
   s.grad_accum = r.grad_accum;
+  s.prefetch = r.prefetch;
   return s;
 }
 
@@ -240,6 +241,7 @@ Plan build_plan(const PlanRequest& r) {
   if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
   if (r.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(r.grad_accum) + ": must be at least 1");
+  if (r.prefetch < 1) throw std::invalid_argument("--prefetch " + std::to_string(r.prefetch) + ": must be at least 1");
   models::check_seq_len(r.model, r.seq_len);
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
@@ -263,6 +265,7 @@ Plan build_plan(const PlanRequest& r) {
   plan.optimizer = r.optimizer == Optimizer::kAdamW ? "adamw" : "sgd";
   plan.objective = r.objective;
   plan.grad_accum = r.grad_accum;
+  plan.prefetch = r.prefetch;
 
   const std::vector<ModuleNode> modules = models::module_table(r.model);
   std::map<std::string, UnitPartition> partitions;

@@ -195,6 +195,7 @@ Plan plan_from(const json& j, const std::string& origin) {
 
   if (r.has("optimizer")) plan.optimizer = r.text("optimizer");
   if (r.has("grad_accum")) plan.grad_accum = static_cast<int>(r.integer("grad_accum", 1));
+  if (r.has("prefetch")) plan.prefetch = static_cast<int>(r.integer("prefetch", 1));
   if (r.has("objective")) {
     std::string objective = r.text("objective");
     try {
@@ -337,6 +338,7 @@ void to_json(json& j, const Plan& plan) {
         {"nodes", plan.hardware.nodes}}},
       {"optimizer", plan.optimizer},
       {"grad_accum", plan.grad_accum},
+      {"prefetch", plan.prefetch},
       {"objective", objective_name(plan.objective)},
       {"candidates", std::move(candidates)},
       {"chosen", plan.chosen.empty() ? json(nullptr) : json(plan.chosen)}};
@@ -417,7 +419,8 @@ std::string format_plan_table(const Plan& plan, size_t top) {
   std::ostringstream out;
   const PlanHardware& hw = plan.hardware;
   out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
-      << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention) << ", " << hw.world_size() << " GPU"
+      << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention)
+      << (plan.prefetch == 1 ? "" : ", prefetch " + std::to_string(plan.prefetch)) << ", " << hw.world_size() << " GPU"
       << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
   if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";
   out << ", usable memory "

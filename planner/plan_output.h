@@ -93,6 +93,7 @@ struct Plan {
   PlanHardware hardware;
   std::string optimizer = "adamw";               // extra
   int grad_accum = 1;  // extra: micro-batches per optimizer step; max batch is per micro-batch
+  int prefetch = 1;    // extra: units gathered ahead (spec::Schedule); absent in older plans = 1
   Objective objective = Objective::kThroughput;  // extra
   std::vector<PlanCandidate> candidates;
   std::string chosen;  // a candidate id; "" (JSON null) when nothing fits

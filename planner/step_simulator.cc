@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "spec/schedule.h"
 #include "spec/shard_layout.h"
 
 namespace shardfit::planner {
@@ -83,14 +84,12 @@ StepSimulator::StepSimulator(const ModelTrace& trace, const UnitPartition& units
       if (e.kind == MemEvent::kModuleEnd) last_bwd_end[u] = i;
     }
   }
+  num_run_forward_ = static_cast<int>(forward_order_.size());
+  forward_pos_.assign(num_units, -1);
+  for (int k = 0; k < num_run_forward_; ++k) forward_pos_[forward_order_[k]] = k;
   for (int u = 0; u < num_units; ++u) {
     if (!ran_forward[u]) forward_order_.push_back(u);
   }
-  // BACKWARD_PRE prefetches the unit that ran forward just before this one:
-  // the next in backward order (FSDP's _get_handle_to_prefetch).
-  backward_prefetch_.assign(num_units, -1);
-  for (size_t k = 1; k < forward_order_.size(); ++k)
-    backward_prefetch_[forward_order_[k]] = forward_order_[k - 1];
 
   // Second pass: the flat event array, trace ids renumbered 0..T-1.
   std::unordered_map<int64_t, int32_t> dense_id;
@@ -227,21 +226,21 @@ class StepReplay {
   void mark(int label);
 
   bool init();
-  void zero_grad();
   bool replay_trace();
-  bool on_backward_start();
-  bool pre_forward(int u);
-  void post_forward(int u);
-  bool pre_backward(int u);
-  bool post_backward(int u);
-  bool recompute_begin(int u);
+  // The schedule's actions for a unit's hook, or (u < 0) the step's.
+  bool run_hook(spec::Hook hook, int u);
+  bool apply(spec::Op op, int u);
   bool unshard(int u);
   void reshard(int u);
+  bool reduce_scatter(int u);
+  void all_reduce(int u);
+  void free_shard_grad(int u);
   bool optimizer_step();
 
   const StepSimulator& sim_;
   const Strategy& strategy_;
   const spec::StrategyTraits traits_;  // what strategy_ means, decoded once
+  const spec::Schedule schedule_;      // what it does at each hook
   AllocatorModel& allocator_;
   const SimOptions& options_;
   StepSimResult* result_;
@@ -259,6 +258,10 @@ class StepReplay {
   int64_t total_padded_ = 0;
 
   bool flat_grad_live_ = false;
+  bool last_micro_ = true;
+  // A forward has run, so forward prefetch knows the order (the engine,
+  // like FSDP, learns it in the first forward).
+  bool forward_order_known_ = false;
   std::vector<ParamState> state_;
   std::vector<bool> shard_grad_live_;  // device or host, by strategy
   std::vector<bool> optimizer_state_live_;
@@ -277,6 +280,7 @@ StepReplay::StepReplay(const StepSimulator& sim, const Strategy& strategy,
     : sim_(sim),
       strategy_(strategy),
       traits_(strategy.traits()),
+      schedule_(traits_, strategy.prefetch),
       allocator_(allocator),
       options_(options),
       result_(result),
@@ -347,8 +351,12 @@ void StepReplay::run() {
   for (int step = 0; ok && step < std::min(kNumSteps, std::max(1, options_.steps)); ++step) {
     step_base_ = 1 + step * (2 * num_units_ + 1);
     label_ = step_base_;
-    zero_grad();
-    for (int micro = 0; ok && micro < strategy_.grad_accum; ++micro) ok = replay_trace();
+    ok = run_hook(spec::Hook::kZeroGrad, -1);
+    for (int micro = 0; ok && micro < strategy_.grad_accum; ++micro) {
+      last_micro_ = micro + 1 == strategy_.grad_accum;
+      ok = replay_trace();
+      forward_order_known_ = true;
+    }
     ok = ok && optimizer_step();
   }
   result_->peak_allocated_label = sim_.labels_[peak_allocated_label_];
@@ -392,18 +400,15 @@ bool StepReplay::init() {
 }
 
 // zero2/3/hybrid free last step's shard grads (optimizer.zero_grad(
-// set_to_none=True)); ddp/zero1 zero their flat grad buffer in place.
-void StepReplay::zero_grad() {
-  if (!sharded_params()) return;
-  for (int u = 0; u < num_units_; ++u) {
-    if (!shard_grad_live_[u]) continue;
-    if (traits_.offload) {
-      host_bytes_ -= kFp32Bytes * shard_[u];
-    } else {
-      free(unit_id(u, kShardGrad));
-    }
-    shard_grad_live_[u] = false;
+// set_to_none=True)), on the device or the host.
+void StepReplay::free_shard_grad(int u) {
+  if (!shard_grad_live_[u]) return;
+  if (traits_.offload) {
+    host_bytes_ -= kFp32Bytes * shard_[u];
+  } else {
+    free(unit_id(u, kShardGrad));
   }
+  shard_grad_live_[u] = false;
 }
 
 bool StepReplay::replay_trace() {
@@ -417,24 +422,24 @@ bool StepReplay::replay_trace() {
         free(ev.id);
         break;
       case StepSimulator::Event::kBackwardStart:
-        if (!on_backward_start()) return false;
+        if (!run_hook(spec::Hook::kBackwardStart, -1)) return false;
         break;
       case StepSimulator::Event::kForwardBegin:
-        if (!pre_forward(ev.unit)) return false;
+        if (!run_hook(spec::Hook::kPreForward, ev.unit)) return false;
         break;
       case StepSimulator::Event::kForwardEnd:
-        post_forward(ev.unit);
+        if (!run_hook(spec::Hook::kPostForward, ev.unit)) return false;
         mark(step_base_ + ev.unit);
         break;
       case StepSimulator::Event::kBackwardBegin:
-        if (!pre_backward(ev.unit)) return false;
+        if (!run_hook(spec::Hook::kPreBackward, ev.unit)) return false;
         break;
       case StepSimulator::Event::kBackwardEnd:
-        if (!post_backward(ev.unit)) return false;
+        if (!run_hook(spec::Hook::kPostBackward, ev.unit)) return false;
         mark(step_base_ + num_units_ + ev.unit);
         break;
       case StepSimulator::Event::kRecomputeBegin:
-        if (!recompute_begin(ev.unit)) return false;
+        if (!run_hook(spec::Hook::kRecompute, ev.unit)) return false;
         break;
     }
   }
@@ -444,12 +449,63 @@ bool StepReplay::replay_trace() {
   return true;
 }
 
-// ddp/zero1: the flat grad buffer (DDP's gradient_as_bucket_view buckets) is
-// created when the first backward starts and kept for the whole run.
-bool StepReplay::on_backward_start() {
-  if (sharded_params() || flat_grad_live_) return true;
-  flat_grad_live_ = true;
-  return alloc(flat_grad_id_, c_ * total_padded_, kComputeStream, Category::kGrads);
+bool StepReplay::run_hook(spec::Hook hook, int u) {
+  const spec::HookContext where{u >= 0 && u == root_unit_, last_micro_};
+  for (spec::Op op : schedule_.actions(hook, where)) {
+    if (u >= 0) {
+      if (!apply(op, u)) return false;
+    } else if (op == spec::Op::kFreeShardGrad) {  // the step's: every unit
+      for (int v = 0; v < num_units_; ++v) free_shard_grad(v);
+    } else if (!apply(op, -1)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// What each action allocates and frees (spec/schedule.h says what it is).
+bool StepReplay::apply(spec::Op op, int u) {
+  switch (op) {
+    case spec::Op::kGather:
+      return state_[u] == ParamState::kUnsharded || unshard(u);
+    case spec::Op::kReshard:
+      if (state_[u] == ParamState::kUnsharded) reshard(u);
+      return true;
+    case spec::Op::kPrefetchForward:
+    case spec::Op::kPrefetchBackward: {
+      // The next units in forward order, or in backward order (those that
+      // ran forward just before: FSDP's _get_handle_to_prefetch).
+      const bool forward = op == spec::Op::kPrefetchForward;
+      const int pos = sim_.forward_pos_[u];
+      if (pos < 0 || (forward && !forward_order_known_)) return true;
+      const int ahead = forward ? schedule_.prefetch() - 1 : schedule_.prefetch();
+      for (int k = 1; k <= ahead; ++k) {
+        const int at = forward ? pos + k : pos - k;
+        if (at < 0 || at >= sim_.num_run_forward_) break;
+        const int next = sim_.forward_order_[at];
+        if (state_[next] == ParamState::kSharded && !unshard(next)) return false;
+      }
+      return true;
+    }
+    case spec::Op::kAllocGrad:
+      return alloc(unit_id(u, kUnshardedGrad), c_ * padded_[u], kComputeStream, Category::kGrads);
+    case spec::Op::kReduceScatter:
+      return reduce_scatter(u);
+    case spec::Op::kAllReduce:
+      all_reduce(u);
+      return true;
+    case spec::Op::kAllocFlatGrad:
+      // Created once, when the first backward starts, and kept for the run.
+      if (flat_grad_live_) return true;
+      flat_grad_live_ = true;
+      return alloc(flat_grad_id_, c_ * total_padded_, kComputeStream, Category::kGrads);
+    case spec::Op::kZeroFlatGrad:
+      return true;  // in place
+    case spec::Op::kFreeShardGrad:
+      free_shard_grad(u);
+      return true;
+  }
+  return true;
 }
 
 // SHARDED -> UNSHARDED: all-gather the unit's flat param. The input is the
@@ -474,53 +530,12 @@ void StepReplay::reshard(int u) {
   state_[u] = ParamState::kSharded;
 }
 
-// Pre-forward: zero2/3/hybrid gather the unit if it is SHARDED (zero2 and
-// the zero3 root are still UNSHARDED from an earlier call).
-bool StepReplay::pre_forward(int u) {
-  if (!sharded_params() || state_[u] == ParamState::kUnsharded) return true;
-  return unshard(u);
-}
-
-// Post-forward: zero3/hybrid go UNSHARDED -> SHARDED, except the root unit,
-// which backward needs first (FSDP's root does not reshard after forward);
-// zero2 stays UNSHARDED until its backward ends.
-void StepReplay::post_forward(int u) {
-  if (traits_.reshard_after_forward && u != root_unit_ && state_[u] == ParamState::kUnsharded) reshard(u);
-}
-
-// Pre-backward: regather if SHARDED, prefetch the next unit in backward
-// order (BACKWARD_PRE), then the unsharded grad autograd accumulates into.
-bool StepReplay::pre_backward(int u) {
-  if (!sharded_params()) return true;
-  if (state_[u] == ParamState::kSharded && !unshard(u)) return false;
-  const int next = sim_.backward_prefetch_[u];
-  if (strategy_.backward_prefetch && next >= 0 && state_[next] == ParamState::kSharded &&
-      !unshard(next)) {
-    return false;
-  }
-  return alloc(unit_id(u, kUnshardedGrad), c_ * padded_[u], kComputeStream, Category::kGrads);
-}
-
-// A checkpointed unit re-runs its forward inside its backward: it must be
-// UNSHARDED (pre_backward normally did it already).
-bool StepReplay::recompute_begin(int u) {
-  if (!sharded_params() || state_[u] == ParamState::kUnsharded) return true;
-  return unshard(u);
-}
-
-// Post-backward: reduce-scatter the unsharded grad into this rank's fp32
-// shard grad, then free the unsharded grad and go UNSHARDED -> SHARDED.
-// A later micro-batch adds into the shard grad it already has. ddp/zero1
-// all-reduce the flat grads in place (on the last micro-batch); zero1+offload
-// then copies its own slice to the host.
-bool StepReplay::post_backward(int u) {
+// Reduce-scatter the unsharded grad into this rank's fp32 shard grad, then
+// free the unsharded grad. A later micro-batch adds into the shard grad it
+// already has.
+bool StepReplay::reduce_scatter(int u) {
   const int64_t shard_grad_bytes = kFp32Bytes * shard_[u];
   const bool accumulating = shard_grad_live_[u];
-  if (!sharded_params()) {
-    if (traits_.offload && !accumulating) host_alloc(shard_grad_bytes);
-    shard_grad_live_[u] = traits_.offload;
-    return true;
-  }
   if (!mixed_ && !traits_.offload) {
     // fp32: the reduce-scatter output is the shard grad itself; once it
     // exists, the output is the unsharded grad's own slot, added from there.
@@ -543,8 +558,15 @@ bool StepReplay::post_backward(int u) {
   }
   shard_grad_live_[u] = true;
   free(unit_id(u, kUnshardedGrad));
-  if (state_[u] == ParamState::kUnsharded) reshard(u);
   return true;
+}
+
+// ddp/zero1: the flat grad all-reduced in place (no allocation); zero1 +
+// offload then copies its own slice to a host fp32 grad, kept across steps.
+void StepReplay::all_reduce(int u) {
+  if (!traits_.offload || shard_grad_live_[u]) return;
+  host_alloc(kFp32Bytes * shard_[u]);
+  shard_grad_live_[u] = true;
 }
 
 // AdamW over one flat tensor at a time (the unit's full param for ddp, its

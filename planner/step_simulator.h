@@ -7,10 +7,12 @@
 // staging, and the optimizer step. Every buffer goes through an
 // AllocatorModel, so the peak is what that allocator would report.
 //
-// The semantics below are what shardfit's executor does; the two must change
-// together. Which of them a strategy has (sharded params/grads/optimizer,
-// reshard after forward, offload, mixed precision) is spec::StrategyTraits,
-// decoded once for both (spec/strategy.h). With P_u a unit's flat numel padded to the shard group N
+// Which actions a strategy takes at each hook of a unit (gather, reshard,
+// prefetch, reduce-scatter, all-reduce, ...) is spec::Schedule
+// (spec/schedule.h), decided once from spec::StrategyTraits for both this
+// simulator and the executor's engine; each interprets the actions, this one
+// by charging their buffers. The optimizer step is interpreted whole by
+// each. What the actions allocate, by strategy: With P_u a unit's flat numel padded to the shard group N
 // (shard_layout.h), s_u = P_u / N its shard and c the compute dtype's bytes:
 //  - ddp: fp32 flat params 4*P_u per unit (mixed: plus a persistent c*P_u
 //    compute copy); one flat grad buffer c*sum(P_u) allocated when step 1's
@@ -105,9 +107,10 @@ struct Strategy {
   // Ranks a flat parameter is sharded over: world_size for zero1/2/3, GPUs
   // per node for hybrid; ignored for ddp.
   int shard_group_size = 1;
-  // FSDP's BackwardPrefetch.BACKWARD_PRE (its default); matters for
-  // zero3/hybrid only.
-  bool backward_prefetch = true;
+  // Units gathered ahead (--prefetch, spec::Schedule): in backward this
+  // many (1 = FSDP's BackwardPrefetch.BACKWARD_PRE, its default; 0 = none),
+  // in forward one fewer. Matters for zero3/hybrid only.
+  int prefetch = 1;
   // Micro-batches per optimizer step (the executor's --grad-accum): each
   // replays the whole trace and marks its forward/backward labels again.
   int grad_accum = 1;
@@ -205,7 +208,8 @@ class StepSimulator {
   std::vector<int64_t> unit_numel_;
   int root_unit_ = 0;  // the unit rooted at the model root
   std::vector<int> forward_order_;
-  std::vector<int> backward_prefetch_;  // unit -> unit to prefetch at its backward begin, -1 none
+  std::vector<int> forward_pos_;  // unit -> its index in forward_order_, -1 if it never runs forward
+  int num_run_forward_ = 0;       // units that run forward: the first this many of forward_order_
   std::vector<std::string> labels_;     // "init", then per step: forward/u, backward/u, optimizer
 };
 

@@ -119,6 +119,7 @@ nlohmann::json to_json(const RunReport& r) {
           {"hardware", r.hardware},
           {"run",
            {{"batch_per_gpu", r.batch_per_gpu},
+            {"prefetch", r.prefetch},
             {"world_size", r.world_size},
             {"backend", r.backend},
             {"device", r.device},
@@ -161,6 +162,7 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   const std::string w = origin + ": run";
   r.batch_per_gpu = get<int64_t>(run, "batch_per_gpu", w);
   r.world_size = get<int>(run, "world_size", w);
+  if (run.contains("prefetch")) r.prefetch = get<int>(run, "prefetch", w);
   r.backend = get<std::string>(run, "backend", w);
   r.device = get<std::string>(run, "device", w);
   r.steps = get<int64_t>(run, "steps", w);

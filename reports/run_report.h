@@ -51,6 +51,7 @@ struct RunReport {
   nlohmann::json model;     // {"name", "params", "seq_len"}
   nlohmann::json hardware;  // {"profile", "device_mem_bytes", ...}
   int64_t batch_per_gpu = 0;
+  int prefetch = 1;  // units gathered ahead (--prefetch; absent in older reports = 1)
   int world_size = 1;
   std::string backend;  // "gloo", "nccl", "loopback", "none" (one rank)
   std::string device;   // "cpu" or "cuda"

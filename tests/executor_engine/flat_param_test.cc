@@ -75,9 +75,12 @@ TEST(FlatParam, ReshardFreesStorageUnderLiveViewsAndUnshardRefillsIt) {
   loss.backward();
   EXPECT_TRUE(torch::equal(w.grad(), torch::ones({2, 3})));
   f.reduce_grad(*comm, nullptr);
-  EXPECT_EQ(f.state(), ParamState::kSharded);
   EXPECT_FALSE(f.has_unsharded_grad());
   EXPECT_TRUE(torch::equal(f.optimizer_grad(), torch::ones({10})));
+  // Resharding is the schedule's next action (spec/schedule.h), not reduce_grad's.
+  EXPECT_EQ(f.state(), ParamState::kUnsharded);
+  f.reshard();
+  EXPECT_EQ(f.state(), ParamState::kSharded);
 }
 
 TEST(FlatParam, MixedPrecisionGathersThroughAStagingCast) {

@@ -70,9 +70,21 @@ TEST(LaunchConfig, FsdpKwargsHaveTheConstructorsNamesAndTypes) {
   EXPECT_TRUE(k.at("mixed_precision").is_null());        // fp32: no MixedPrecision
   EXPECT_EQ(k.at("backward_prefetch"), "BACKWARD_PRE");  // a BackwardPrefetch member
   ASSERT_TRUE(k.at("limit_all_gathers").is_boolean());
+  EXPECT_EQ(k.at("forward_prefetch"), false);  // --prefetch 1: backward only
   EXPECT_FALSE(parsed.at("activation_checkpointing").at("enabled").get<bool>());
   EXPECT_EQ(parsed.at("train").at("batch_size_per_gpu"), 39);
   EXPECT_EQ(parsed.at("train").at("world_size"), 2);
+}
+
+TEST(LaunchConfig, PrefetchTwoPrefetchesInForwardToo) {
+  Plan plan = plan_with("zero3/bf16/wrap=block", 8);
+  plan.prefetch = 2;
+  EXPECT_EQ(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block")
+                .settings["fsdp_kwargs"]["forward_prefetch"],
+            true);
+  EXPECT_EQ(export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block")
+                .settings["fsdp_config"]["fsdp_forward_prefetch"],
+            true);
 }
 
 TEST(LaunchConfig, FsdpMapsEveryShardingWrapPrecisionAndCheckpointing) {

@@ -146,7 +146,7 @@ struct SimRun {
 };
 
 SimRun simulate(Sharding sharding, DType dtype = DType::kF32, bool offload = false,
-                bool prefetch = true, int64_t act_scale = 1, int64_t budget = kUnlimitedBytes) {
+                int prefetch = 1, int64_t act_scale = 1, int64_t budget = kUnlimitedBytes) {
   const ModelTrace trace = two_block_trace(dtype, act_scale);
   const UnitPartition units = wrap_modules(trace.modules, WrapPolicy::parse("block"));
   Strategy s;
@@ -155,7 +155,7 @@ SimRun simulate(Sharding sharding, DType dtype = DType::kF32, bool offload = fal
   s.compute_dtype = dtype;
   s.world_size = 2;
   s.shard_group_size = 2;
-  s.backward_prefetch = prefetch;
+  s.prefetch = prefetch;
   ExactAllocator allocator(budget);
   return SimRun{StepSimulator(trace, units).simulate(s, allocator)};
 }
@@ -254,6 +254,20 @@ TEST(StepSimulatorTest, Zero3Fp32WithoutPrefetchGathersL0Later) {
   EXPECT_EQ(run.result.peak_allocated_bytes, 404);
   EXPECT_EQ(run.result.peak_allocated_label, "step2/backward/l0");
   expect_breakdown(run.result, 120, 84, 96, 104);
+}
+
+TEST(StepSimulatorTest, Zero3PrefetchTwoGathersTheNextUnitInForwardOnceTheOrderIsKnown) {
+  const SimRun one = simulate(Sharding::kZero3);
+  const SimRun two = simulate(Sharding::kZero3, DType::kF32, false, /*prefetch=*/2);
+  // Step 1's forward learns the order: nothing is prefetched in it.
+  EXPECT_EQ(two.at("step1/forward/l0"), one.at("step1/forward/l0"));
+  // Step 2: l0's pre-forward gathers l1 (24 bytes) too, still there when
+  // l0's forward ends.
+  EXPECT_EQ(two.at("step2/forward/l0"), one.at("step2/forward/l0") + 24);
+  EXPECT_GE(two.result.peak_allocated_bytes, one.result.peak_allocated_bytes);
+  // zero2 keeps every unit gathered from forward to backward: nothing changes.
+  EXPECT_EQ(simulate(Sharding::kZero2, DType::kF32, false, 2).result.peak_allocated_bytes,
+            simulate(Sharding::kZero2).result.peak_allocated_bytes);
 }
 
 TEST(StepSimulatorTest, Zero3MixedPrecision) {

@@ -1,0 +1,75 @@
+#include "spec/schedule.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace shardfit::spec {
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kGather:
+      return "gather";
+    case Op::kReshard:
+      return "reshard";
+    case Op::kPrefetchForward:
+      return "prefetch-forward";
+    case Op::kPrefetchBackward:
+      return "prefetch-backward";
+    case Op::kAllocGrad:
+      return "alloc-grad";
+    case Op::kReduceScatter:
+      return "reduce-scatter";
+    case Op::kAllReduce:
+      return "all-reduce";
+    case Op::kAllocFlatGrad:
+      return "alloc-flat-grad";
+    case Op::kZeroFlatGrad:
+      return "zero-flat-grad";
+    case Op::kFreeShardGrad:
+      return "free-shard-grad";
+  }
+  return "?";
+}
+
+Schedule::Schedule(const StrategyTraits& traits, int prefetch) : traits_(traits), prefetch_(prefetch) {
+  if (prefetch < 0) throw std::invalid_argument("--prefetch " + std::to_string(prefetch) + ": must be at least 0");
+}
+
+std::vector<Op> Schedule::actions(Hook hook, const HookContext& where) const {
+  const bool sharded = traits_.shard_params;
+  switch (hook) {
+    case Hook::kZeroGrad:
+      if (sharded) return {Op::kFreeShardGrad};
+      return {Op::kZeroFlatGrad};
+    case Hook::kPreForward:
+      // zero2 and the zero3 root are still gathered from an earlier call:
+      // kGather is then nothing.
+      if (sharded && prefetch_ >= 2) return {Op::kGather, Op::kPrefetchForward};
+      if (sharded) return {Op::kGather};
+      return {};
+    case Hook::kPostForward:
+      // zero3/hybrid reshard, but not the root, which backward needs first
+      // (FSDP's root does not reshard after forward); zero2 keeps the unit
+      // gathered until its backward ends.
+      if (traits_.reshard_after_forward && !where.root) return {Op::kReshard};
+      return {};
+    case Hook::kBackwardStart:
+      if (sharded) return {};
+      return {Op::kAllocFlatGrad};
+    case Hook::kPreBackward:
+      if (!sharded) return {};
+      if (prefetch_ >= 1) return {Op::kGather, Op::kPrefetchBackward, Op::kAllocGrad};
+      return {Op::kGather, Op::kAllocGrad};
+    case Hook::kRecompute:
+      if (sharded) return {Op::kGather};
+      return {};
+    case Hook::kPostBackward:
+      if (sharded) return {Op::kReduceScatter, Op::kReshard};
+      // ddp/zero1 reduce only on the last micro-batch (no_sync before it).
+      if (where.last_micro_batch) return {Op::kAllReduce};
+      return {};
+  }
+  return {};
+}
+
+}  // namespace shardfit::spec

@@ -1,0 +1,109 @@
+// The schedule: what a strategy does at each hook of a training step, as an
+// ordered list of actions on wrap units, decided here once from the
+// strategy's traits. Two interpreters replay it: the step simulator
+// (planner/step_simulator.cc) against the allocator model, charging each
+// action's buffers, and the engine (executor/engine.cc) against tensors and
+// a communicator (executor/flat_param.h). Neither decides on its own which
+// actions a strategy takes at a hook; each says only what an action
+// allocates and does, and the accuracy matrix checks the two agree to the
+// byte.
+//
+// The hooks are FSDP2's (torch/distributed/_composable/fsdp/_fsdp_state.py:
+// _pre_forward, _post_forward, _pre_backward, _post_backward; the root's
+// _root_post_backward_final_callback ends backward), plus the step's own
+// boundaries. With P_u a unit's padded flat numel, s_u = P_u / N its shard
+// and c the compute dtype's bytes, the actions are:
+//   kGather           SHARDED -> UNSHARDED: a c*s_u staging copy of the shard
+//                     when the gather is staged (mixed or offload), then an
+//                     all-gather into c*P_u; nothing when already UNSHARDED.
+//   kReshard          UNSHARDED -> SHARDED: the gathered storage freed.
+//   kPrefetchForward  kGather for the next prefetch - 1 units in forward
+//                     order (FSDP's forward_prefetch), once a forward has
+//                     recorded that order (as FSDP records it in its first
+//                     iteration); only with --prefetch 2 or more.
+//   kPrefetchBackward kGather for the next `prefetch` units in backward
+//                     order: those that ran forward just before this one
+//                     (1: FSDP's BACKWARD_PRE, the default).
+//   kAllocGrad        the unsharded c*P_u grad autograd accumulates into.
+//   kReduceScatter    the unsharded grad reduce-scattered into the fp32 shard
+//                     grad 4*s_u (through a c*s_u output when mixed or
+//                     offload; added to it from the second micro-batch), then
+//                     all-reduced across replica groups (hybrid); the
+//                     unsharded grad freed.
+//   kAllReduce        ddp/zero1: the unit's slice of the flat grad averaged
+//                     in place, on the last micro-batch only (DDP's no_sync);
+//                     zero1+offload then copies this rank's slice to the host.
+//   kAllocFlatGrad    ddp/zero1: one c*sum(P_u) flat grad buffer for every
+//                     unit (DDP's gradient_as_bucket_view), created when the
+//                     first backward starts and kept.
+//   kZeroFlatGrad     ddp/zero1: the flat grad zeroed in place.
+//   kFreeShardGrad    zero2/3/hybrid: the shard grad freed (zero_grad with
+//                     set_to_none=True).
+// The optimizer step (AdamW per unit, its lazily created state and
+// temporaries) is one hook, interpreted whole by each side.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "spec/strategy.h"
+
+namespace shardfit::spec {
+
+enum class Hook : uint8_t {
+  kZeroGrad,       // a step begins (before its first micro-batch)
+  kPreForward,     // a unit's root module's outermost forward begins
+  kPostForward,    // ... and ends
+  kBackwardStart,  // a micro-batch's backward begins (the loss's gradient)
+  kPreBackward,    // a unit's output gradient is ready (its first backward span)
+  kRecompute,      // a unit's checkpointed forward re-runs inside backward
+  kPostBackward,   // a unit's last backward span ends
+};
+inline constexpr int kNumHooks = 7;
+
+enum class Op : uint8_t {
+  kGather,
+  kReshard,
+  kPrefetchForward,
+  kPrefetchBackward,
+  kAllocGrad,
+  kReduceScatter,
+  kAllReduce,
+  kAllocFlatGrad,
+  kZeroFlatGrad,
+  kFreeShardGrad,
+};
+const char* op_name(Op op);
+
+// Where in the step a hook runs, beyond the strategy.
+struct HookContext {
+  bool root = false;             // the unit rooted at the model root (backward needs it first)
+  bool last_micro_batch = true;  // the step's last micro-batch (gradient accumulation)
+};
+
+// The schedule of one strategy.
+class Schedule {
+ public:
+  // `prefetch`: units gathered ahead of the one that runs (--prefetch N):
+  // in backward N (1 = FSDP's BACKWARD_PRE, its default), in forward N - 1;
+  // 0 = none. It matters for zero3/hybrid: zero2 keeps every unit gathered
+  // from its forward through its backward anyway. Collectives are
+  // synchronous today, so a prefetch gathers early (FSDP's memory) without
+  // overlapping compute yet.
+  explicit Schedule(const StrategyTraits& traits, int prefetch = 1);
+  Schedule() = default;  // ddp's traits, until assigned
+
+  // The actions of `hook` for a unit, in order. kZeroGrad and kBackwardStart
+  // belong to the step: their actions act on every unit (kFreeShardGrad) or
+  // on the one flat grad.
+  std::vector<Op> actions(Hook hook, const HookContext& where) const;
+
+  const StrategyTraits& traits() const { return traits_; }
+  int prefetch() const { return prefetch_; }
+
+ private:
+  StrategyTraits traits_;
+  int prefetch_ = 1;
+};
+
+}  // namespace shardfit::spec

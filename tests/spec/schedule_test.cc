@@ -1,0 +1,63 @@
+// The schedule as FSDP and DDP users know their step: which collectives and
+// buffers each hook of a unit brings, per strategy. The simulator and the
+// engine both replay these lists (the accuracy matrix checks they agree to
+// the byte); here the lists themselves.
+#include "spec/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace shardfit::spec {
+namespace {
+
+std::string ops(const std::string& id, Hook hook, bool root = false, bool last_micro = true,
+                int prefetch = 1) {
+  const Candidate c = parse_candidate(id);
+  const Schedule s(decode_strategy(c, 4, shard_group_for(c.sharding, 4, 2)), prefetch);
+  std::string out;
+  for (Op op : s.actions(hook, {root, last_micro})) out += std::string(out.empty() ? "" : " ") + op_name(op);
+  return out;
+}
+
+TEST(Schedule, DdpAllReducesOnTheLastMicroBatchOnly) {
+  for (const char* id : {"ddp/fp32/wrap=block", "zero1/bf16/wrap=block", "zero1+offload/fp32/wrap=block"}) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(ops(id, Hook::kPreForward), "");
+    EXPECT_EQ(ops(id, Hook::kPostForward), "");
+    EXPECT_EQ(ops(id, Hook::kBackwardStart), "alloc-flat-grad");
+    EXPECT_EQ(ops(id, Hook::kPreBackward), "");
+    EXPECT_EQ(ops(id, Hook::kPostBackward), "all-reduce");
+    EXPECT_EQ(ops(id, Hook::kPostBackward, false, /*last_micro=*/false), "") << "no_sync";
+    EXPECT_EQ(ops(id, Hook::kZeroGrad), "zero-flat-grad");
+  }
+}
+
+TEST(Schedule, Zero2GathersOnceAndKeepsTheUnitThroughBackward) {
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPreForward), "gather");
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPostForward), "");
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPreBackward), "gather prefetch-backward alloc-grad");
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPostBackward), "reduce-scatter reshard");
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPostBackward, false, false), "reduce-scatter reshard")
+      << "shard grads are reduced every micro-batch";
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kZeroGrad), "free-shard-grad");
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kBackwardStart), "");
+}
+
+TEST(Schedule, Zero3AndHybridReshardAfterForwardButNotTheRoot) {
+  for (const char* id : {"zero3/bf16/wrap=block", "hybrid+offload/fp32/wrap=block"}) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(ops(id, Hook::kPostForward), "reshard");
+    EXPECT_EQ(ops(id, Hook::kPostForward, /*root=*/true), "");
+    EXPECT_EQ(ops(id, Hook::kRecompute), "gather");
+    EXPECT_EQ(ops(id, Hook::kPreBackward, false, true, /*prefetch=*/0), "gather alloc-grad");
+    EXPECT_EQ(ops(id, Hook::kPreForward), "gather") << "--prefetch 1: no forward prefetch";
+    EXPECT_EQ(ops(id, Hook::kPreForward, false, true, 2), "gather prefetch-forward");
+    EXPECT_EQ(ops(id, Hook::kPreBackward, false, true, 2), "gather prefetch-backward alloc-grad");
+  }
+  EXPECT_EQ(ops("ddp/fp32/wrap=block", Hook::kPreForward, false, true, 2), "") << "nothing to gather";
+}
+
+}  // namespace
+}  // namespace shardfit::spec
