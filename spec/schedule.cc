@@ -33,9 +33,13 @@ const char* op_name(Op op) {
 
 Schedule::Schedule(const StrategyTraits& traits, int prefetch) : traits_(traits), prefetch_(prefetch) {
   if (prefetch < 0) throw std::invalid_argument("--prefetch " + std::to_string(prefetch) + ": must be at least 0");
+  for (int h = 0; h < kNumHooks; ++h)
+    for (int root = 0; root < 2; ++root)
+      for (int last = 0; last < 2; ++last)
+        table_[h * 4 + root * 2 + last] = build(static_cast<Hook>(h), HookContext{root == 1, last == 1});
 }
 
-std::vector<Op> Schedule::actions(Hook hook, const HookContext& where) const {
+std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
   const bool sharded = traits_.shard_params;
   switch (hook) {
     case Hook::kZeroGrad:

@@ -43,6 +43,7 @@
 // temporaries) is one hook, interpreted whole by each side.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -91,19 +92,26 @@ class Schedule {
   // synchronous today, so a prefetch gathers early (FSDP's memory) without
   // overlapping compute yet.
   explicit Schedule(const StrategyTraits& traits, int prefetch = 1);
-  Schedule() = default;  // ddp's traits, until assigned
+  Schedule() = default;  // no actions at all, until assigned
 
   // The actions of `hook` for a unit, in order. kZeroGrad and kBackwardStart
   // belong to the step: their actions act on every unit (kFreeShardGrad) or
   // on the one flat grad.
-  std::vector<Op> actions(Hook hook, const HookContext& where) const;
+  // A reference into a table built once: the simulator asks for every
+  // hook of every candidate's batch search.
+  const std::vector<Op>& actions(Hook hook, const HookContext& where) const {
+    return table_[static_cast<int>(hook) * 4 + (where.root ? 2 : 0) + (where.last_micro_batch ? 1 : 0)];
+  }
 
   const StrategyTraits& traits() const { return traits_; }
   int prefetch() const { return prefetch_; }
 
  private:
+  std::vector<Op> build(Hook hook, const HookContext& where) const;
+
   StrategyTraits traits_;
   int prefetch_ = 1;
+  std::array<std::vector<Op>, kNumHooks * 4> table_;  // by hook, root, last micro-batch
 };
 
 }  // namespace shardfit::spec
