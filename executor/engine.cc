@@ -21,7 +21,6 @@
 #include "models/model.h"
 #include "models/module_table.h"
 #include "spec/recompute.h"
-#include "spec/schedule.h"
 #include "spec/strategy.h"
 #include "spec/wrap_policy.h"
 

@@ -48,16 +48,12 @@ void Engine::apply(spec::Op op, int u) {
       // The next units in forward order (known once a forward has run: in
       // the first one this unit is the last seen), or in backward order,
       // the units that ran forward just before this one.
-      const bool forward = op == spec::Op::kPrefetchForward;
       const auto it = std::find(forward_order_.begin(), forward_order_.end(), u);
       if (it == forward_order_.end()) return;
       const int pos = static_cast<int>(it - forward_order_.begin());
-      const int ahead = forward ? schedule_.prefetch() - 1 : schedule_.prefetch();
-      for (int k = 1; k <= ahead; ++k) {
-        const int at = forward ? pos + k : pos - k;
-        if (at < 0 || at >= static_cast<int>(forward_order_.size())) break;
+      const int count = static_cast<int>(forward_order_.size());
+      for (int k = 1, at; (at = schedule_.prefetch_position(op, pos, k, count)) >= 0; ++k)
         flat_[forward_order_[at]]->unshard(*shard_group_);  // nothing when UNSHARDED
-      }
       return;
     }
     case spec::Op::kAllocGrad:

@@ -475,13 +475,9 @@ bool StepReplay::apply(spec::Op op, int u) {
     case spec::Op::kPrefetchBackward: {
       // The next units in forward order, or in backward order (those that
       // ran forward just before: FSDP's _get_handle_to_prefetch).
-      const bool forward = op == spec::Op::kPrefetchForward;
       const int pos = sim_.forward_pos_[u];
-      if (pos < 0 || (forward && !forward_order_known_)) return true;
-      const int ahead = forward ? schedule_.prefetch() - 1 : schedule_.prefetch();
-      for (int k = 1; k <= ahead; ++k) {
-        const int at = forward ? pos + k : pos - k;
-        if (at < 0 || at >= sim_.num_run_forward_) break;
+      if (pos < 0 || (op == spec::Op::kPrefetchForward && !forward_order_known_)) return true;
+      for (int k = 1, at; (at = schedule_.prefetch_position(op, pos, k, sim_.num_run_forward_)) >= 0; ++k) {
         const int next = sim_.forward_order_[at];
         if (state_[next] == ParamState::kSharded && !unshard(next)) return false;
       }

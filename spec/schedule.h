@@ -106,6 +106,18 @@ class Schedule {
   const StrategyTraits& traits() const { return traits_; }
   int prefetch() const { return prefetch_; }
 
+  // Which units a prefetch action gathers, as positions in the order units
+  // first ran forward (`count` of them known): the k-th (k = 1, 2, ...) the
+  // unit at `pos` prefetches, or -1 when there is no k-th. kPrefetchForward
+  // goes forward, prefetch - 1 deep; kPrefetchBackward goes back (the units
+  // that ran forward just before run backward next), prefetch deep.
+  int prefetch_position(Op op, int pos, int k, int count) const {
+    const bool forward = op == Op::kPrefetchForward;
+    if (k > (forward ? prefetch_ - 1 : prefetch_)) return -1;
+    const int at = forward ? pos + k : pos - k;
+    return at >= 0 && at < count ? at : -1;
+  }
+
  private:
   std::vector<Op> build(Hook hook, const HookContext& where) const;
 

@@ -59,5 +59,17 @@ TEST(Schedule, Zero3AndHybridReshardAfterForwardButNotTheRoot) {
   EXPECT_EQ(ops("ddp/fp32/wrap=block", Hook::kPreForward, false, true, 2), "") << "nothing to gather";
 }
 
+TEST(Schedule, PrefetchPositionsGoForwardOneShortAndBackwardFullDepth) {
+  const Schedule s(decode_strategy(parse_candidate("zero3/fp32/wrap=block"), 2, 2), 2);
+  // Five units ran forward; the one at position 2.
+  EXPECT_EQ(s.prefetch_position(Op::kPrefetchForward, 2, 1, 5), 3);
+  EXPECT_EQ(s.prefetch_position(Op::kPrefetchForward, 2, 2, 5), -1) << "N - 1 = 1 deep";
+  EXPECT_EQ(s.prefetch_position(Op::kPrefetchBackward, 2, 1, 5), 1);
+  EXPECT_EQ(s.prefetch_position(Op::kPrefetchBackward, 2, 2, 5), 0);
+  EXPECT_EQ(s.prefetch_position(Op::kPrefetchBackward, 2, 3, 5), -1) << "N = 2 deep";
+  EXPECT_EQ(s.prefetch_position(Op::kPrefetchForward, 4, 1, 5), -1) << "the last unit has none after it";
+  EXPECT_EQ(s.prefetch_position(Op::kPrefetchBackward, 0, 1, 5), -1) << "the first has none before it";
+}
+
 }  // namespace
 }  // namespace shardfit::spec
