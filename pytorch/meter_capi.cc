@@ -1,0 +1,59 @@
+// The meter inside a real PyTorch process (issue 12): a C ABI over the
+// engine's own TrackingAllocator (executor/tracking_allocator.h), built as a
+// shared library that Python loads with ctypes after `import torch`. Debian's
+// python3-torch links the same LibTorch 1.13 (libc10.so) this project builds
+// against, so c10::SetCPUAllocator here replaces the CPU allocator of the
+// PyTorch process itself: every storage PyTorch's DDP, ZeroRedundancyOptimizer,
+// torch.utils.checkpoint and torch.optim allocate on the CPU is counted with
+// the same rule as `shardfit run`'s reports (the requested nbytes).
+//
+// pytorch/shardfit_meter.py is the Python side; nothing else calls these.
+#include <cstdint>
+#include <cstring>
+
+#include <c10/util/Exception.h>
+
+#include "executor/tracking_allocator.h"
+
+using shardfit::executor::TrackingAllocator;
+
+extern "C" {
+
+// Installs the meter as LibTorch's CPU allocator (idempotent) and returns the
+// bytes it counts as live now (0: storages made before it are not counted,
+// and their frees are not subtracted).
+int64_t shardfit_meter_install() { return TrackingAllocator::cpu().allocated_bytes(); }
+
+int64_t shardfit_meter_allocated() { return TrackingAllocator::cpu().allocated_bytes(); }
+int64_t shardfit_meter_peak() { return TrackingAllocator::cpu().peak_allocated_bytes(); }
+int64_t shardfit_meter_num_allocs() { return TrackingAllocator::cpu().num_allocs(); }
+// Peak := current; the timeline is cleared.
+void shardfit_meter_reset_peak() { TrackingAllocator::cpu().reset_peak(); }
+// 0 = no budget. Past it an allocation raises PyTorch's out-of-memory error.
+void shardfit_meter_set_budget(int64_t bytes) { TrackingAllocator::cpu().set_budget_bytes(bytes); }
+
+// Records the end of a phase named `label`.
+void shardfit_meter_mark(const char* label) { TrackingAllocator::cpu().mark(label ? label : ""); }
+
+int64_t shardfit_meter_timeline_size() {
+  return static_cast<int64_t>(TrackingAllocator::cpu().timeline().size());
+}
+
+// Point `i` of the timeline: its label (NUL-terminated, cut to label_cap - 1
+// bytes), the bytes live when it was taken and the peak since the point
+// before. Returns 0, or -1 when `i` is out of range.
+int shardfit_meter_timeline_point(int64_t i, char* label, int64_t label_cap, int64_t* allocated, int64_t* peak) {
+  const auto timeline = TrackingAllocator::cpu().timeline();
+  if (i < 0 || i >= static_cast<int64_t>(timeline.size())) return -1;
+  const auto& p = timeline[static_cast<size_t>(i)];
+  if (label && label_cap > 0) {
+    const size_t n = std::min(p.label.size(), static_cast<size_t>(label_cap - 1));
+    std::memcpy(label, p.label.data(), n);
+    label[n] = '\0';
+  }
+  if (allocated) *allocated = p.allocated_bytes;
+  if (peak) *peak = p.peak_allocated_bytes;
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,98 @@
+"""The shardfit meter inside a PyTorch process (issue 12).
+
+Loads libshardfit_torch_meter.so (pytorch/meter_capi.cc) with ctypes and
+installs the engine's tracking allocator as LibTorch's CPU allocator, so that
+every CPU storage this process allocates from then on is counted as
+`shardfit run` counts its own: the bytes each storage asks for, their peak,
+and a timeline at named phases. Works with Debian's python3-torch, which
+links the same LibTorch 1.13 shardfit builds against.
+
+    import torch, shardfit_meter
+    meter = shardfit_meter.Meter()       # install: counting starts now
+    ...build the model, train...
+    meter.mark("step1/forward")
+    print(meter.peak, meter.timeline())
+
+The library is found at $SHARDFIT_TORCH_METER, else build/pytorch/ beside
+this file's repository.
+"""
+import ctypes
+import os
+
+_LIB = None
+
+
+def library_path():
+    env = os.environ.get("SHARDFIT_TORCH_METER")
+    if env:
+        return env
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(root, "build", "pytorch", "libshardfit_torch_meter.so")
+
+
+def _load():
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    import torch  # noqa: F401  (LibTorch first: the library resolves against the loaded c10)
+    path = library_path()
+    if not os.path.exists(path):
+        raise FileNotFoundError("shardfit meter library not found: %s (build shardfit, or set "
+                                "SHARDFIT_TORCH_METER)" % path)
+    lib = ctypes.CDLL(path)
+    i64 = ctypes.c_int64
+    for name in ("install", "allocated", "peak", "num_allocs", "timeline_size"):
+        getattr(lib, "shardfit_meter_" + name).restype = i64
+        getattr(lib, "shardfit_meter_" + name).argtypes = []
+    lib.shardfit_meter_reset_peak.argtypes = []
+    lib.shardfit_meter_set_budget.argtypes = [i64]
+    lib.shardfit_meter_mark.argtypes = [ctypes.c_char_p]
+    lib.shardfit_meter_timeline_point.restype = ctypes.c_int
+    lib.shardfit_meter_timeline_point.argtypes = [i64, ctypes.c_char_p, i64,
+                                                  ctypes.POINTER(i64), ctypes.POINTER(i64)]
+    _LIB = lib
+    return lib
+
+
+class Meter:
+    """The process's CPU meter. Creating one installs it (once per process)."""
+
+    def __init__(self):
+        self._lib = _load()
+        self.at_install = self._lib.shardfit_meter_install()
+
+    @property
+    def allocated(self):
+        """Bytes of CPU storages live now (counted since the meter was installed)."""
+        return self._lib.shardfit_meter_allocated()
+
+    @property
+    def peak(self):
+        """The highest `allocated` since install or the last reset_peak()."""
+        return self._lib.shardfit_meter_peak()
+
+    @property
+    def num_allocs(self):
+        return self._lib.shardfit_meter_num_allocs()
+
+    def reset_peak(self):
+        self._lib.shardfit_meter_reset_peak()
+
+    def set_budget(self, nbytes):
+        """Past `nbytes` live (0: none) an allocation raises PyTorch's out-of-memory error."""
+        self._lib.shardfit_meter_set_budget(int(nbytes))
+
+    def mark(self, label):
+        self._lib.shardfit_meter_mark(label.encode())
+
+    def timeline(self):
+        """[{"phase", "allocated_bytes", "peak_allocated_bytes"}], as `run`'s reports write them."""
+        out = []
+        buf = ctypes.create_string_buffer(512)
+        alloc, peak = ctypes.c_int64(), ctypes.c_int64()
+        for i in range(self._lib.shardfit_meter_timeline_size()):
+            if self._lib.shardfit_meter_timeline_point(i, buf, len(buf), ctypes.byref(alloc),
+                                                       ctypes.byref(peak)) == 0:
+                out.append({"phase": buf.value.decode(), "allocated_bytes": alloc.value,
+                            "peak_allocated_bytes": peak.value})
+        return out

@@ -1,0 +1,114 @@
+"""Real PyTorch training jobs measured by shardfit's meter (issue 12).
+
+Runs a model from pytorch/models.py under PyTorch's own data parallelism on
+N Gloo ranks of this host (torch.multiprocessing, one process per rank, as
+torchrun would start them) and measures every rank's CPU bytes with
+shardfit's meter (pytorch/shardfit_meter.py: the engine's tracking
+allocator installed inside the PyTorch process), counted from before the
+model is built, as `shardfit run` counts its own ranks.
+
+    --wrap ddp     torch.nn.parallel.DistributedDataParallel (defaults)
+    --wrap ddp-bv  the same with gradient_as_bucket_view=True
+    --wrap zero1   DDP + torch.distributed.optim.ZeroRedundancyOptimizer
+    --ckpt         every block under torch.utils.checkpoint (non-reentrant)
+    --bf16         forward under torch.autocast("cpu", torch.bfloat16)
+
+The optimizer is torch.optim.AdamW (lr 6e-4, weight decay 0.01: shardfit's
+defaults), zero_grad(set_to_none=True) before each backward. Prints one JSON
+object: the job and, per rank, "peak_allocated_bytes" and the timeline
+(points "init", "stepK/forward", "stepK/backward", "stepK/optimizer").
+"""
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def worker(rank, args, queue):
+    sys.path.insert(0, HERE)
+    import torch
+    import shardfit_meter
+    meter = shardfit_meter.Meter()  # before anything of the job is allocated
+    import torch.distributed as dist
+    import models
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.nproc))
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=rank,
+                            world_size=args.nproc)
+    meter.reset_peak()
+    torch.manual_seed(args.seed)
+    model = models.build(args.model)
+    model.train()
+    if args.ckpt:
+        checkpoint_blocks(torch, model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=(args.wrap == "ddp-bv"))
+    if args.wrap == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=6e-4,
+                                      weight_decay=0.01)
+    else:
+        opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01)
+    vocab = models.vocab_size(args.model)
+    gen = torch.Generator().manual_seed(args.seed + 1 + rank)
+    batches = [torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen) for _ in range(args.steps)]
+    meter.mark("init")
+    losses = []
+    for step in range(1, args.steps + 1):
+        x = batches[step - 1]
+        if args.bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = ddp(x)
+        else:
+            loss = ddp(x)
+        meter.mark("step%d/forward" % step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        meter.mark("step%d/backward" % step)
+        opt.step()
+        meter.mark("step%d/optimizer" % step)
+        losses.append(float(loss.detach()))
+    queue.put({"rank": rank, "peak_allocated_bytes": meter.peak, "timeline": meter.timeline(),
+               "losses": losses})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def checkpoint_blocks(torch, model):
+    """Each block's forward under torch.utils.checkpoint (non-reentrant)."""
+    from torch.utils.checkpoint import checkpoint
+    for m in model.modules():
+        if isinstance(m, model.block_class):
+            inner = m.forward
+            m.forward = lambda *a, _f=inner: checkpoint(_f, *a, use_reentrant=False)
+
+
+def run(args):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(worker, args=(args, queue), nprocs=args.nproc, join=True, start_method="spawn")
+    ranks = sorted((queue.get() for _ in range(args.nproc)), key=lambda r: r["rank"])
+    return {"model": args.model, "wrap": args.wrap, "ckpt": args.ckpt, "bf16": args.bf16,
+            "nproc": args.nproc, "batch": args.batch, "seq_len": args.seq_len, "steps": args.steps,
+            "ranks": ranks}
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="gpt2-tiny")
+    p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1"], default="ddp")
+    p.add_argument("--ckpt", action="store_true")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--port", type=int, default=29541)
+    return p
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(parser().parse_args())))
