@@ -17,6 +17,7 @@ namespace {
 
 struct PlanArgs {
   std::string model;
+  std::string trace;
   int64_t seq_len = 128;
   std::string loss = "full";
   std::string attention = "eager";
@@ -33,17 +34,32 @@ struct PlanArgs {
   std::string out;
   bool json = false;
   size_t top = 0;  // table rows; 0 = all
+  bool seq_len_given = false;
 };
 
 int run(const PlanArgs& a) {
   planner::PlanRequest r;
-  r.model = models::resolve_model(a.model);
+  if (a.model.empty() == a.trace.empty()) throw BadInput("plan: give --model or --trace (one of them)");
   r.seq_len = a.seq_len;
-  try {
-    models::set_loss(&r.model, a.loss);
-    models::set_attention(&r.model, a.attention);
-  } catch (const std::invalid_argument& e) {
-    throw BadInput(e.what());
+  if (!a.trace.empty()) {
+    // A model traced in its own process (pytorch/trace_recorder.py): its
+    // loss and attention are what its forward does.
+    if (a.loss != "full" || a.attention != "eager")
+      throw BadInput("--trace: --loss and --attention are the traced model's own; drop them");
+    try {
+      r.trace_file = std::make_shared<planner::TraceFile>(planner::read_trace_file(a.trace));
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(e.what());
+    }
+    if (!a.seq_len_given) r.seq_len = r.trace_file->seq_len;
+  } else {
+    r.model = models::resolve_model(a.model);
+    try {
+      models::set_loss(&r.model, a.loss);
+      models::set_attention(&r.model, a.attention);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(e.what());
+    }
   }
   r.gpus_per_node = a.gpus;
   r.nodes = a.nodes;
@@ -86,7 +102,7 @@ int run(const PlanArgs& a) {
     std::cout << planner::format_plan_table(plan, a.top);
   if (plan.chosen.empty()) {
     std::cout.flush();
-    throw BadInput("no candidate fits batch 1 of " + r.model.name + " in " +
+    throw BadInput("no candidate fits batch 1 of " + plan.model.name + " in " +
                    planner::format_size(plan.hardware.device_mem_bytes) +
                    " per GPU: use more GPUs, a larger device or a smaller model");
   }
@@ -101,8 +117,11 @@ Command add_plan_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "plan", "Predict each strategy's peak memory, largest batch per GPU and speed, without running");
   auto a = std::make_shared<PlanArgs>();
-  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->required();
-  sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
+  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json");
+  sub->add_option("--trace", a->trace,
+                  "Plan a model traced in its own process instead (a shardfit.trace/1 file, e.g. from "
+                  "pytorch/trace_recorder.py for a model written in Python); its sequence length is the plan's");
+  auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--loss", a->loss,
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "
                   "logits recomputed in backward; llama family)")
@@ -139,7 +158,10 @@ Command add_plan_command(CLI::App& app) {
                   "Print only the N best rows of the table (and the chosen one); 0 = all. The plan JSON "
                   "(--json, --out) always has every candidate")
       ->capture_default_str();
-  return {sub, [a] { return run(*a); }};
+  return {sub, [a, seq] {
+            a->seq_len_given = seq->count() > 0;
+            return run(*a);
+          }};
 }
 
 }  // namespace shardfit::cli

@@ -9,6 +9,7 @@ namespace shardfit::executor {
 
 namespace {
 std::atomic<int> g_untracked_depth{0};
+std::atomic<TrackingAllocator::Observer> g_observer{nullptr};
 
 struct LiveBlock {
   int64_t bytes;  // 0 for an untracked block
@@ -82,6 +83,7 @@ c10::DataPtr TrackingAllocator::allocate_tracked(size_t nbytes) const {
       live_blocks()[data] = LiveBlock{bytes, this, base_->raw_deleter()};
     }
     if (tracked) on_alloc(now);
+    if (auto observe = g_observer.load(); observe && bytes > 0) observe(data, bytes);
   }
   return {data, data, &TrackingAllocator::release, c10::Device(c10::DeviceType::CPU)};
 }
@@ -97,8 +99,11 @@ void TrackingAllocator::release(void* data) {
     live_blocks().erase(it);
   }
   block.owner->allocated_.fetch_sub(block.bytes);
+  if (auto observe = g_observer.load(); observe && block.bytes > 0) observe(data, 0);
   block.base_deleter(data);
 }
+
+void TrackingAllocator::set_observer(Observer observer) { g_observer.store(observer); }
 
 void TrackingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);

@@ -47,6 +47,14 @@ class TrackingAllocator final : public c10::Allocator {
   void set_budget_bytes(int64_t budget) { budget_.store(budget); }
   int64_t budget_bytes() const { return budget_.load(); }
 
+  // Called on every tracked allocation (bytes > 0) and on the release of
+  // every block (bytes = 0), with the block's address; null = none. The
+  // tracer inside a Python process (pytorch/trace_capi.cc) records with it
+  // the host storages a meta-device trace makes, which are the CPU's own
+  // (scalars wrapped as tensors). Called under no lock of the allocator's.
+  using Observer = void (*)(const void* data, int64_t bytes);
+  static void set_observer(Observer observer);
+
   // Starts a new measurement: peak := current, timeline cleared.
   void reset_peak();
   // Records the end of a phase.

@@ -12,12 +12,14 @@
 #include <memory>
 #include <mutex>
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <spdlog/spdlog.h>
 #include <torch/library.h>
 
 #include "planner/trace.h"
+#include "planner/trace_recorder.h"
 
 namespace shardfit::planner {
 namespace {
@@ -438,25 +440,29 @@ std::vector<int64_t> cpu_bf16_matmul_temporaries(const char* op, c10::ArrayRef<c
   return out;
 }
 
-void register_missing_meta_kernels() {
-  static std::once_flag once;
-  static std::unique_ptr<torch::Library> lib;
-  std::call_once(once, [] {
-    lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta,
-                                           __FILE__, __LINE__);
-    if (!has_meta_kernel("aten::index_select", ""))
-      lib->impl("index_select", TORCH_FN(meta_index_select));
-    if (!has_meta_kernel("aten::native_layer_norm", ""))
-      lib->impl("native_layer_norm", TORCH_FN(meta_native_layer_norm));
-    if (!has_meta_kernel("aten::native_layer_norm_backward", ""))
-      lib->impl("native_layer_norm_backward", TORCH_FN(meta_native_layer_norm_backward));
-    if (!has_meta_kernel("aten::native_dropout", ""))
-      lib->impl("native_dropout", TORCH_FN(meta_native_dropout));
-    if (!has_meta_kernel("aten::native_dropout_backward", ""))
-      lib->impl("native_dropout_backward", TORCH_FN(meta_native_dropout_backward));
-    if (!has_meta_kernel("aten::embedding_dense_backward", ""))
-      lib->impl("embedding_dense_backward", TORCH_FN(meta_embedding_dense_backward));
-  });
+void register_meta_kernels(bool override_existing) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<torch::Library>> libs;
+  static bool registered_missing = false, overridden = false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (overridden || (registered_missing && !override_existing)) return;
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
+                                              __LINE__);
+  auto wanted = [&](const char* name) { return override_existing || !has_meta_kernel(name, ""); };
+  if (wanted("aten::index_select")) lib->impl("index_select", TORCH_FN(meta_index_select));
+  if (wanted("aten::native_layer_norm")) lib->impl("native_layer_norm", TORCH_FN(meta_native_layer_norm));
+  if (wanted("aten::native_layer_norm_backward"))
+    lib->impl("native_layer_norm_backward", TORCH_FN(meta_native_layer_norm_backward));
+  if (wanted("aten::native_dropout")) lib->impl("native_dropout", TORCH_FN(meta_native_dropout));
+  if (wanted("aten::native_dropout_backward"))
+    lib->impl("native_dropout_backward", TORCH_FN(meta_native_dropout_backward));
+  if (wanted("aten::embedding_dense_backward"))
+    lib->impl("embedding_dense_backward", TORCH_FN(meta_embedding_dense_backward));
+  libs.push_back(std::move(lib));
+  registered_missing = true;
+  overridden = override_existing;
 }
+
+void register_missing_meta_kernels() { register_meta_kernels(/*override_existing=*/false); }
 
 }  // namespace shardfit::planner

@@ -62,6 +62,7 @@ struct ModelTrace {
   int64_t batch = 0;    // sequences per rank
   int64_t seq_len = 0;
   DType compute_dtype = DType::kF32;
+  std::vector<int> recompute_modules;  // modules recomputed in backward (sorted)
   std::vector<ModuleNode> modules;  // modules[0] is the root
   std::vector<MemEvent> events;
   std::vector<std::string> op_names;

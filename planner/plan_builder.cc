@@ -1,5 +1,6 @@
 #include "planner/plan_builder.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -154,12 +155,19 @@ int cpu_rank_threads(int world) {
 
 class TraceCache {
  public:
-  TraceCache(const models::ModelConfig& m, int64_t seq, bool cuda, int world)
-      : model_(m), seq_(seq), cuda_(cuda), world_(world) {}
+  TraceCache(const models::ModelConfig& m, int64_t seq, bool cuda, int world,
+             std::shared_ptr<const TraceFile> file)
+      : model_(m), seq_(seq), cuda_(cuda), world_(world), file_(std::move(file)) {}
+  // Whether a trace for (dtype, recompute) exists: always for a built-in
+  // model (it is traced), for a trace file when the file has it.
+  bool has(DType dtype, const std::vector<int>& recompute) const {
+    return !file_ || file_->find(dtype, recompute, 1);
+  }
   const BatchTraces& get(DType dtype, const std::vector<int>& recompute) {
     const std::string key = trace_key(dtype, cuda_, recompute);
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
+    if (file_) return *cache_.emplace(key, from_file(dtype, recompute)).first->second;
     TraceOptions o;
     o.seq_len = seq_;
     o.dtype = trace_dtype(dtype, cuda_);
@@ -190,10 +198,25 @@ class TraceCache {
   }
 
  private:
+  // The file's traces at batches 1, 2 and 3, with its module table.
+  std::unique_ptr<BatchTraces> from_file(DType dtype, const std::vector<int>& recompute) const {
+    ModelTrace at[3];
+    for (int64_t b = 1; b <= 3; ++b) {
+      const ModelTrace* t = file_->find(dtype, recompute, b);
+      if (!t)
+        throw std::invalid_argument("--trace: the file has no " + std::string(dtype_name(dtype)) +
+                                    " trace at batch " + std::to_string(b) + " (the planner needs 1, 2 and 3)");
+      at[b - 1] = *t;
+      at[b - 1].modules = file_->modules;
+    }
+    return std::make_unique<BatchTraces>(std::move(at[0]), std::move(at[1]), at[2]);
+  }
+
   models::ModelConfig model_;
   int64_t seq_;
   bool cuda_;
   int world_;
+  std::shared_ptr<const TraceFile> file_;
   std::map<std::string, std::unique_ptr<BatchTraces>> cache_;
 };
 
@@ -242,22 +265,44 @@ Plan build_plan(const PlanRequest& r) {
   if (r.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(r.grad_accum) + ": must be at least 1");
   if (r.prefetch < 1) throw std::invalid_argument("--prefetch " + std::to_string(r.prefetch) + ": must be at least 1");
-  models::check_seq_len(r.model, r.seq_len);
+  const TraceFile* file = r.trace_file.get();
+  if (file) {
+    if (r.seq_len != file->seq_len)
+      throw std::invalid_argument("--seq-len " + std::to_string(r.seq_len) + ": the trace file was recorded at " +
+                                  std::to_string(file->seq_len));
+    if (file->target_cuda != (r.profile.kind == DeviceKind::kCuda))
+      throw std::invalid_argument("--trace: recorded for " + std::string(file->target_cuda ? "CUDA" : "the CPU") +
+                                  "'s kernels, but " + r.profile.name + " is " +
+                                  (file->target_cuda ? "the CPU" : "a CUDA device") +
+                                  ": record it again with --target " + (file->target_cuda ? "cpu" : "cuda"));
+  } else {
+    models::check_seq_len(r.model, r.seq_len);
+  }
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
   const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
 
-  const models::ModelConfig model = model_on_device(r.model, r.profile);
+  const models::ModelConfig model = file ? r.model : model_on_device(r.model, r.profile);
   CandidateOptions copts = r.candidates;
   copts.supported_precisions = supported(r.profile, model);
+  if (file) {  // only what the file has traces for
+    const std::vector<DType> traced = file->dtypes();
+    std::vector<Precision> kept;
+    for (Precision x : copts.supported_precisions)
+      if (std::find(traced.begin(), traced.end(), compute_dtype(x)) != traced.end()) kept.push_back(x);
+    copts.supported_precisions = kept;
+  }
   copts.device_name = r.profile.name + (model.flash_attention ? " with --attention flash" : "");
   copts.nodes = r.nodes;
-  const std::vector<Candidate> candidates = enumerate_candidates(copts);
+  std::vector<Candidate> candidates = enumerate_candidates(copts);
 
   Plan plan;
-  plan.model = {r.model.name, r.model.param_count(), r.seq_len, models::loss_name(r.model),
-                models::attention_name(r.model)};
+  if (file)  // the loss and the attention are whatever the traced forward does
+    plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced"};
+  else
+    plan.model = {r.model.name, r.model.param_count(), r.seq_len, models::loss_name(r.model),
+                  models::attention_name(r.model)};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
   plan.hardware.gpus_per_node = r.gpus_per_node;
@@ -267,9 +312,9 @@ Plan build_plan(const PlanRequest& r) {
   plan.grad_accum = r.grad_accum;
   plan.prefetch = r.prefetch;
 
-  const std::vector<ModuleNode> modules = models::module_table(r.model);
+  const std::vector<ModuleNode> modules = file ? file->modules : models::module_table(r.model);
   std::map<std::string, UnitPartition> partitions;
-  TraceCache traces(model, r.seq_len, cuda, world);
+  TraceCache traces(model, r.seq_len, cuda, world, r.trace_file);
   SimOptions sim_options;
   if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = r.profile.cublas_workspace_allocations;
 
@@ -285,13 +330,20 @@ Plan build_plan(const PlanRequest& r) {
   std::vector<Work> work;
   std::vector<std::vector<int>> ckpts;
   std::set<std::string> trace_keys;
+  std::vector<Candidate> kept;  // those with a trace (a trace file may lack some)
   for (const Candidate& c : candidates) {
     auto pit = partitions.find(c.wrap);
     if (pit == partitions.end())
       pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
-    ckpts.push_back(c.recompute ? spec::recompute_modules(modules, pit->second) : std::vector<int>{});
+    std::vector<int> ckpt = c.recompute ? spec::recompute_modules(modules, pit->second) : std::vector<int>{};
+    if (!traces.has(compute_dtype(c.precision), ckpt)) continue;
+    ckpts.push_back(std::move(ckpt));
     trace_keys.insert(trace_key(compute_dtype(c.precision), cuda, ckpts.back()));
+    kept.push_back(c);
   }
+  if (kept.empty())
+    throw std::invalid_argument("--trace: the file has no trace for any candidate left by the filters");
+  candidates = std::move(kept);
   std::set<std::string> traced;
   for (size_t ci = 0; ci < candidates.size(); ++ci) {
     const Candidate& c = candidates[ci];
@@ -394,6 +446,8 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
   const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
+  if (r.trace_file)
+    throw std::invalid_argument("--trace: a traced model is planned, not run by shardfit's engine");
   const Strategy s = strategy_for(c, r);  // validates c for this world
   const std::vector<ModuleNode> modules = models::module_table(r.model);
   const UnitPartition units = wrap_modules(modules, WrapPolicy::parse(c.wrap));

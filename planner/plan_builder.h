@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "models/model_config.h"
@@ -14,11 +15,17 @@
 #include "planner/plan_output.h"
 #include "planner/profile.h"
 #include "planner/step_simulator.h"
+#include "planner/trace_file.h"
 
 namespace shardfit::planner {
 
 struct PlanRequest {
   models::ModelConfig model;
+  // --trace: plan this file's traces (a model traced in its own process,
+  // e.g. one written in Python) instead of tracing `model`, which is then
+  // unused. Its sequence length is the plan's; candidates whose precision or
+  // recomputed modules the file has no trace for are not swept.
+  std::shared_ptr<const TraceFile> trace_file;
   int64_t seq_len = 128;
   int gpus_per_node = 1;
   int nodes = 1;

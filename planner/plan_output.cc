@@ -9,85 +9,14 @@
 #include <stdexcept>
 
 #include "planner/profile.h"
+#include "spec/json_fields.h"
 
 namespace shardfit::planner {
 namespace {
 
 using nlohmann::json;
 
-// Reads one JSON object's fields, naming the full field path in errors so a
-// hand-edited plan says exactly what to fix.
-class FieldReader {
- public:
-  FieldReader(const json& node, std::string path, const std::string& origin)
-      : node_(node), path_(std::move(path)), origin_(origin) {
-    if (!node_.is_object()) fail_at(path_.empty() ? "(top level)" : path_, "must be an object");
-  }
-
-  [[noreturn]] void fail_at(const std::string& field, const std::string& what) const {
-    throw std::invalid_argument(origin_ + ": field '" + field + "' " + what);
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    fail_at(field(key), what);
-  }
-  std::string field(const std::string& key) const {
-    return path_.empty() ? key : path_ + "." + key;
-  }
-
-  bool has(const std::string& key) const { return node_.contains(key); }
-
-  const json& need(const std::string& key) const {
-    auto it = node_.find(key);
-    if (it == node_.end()) fail(key, "is missing");
-    return *it;
-  }
-
-  FieldReader object(const std::string& key) const {
-    return FieldReader(need(key), field(key), origin_);
-  }
-
-  std::string text(const std::string& key) const {
-    const json& v = need(key);
-    if (!v.is_string()) fail(key, "must be a string");
-    return v.get<std::string>();
-  }
-
-  bool boolean(const std::string& key) const {
-    const json& v = need(key);
-    if (!v.is_boolean()) fail(key, "must be true or false");
-    return v.get<bool>();
-  }
-
-  int64_t integer(const std::string& key, int64_t min_value) const {
-    const json& v = need(key);
-    if (!v.is_number_integer()) fail(key, "must be a whole number");
-    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})
-      fail(key, "is too large");
-    int64_t value = v.get<int64_t>();
-    if (value < min_value) fail(key, "must be >= " + std::to_string(min_value));
-    return value;
-  }
-  int64_t optional_integer(const std::string& key, int64_t min_value) const {
-    return has(key) ? integer(key, min_value) : 0;
-  }
-
-  double number(const std::string& key) const {
-    const json& v = need(key);
-    if (!v.is_number()) fail(key, "must be a number");
-    double value = v.get<double>();
-    if (!(value >= 0)) fail(key, "must be >= 0");
-    return value;
-  }
-  double optional_number(const std::string& key) const { return has(key) ? number(key) : 0.0; }
-
-  const json& node() const { return node_; }
-  const std::string& origin() const { return origin_; }
-
- private:
-  const json& node_;
-  std::string path_;
-  std::string origin_;
-};
+using spec::FieldReader;
 
 json breakdown_to_json(const MemoryBreakdown& b) {
   return json{{"params", b.params_bytes},
@@ -184,8 +113,8 @@ Plan plan_from(const json& j, const std::string& origin) {
   plan.model.seq_len = model.integer("seq_len", 1);
   if (j["model"].contains("loss")) plan.model.loss = model.text("loss");
   if (j["model"].contains("attention")) plan.model.attention = model.text("attention");
-  if (plan.model.attention != "eager" && plan.model.attention != "flash")
-    model.fail("attention", "must be \"eager\" or \"flash\"");
+  if (plan.model.attention != "eager" && plan.model.attention != "flash" && plan.model.attention != "traced")
+    model.fail("attention", "must be \"eager\", \"flash\" or \"traced\" (a model planned from --trace)");
 
   FieldReader hw = r.object("hardware");
   plan.hardware.profile = hw.text("profile");

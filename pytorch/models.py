@@ -117,3 +117,10 @@ def build(name_or_cfg):
 def vocab_size(name_or_cfg):
     cfg = CONFIGS[name_or_cfg] if isinstance(name_or_cfg, str) else name_or_cfg
     return cfg["vocab_size"]
+
+
+def token_input(vocab):
+    """The input factory of a causal LM: (batch, seq_len, device) -> token ids."""
+    def make(batch, seq_len, device):
+        return torch.randint(0, vocab, (batch, seq_len), device=device)
+    return make

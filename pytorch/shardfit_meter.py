@@ -1,6 +1,6 @@
 """The shardfit meter inside a PyTorch process (issue 12).
 
-Loads libshardfit_torch_meter.so (pytorch/meter_capi.cc) with ctypes and
+Loads libshardfit_torch.so (pytorch/meter_capi.cc) with ctypes and
 installs the engine's tracking allocator as LibTorch's CPU allocator, so that
 every CPU storage this process allocates from then on is counted as
 `shardfit run` counts its own: the bytes each storage asks for, their peak,
@@ -13,7 +13,7 @@ links the same LibTorch 1.13 shardfit builds against.
     meter.mark("step1/forward")
     print(meter.peak, meter.timeline())
 
-The library is found at $SHARDFIT_TORCH_METER, else build/pytorch/ beside
+The library is found at $SHARDFIT_TORCH_LIB, else build/pytorch/ beside
 this file's repository.
 """
 import ctypes
@@ -23,14 +23,15 @@ _LIB = None
 
 
 def library_path():
-    env = os.environ.get("SHARDFIT_TORCH_METER")
+    env = os.environ.get("SHARDFIT_TORCH_LIB")
     if env:
         return env
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(root, "build", "pytorch", "libshardfit_torch_meter.so")
+    return os.path.join(root, "build", "pytorch", "libshardfit_torch.so")
 
 
-def _load():
+def load_library():
+    """libshardfit_torch.so, loaded once (after torch), with the meter's signatures set."""
     global _LIB
     if _LIB is not None:
         return _LIB
@@ -38,7 +39,7 @@ def _load():
     path = library_path()
     if not os.path.exists(path):
         raise FileNotFoundError("shardfit meter library not found: %s (build shardfit, or set "
-                                "SHARDFIT_TORCH_METER)" % path)
+                                "SHARDFIT_TORCH_LIB)" % path)
     lib = ctypes.CDLL(path)
     i64 = ctypes.c_int64
     for name in ("install", "allocated", "peak", "num_allocs", "timeline_size"):
@@ -58,7 +59,7 @@ class Meter:
     """The process's CPU meter. Creating one installs it (once per process)."""
 
     def __init__(self):
-        self._lib = _load()
+        self._lib = load_library()
         self.at_install = self._lib.shardfit_meter_install()
 
     @property

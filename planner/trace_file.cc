@@ -1,0 +1,255 @@
+#include "planner/trace_file.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "spec/json_fields.h"
+
+namespace shardfit::planner {
+namespace {
+
+using nlohmann::json;
+using spec::FieldReader;
+
+const char* kKinds[] = {"alloc", "free", "begin", "end"};
+const char* kPhases[] = {"forward", "backward", "recompute"};
+
+template <size_t N>
+int index_of(const char* const (&names)[N], const std::string& s) {
+  for (size_t i = 0; i < N; ++i)
+    if (s == names[i]) return static_cast<int>(i);
+  return -1;
+}
+
+json module_to_json(const ModuleNode& m) {
+  json params = json::array();
+  for (const auto& p : m.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"numel", p.numel}});
+  return {{"path", m.path},         {"type", m.type},         {"parent", m.parent}, {"children", m.children},
+          {"params", params},       {"is_block", m.is_block}, {"borrowed_params", m.borrowed_params}};
+}
+
+std::vector<std::string> strings(const FieldReader& r, const std::string& key) {
+  const json& v = r.need(key);
+  if (!v.is_array()) r.fail(key, "must be a list");
+  std::vector<std::string> out;
+  for (const auto& e : v) {
+    if (!e.is_string()) r.fail(key, "must be a list of strings");
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+std::vector<int64_t> integers(const FieldReader& r, const std::string& key, int64_t min_value) {
+  const json& v = r.need(key);
+  if (!v.is_array()) r.fail(key, "must be a list");
+  std::vector<int64_t> out;
+  for (const auto& e : v) {
+    if (!e.is_number_integer() || e.get<int64_t>() < min_value)
+      r.fail(key, "must be a list of whole numbers >= " + std::to_string(min_value));
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+std::vector<ModuleNode> modules_from(const json& list, const std::string& path, const std::string& origin) {
+  if (!list.is_array() || list.empty())
+    throw std::invalid_argument(origin + ": field '" + path + "' must be a non-empty list");
+  std::vector<ModuleNode> out;
+  const int64_t n = static_cast<int64_t>(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    FieldReader r(list[i], path + "[" + std::to_string(i) + "]", origin);
+    ModuleNode m;
+    m.path = r.text("path");
+    m.type = r.text("type");
+    const json& parent = r.need("parent");
+    if (!parent.is_number_integer() || parent.get<int64_t>() < -1 || parent.get<int64_t>() >= n ||
+        (i == 0) != (parent.get<int64_t>() == -1))
+      r.fail("parent", "must be -1 for the first module (the root) and another module's index for the rest");
+    m.parent = parent.get<int>();
+    for (int64_t c : integers(r, "children", 1)) {
+      if (c >= n) r.fail("children", "names module " + std::to_string(c) + " of " + std::to_string(n));
+      m.children.push_back(static_cast<int>(c));
+    }
+    const json& params = r.need("params");
+    if (!params.is_array()) r.fail("params", "must be a list");
+    for (size_t j = 0; j < params.size(); ++j) {
+      FieldReader pr(params[j], r.field("params") + "[" + std::to_string(j) + "]", origin);
+      ParamInfo p;
+      p.name = pr.text("name");
+      p.shape = integers(pr, "shape", 0);
+      p.numel = pr.integer("numel", 0);
+      int64_t product = 1;
+      for (int64_t d : p.shape) product = d == 0 ? 0 : (product > INT64_MAX / d ? -1 : product * d);
+      if (product != p.numel) pr.fail("numel", "is not the product of its shape");
+      m.params.push_back(std::move(p));
+    }
+    m.is_block = r.boolean("is_block");
+    if (r.has("borrowed_params")) m.borrowed_params = strings(r, "borrowed_params");
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* dtype_name(DType d) { return d == DType::kF32 ? "fp32" : d == DType::kF16 ? "fp16" : "bf16"; }
+
+int64_t TraceFile::param_count() const {
+  int64_t n = 0;
+  for (const auto& m : modules)
+    for (const auto& p : m.params) n += p.numel;
+  return n;
+}
+
+const ModelTrace* TraceFile::find(DType dtype, const std::vector<int>& recompute, int64_t batch) const {
+  std::vector<int> want = recompute;
+  std::sort(want.begin(), want.end());
+  for (const auto& t : traces)
+    if (t.compute_dtype == dtype && t.batch == batch && t.recompute_modules == want) return &t;
+  return nullptr;
+}
+
+std::vector<std::vector<int>> TraceFile::recompute_sets() const {
+  std::set<std::vector<int>> sets;
+  for (const auto& t : traces) sets.insert(t.recompute_modules);
+  return {sets.begin(), sets.end()};
+}
+
+std::vector<DType> TraceFile::dtypes() const {
+  std::set<DType> set;
+  for (const auto& t : traces) set.insert(t.compute_dtype);
+  return {set.begin(), set.end()};
+}
+
+std::string trace_file_json(const TraceFile& f) {
+  json modules = json::array();
+  for (const auto& m : f.modules) modules.push_back(module_to_json(m));
+  json traces = json::array();
+  for (const auto& t : f.traces) {
+    json events = json::array();
+    for (const auto& e : t.events)
+      events.push_back({kKinds[e.kind], kPhases[static_cast<int>(e.phase)], e.module, e.tensor, e.bytes, e.op});
+    traces.push_back({{"batch", t.batch},
+                      {"dtype", dtype_name(t.compute_dtype)},
+                      {"recompute", t.recompute_modules},
+                      {"forward_flops", t.forward_flops},
+                      {"backward_flops", t.backward_flops},
+                      {"op_names", t.op_names},
+                      {"events", events}});
+  }
+  json out = {{"schema", kTraceSchema},
+              {"model", {{"name", f.model_name}, {"factory", f.factory}, {"input", f.input},
+                         {"params", f.param_count()}}},
+              {"seq_len", f.seq_len},
+              {"target", f.target_cuda ? "cuda" : "cpu"},
+              {"modules", modules},
+              {"traces", traces}};
+  return out.dump() + "\n";
+}
+
+std::vector<ModuleNode> parse_module_table(const std::string& text, const std::string& origin) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw std::invalid_argument(origin + ": not JSON");
+  return modules_from(j, "modules", origin);
+}
+
+TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw std::invalid_argument(origin + ": not JSON (a shardfit.trace/1 file)");
+  FieldReader top(j, "", origin);
+  const std::string schema = top.text("schema");
+  if (schema != kTraceSchema)
+    top.fail("schema", "is '" + schema + "': this shardfit reads " + kTraceSchema +
+                           " (record the trace again with this version's pytorch/trace_recorder.py)");
+  TraceFile f;
+  const FieldReader model = top.object("model");
+  f.model_name = model.text("name");
+  if (model.has("factory")) f.factory = model.text("factory");
+  if (model.has("input")) f.input = model.text("input");
+  f.seq_len = top.integer("seq_len", 1);
+  const std::string target = top.text("target");
+  if (target != "cpu" && target != "cuda") top.fail("target", "must be \"cpu\" or \"cuda\"");
+  f.target_cuda = target == "cuda";
+  f.modules = modules_from(top.need("modules"), "modules", origin);
+  if (model.has("params") && model.integer("params", 0) != f.param_count())
+    model.fail("params", "is not the sum of the modules' parameters (" + std::to_string(f.param_count()) + ")");
+  const json& traces = top.need("traces");
+  if (!traces.is_array() || traces.empty()) top.fail("traces", "must be a non-empty list");
+  for (size_t i = 0; i < traces.size(); ++i) {
+    FieldReader r(traces[i], "traces[" + std::to_string(i) + "]", origin);
+    ModelTrace t;
+    t.model_name = f.model_name;
+    t.seq_len = f.seq_len;
+    t.batch = r.integer("batch", 1);
+    const std::string dtype = r.text("dtype");
+    if (dtype == "fp32")
+      t.compute_dtype = DType::kF32;
+    else if (dtype == "bf16")
+      t.compute_dtype = DType::kBF16;
+    else if (dtype == "fp16")
+      t.compute_dtype = DType::kF16;
+    else
+      r.fail("dtype", "is '" + dtype + "': must be fp32, bf16 or fp16");
+    for (int64_t m : integers(r, "recompute", 1)) {
+      if (m >= static_cast<int64_t>(f.modules.size())) r.fail("recompute", "names a module the file lacks");
+      t.recompute_modules.push_back(static_cast<int>(m));
+    }
+    std::sort(t.recompute_modules.begin(), t.recompute_modules.end());
+    t.forward_flops = r.number("forward_flops");
+    t.backward_flops = r.number("backward_flops");
+    t.op_names = strings(r, "op_names");
+    const json& events = r.need("events");
+    if (!events.is_array()) r.fail("events", "must be a list");
+    std::unordered_set<int64_t> live;
+    for (size_t k = 0; k < events.size(); ++k) {
+      const json& e = events[k];
+      auto bad = [&](const std::string& what) {
+        r.fail_at(r.field("events") + "[" + std::to_string(k) + "]", what);
+      };
+      if (!e.is_array() || e.size() != 6 || !e[0].is_string() || !e[1].is_string())
+        bad("must be [kind, phase, module, tensor, bytes, op]");
+      for (size_t x = 2; x < 6; ++x)
+        if (!e[x].is_number_integer()) bad("must be [kind, phase, module, tensor, bytes, op] with whole numbers");
+      MemEvent ev;
+      const int kind = index_of(kKinds, e[0].get<std::string>());
+      const int phase = index_of(kPhases, e[1].get<std::string>());
+      if (kind < 0) bad("kind must be alloc, free, begin or end");
+      if (phase < 0) bad("phase must be forward, backward or recompute");
+      ev.kind = static_cast<MemEvent::Kind>(kind);
+      ev.phase = static_cast<Phase>(phase);
+      const int64_t module = e[2].get<int64_t>(), op = e[5].get<int64_t>();
+      if (module < 0 || module >= static_cast<int64_t>(f.modules.size())) bad("names a module the file lacks");
+      if (op < -1 || op >= static_cast<int64_t>(t.op_names.size())) bad("names an op the trace lacks");
+      ev.module = static_cast<int>(module);
+      ev.op = static_cast<int>(op);
+      ev.tensor = e[3].get<int64_t>();
+      ev.bytes = e[4].get<int64_t>();
+      if (ev.kind == MemEvent::kAlloc) {
+        if (ev.bytes < 0) bad("allocates a negative size");
+        if (!live.insert(ev.tensor).second) bad("allocates storage " + std::to_string(ev.tensor) + " twice");
+      } else if (ev.kind == MemEvent::kFree) {
+        if (live.erase(ev.tensor) == 0) bad("frees storage " + std::to_string(ev.tensor) + ", which is not live");
+      }
+      t.events.push_back(ev);
+    }
+    if (f.find(t.compute_dtype, t.recompute_modules, t.batch))
+      r.fail("batch", "repeats a trace already in the file (same batch, dtype and recompute)");
+    f.traces.push_back(std::move(t));
+  }
+  return f;
+}
+
+TraceFile read_trace_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("--trace " + path + ": cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_trace_file(text.str(), "--trace " + path);
+}
+
+}  // namespace shardfit::planner

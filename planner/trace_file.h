@@ -1,0 +1,54 @@
+// shardfit.trace/1: a model's traces written to a file, so a model that
+// shardfit cannot build (one written in Python, traced in its own process by
+// pytorch/trace_recorder.py) is planned exactly as a built-in is:
+// `shardfit plan --trace FILE`. The README documents the schema.
+//
+// A file holds one model's module table and one or more ModelTraces of it at
+// one sequence length: batches 1, 2 and 3 (the planner's exact batch-1 trace
+// and its affine extension beyond), per compute type and per set of
+// recomputed modules. LibTorch-free: the reader is fuzzed with the others.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "planner/model_trace.h"
+
+namespace shardfit::planner {
+
+inline constexpr const char* kTraceSchema = "shardfit.trace/1";
+
+struct TraceFile {
+  std::string model_name;
+  std::string factory;  // what built it, e.g. "models:gpt2" (informative)
+  std::string input;    // what made its inputs (informative)
+  int64_t seq_len = 0;
+  bool target_cuda = false;  // whose kernels the meta kernels imitated
+  std::vector<ModuleNode> modules;
+  std::vector<ModelTrace> traces;  // each with modules left empty (they are the file's)
+
+  int64_t param_count() const;
+  // The trace at (dtype, recompute, batch); nullptr when the file has none.
+  const ModelTrace* find(DType dtype, const std::vector<int>& recompute, int64_t batch) const;
+  // The recompute sets the file has traces for (sorted module indices).
+  std::vector<std::vector<int>> recompute_sets() const;
+  std::vector<DType> dtypes() const;
+};
+
+// The file's JSON text.
+std::string trace_file_json(const TraceFile& f);
+// Parses `text`; `origin` names it in errors. Throws std::invalid_argument
+// naming the field for anything malformed: another schema version, an event
+// naming a module or op the file lacks, a free of a storage not live.
+TraceFile parse_trace_file(const std::string& text, const std::string& origin);
+// Reads and parses the file at `path` (std::invalid_argument when it cannot
+// be read).
+TraceFile read_trace_file(const std::string& path);
+
+// The module table as the file writes it (also what the Python recorder
+// hands the C++ side).
+std::vector<ModuleNode> parse_module_table(const std::string& json_text, const std::string& origin);
+
+const char* dtype_name(DType d);
+
+}  // namespace shardfit::planner

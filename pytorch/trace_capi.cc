@@ -1,0 +1,149 @@
+// The tracer inside a Python process (issue 12, item 1): a C ABI over the
+// C++ tracer's own machinery (planner/trace_recorder.h: the meta-device
+// recording allocator, the op observer, the CPU-imitating meta kernels),
+// which pytorch/trace_recorder.py drives with ctypes. Python builds the
+// model on the meta device and runs its forward and backward; its module
+// hooks report where each module begins and ends; this side records every
+// storage, exactly as `shardfit plan` traces a built-in model, and writes
+// the traces as a shardfit.trace/1 file (planner/trace_file.h).
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "executor/tracking_allocator.h"
+#include "planner/trace_file.h"
+#include "planner/trace_recorder.h"
+
+using namespace shardfit::planner;
+
+namespace {
+
+struct Session {
+  ModelTrace trace;
+  std::unique_ptr<TraceRecording> recording;
+};
+std::unique_ptr<Session> g_session;
+std::vector<ModelTrace> g_traces;  // finished, in order
+std::string g_error;
+
+int fail(const std::string& what) {
+  g_error = what;
+  return -1;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* shardfit_trace_error() { return g_error.c_str(); }
+
+// Starts recording one forward + backward of `batch` sequences. The model
+// must already be on the meta device (built unrecorded). `recompute_json`:
+// a JSON list of the module indices checkpointed. Returns 0, or -1 (see
+// shardfit_trace_error).
+int shardfit_trace_begin(const char* modules_json, int64_t batch, int64_t seq_len, const char* dtype,
+                         const char* recompute_json, int target_cuda, int cpu_threads) {
+  try {
+    if (g_session) return fail("a trace is already being recorded");
+    auto s = std::make_unique<Session>();
+    s->trace.modules = parse_module_table(modules_json, "the module table");
+    s->trace.batch = batch;
+    s->trace.seq_len = seq_len;
+    const std::string d = dtype ? dtype : "fp32";
+    s->trace.compute_dtype = d == "bf16" ? DType::kBF16 : d == "fp16" ? DType::kF16 : DType::kF32;
+    const auto rec = nlohmann::json::parse(recompute_json ? recompute_json : "[]");
+    for (const auto& m : rec) s->trace.recompute_modules.push_back(m.get<int>());
+    std::sort(s->trace.recompute_modules.begin(), s->trace.recompute_modules.end());
+    RecorderOptions o;
+    o.record_ops = true;
+    o.target_cuda = target_cuda != 0;
+    if (!o.target_cuda && s->trace.compute_dtype == DType::kBF16) o.cpu_bf16_threads = cpu_threads > 0 ? cpu_threads : 1;
+    // Python's torch registers decompositions as meta kernels at import; the
+    // tracer's kernels allocate what the target's kernels do, so they win.
+    register_meta_kernels(/*override_existing=*/true);
+    s->recording = std::make_unique<TraceRecording>(&s->trace, o);
+    // A CPU target: the host is the device. The meter (this library's
+    // tracking allocator, installed as the CPU allocator) reports the host
+    // storages the trace's kernels make: scalars wrapped as tensors.
+    using shardfit::executor::TrackingAllocator;
+    if (!o.target_cuda) {
+      TrackingAllocator::cpu();
+      TrackingAllocator::set_observer(&TraceRecording::host_storage);
+    }
+    s->recording->start();
+    g_session = std::move(s);
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+void shardfit_trace_forward_begin(int m) { TraceRecording::forward_begin(m); }
+void shardfit_trace_forward_end(int m) { TraceRecording::forward_end(m); }
+void shardfit_trace_backward_begin(int m) { TraceRecording::backward_begin(m); }
+void shardfit_trace_backward_end(int m) { TraceRecording::backward_end(m); }
+void shardfit_trace_recompute_begin(int m) { TraceRecording::recompute_begin(m); }
+void shardfit_trace_recompute_end(int m) { TraceRecording::recompute_end(m); }
+void shardfit_trace_backward_phase() { TraceRecording::begin_backward_phase(); }
+
+// Ends the trace begun last (closing the backward of modules whose inputs
+// need no gradient) and keeps it for shardfit_trace_write.
+int shardfit_trace_end() {
+  if (!g_session) return fail("no trace is being recorded");
+  TraceRecording::end_open_backwards();
+  shardfit::executor::TrackingAllocator::set_observer(nullptr);
+  g_session->recording.reset();
+  ModelTrace t = std::move(g_session->trace);
+  t.modules.clear();  // the file's
+  g_traces.push_back(std::move(t));
+  g_session.reset();
+  return 0;
+}
+
+// Peak bytes of the last finished trace's storages (what replaying its
+// events reaches), for checks against a measurement.
+int64_t shardfit_trace_last_peak() {
+  if (g_traces.empty()) return -1;
+  int64_t live = 0, peak = 0;
+  std::unordered_map<int64_t, int64_t> sizes;
+  for (const auto& e : g_traces.back().events) {
+    if (e.kind == MemEvent::kAlloc) {
+      sizes[e.tensor] = e.bytes;
+      peak = std::max(peak, live += e.bytes);
+    } else if (e.kind == MemEvent::kFree) {
+      live -= sizes[e.tensor];
+    }
+  }
+  return peak;
+}
+
+// Writes every finished trace as one shardfit.trace/1 file and forgets them.
+int shardfit_trace_write(const char* path, const char* name, const char* factory, const char* input,
+                         int64_t seq_len, const char* modules_json, int target_cuda) {
+  try {
+    TraceFile f;
+    f.model_name = name;
+    f.factory = factory;
+    f.input = input;
+    f.seq_len = seq_len;
+    f.target_cuda = target_cuda != 0;
+    f.modules = parse_module_table(modules_json, "the module table");
+    f.traces = std::move(g_traces);
+    g_traces.clear();
+    const std::string text = trace_file_json(f);
+    parse_trace_file(text, path);  // what plan --trace will accept, checked before it is written
+    FILE* out = std::fopen(path, "wb");
+    if (!out) return fail(std::string("cannot write ") + path);
+    const bool ok = std::fwrite(text.data(), 1, text.size(), out) == text.size();
+    if (std::fclose(out) != 0 || !ok) return fail(std::string("cannot write ") + path);
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+}  // extern "C"

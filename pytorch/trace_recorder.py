@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Trace a model written in Python into a shardfit.trace/1 file (issue 12).
+
+    /usr/bin/python3 pytorch/trace_recorder.py --model mypkg.models:build \\
+        --input mypkg.models:make_batch --seq-len 512 --out model.trace.json
+    shardfit plan --trace model.trace.json --profile a100-80gb ...
+
+--model names a factory (module:function, importable from the current
+directory or PYTHONPATH, or a name in pytorch/models.py) that returns an
+nn.Module whose forward returns the training loss. --input names a function
+(batch, seq_len, device) returning the forward's positional arguments
+(default for the built-ins: token ids). The model is built on the meta
+device: no weights, no GPU, no data; GPT-2 XL traces in seconds.
+
+What is recorded is what shardfit's own tracer records for a built-in model,
+by the same C++ machinery loaded into this process (libshardfit_torch.so,
+pytorch/trace_capi.cc): every storage allocated and freed in one forward,
+loss and backward, the op that made it, the innermost module and the phase.
+Module boundaries come from this file's hooks: a forward pre-hook and hook
+per module, and identity autograd functions on each module's inputs and
+output that report where its backward ends and begins (as FSDP's pre- and
+post-backward hooks sit). Parameters' .grad exist before the step (zeros),
+as under the shardfit tracer: the trace holds each backward op's transient
+gradient, not the accumulated one. Batches 1, 2 and 3 are traced: the
+planner takes batch 1 exactly and extends 2 and 3 affinely.
+
+Bad input (a factory that does not import or build, a forward that does not
+return a scalar, an op with no meta kernel or a data-dependent shape): one
+line naming it on stderr, exit code 2.
+"""
+import argparse
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+class BadInput(Exception):
+    pass
+
+
+def library():
+    import shardfit_meter
+    lib = shardfit_meter.load_library()
+    if not getattr(lib, "_trace_set", False):
+        i64, c = ctypes.c_int64, ctypes.c_char_p
+        lib.shardfit_trace_error.restype = c
+        lib.shardfit_trace_begin.argtypes = [c, i64, i64, c, c, ctypes.c_int, ctypes.c_int]
+        lib.shardfit_trace_last_peak.restype = i64
+        lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int]
+        for name in ("forward_begin", "forward_end", "backward_begin", "backward_end"):
+            getattr(lib, "shardfit_trace_" + name).argtypes = [ctypes.c_int]
+        lib._trace_set = True
+    return lib
+
+
+def resolve(spec, what):
+    """A module:function spec (or a name in pytorch/models.py) -> callable."""
+    import models
+    if ":" not in spec:
+        if what == "model" and spec in models.CONFIGS:
+            return lambda: models.build(spec)
+        if what == "input" and spec in models.CONFIGS:
+            return models.token_input(models.vocab_size(spec))
+        raise BadInput("--%s %s: not module:function, nor a built-in (%s)"
+                       % (what, spec, ", ".join(sorted(models.CONFIGS))))
+    mod, fn = spec.split(":", 1)
+    sys.path.insert(0, os.getcwd())
+    try:
+        return getattr(importlib.import_module(mod), fn)
+    except (ImportError, AttributeError) as e:
+        raise BadInput("--%s %s: cannot be imported (%s)" % (what, spec, e))
+
+
+@contextlib.contextmanager
+def on_meta():
+    """Tensor factories called inside (torch.empty, zeros, ones, arange, ...)
+    make meta tensors: a module's __init__ allocates no bytes."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    factories = {"empty", "zeros", "ones", "full", "rand", "randn", "randint", "arange", "eye",
+                 "tensor", "as_tensor", "empty_strided", "linspace"}
+
+    class Meta(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if getattr(func, "__name__", "") in factories:
+                kwargs["device"] = "meta"
+            return func(*args, **kwargs)
+
+    with Meta():
+        yield
+
+
+def module_table(model, block_class=None):
+    """shardfit.trace/1's module table: named_modules() order, each module's
+    own parameters (a tied parameter once, under its first owner)."""
+    entries, index, seen = [], {}, set()
+    for path, m in model.named_modules():
+        index[id(m)] = len(entries)
+        params = []
+        for local, p in m.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            params.append({"name": (path + "." if path else "") + local, "shape": list(p.shape),
+                           "numel": p.numel()})
+        is_block = block_class is not None and isinstance(m, block_class)
+        entries.append({"path": path, "type": type(m).__name__, "parent": -1, "children": [],
+                        "params": params, "is_block": is_block, "borrowed_params": []})
+    for path, m in model.named_modules():
+        for child in m.children():
+            if id(child) in index and entries[index[id(child)]]["parent"] == -1 and index[id(child)] != 0:
+                entries[index[id(child)]]["parent"] = index[id(m)]
+                entries[index[id(m)]]["children"].append(index[id(child)])
+    return entries, index
+
+
+def _backward_marker(call):
+    import torch
+
+    class Marker(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, idx, *xs):
+            ctx.idx = idx
+            return tuple(x.view_as(x) for x in xs)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            call(ctx.idx)
+            return (None,) + grads
+
+    return Marker
+
+
+def install_hooks(model, index, lib):
+    import torch
+    end_marker = _backward_marker(lib.shardfit_trace_backward_end)
+    begin_marker = _backward_marker(lib.shardfit_trace_backward_begin)
+
+    def wrap(marker, idx, values):
+        flat = [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
+        if not flat or not torch.is_grad_enabled():
+            return values
+        out = iter(marker.apply(idx, *flat))
+        return tuple(next(out) if isinstance(v, torch.Tensor) and v.requires_grad else v for v in values)
+
+    handles = []
+    for m in model.modules():
+        idx = index[id(m)]
+
+        def pre(module, args, idx=idx):
+            lib.shardfit_trace_forward_begin(idx)
+            return wrap(end_marker, idx, args)
+
+        def post(module, args, output, idx=idx):
+            if isinstance(output, torch.Tensor):
+                output = wrap(begin_marker, idx, (output,))[0]
+            elif isinstance(output, tuple):
+                output = wrap(begin_marker, idx, output)
+            lib.shardfit_trace_forward_end(idx)
+            return output
+
+        handles.append(m.register_forward_pre_hook(pre))
+        handles.append(m.register_forward_hook(post))
+    return handles
+
+
+def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, target_cuda=False):
+    """Records one forward + loss + backward at `batch` into the library's list."""
+    import torch
+    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, b"fp32", b"[]",
+                                  1 if target_cuda else 0, torch.get_num_threads())
+    if rc != 0:
+        raise BadInput("trace: " + lib.shardfit_trace_error().decode())
+    try:
+        args = input_fn(batch, seq_len, "meta")
+        if not isinstance(args, tuple):
+            args = (args,)
+        loss = model(*args)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise BadInput("--model: forward must return the loss, a scalar tensor (got %s)"
+                           % (type(loss).__name__ if not isinstance(loss, torch.Tensor)
+                              else "shape %s" % list(loss.shape)))
+        lib.shardfit_trace_backward_phase()
+        loss.backward()
+        del loss, args
+    except (NotImplementedError, RuntimeError) as e:
+        lib.shardfit_trace_end()
+        raise BadInput("--model: cannot be traced on the meta device (%s)" % str(e).split("\n")[0])
+    lib.shardfit_trace_end()
+
+
+def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3)):
+    import torch
+    lib = library()
+    factory = resolve(model_spec, "model")
+    input_fn = resolve(input_spec or model_spec, "input")
+    try:
+        with on_meta():
+            model = factory()
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 (whatever the user's factory raises)
+        raise BadInput("--model %s: does not build (%s: %s)" % (model_spec, type(e).__name__, e))
+    if not isinstance(model, torch.nn.Module):
+        raise BadInput("--model %s: returned %s, not an nn.Module" % (model_spec, type(model).__name__))
+    model.train()
+    block = block_class or getattr(model, "block_class", None)
+    table, index = module_table(model, block)
+    modules_json = json.dumps(table)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    handles = install_hooks(model, index, lib)
+    try:
+        for b in batches:
+            trace_batch(lib, model, modules_json, input_fn, b, seq_len)
+    finally:
+        for h in handles:
+            h.remove()
+    if lib.shardfit_trace_write(out.encode(), (name or model_spec).encode(), model_spec.encode(),
+                                (input_spec or model_spec).encode(), seq_len, modules_json.encode(), 0) != 0:
+        raise BadInput("--out %s: %s" % (out, lib.shardfit_trace_error().decode()))
+
+
+def main():
+    # LibTorch logs through glog a warning per meta kernel the tracer puts in
+    # place of one Python's torch registered: expected here, not news.
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="module:function returning the nn.Module, or a built-in name")
+    p.add_argument("--input", help="module:function(batch, seq_len, device) -> forward's arguments")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--name", help="the model's name in plans (default: --model)")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    try:
+        if a.seq_len < 1:
+            raise BadInput("--seq-len %d: must be at least 1" % a.seq_len)
+        record(a.model, a.input, a.seq_len, a.out, a.name)
+    except BadInput as e:
+        print("trace_recorder: %s" % e, file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+// shardfit.trace/1 (planner/trace_file.h, `plan --trace`): what is written
+// reads back the same, and a malformed file is one line naming the field.
+#include "planner/trace_file.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+namespace shardfit::planner {
+namespace {
+
+using nlohmann::json;
+
+std::string seed_text() {
+  std::ifstream in(std::string(SHARDFIT_SOURCE_DIR) + "/tests/fuzz/corpus/trace_file/toy.json");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_trace_file(text, "--trace t.json");
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TraceFile, ReadsTheModuleTableAndEveryTrace) {
+  const TraceFile f = parse_trace_file(seed_text(), "toy");
+  EXPECT_EQ(f.model_name, "toy");
+  EXPECT_EQ(f.seq_len, 4);
+  EXPECT_FALSE(f.target_cuda);
+  ASSERT_EQ(f.modules.size(), 2u);
+  EXPECT_EQ(f.modules[1].params.at(0).name, "lin.weight");
+  EXPECT_TRUE(f.modules[1].is_block);
+  EXPECT_EQ(f.param_count(), 12);
+  ASSERT_EQ(f.traces.size(), 3u);
+  const ModelTrace* t2 = f.find(DType::kF32, {}, 2);
+  ASSERT_NE(t2, nullptr);
+  EXPECT_EQ(t2->events.size(), 10u);
+  EXPECT_EQ(t2->events[2].kind, MemEvent::kAlloc);
+  EXPECT_EQ(t2->events[2].bytes, 96);
+  EXPECT_EQ(t2->events[2].op, 0);
+  EXPECT_EQ(t2->events[4].phase, Phase::kBackward);
+  EXPECT_EQ(f.find(DType::kBF16, {}, 1), nullptr);
+  EXPECT_EQ(f.find(DType::kF32, {1}, 1), nullptr);
+}
+
+TEST(TraceFile, WhatIsWrittenReadsBackTheSame) {
+  const TraceFile f = parse_trace_file(seed_text(), "toy");
+  const TraceFile g = parse_trace_file(trace_file_json(f), "again");
+  EXPECT_EQ(trace_file_json(g), trace_file_json(f));
+}
+
+TEST(TraceFile, AnotherSchemaVersionIsRefusedByName) {
+  json j = json::parse(seed_text());
+  j["schema"] = "shardfit.trace/2";
+  EXPECT_EQ(error_of(j.dump()),
+            "--trace t.json: field 'schema' is 'shardfit.trace/2': this shardfit reads shardfit.trace/1 (record "
+            "the trace again with this version's pytorch/trace_recorder.py)");
+}
+
+TEST(TraceFile, EventsThatCannotReplayAreRefusedNamingTheEvent) {
+  json j = json::parse(seed_text());
+  j["traces"][1]["events"][6] = {"free", "backward", 1, 99, 0, -1};
+  EXPECT_EQ(error_of(j.dump()), "--trace t.json: field 'traces[1].events[6]' frees storage 99, which is not live");
+  j = json::parse(seed_text());
+  j["traces"][0]["events"][2][2] = 7;
+  EXPECT_EQ(error_of(j.dump()), "--trace t.json: field 'traces[0].events[2]' names a module the file lacks");
+  j = json::parse(seed_text());
+  j["traces"][0]["events"][2][5] = 3;
+  EXPECT_EQ(error_of(j.dump()), "--trace t.json: field 'traces[0].events[2]' names an op the trace lacks");
+}
+
+TEST(TraceFile, ParametersMustAddUpAndTracesMustNotRepeat) {
+  json j = json::parse(seed_text());
+  j["model"]["params"] = 13;
+  EXPECT_EQ(error_of(j.dump()),
+            "--trace t.json: field 'model.params' is not the sum of the modules' parameters (12)");
+  j = json::parse(seed_text());
+  j["traces"][2]["batch"] = 1;
+  EXPECT_EQ(error_of(j.dump()),
+            "--trace t.json: field 'traces[2].batch' repeats a trace already in the file (same batch, dtype and "
+            "recompute)");
+  EXPECT_EQ(error_of("{"), "--trace t.json: not JSON (a shardfit.trace/1 file)");
+}
+
+}  // namespace
+}  // namespace shardfit::planner

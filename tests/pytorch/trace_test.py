@@ -1,0 +1,118 @@
+"""A model written in Python, traced in its own process (pytorch/trace_recorder.py)
+and planned with `shardfit plan --trace`: the trace is what the real CPU step
+allocates, byte for byte, and bad input is one line with exit code 2."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "pytorch"))
+try:
+    import torch  # noqa: E402
+except ImportError:
+    print("skipped: this python3 (%s) cannot import torch: install Debian's python3-torch "
+          "(scripts/install-deps)" % sys.executable)
+    sys.exit(77)
+import models  # noqa: E402
+import shardfit_meter  # noqa: E402
+import trace_recorder as tr  # noqa: E402
+
+SHARDFIT = os.environ.get("SHARDFIT_BINARY", os.path.join(ROOT, "build", "cli", "shardfit"))
+RECORDER = os.path.join(ROOT, "pytorch", "trace_recorder.py")
+
+
+def replay_peak(events):
+    live, peak, sizes = 0, 0, {}
+    for kind, _phase, _module, tensor, nbytes, _op in events:
+        if kind == "alloc":
+            sizes[tensor] = nbytes
+            live += nbytes
+            peak = max(peak, live)
+        elif kind == "free":
+            live -= sizes.pop(tensor)
+    return peak, live
+
+
+class TraceTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.trace = os.path.join(cls.tmp.name, "gpt2-tiny.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-tiny", "--seq-len", "64",
+                              "--out", cls.trace], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        with open(cls.trace) as f:
+            cls.file = json.load(f)
+
+    def test_the_file_holds_the_module_table_and_batches_1_2_3(self):
+        f = self.file
+        self.assertEqual(f["schema"], "shardfit.trace/1")
+        self.assertEqual(f["model"]["params"], 141056)  # gpt2-tiny's, as `shardfit models` counts it
+        self.assertEqual([t["batch"] for t in f["traces"]], [1, 2, 3])
+        self.assertEqual(sum(m["is_block"] for m in f["modules"]), 2)
+        names = [p["name"] for m in f["modules"] for p in m["params"]]
+        self.assertIn("transformer.h.1.attn.c_attn.weight", names)
+        self.assertEqual(len(names), len(set(names)))
+
+    def test_every_batch_traced_is_what_the_cpu_step_allocates(self):
+        # The same model on the CPU, one forward + loss + backward with the
+        # gradients in place (as the trace assumes), measured by the meter.
+        meter = shardfit_meter.Meter()
+        for t in self.file["traces"]:
+            torch.manual_seed(0)
+            model = models.build("gpt2-tiny")
+            model.train()
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            meter.reset_peak()
+            base = meter.allocated
+            x = models.token_input(512)(t["batch"], 64, "cpu")
+            loss = model(x)
+            loss.backward()
+            del loss, x
+            peak, left = replay_peak(t["events"])
+            self.assertEqual(left, 0)
+            self.assertEqual(meter.allocated - base, 0)
+            self.assertEqual(peak, meter.peak - base, "batch %d" % t["batch"])
+
+    def test_plan_from_the_trace_file(self):
+        out = subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--device", "cpu", "--gpus", "2",
+                              "--gpu-mem", "16MiB", "--json"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        plan = json.loads(out.stdout)
+        self.assertEqual(plan["model"]["name"], "gpt2-tiny")
+        self.assertEqual(plan["model"]["seq_len"], 64)
+        self.assertEqual(plan["model"]["params"], 141056)
+        fits = [c for c in plan["candidates"] if c["max_batch_per_gpu"] > 0]
+        self.assertTrue(fits)
+        for c in fits:
+            self.assertLessEqual(c["predicted"]["peak_allocated_bytes"], 16 * 2**20)
+        # No checkpointed trace in the file: no recompute candidate is swept.
+        self.assertFalse(any("+ckpt" in c["id"] for c in plan["candidates"]))
+
+    def test_bad_input_is_one_line_and_exit_2(self):
+        out = subprocess.run([sys.executable, RECORDER, "--model", "no_such_module:build", "--seq-len", "8",
+                              "--out", os.path.join(self.tmp.name, "x.json")],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 2)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("--model no_such_module:build: cannot be imported", out.stderr)
+        other = os.path.join(self.tmp.name, "v2.json")
+        f = dict(self.file, schema="shardfit.trace/2")
+        with open(other, "w") as fh:
+            json.dump(f, fh)
+        out = subprocess.run([SHARDFIT, "plan", "--trace", other, "--device", "cpu"],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("field 'schema' is 'shardfit.trace/2'", out.stderr)
+        out = subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--device", "cpu", "--seq-len", "32"],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("--seq-len 32: the trace file was recorded at 64", out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
