@@ -446,6 +446,13 @@ void register_meta_kernels(bool override_existing) {
   static bool registered_missing = false, overridden = false;
   std::lock_guard<std::mutex> lock(mu);
   if (overridden || (registered_missing && !override_existing)) return;
+  // Replacing a kernel makes the dispatcher log a warning per op through
+  // glog (Debian's LibTorch logs with it): expected when overriding, so
+  // glog's FLAGS_minloglevel (found by its symbol; absent: nothing quieted)
+  // is raised to ERROR for the registration.
+  int* glog_min_level = override_existing ? static_cast<int*>(dlsym(RTLD_DEFAULT, "_ZN3fLI17FLAGS_minloglevelE")) : nullptr;
+  const int saved_level = glog_min_level ? *glog_min_level : 0;
+  if (glog_min_level) *glog_min_level = 2;
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
                                               __LINE__);
   auto wanted = [&](const char* name) { return override_existing || !has_meta_kernel(name, ""); };
@@ -458,6 +465,7 @@ void register_meta_kernels(bool override_existing) {
     lib->impl("native_dropout_backward", TORCH_FN(meta_native_dropout_backward));
   if (wanted("aten::embedding_dense_backward"))
     lib->impl("embedding_dense_backward", TORCH_FN(meta_embedding_dense_backward));
+  if (glog_min_level) *glog_min_level = saved_level;
   libs.push_back(std::move(lib));
   registered_missing = true;
   overridden = override_existing;

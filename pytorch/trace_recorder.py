@@ -230,9 +230,6 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
 
 
 def main():
-    # LibTorch logs through glog a warning per meta kernel the tracer puts in
-    # place of one Python's torch registered: expected here, not news.
-    os.environ.setdefault("GLOG_minloglevel", "2")
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="module:function returning the nn.Module, or a built-in name")
     p.add_argument("--input", help="module:function(batch, seq_len, device) -> forward's arguments")
