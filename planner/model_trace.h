@@ -63,6 +63,13 @@ struct ModelTrace {
   int64_t seq_len = 0;
   DType compute_dtype = DType::kF32;
   std::vector<int> recompute_modules;  // modules recomputed in backward (sorted)
+  // true: every parameter's .grad exists when the step starts, so
+  // AccumulateGrad adds in place and the trace holds only transients (the
+  // shardfit engine's flat gradient views; PyTorch from step 2 when zero_grad
+  // keeps grads). false: .grad is None (PyTorch's first step, or after
+  // zero_grad(set_to_none=True)): AccumulateGrad keeps the gradient an op
+  // made, so the trace ends with the gradients live.
+  bool grads_at_start = true;
   std::vector<ModuleNode> modules;  // modules[0] is the root
   std::vector<MemEvent> events;
   std::vector<std::string> op_names;

@@ -106,11 +106,14 @@ int64_t TraceFile::param_count() const {
   return n;
 }
 
-const ModelTrace* TraceFile::find(DType dtype, const std::vector<int>& recompute, int64_t batch) const {
+const ModelTrace* TraceFile::find(DType dtype, const std::vector<int>& recompute, int64_t batch,
+                                  bool grads_at_start) const {
   std::vector<int> want = recompute;
   std::sort(want.begin(), want.end());
   for (const auto& t : traces)
-    if (t.compute_dtype == dtype && t.batch == batch && t.recompute_modules == want) return &t;
+    if (t.compute_dtype == dtype && t.batch == batch && t.recompute_modules == want &&
+        t.grads_at_start == grads_at_start)
+      return &t;
   return nullptr;
 }
 
@@ -126,22 +129,67 @@ std::vector<DType> TraceFile::dtypes() const {
   return {set.begin(), set.end()};
 }
 
+namespace {
+
+json events_to_json(const ModelTrace& t) {
+  json events = json::array();
+  for (const auto& e : t.events)
+    events.push_back({kKinds[e.kind], kPhases[static_cast<int>(e.phase)], e.module, e.tensor, e.bytes, e.op});
+  return events;
+}
+
+// A trace's events: [kind, phase, module, tensor, bytes, op], each checked
+// (modules and ops the file has, storages allocated once and freed live).
+void events_from(const FieldReader& r, size_t modules, ModelTrace* t) {
+  const json& events = r.need("events");
+  if (!events.is_array()) r.fail("events", "must be a list");
+  std::unordered_set<int64_t> live;
+  for (size_t k = 0; k < events.size(); ++k) {
+    const json& e = events[k];
+    auto bad = [&](const std::string& what) { r.fail_at(r.field("events") + "[" + std::to_string(k) + "]", what); };
+    if (!e.is_array() || e.size() != 6 || !e[0].is_string() || !e[1].is_string())
+      bad("must be [kind, phase, module, tensor, bytes, op]");
+    for (size_t x = 2; x < 6; ++x)
+      if (!e[x].is_number_integer()) bad("must be [kind, phase, module, tensor, bytes, op] with whole numbers");
+    MemEvent ev;
+    const int kind = index_of(kKinds, e[0].get<std::string>());
+    const int phase = index_of(kPhases, e[1].get<std::string>());
+    if (kind < 0) bad("kind must be alloc, free, begin or end");
+    if (phase < 0) bad("phase must be forward, backward or recompute");
+    ev.kind = static_cast<MemEvent::Kind>(kind);
+    ev.phase = static_cast<Phase>(phase);
+    const int64_t module = e[2].get<int64_t>(), op = e[5].get<int64_t>();
+    if (module < 0 || module >= static_cast<int64_t>(modules)) bad("names a module the file lacks");
+    if (op < -1 || op >= static_cast<int64_t>(t->op_names.size())) bad("names an op the trace lacks");
+    ev.module = static_cast<int>(module);
+    ev.op = static_cast<int>(op);
+    ev.tensor = e[3].get<int64_t>();
+    ev.bytes = e[4].get<int64_t>();
+    if (ev.kind == MemEvent::kAlloc) {
+      if (ev.bytes < 0) bad("allocates a negative size");
+      if (!live.insert(ev.tensor).second) bad("allocates storage " + std::to_string(ev.tensor) + " twice");
+    } else if (ev.kind == MemEvent::kFree) {
+      if (live.erase(ev.tensor) == 0) bad("frees storage " + std::to_string(ev.tensor) + ", which is not live");
+    }
+    t->events.push_back(ev);
+  }
+}
+
+}  // namespace
+
 std::string trace_file_json(const TraceFile& f) {
   json modules = json::array();
   for (const auto& m : f.modules) modules.push_back(module_to_json(m));
   json traces = json::array();
-  for (const auto& t : f.traces) {
-    json events = json::array();
-    for (const auto& e : t.events)
-      events.push_back({kKinds[e.kind], kPhases[static_cast<int>(e.phase)], e.module, e.tensor, e.bytes, e.op});
+  for (const auto& t : f.traces)
     traces.push_back({{"batch", t.batch},
                       {"dtype", dtype_name(t.compute_dtype)},
                       {"recompute", t.recompute_modules},
+                      {"grads", t.grads_at_start ? "accumulate" : "none"},
                       {"forward_flops", t.forward_flops},
                       {"backward_flops", t.backward_flops},
                       {"op_names", t.op_names},
-                      {"events", events}});
-  }
+                      {"events", events_to_json(t)}});
   json out = {{"schema", kTraceSchema},
               {"model", {{"name", f.model_name}, {"factory", f.factory}, {"input", f.input},
                          {"params", f.param_count()}}},
@@ -149,6 +197,11 @@ std::string trace_file_json(const TraceFile& f) {
               {"target", f.target_cuda ? "cuda" : "cpu"},
               {"modules", modules},
               {"traces", traces}};
+  if (!f.optimizer_steps.empty()) {
+    json steps = json::array();
+    for (const auto& t : f.optimizer_steps) steps.push_back({{"op_names", t.op_names}, {"events", events_to_json(t)}});
+    out["optimizer"] = {{"name", f.optimizer}, {"steps", steps}};
+  }
   return out.dump() + "\n";
 }
 
@@ -203,43 +256,29 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
     t.forward_flops = r.number("forward_flops");
     t.backward_flops = r.number("backward_flops");
     t.op_names = strings(r, "op_names");
-    const json& events = r.need("events");
-    if (!events.is_array()) r.fail("events", "must be a list");
-    std::unordered_set<int64_t> live;
-    for (size_t k = 0; k < events.size(); ++k) {
-      const json& e = events[k];
-      auto bad = [&](const std::string& what) {
-        r.fail_at(r.field("events") + "[" + std::to_string(k) + "]", what);
-      };
-      if (!e.is_array() || e.size() != 6 || !e[0].is_string() || !e[1].is_string())
-        bad("must be [kind, phase, module, tensor, bytes, op]");
-      for (size_t x = 2; x < 6; ++x)
-        if (!e[x].is_number_integer()) bad("must be [kind, phase, module, tensor, bytes, op] with whole numbers");
-      MemEvent ev;
-      const int kind = index_of(kKinds, e[0].get<std::string>());
-      const int phase = index_of(kPhases, e[1].get<std::string>());
-      if (kind < 0) bad("kind must be alloc, free, begin or end");
-      if (phase < 0) bad("phase must be forward, backward or recompute");
-      ev.kind = static_cast<MemEvent::Kind>(kind);
-      ev.phase = static_cast<Phase>(phase);
-      const int64_t module = e[2].get<int64_t>(), op = e[5].get<int64_t>();
-      if (module < 0 || module >= static_cast<int64_t>(f.modules.size())) bad("names a module the file lacks");
-      if (op < -1 || op >= static_cast<int64_t>(t.op_names.size())) bad("names an op the trace lacks");
-      ev.module = static_cast<int>(module);
-      ev.op = static_cast<int>(op);
-      ev.tensor = e[3].get<int64_t>();
-      ev.bytes = e[4].get<int64_t>();
-      if (ev.kind == MemEvent::kAlloc) {
-        if (ev.bytes < 0) bad("allocates a negative size");
-        if (!live.insert(ev.tensor).second) bad("allocates storage " + std::to_string(ev.tensor) + " twice");
-      } else if (ev.kind == MemEvent::kFree) {
-        if (live.erase(ev.tensor) == 0) bad("frees storage " + std::to_string(ev.tensor) + ", which is not live");
-      }
-      t.events.push_back(ev);
+    events_from(r, f.modules.size(), &t);
+    if (r.has("grads")) {
+      const std::string grads = r.text("grads");
+      if (grads != "accumulate" && grads != "none") r.fail("grads", "must be \"accumulate\" or \"none\"");
+      t.grads_at_start = grads == "accumulate";
     }
-    if (f.find(t.compute_dtype, t.recompute_modules, t.batch))
-      r.fail("batch", "repeats a trace already in the file (same batch, dtype and recompute)");
+    if (f.find(t.compute_dtype, t.recompute_modules, t.batch, t.grads_at_start))
+      r.fail("batch", "repeats a trace already in the file (same batch, dtype, recompute and grads)");
     f.traces.push_back(std::move(t));
+  }
+  if (top.has("optimizer")) {
+    const FieldReader opt = top.object("optimizer");
+    f.optimizer = opt.text("name");
+    const json& steps = opt.need("steps");
+    if (!steps.is_array() || steps.size() != 2) opt.fail("steps", "must be a list of two steps (the first, a later one)");
+    for (size_t i = 0; i < steps.size(); ++i) {
+      FieldReader r(steps[i], opt.field("steps") + "[" + std::to_string(i) + "]", origin);
+      ModelTrace t;
+      t.model_name = f.model_name;
+      t.op_names = strings(r, "op_names");
+      events_from(r, f.modules.size(), &t);
+      f.optimizer_steps.push_back(std::move(t));
+    }
   }
   return f;
 }

@@ -26,10 +26,17 @@ struct TraceFile {
   bool target_cuda = false;  // whose kernels the meta kernels imitated
   std::vector<ModuleNode> modules;
   std::vector<ModelTrace> traces;  // each with modules left empty (they are the file's)
+  // The optimizer's own steps, traced on the model's parameters (all of
+  // them, in parameters() order) with their gradients present: [0] the first
+  // step (lazily created state), [1] a later one. Empty when not recorded.
+  std::string optimizer;  // what was traced, e.g. "torch.optim.AdamW(foreach=False)"
+  std::vector<ModelTrace> optimizer_steps;
 
   int64_t param_count() const;
-  // The trace at (dtype, recompute, batch); nullptr when the file has none.
-  const ModelTrace* find(DType dtype, const std::vector<int>& recompute, int64_t batch) const;
+  // The trace at (dtype, recompute, batch, grads at start); nullptr when the
+  // file has none.
+  const ModelTrace* find(DType dtype, const std::vector<int>& recompute, int64_t batch,
+                         bool grads_at_start = true) const;
   // The recompute sets the file has traces for (sorted module indices).
   std::vector<std::vector<int>> recompute_sets() const;
   std::vector<DType> dtypes() const;

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/record_function.h>
@@ -35,6 +36,7 @@ struct Recorder {
   // outputs (meta_kernels.cc), oneDNN scratchpads sized for this many
   // threads (TraceOptions::cpu_threads).
   int cpu_bf16_threads = 0;
+  bool record_host_storages = false;  // RecorderOptions::record_host_storages
 
   int current_module() const {
     if (phase == Phase::kBackward && !backward_stack.empty()) return backward_stack.back();
@@ -124,6 +126,40 @@ struct KernelTemporaries final : at::ObserverContext {
   std::vector<int64_t> bytes;  // in allocation order
 };
 
+// A Python number given to a binary op arrives as a 0-dim CPU tensor of
+// double or int64 (a "wrapped number"). On the CPU, TensorIterator then
+// promotes inputs to the common dtype by making cast temporaries
+// (TensorIteratorBase::compute_types, aten/src/ATen/TensorIterator.cpp: "Promotes
+// inputs by creating temporaries of the correct dtype", done only when the
+// common device is the CPU), so the number is copied into one element of
+// the tensor's dtype for the length of the op. On the meta device no cast
+// is made. Measured inside PyTorch: AdamW's `exp_avg_sq.sqrt() / c` peaks
+// 4 bytes above its meta trace in fp32, exactly this. Floating tensors
+// only (an integer tensor with a float number promotes the tensor too: not
+// modelled).
+int64_t wrapped_number_cast_bytes(const at::RecordFunction& fn) {
+  static const std::unordered_set<std::string> kBinary = {
+      "aten::add",  "aten::add_",  "aten::sub",     "aten::sub_",      "aten::mul",     "aten::mul_",
+      "aten::div",  "aten::div_",  "aten::rsub",    "aten::addcdiv",   "aten::addcdiv_", "aten::addcmul",
+      "aten::addcmul_", "aten::pow", "aten::pow_",  "aten::remainder", "aten::maximum", "aten::minimum",
+      "aten::lerp", "aten::lerp_", "aten::eq",      "aten::ne",        "aten::lt",      "aten::le",
+      "aten::gt",   "aten::ge"};
+  if (kBinary.count(fn.name()) == 0) return 0;
+  const c10::TensorImpl* number = nullptr;
+  c10::ScalarType common = c10::ScalarType::Undefined;
+  for (const auto& v : fn.inputs()) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) continue;
+    if (t.unsafeGetTensorImpl()->is_wrapped_number())
+      number = t.unsafeGetTensorImpl();
+    else if (common == c10::ScalarType::Undefined)
+      common = t.scalar_type();
+  }
+  if (!number || !c10::isFloatingType(common) || number->dtype() == c10::scalarTypeToTypeMeta(common)) return 0;
+  return static_cast<int64_t>(c10::elementSize(common));
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (!g_rec.active) return nullptr;
   if (g_rec.record_ops) {
@@ -134,6 +170,13 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
         g_rec.trace->forward_flops += f;
       else
         g_rec.trace->backward_flops += f;
+    }
+  }
+  if (g_rec.record_host_storages && fn.scope() == at::RecordScope::FUNCTION) {
+    if (const int64_t cast = wrapped_number_cast_bytes(fn)) {
+      auto t = std::make_unique<KernelTemporaries>();
+      t->bytes = {cast};
+      return t;
     }
   }
   if (g_rec.cpu_bf16_threads > 0 && fn.scope() == at::RecordScope::FUNCTION) {
@@ -171,7 +214,8 @@ TraceRecording::TraceRecording(ModelTrace* trace, const RecorderOptions& o) : lo
   g_rec.trace = trace;
   g_rec.record_ops = o.record_ops;
   g_rec.cpu_bf16_threads = o.cpu_bf16_threads;
-  if (g_rec.record_ops || g_rec.cpu_bf16_threads > 0) {
+  g_rec.record_host_storages = o.record_host_storages && !o.target_cuda;
+  if (g_rec.record_ops || g_rec.cpu_bf16_threads > 0 || g_rec.record_host_storages) {
     const at::CallbackHandle h = at::addGlobalCallback(
         at::RecordFunctionCallback(&on_op_start, &on_op_end)
             .needsInputs(true)

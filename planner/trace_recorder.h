@@ -25,6 +25,10 @@ struct RecorderOptions {
   int cpu_bf16_threads = 0;
   // Whose kernels the meta kernels imitate (TraceOptions::target_cuda).
   bool target_cuda = true;
+  // CPU targets traced with the host storages recorded (host_storage(): the
+  // Python recorder): also record the one-element cast of a Python number
+  // that the CPU's TensorIterator makes for a binary op (below).
+  bool record_host_storages = false;
 };
 
 class TraceRecording {

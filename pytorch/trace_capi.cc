@@ -27,7 +27,9 @@ struct Session {
   std::unique_ptr<TraceRecording> recording;
 };
 std::unique_ptr<Session> g_session;
-std::vector<ModelTrace> g_traces;  // finished, in order
+std::vector<ModelTrace> g_traces;      // finished steps, in order
+std::vector<ModelTrace> g_optimizer;   // finished optimizer steps, in order
+bool g_session_is_optimizer = false;
 std::string g_error;
 
 int fail(const std::string& what) {
@@ -41,15 +43,19 @@ extern "C" {
 
 const char* shardfit_trace_error() { return g_error.c_str(); }
 
-// Starts recording one forward + backward of `batch` sequences. The model
-// must already be on the meta device (built unrecorded). `recompute_json`:
-// a JSON list of the module indices checkpointed. Returns 0, or -1 (see
+// Starts recording one forward + backward of `batch` sequences (batch 0:
+// one optimizer step, kept apart). The model must already be on the meta
+// device (built unrecorded). `recompute_json`: a JSON list of the module
+// indices checkpointed; `grads`: "accumulate" (every .grad exists) or
+// "none" (ModelTrace::grads_at_start). Returns 0, or -1 (see
 // shardfit_trace_error).
 int shardfit_trace_begin(const char* modules_json, int64_t batch, int64_t seq_len, const char* dtype,
-                         const char* recompute_json, int target_cuda, int cpu_threads) {
+                         const char* recompute_json, const char* grads, int target_cuda, int cpu_threads) {
   try {
     if (g_session) return fail("a trace is already being recorded");
     auto s = std::make_unique<Session>();
+    g_session_is_optimizer = batch == 0;
+    s->trace.grads_at_start = grads == nullptr || std::string(grads) != "none";
     s->trace.modules = parse_module_table(modules_json, "the module table");
     s->trace.batch = batch;
     s->trace.seq_len = seq_len;
@@ -62,6 +68,7 @@ int shardfit_trace_begin(const char* modules_json, int64_t batch, int64_t seq_le
     o.record_ops = true;
     o.target_cuda = target_cuda != 0;
     if (!o.target_cuda && s->trace.compute_dtype == DType::kBF16) o.cpu_bf16_threads = cpu_threads > 0 ? cpu_threads : 1;
+    o.record_host_storages = !o.target_cuda;
     // Python's torch registers decompositions as meta kernels at import; the
     // tracer's kernels allocate what the target's kernels do, so they win.
     register_meta_kernels(/*override_existing=*/true);
@@ -99,18 +106,19 @@ int shardfit_trace_end() {
   g_session->recording.reset();
   ModelTrace t = std::move(g_session->trace);
   t.modules.clear();  // the file's
-  g_traces.push_back(std::move(t));
+  (g_session_is_optimizer ? g_optimizer : g_traces).push_back(std::move(t));
   g_session.reset();
   return 0;
 }
 
-// Peak bytes of the last finished trace's storages (what replaying its
+// Peak bytes of the last finished trace (or optimizer step, if that was last)'s storages (what replaying its
 // events reaches), for checks against a measurement.
 int64_t shardfit_trace_last_peak() {
-  if (g_traces.empty()) return -1;
+  const auto& list = g_session_is_optimizer ? g_optimizer : g_traces;
+  if (list.empty()) return -1;
   int64_t live = 0, peak = 0;
   std::unordered_map<int64_t, int64_t> sizes;
-  for (const auto& e : g_traces.back().events) {
+  for (const auto& e : list.back().events) {
     if (e.kind == MemEvent::kAlloc) {
       sizes[e.tensor] = e.bytes;
       peak = std::max(peak, live += e.bytes);
@@ -123,7 +131,7 @@ int64_t shardfit_trace_last_peak() {
 
 // Writes every finished trace as one shardfit.trace/1 file and forgets them.
 int shardfit_trace_write(const char* path, const char* name, const char* factory, const char* input,
-                         int64_t seq_len, const char* modules_json, int target_cuda) {
+                         int64_t seq_len, const char* modules_json, int target_cuda, const char* optimizer) {
   try {
     TraceFile f;
     f.model_name = name;
@@ -134,6 +142,11 @@ int shardfit_trace_write(const char* path, const char* name, const char* factory
     f.modules = parse_module_table(modules_json, "the module table");
     f.traces = std::move(g_traces);
     g_traces.clear();
+    if (!g_optimizer.empty()) {
+      f.optimizer = optimizer ? optimizer : "";
+      f.optimizer_steps = std::move(g_optimizer);
+    }
+    g_optimizer.clear();
     const std::string text = trace_file_json(f);
     parse_trace_file(text, path);  // what plan --trace will accept, checked before it is written
     FILE* out = std::fopen(path, "wb");

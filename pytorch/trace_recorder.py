@@ -19,10 +19,13 @@ loss and backward, the op that made it, the innermost module and the phase.
 Module boundaries come from this file's hooks: a forward pre-hook and hook
 per module, and identity autograd functions on each module's inputs and
 output that report where its backward ends and begins (as FSDP's pre- and
-post-backward hooks sit). Parameters' .grad exist before the step (zeros),
-as under the shardfit tracer: the trace holds each backward op's transient
-gradient, not the accumulated one. Batches 1, 2 and 3 are traced: the
-planner takes batch 1 exactly and extends 2 and 3 affinely.
+post-backward hooks sit). Batches 1, 2 and 3 are traced (the planner takes
+batch 1 exactly and extends 2 and 3 affinely), each twice: with every .grad
+present (zeros; as the shardfit tracer: the trace holds each backward op's
+transient gradient, not the accumulated one) and with none (PyTorch after
+zero_grad(set_to_none=True): AccumulateGrad keeps the gradient an op made).
+Then two steps of torch.optim.AdamW on the meta parameters: its lazily made
+state and its for-loop temporaries, recorded from PyTorch's own code.
 
 Bad input (a factory that does not import or build, a forward that does not
 return a scalar, an op with no meta kernel or a data-dependent shape): one
@@ -50,9 +53,9 @@ def library():
     if not getattr(lib, "_trace_set", False):
         i64, c = ctypes.c_int64, ctypes.c_char_p
         lib.shardfit_trace_error.restype = c
-        lib.shardfit_trace_begin.argtypes = [c, i64, i64, c, c, ctypes.c_int, ctypes.c_int]
+        lib.shardfit_trace_begin.argtypes = [c, i64, i64, c, c, c, ctypes.c_int, ctypes.c_int]
         lib.shardfit_trace_last_peak.restype = i64
-        lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int]
+        lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int, c]
         for name in ("forward_begin", "forward_end", "backward_begin", "backward_end"):
             getattr(lib, "shardfit_trace_" + name).argtypes = [ctypes.c_int]
         lib._trace_set = True
@@ -172,10 +175,14 @@ def install_hooks(model, index, lib):
     return handles
 
 
-def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, target_cuda=False):
-    """Records one forward + loss + backward at `batch` into the library's list."""
+def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accumulate", target_cuda=False):
+    """Records one forward + loss + backward at `batch` into the library's list.
+    grads "accumulate": every .grad exists (zeros) when it starts; "none": none
+    does (PyTorch's first step, or after zero_grad(set_to_none=True))."""
     import torch
-    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, b"fp32", b"[]",
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p) if grads == "accumulate" else None
+    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, b"fp32", b"[]", grads.encode(),
                                   1 if target_cuda else 0, torch.get_num_threads())
     if rc != 0:
         raise BadInput("trace: " + lib.shardfit_trace_error().decode())
@@ -197,6 +204,39 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, target_cuda=
     lib.shardfit_trace_end()
 
 
+OPTIMIZER = "torch.optim.AdamW(lr=6e-4, weight_decay=0.01)"
+
+
+def make_optimizer(params):
+    """The optimizer whose steps are traced: torch.optim.AdamW as the user
+    builds it (1.13's default on CPU tensors is the for-loop implementation,
+    foreach=False: optim/adamw.py). Its hyperparameters change no byte."""
+    import torch
+    return torch.optim.AdamW(params, lr=6e-4, weight_decay=0.01)
+
+
+def trace_optimizer(lib, model, modules_json, target_cuda=False):
+    """Records two optimizer steps over every parameter, each .grad present:
+    the first (AdamW creates its state lazily: step, exp_avg, exp_avg_sq per
+    parameter) and a later one."""
+    import torch
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt = make_optimizer(model.parameters())
+    for _ in range(2):
+        if lib.shardfit_trace_begin(modules_json.encode(), 0, 0, b"fp32", b"[]", b"accumulate",
+                                    1 if target_cuda else 0, torch.get_num_threads()) != 0:
+            raise BadInput("trace: " + lib.shardfit_trace_error().decode())
+        try:
+            opt.step()
+        except (NotImplementedError, RuntimeError) as e:
+            lib.shardfit_trace_end()
+            raise BadInput("the optimizer's step cannot be traced on the meta device (%s)"
+                           % str(e).split("\n")[0])
+        lib.shardfit_trace_end()
+    del opt
+
+
 def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3)):
     import torch
     lib = library()
@@ -215,17 +255,21 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
     block = block_class or getattr(model, "block_class", None)
     table, index = module_table(model, block)
     modules_json = json.dumps(table)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
     handles = install_hooks(model, index, lib)
     try:
-        for b in batches:
-            trace_batch(lib, model, modules_json, input_fn, b, seq_len)
+        # "accumulate": shardfit's engine (flat gradient views) and PyTorch
+        # when zero_grad keeps the grads; "none": PyTorch's first step and
+        # zero_grad(set_to_none=True) (plan --stack pytorch).
+        for grads in ("accumulate", "none"):
+            for b in batches:
+                trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads)
     finally:
         for h in handles:
             h.remove()
+    trace_optimizer(lib, model, modules_json)
     if lib.shardfit_trace_write(out.encode(), (name or model_spec).encode(), model_spec.encode(),
-                                (input_spec or model_spec).encode(), seq_len, modules_json.encode(), 0) != 0:
+                                (input_spec or model_spec).encode(), seq_len, modules_json.encode(), 0,
+                                OPTIMIZER.encode()) != 0:
         raise BadInput("--out %s: %s" % (out, lib.shardfit_trace_error().decode()))
 
 

@@ -13,8 +13,11 @@ model is built, as `shardfit run` counts its own ranks.
     --ckpt         every block under torch.utils.checkpoint (non-reentrant)
     --bf16         forward under torch.autocast("cpu", torch.bfloat16)
 
-The optimizer is torch.optim.AdamW (lr 6e-4, weight decay 0.01: shardfit's
-defaults), zero_grad(set_to_none=True) before each backward. Prints one JSON
+Each step is the loop a PyTorch user writes (and the one `plan --stack
+pytorch` simulates): opt.zero_grad(set_to_none=True); x = a batch of token
+ids; loss = model(x); loss.backward(); del loss, x; opt.step(). The
+optimizer is torch.optim.AdamW (lr 6e-4, weight decay 0.01: shardfit's
+defaults; 1.13's for-loop implementation on the CPU). Prints one JSON
 object: the job and, per rank, "peak_allocated_bytes" and the timeline
 (points "init", "stepK/forward", "stepK/backward", "stepK/optimizer").
 """
@@ -52,23 +55,23 @@ def worker(rank, args, queue):
         opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01)
     vocab = models.vocab_size(args.model)
     gen = torch.Generator().manual_seed(args.seed + 1 + rank)
-    batches = [torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen) for _ in range(args.steps)]
     meter.mark("init")
     losses = []
     for step in range(1, args.steps + 1):
-        x = batches[step - 1]
+        opt.zero_grad(set_to_none=True)
+        x = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
         if args.bf16:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = ddp(x)
         else:
             loss = ddp(x)
         meter.mark("step%d/forward" % step)
-        opt.zero_grad(set_to_none=True)
         loss.backward()
+        losses.append(loss.item())
+        del loss, x
         meter.mark("step%d/backward" % step)
         opt.step()
         meter.mark("step%d/optimizer" % step)
-        losses.append(float(loss.detach()))
     queue.put({"rank": rank, "peak_allocated_bytes": meter.peak, "timeline": meter.timeline(),
                "losses": losses})
     dist.barrier()
