@@ -18,6 +18,8 @@ namespace {
 struct PlanArgs {
   std::string model;
   std::string trace;
+  std::string stack = "shardfit";
+  bool ddp_bucket_view = false;
   int64_t seq_len = 128;
   std::string loss = "full";
   std::string attention = "eager";
@@ -41,6 +43,11 @@ int run(const PlanArgs& a) {
   planner::PlanRequest r;
   if (a.model.empty() == a.trace.empty()) throw BadInput("plan: give --model or --trace (one of them)");
   r.seq_len = a.seq_len;
+  if (a.stack != "shardfit" && a.stack != "pytorch") throw BadInput("--stack " + a.stack + ": expected shardfit or pytorch");
+  r.stack = a.stack == "pytorch" ? planner::Stack::kPytorch : planner::Stack::kShardfit;
+  if (a.ddp_bucket_view && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--ddp-bucket-view: a PyTorch DDP option; give --stack pytorch");
+  r.ddp_bucket_view = a.ddp_bucket_view;
   if (!a.trace.empty()) {
     // A model traced in its own process (pytorch/trace_recorder.py): its
     // loss and attention are what its forward does.
@@ -121,6 +128,13 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--trace", a->trace,
                   "Plan a model traced in its own process instead (a shardfit.trace/1 file, e.g. from "
                   "pytorch/trace_recorder.py for a model written in Python); its sequence length is the plan's");
+  sub->add_option("--stack", a->stack,
+                  "Whose training step to predict: shardfit (its engine, `shardfit run`) or pytorch (PyTorch's own "
+                  "DistributedDataParallel and torch.optim.AdamW in the loop pytorch/validate.py runs; needs "
+                  "--trace; this version: DDP, fp32, CPU ranks)")
+      ->capture_default_str();
+  sub->add_flag("--ddp-bucket-view", a->ddp_bucket_view,
+                "--stack pytorch: DDP(gradient_as_bucket_view=True) (PyTorch's default is False)");
   auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--loss", a->loss,
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "

@@ -1,3 +1,4 @@
+#include "planner/pytorch_stack.h"
 #include "planner/plan_builder.h"
 
 #include <algorithm>
@@ -259,6 +260,82 @@ StepTimeInputs time_inputs(const Candidate& c, const PlanRequest& r, const UnitP
 
 }  // namespace
 
+namespace {
+
+// `--stack pytorch`: PyTorch's DDP with torch.optim.AdamW, replayed from the
+// trace file's no-grads, with-grads and optimizer traces at each batch
+// (planner/pytorch_stack.h). One candidate: ddp/fp32/wrap=none.
+Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem) {
+  const TraceFile* file = r.trace_file.get();
+  if (!file)
+    throw std::invalid_argument("--stack pytorch: needs --trace (a model traced in its own Python process by "
+                                "pytorch/trace_recorder.py)");
+  if (r.profile.kind == DeviceKind::kCuda)
+    throw std::invalid_argument("--stack pytorch: this version simulates PyTorch's stack on CPU ranks only (the "
+                                "CUDA caching allocator under PyTorch's DDP is not modelled yet); use --device cpu");
+  const Candidate c = parse_candidate("ddp/fp32/wrap=none");
+  for (const std::string& s : r.candidates.strategies)
+    if (s != "ddp" && s != c.to_id())
+      throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates DDP only in this version "
+                                  "(ZeroRedundancyOptimizer and FSDP are not yet)");
+  for (const std::string& p : r.candidates.precisions)
+    if (p != "fp32" && p != "all")
+      throw std::invalid_argument("--precision " + p + ": --stack pytorch simulates fp32 only in this version");
+  if (r.optimizer != Optimizer::kAdamW || file->optimizer_steps.size() != 2)
+    throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
+                                "steps (record it again with pytorch/trace_recorder.py)");
+  if (r.grad_accum != 1) throw std::invalid_argument("--stack pytorch: --grad-accum is not simulated yet");
+  const ModelTrace* at1[2] = {file->find(DType::kF32, {}, 1, false), file->find(DType::kF32, {}, 1, true)};
+  std::unique_ptr<AffineTrace> affine[2];
+  for (int g = 0; g < 2; ++g) {
+    const ModelTrace* t2 = file->find(DType::kF32, {}, 2, g == 1);
+    const ModelTrace* t3 = file->find(DType::kF32, {}, 3, g == 1);
+    if (!at1[g] || !t2 || !t3)
+      throw std::invalid_argument(std::string("--stack pytorch: the trace file has no fp32 trace with grads ") +
+                                  (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
+    affine[g] = std::make_unique<AffineTrace>(*t2, *t3);
+  }
+  const int64_t param_bytes = file->param_count() * dtype_bytes(DType::kF32);
+  auto simulate = [&](int64_t batch) {
+    const ModelTrace none = batch == 1 ? *at1[0] : affine[0]->at(batch);
+    const ModelTrace with = batch == 1 ? *at1[1] : affine[1]->at(batch);
+    PytorchDdpInputs in{&none, &with, &file->optimizer_steps[0], &file->optimizer_steps[1], param_bytes};
+    PytorchDdpOptions o;
+    o.gradient_as_bucket_view = r.ddp_bucket_view;
+    o.budget_bytes = budget;
+    return simulate_pytorch_ddp(in, o);
+  };
+
+  Plan plan;
+  plan.stack = "pytorch";
+  plan.ddp_bucket_view = r.ddp_bucket_view;
+  plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced"};
+  plan.hardware.profile = r.profile.name;
+  plan.hardware.device_mem_bytes = device_mem;
+  plan.hardware.gpus_per_node = r.gpus_per_node;
+  plan.hardware.nodes = r.nodes;
+  plan.optimizer = "adamw";
+  plan.objective = r.objective;
+  PlanCandidate pc;
+  pc.candidate = c;
+  pc.units = 1;
+  pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return !simulate(b).oom; }, r.max_batch);
+  const StepSimResult fit = simulate(std::max<int64_t>(pc.max_batch_per_gpu, 1));
+  pc.predicted.peak_allocated_bytes = pc.predicted.peak_reserved_bytes = fit.peak_allocated_bytes;
+  pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
+  if (pc.max_batch_per_gpu >= r.max_batch) {
+    pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
+  } else {
+    const StepSimResult next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1) : fit;
+    pc.limit = std::string(category_name(next.oom_category)) + " in " + next.oom_label;
+  }
+  plan.candidates.push_back(pc);
+  if (auto best = choose(plan.candidates, r.objective)) plan.chosen = plan.candidates[*best].id();
+  return plan;
+}
+
+}  // namespace
+
 Plan build_plan(const PlanRequest& r) {
   if (r.gpus_per_node < 1) throw std::invalid_argument("--gpus " + std::to_string(r.gpus_per_node) + ": must be at least 1");
   if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
@@ -282,6 +359,7 @@ Plan build_plan(const PlanRequest& r) {
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
   const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
+  if (r.stack == Stack::kPytorch) return build_pytorch_plan(r, budget, device_mem);
 
   const models::ModelConfig model = file ? r.model : model_on_device(r.model, r.profile);
   CandidateOptions copts = r.candidates;

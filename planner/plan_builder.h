@@ -19,7 +19,14 @@
 
 namespace shardfit::planner {
 
+// Whose training step a plan predicts: shardfit's engine (`shardfit run`),
+// or PyTorch's own stack (planner/pytorch_stack.h; needs --trace).
+enum class Stack : uint8_t { kShardfit, kPytorch };
+
 struct PlanRequest {
+  Stack stack = Stack::kShardfit;
+  // --stack pytorch: DDP(gradient_as_bucket_view=True) (default False, as PyTorch's).
+  bool ddp_bucket_view = false;
   models::ModelConfig model;
   // --trace: plan this file's traces (a model traced in its own process,
   // e.g. one written in Python) instead of tracing `model`, which is then

@@ -125,6 +125,11 @@ Plan plan_from(const json& j, const std::string& origin) {
   if (r.has("optimizer")) plan.optimizer = r.text("optimizer");
   if (r.has("grad_accum")) plan.grad_accum = static_cast<int>(r.integer("grad_accum", 1));
   if (r.has("prefetch")) plan.prefetch = static_cast<int>(r.integer("prefetch", 1));
+  if (r.has("stack")) {
+    plan.stack = r.text("stack");
+    if (plan.stack != "shardfit" && plan.stack != "pytorch") r.fail("stack", "must be \"shardfit\" or \"pytorch\"");
+  }
+  if (r.has("ddp_bucket_view")) plan.ddp_bucket_view = r.boolean("ddp_bucket_view");
   if (r.has("objective")) {
     std::string objective = r.text("objective");
     try {
@@ -268,6 +273,8 @@ void to_json(json& j, const Plan& plan) {
       {"optimizer", plan.optimizer},
       {"grad_accum", plan.grad_accum},
       {"prefetch", plan.prefetch},
+      {"stack", plan.stack},
+      {"ddp_bucket_view", plan.ddp_bucket_view},
       {"objective", objective_name(plan.objective)},
       {"candidates", std::move(candidates)},
       {"chosen", plan.chosen.empty() ? json(nullptr) : json(plan.chosen)}};
@@ -338,8 +345,8 @@ std::string format_plan_table(const Plan& plan, size_t top) {
         {c->id() == plan.chosen ? "*" : "", c->id(), std::to_string(c->max_batch_per_gpu),
          size_number(c->predicted.peak_reserved_bytes, unit),
          size_number(c->predicted.peak_allocated_bytes, unit), c->limit.empty() ? "-" : c->limit,
-         fits ? format_seconds(c->predicted.step_time_s) : "-",
-         fits ? format_count(c->predicted.tokens_per_s) : "-"});
+         fits && c->predicted.step_time_s > 0 ? format_seconds(c->predicted.step_time_s) : "-",
+         fits && c->predicted.tokens_per_s > 0 ? format_count(c->predicted.tokens_per_s) : "-"});
   }
   std::vector<size_t> width(header.size(), 0);
   for (const auto& row : cells)
@@ -347,6 +354,9 @@ std::string format_plan_table(const Plan& plan, size_t top) {
 
   std::ostringstream out;
   const PlanHardware& hw = plan.hardware;
+  if (plan.stack != "shardfit")
+    out << "stack " << plan.stack << (plan.ddp_bucket_view ? " (DDP gradient_as_bucket_view)" : " (DDP defaults)")
+        << ": ";
   out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
       << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention)
       << (plan.prefetch == 1 ? "" : ", prefetch " + std::to_string(plan.prefetch)) << ", " << hw.world_size() << " GPU"

@@ -89,6 +89,11 @@ const char* objective_name(Objective objective);  // "throughput", "batch"
 Objective parse_objective(const std::string& text);
 
 struct Plan {
+  // extra: whose step was predicted: "shardfit" (its engine) or "pytorch"
+  // (PyTorch's DDP and optimizer, `plan --stack pytorch`; then
+  // ddp_bucket_view says DDP's gradient_as_bucket_view). Absent = shardfit.
+  std::string stack = "shardfit";
+  bool ddp_bucket_view = false;
   PlanModel model;
   PlanHardware hardware;
   std::string optimizer = "adamw";               // extra

@@ -22,6 +22,7 @@ object: the job and, per rank, "peak_allocated_bytes" and the timeline
 (points "init", "stepK/forward", "stepK/backward", "stepK/optimizer").
 """
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -38,9 +39,31 @@ def worker(rank, args, queue):
     import models
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.nproc))
+    # A rank that fails takes the job down: start_processes ends the others,
+    # and no collective waits longer than this for a rank that is gone.
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=rank,
-                            world_size=args.nproc)
+                            world_size=args.nproc, timeout=datetime.timedelta(seconds=120))
     meter.reset_peak()
+    base = meter.allocated  # bytes of the process group, before the job (0 seen)
+    if args.budget:
+        meter.set_budget(base + args.budget)
+    try:
+        result = train(args, rank, meter, torch, models)
+    except RuntimeError as e:
+        if "out of memory" not in str(e):
+            raise
+        result = {"rank": rank, "oom": str(e).split("\n")[0], "peak_allocated_bytes": meter.peak - base,
+                  "timeline": meter.timeline()}
+        queue.put(result)
+        raise SystemExit(3)  # the other ranks are ended by start_processes
+    result["peak_allocated_bytes"] = meter.peak - base
+    queue.put(result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train(args, rank, meter, torch, models):
+    """The job on this rank; returns its losses and timeline."""
     torch.manual_seed(args.seed)
     model = models.build(args.model)
     model.train()
@@ -72,10 +95,7 @@ def worker(rank, args, queue):
         meter.mark("step%d/backward" % step)
         opt.step()
         meter.mark("step%d/optimizer" % step)
-    queue.put({"rank": rank, "peak_allocated_bytes": meter.peak, "timeline": meter.timeline(),
-               "losses": losses})
-    dist.barrier()
-    dist.destroy_process_group()
+    return {"rank": rank, "timeline": meter.timeline(), "losses": losses}
 
 
 def checkpoint_blocks(torch, model):
@@ -91,8 +111,16 @@ def run(args):
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(worker, args=(args, queue), nprocs=args.nproc, join=True, start_method="spawn")
-    ranks = sorted((queue.get() for _ in range(args.nproc)), key=lambda r: r["rank"])
+    try:
+        mp.start_processes(worker, args=(args, queue), nprocs=args.nproc, join=True, start_method="spawn")
+    except mp.ProcessExitedException:
+        pass  # a rank ran out of memory (it said so on the queue) or died (below)
+    ranks = []
+    while not queue.empty():
+        ranks.append(queue.get())
+    ranks.sort(key=lambda r: r["rank"])
+    if not ranks:
+        raise SystemExit("validate.py: no rank reported (see the errors above)")
     return {"model": args.model, "wrap": args.wrap, "ckpt": args.ckpt, "bf16": args.bf16,
             "nproc": args.nproc, "batch": args.batch, "seq_len": args.seq_len, "steps": args.steps,
             "ranks": ranks}
@@ -110,6 +138,8 @@ def parser():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--port", type=int, default=29541)
+    p.add_argument("--budget", type=int, default=0,
+                   help="bytes each rank may hold (the meter's budget; 0: none): past it, PyTorch's OOM")
     return p
 
 

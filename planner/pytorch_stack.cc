@@ -1,0 +1,152 @@
+#include "planner/pytorch_stack.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+namespace shardfit::planner {
+namespace {
+
+// An exact allocator with a budget, by memory class, and the timeline.
+class Ledger {
+ public:
+  Ledger(int64_t budget, StepSimResult* out) : budget_(budget), out_(out) {}
+
+  bool alloc(Category c, int64_t bytes, const std::string& label) {
+    if (out_->oom) return false;
+    if (live_ + bytes > budget_) {
+      out_->oom = true;
+      out_->oom_label = label;
+      out_->oom_category = c;
+      out_->oom_request_bytes = bytes;
+      return false;
+    }
+    live_ += bytes;
+    by_[static_cast<int>(c)] += bytes;
+    if (live_ > out_->peak_allocated_bytes) {
+      out_->peak_allocated_bytes = out_->peak_reserved_bytes = live_;
+      out_->peak_allocated_label = out_->peak_reserved_label = label;
+      out_->peak_breakdown_bytes = by_;
+    }
+    since_point_ = std::max(since_point_, live_);
+    return true;
+  }
+  void free(Category c, int64_t bytes) {
+    live_ -= bytes;
+    by_[static_cast<int>(c)] -= bytes;
+  }
+  void point(const std::string& label) {
+    TimelinePoint p;
+    p.label = label;
+    p.allocated_bytes = p.reserved_bytes = live_;
+    p.peak_allocated_bytes = p.peak_reserved_bytes = since_point_;
+    out_->timeline.push_back(p);
+    out_->timeline_category_bytes.push_back(by_);
+    since_point_ = live_;
+  }
+  bool oom() const { return out_->oom; }
+
+ private:
+  int64_t budget_;
+  StepSimResult* out_;
+  int64_t live_ = 0;
+  int64_t since_point_ = 0;
+  CategoryBytes by_{};
+};
+
+// Replays a trace's storages. Storages still live at its end stay charged to
+// `kept` (the gradients of a no-grads trace; the optimizer's state); the rest
+// are `transient`. With `stop_at_backward` (a training step's trace) the
+// labels are step/forward and step/backward and a point is recorded where
+// backward begins; else every label is `step`. Returns the bytes kept, or
+// -1 on out of memory.
+int64_t replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward,
+               Category transient, Category kept) {
+  // Which storages outlive the trace: they are charged to `kept` from the start.
+  std::unordered_map<int64_t, int64_t> live;
+  std::unordered_map<int64_t, bool> freed;
+  for (const auto& e : t.events)
+    if (e.kind == MemEvent::kFree) freed[e.tensor] = true;
+  bool in_backward = false;
+  int64_t kept_bytes = 0;
+  for (const auto& e : t.events) {
+    if (stop_at_backward && !in_backward && e.phase != Phase::kForward) {
+      in_backward = true;
+      ledger.point(step + "/forward");
+    }
+    const std::string label =
+        !stop_at_backward ? step : step + (e.phase == Phase::kForward ? "/forward" : "/backward");
+    if (e.kind == MemEvent::kAlloc) {
+      const bool stays = !freed.count(e.tensor);
+      if (!ledger.alloc(stays ? kept : transient, e.bytes, label)) return -1;
+      live[e.tensor] = e.bytes;
+      if (stays) kept_bytes += e.bytes;
+    } else if (e.kind == MemEvent::kFree) {
+      ledger.free(transient, live[e.tensor]);
+      live.erase(e.tensor);
+    }
+  }
+  return kept_bytes;
+}
+
+}  // namespace
+
+StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
+  if (!in.no_grads || !in.with_grads || !in.optimizer_first || !in.optimizer_later)
+    throw std::invalid_argument("--stack pytorch: the trace file lacks PyTorch's step (no-grads traces and the "
+                                "optimizer's steps): record it again with pytorch/trace_recorder.py");
+  if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
+  StepSimResult out;
+  Ledger ledger(o.budget_bytes, &out);
+
+  // Init. The model's parameters, then DDP's construction:
+  //  - _sync_module_states broadcasts the parameters from rank 0 through
+  //    broadcast_coalesced, which flattens them into chunks of at most
+  //    250 MiB (nn/parallel/distributed.py: broadcast_bucket_size) freed one
+  //    at a time: never more than the parameters, so never above the
+  //    buckets allocated next; not charged.
+  //  - the Reducer's buckets: one flat gradient tensor per bucket, as many
+  //    elements as its parameters (reducer.cpp Reducer::initialize_buckets:
+  //    `bucket.gradients = at::empty({offset}, options)`), every parameter
+  //    that requires grad in exactly one bucket: the parameters' bytes again,
+  //    however bucket_cap_mb cuts them. After the first iteration the buckets
+  //    are rebuilt in gradient-ready order (Reducer::rebuild_buckets ->
+  //    initialize_buckets, which clears the old buckets first): same bytes.
+  const std::string init = "init";
+  if (!ledger.alloc(Category::kParams, in.param_bytes, init) ||
+      !ledger.alloc(Category::kCommBuffers, in.param_bytes, init))
+    return out;
+  ledger.point(init);
+
+  int64_t grads = 0;  // .grad storages outside the buckets (the default mode)
+  for (int k = 1; k <= o.steps; ++k) {
+    const std::string step = "step" + std::to_string(k);
+    // opt.zero_grad(set_to_none=True): every .grad dropped. With
+    // gradient_as_bucket_view they are views of the buckets: nothing freed.
+    ledger.free(Category::kGrads, grads);
+    grads = 0;
+    // Forward, loss and backward. Default mode: AccumulateGrad keeps the
+    // gradient each op made as .grad (no .grad at the start); the reducer's
+    // hook copies it into its bucket (in place: reducer.cpp
+    // mark_variable_ready_dense, `bucket_view.copy_(grad)` / mul_out) and
+    // after the all-reduce copies the bucket back into it: the no-grads
+    // trace, its gradients kept. gradient_as_bucket_view: the hook copies
+    // the gradient into the bucket and points .grad at the bucket's view,
+    // dropping the op's gradient right after AccumulateGrad took it: the
+    // with-grads trace, where each op's gradient is freed right after it is
+    // accumulated.
+    const ModelTrace& fb = o.gradient_as_bucket_view ? *in.with_grads : *in.no_grads;
+    const int64_t kept = replay(fb, ledger, step, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads);
+    if (kept < 0) return out;
+    grads = o.gradient_as_bucket_view ? 0 : kept;
+    ledger.point(step + "/backward");
+    // opt.step(): torch.optim.AdamW, traced: step 1 creates its state.
+    const ModelTrace& opt = k == 1 ? *in.optimizer_first : *in.optimizer_later;
+    if (replay(opt, ledger, step + "/optimizer", false, Category::kTemporaries, Category::kOptimizer) < 0) return out;
+    ledger.point(step + "/optimizer");
+  }
+  return out;
+}
+
+}  // namespace shardfit::planner

@@ -1,0 +1,48 @@
+// `shardfit plan --stack pytorch`: one training job as PyTorch's own stack
+// runs it, replayed from a model's traces (issue 12, item 2). This version
+// simulates torch.nn.parallel.DistributedDataParallel with
+// torch.optim.AdamW on CPU ranks, in the loop a PyTorch user writes and
+// pytorch/validate.py runs:
+//     opt.zero_grad(set_to_none=True); x = batch; loss = model(x);
+//     loss.backward(); del loss, x; opt.step()
+// What each part of that step allocates comes from traces recorded in the
+// model's own Python process (pytorch/trace_recorder.py): the forward and
+// backward with no .grad at the start (AccumulateGrad keeps the gradient an
+// op made) or with every .grad present, and two steps of torch.optim.AdamW
+// itself (its lazily created state and its for-loop temporaries). DDP's
+// reducer, which runs beside them, is modelled here, each rule citing the
+// PyTorch 1.13 source it follows. Not yet simulated: ZeroRedundancyOptimizer,
+// torch.utils.checkpoint, autocast, FSDP, the CUDA caching allocator.
+#pragma once
+
+#include <cstdint>
+
+#include "planner/model_trace.h"
+#include "planner/step_simulator.h"
+
+namespace shardfit::planner {
+
+struct PytorchDdpInputs {
+  // One batch's forward + backward: grads_at_start false (the default
+  // gradient mode) and true (gradient_as_bucket_view: see the .cc).
+  const ModelTrace* no_grads = nullptr;
+  const ModelTrace* with_grads = nullptr;
+  const ModelTrace* optimizer_first = nullptr;  // the optimizer's step 1 (creates its state)
+  const ModelTrace* optimizer_later = nullptr;  // any later step
+  int64_t param_bytes = 0;  // every parameter (fp32), all requiring grad
+};
+
+struct PytorchDdpOptions {
+  bool gradient_as_bucket_view = false;  // DDP(gradient_as_bucket_view=...), default False
+  int steps = 2;                         // training steps after init (step 2 on repeats)
+  int64_t budget_bytes = INT64_MAX;      // an allocation past it is out of memory
+};
+
+// Replays init (the model, DDP's buckets) and `steps` training steps through
+// an exact allocator (the bytes each storage asks for, as the CPU meter
+// counts), recording a timeline point per phase with the labels
+// pytorch/validate.py marks: "init", "stepK/forward", "stepK/backward",
+// "stepK/optimizer". Stops at the first allocation past the budget.
+StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& inputs, const PytorchDdpOptions& options);
+
+}  // namespace shardfit::planner
