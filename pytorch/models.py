@@ -8,8 +8,16 @@ whose forward(idx) returns the loss of predicting idx shifted by one.
 
     gpt2   Hugging Face GPT-2's names and shapes (Conv1D weights in x out,
            tied output embedding, dropout 0.1, tanh GELU, eager attention
-           with a boolean causal mask), as scripts/fsdp_reference.py's
-           MinimalGPT2 — which builds its model from here.
+           with a boolean causal mask), the model scripts/fsdp_reference.py's
+           MinimalGPT2 also writes (that script runs alone on a GPU machine).
+    llama  Hugging Face LlamaForCausalLM's names and shapes (RMSNorm, rotary
+           embeddings, SwiGLU, grouped-query attention with keys and values
+           repeated for eager attention, untied lm_head), written as its
+           eager path computes; the rotary frequencies are computed in
+           forward instead of kept in a buffer (a model with buffers is not
+           planned by --stack pytorch yet).
+
+Models here keep no buffers: what a module holds is its parameters.
 """
 import math
 
@@ -20,6 +28,10 @@ import torch.nn.functional as F
 # The shapes of shardfit's built-in test sizes (`shardfit models`).
 CONFIGS = {
     "gpt2-tiny": dict(family="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=128),
+    # models/configs/llama-tiny.json's shapes (GQA 2:1, untied head), default rope.
+    "llama-tiny": dict(family="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, intermediate_size=176, vocab_size=512,
+                       rms_norm_eps=1e-5, rope_theta=500000.0),
 }
 
 
@@ -105,7 +117,111 @@ class GPT2LMHead(nn.Module):
         return F.cross_entropy(logits[:, :-1].reshape(-1, self.vocab).float(), idx[:, 1:].reshape(-1))
 
 
-FAMILIES = {"gpt2": GPT2LMHead}
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d, self.heads, self.kv_heads = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.head_dim = cfg.get("head_dim", d // self.heads)
+        self.q_proj = nn.Linear(d, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        rep = self.heads // self.kv_heads  # keys and values repeated, as eager attention does
+        k = k[:, :, None].expand(B, self.kv_heads, rep, T, self.head_dim).reshape(B, self.heads, T, self.head_dim)
+        v = v[:, :, None].expand(B, self.kv_heads, rep, T, self.head_dim).reshape(B, self.heads, T, self.head_dim)
+        w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        mask = torch.full((T, T), torch.finfo(w.dtype).min, device=x.device).triu(1)
+        w = F.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        y = torch.matmul(w, v).transpose(1, 2).reshape(B, T, -1)
+        return self.o_proj(y)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d, i = cfg["hidden_size"], cfg["intermediate_size"]
+        self.gate_proj, self.up_proj = nn.Linear(d, i, bias=False), nn.Linear(d, i, bias=False)
+        self.down_proj = nn.Linear(i, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn, self.mlp = LlamaAttention(cfg), LlamaMLP(cfg)
+        self.input_layernorm = LlamaRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.post_attention_layernorm = LlamaRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.norm = LlamaRMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+
+
+class LlamaForCausalLM(nn.Module):
+    block_class = LlamaDecoderLayer
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+
+    def rotary(self, T, device):
+        """cos and sin of the default rope (theta) for positions 0..T-1, [T, head_dim]."""
+        dim = self.cfg.get("head_dim", self.cfg["hidden_size"] // self.cfg["num_attention_heads"])
+        inv_freq = 1.0 / (self.cfg["rope_theta"] ** (torch.arange(0, dim, 2, device=device).float() / dim))
+        freqs = torch.outer(torch.arange(T, device=device).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    def forward(self, idx):
+        m = self.model
+        cos, sin = self.rotary(idx.size(1), idx.device)
+        x = m.embed_tokens(idx)
+        for layer in m.layers:
+            x = layer(x, cos, sin)
+        logits = self.lm_head(m.norm(x)).float()
+        V = self.cfg["vocab_size"]
+        return F.cross_entropy(logits[:, :-1].reshape(-1, V), idx[:, 1:].reshape(-1))
+
+
+FAMILIES = {"gpt2": GPT2LMHead, "llama": LlamaForCausalLM}
 
 
 def build(name_or_cfg):
