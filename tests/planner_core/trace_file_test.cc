@@ -83,8 +83,8 @@ TEST(TraceFile, ParametersMustAddUpAndTracesMustNotRepeat) {
   j = json::parse(seed_text());
   j["traces"][2]["batch"] = 1;
   EXPECT_EQ(error_of(j.dump()),
-            "--trace t.json: field 'traces[2].batch' repeats a trace already in the file (same batch, dtype and "
-            "recompute)");
+            "--trace t.json: field 'traces[2].batch' repeats a trace already in the file (same batch, dtype, "
+            "recompute and grads)");
   EXPECT_EQ(error_of("{"), "--trace t.json: not JSON (a shardfit.trace/1 file)");
 }
 

@@ -51,7 +51,10 @@ class TraceTest(unittest.TestCase):
         f = self.file
         self.assertEqual(f["schema"], "shardfit.trace/1")
         self.assertEqual(f["model"]["params"], 141056)  # gpt2-tiny's, as `shardfit models` counts it
-        self.assertEqual([t["batch"] for t in f["traces"]], [1, 2, 3])
+        self.assertEqual([(t["batch"], t["grads"]) for t in f["traces"]],
+                         [(1, "accumulate"), (2, "accumulate"), (3, "accumulate"), (1, "none"), (2, "none"),
+                          (3, "none")])
+        self.assertEqual(len(f["optimizer"]["steps"]), 2)
         self.assertEqual(sum(m["is_block"] for m in f["modules"]), 2)
         names = [p["name"] for m in f["modules"] for p in m["params"]]
         self.assertIn("transformer.h.1.attn.c_attn.weight", names)
@@ -59,14 +62,15 @@ class TraceTest(unittest.TestCase):
 
     def test_every_batch_traced_is_what_the_cpu_step_allocates(self):
         # The same model on the CPU, one forward + loss + backward with the
-        # gradients in place (as the trace assumes), measured by the meter.
+        # gradients in place or none (as each trace says), measured by the meter.
         meter = shardfit_meter.Meter()
+        params = 141056 * 4
         for t in self.file["traces"]:
             torch.manual_seed(0)
             model = models.build("gpt2-tiny")
             model.train()
             for p in model.parameters():
-                p.grad = torch.zeros_like(p)
+                p.grad = torch.zeros_like(p) if t["grads"] == "accumulate" else None
             meter.reset_peak()
             base = meter.allocated
             x = models.token_input(512)(t["batch"], 64, "cpu")
@@ -74,9 +78,24 @@ class TraceTest(unittest.TestCase):
             loss.backward()
             del loss, x
             peak, left = replay_peak(t["events"])
-            self.assertEqual(left, 0)
-            self.assertEqual(meter.allocated - base, 0)
-            self.assertEqual(peak, meter.peak - base, "batch %d" % t["batch"])
+            kept = 0 if t["grads"] == "accumulate" else params  # AccumulateGrad kept each op's gradient
+            self.assertEqual(left, kept)
+            self.assertEqual(meter.allocated - base, kept)
+            self.assertEqual(peak, meter.peak - base, "batch %d, grads %s" % (t["batch"], t["grads"]))
+
+    def test_the_optimizers_steps_are_what_adamw_allocates_on_the_cpu(self):
+        meter = shardfit_meter.Meter()
+        model = models.build("gpt2-tiny")
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt = tr.make_optimizer(model.parameters())
+        for step in self.file["optimizer"]["steps"]:
+            meter.reset_peak()
+            base = meter.allocated
+            opt.step()
+            peak, left = replay_peak(step["events"])
+            self.assertEqual(peak, meter.peak - base)
+            self.assertEqual(left, meter.allocated - base)
 
     def test_plan_from_the_trace_file(self):
         out = subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--device", "cpu", "--gpus", "2",
