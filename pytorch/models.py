@@ -10,6 +10,11 @@ whose forward(idx) returns the loss of predicting idx shifted by one.
            tied output embedding, dropout 0.1, tanh GELU, eager attention
            with a boolean causal mask), the model scripts/fsdp_reference.py's
            MinimalGPT2 also writes (that script runs alone on a GPU machine).
+    bert   Hugging Face BertForMaskedLM's names and shapes (word, position
+           and token-type embeddings, post-LayerNorm encoder layers with erf
+           GELU, the MLM head's transform and a decoder tied to the word
+           embeddings); the loss is the masked-LM cross-entropy with every
+           position a target (the input's token ids).
     llama  Hugging Face LlamaForCausalLM's names and shapes (RMSNorm, rotary
            embeddings, SwiGLU, grouped-query attention with keys and values
            repeated for eager attention, untied lm_head), written as its
@@ -28,6 +33,10 @@ import torch.nn.functional as F
 # The shapes of shardfit's built-in test sizes (`shardfit models`).
 CONFIGS = {
     "gpt2-tiny": dict(family="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=128),
+    # bert-tiny's shapes (hidden 64, 2 layers, 4 heads, intermediate 256; 145,984 parameters: no pooler).
+    "bert-tiny": dict(family="bert", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=256, vocab_size=512, max_position_embeddings=128, type_vocab_size=2,
+                      layer_norm_eps=1e-12),
     # models/configs/llama-tiny.json's shapes (GQA 2:1, untied head), default rope.
     "llama-tiny": dict(family="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, intermediate_size=176, vocab_size=512,
@@ -115,6 +124,122 @@ class GPT2LMHead(nn.Module):
             x = block(x)
         logits = F.linear(t.ln_f(x), t.wte.weight)  # tied output embedding
         return F.cross_entropy(logits[:, :-1].reshape(-1, self.vocab).float(), idx[:, 1:].reshape(-1))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = (m(x).view(B, T, self.heads, d // self.heads).transpose(1, 2)
+                   for m in (self.query, self.key, self.value))
+        w = F.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d // self.heads), dim=-1)
+        return torch.matmul(self.dropout(w), v).transpose(1, 2).reshape(B, T, d)
+
+
+class BertDenseNorm(nn.Module):
+    """BertSelfOutput / BertOutput: dense, dropout, residual, LayerNorm."""
+
+    def __init__(self, d_in, d, eps):
+        super().__init__()
+        self.dense, self.LayerNorm, self.dropout = nn.Linear(d_in, d), nn.LayerNorm(d, eps=eps), nn.Dropout(0.1)
+
+    def forward(self, x, residual):
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg["hidden_size"]
+        self.self = BertSelfAttention(d, cfg["num_attention_heads"])
+        self.output = BertDenseNorm(d, d, cfg["layer_norm_eps"])
+
+    def forward(self, x):
+        return self.output(self.self(x), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.dense = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"])
+
+    def forward(self, x):
+        return F.gelu(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attention, self.intermediate = BertAttention(cfg), BertIntermediate(cfg)
+        self.output = BertDenseNorm(cfg["intermediate_size"], cfg["hidden_size"], cfg["layer_norm_eps"])
+
+    def forward(self, x):
+        a = self.attention(x)
+        return self.output(self.intermediate(a), a)
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg["hidden_size"]
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], d)
+        self.position_embeddings = nn.Embedding(cfg["max_position_embeddings"], d)
+        self.token_type_embeddings = nn.Embedding(cfg["type_vocab_size"], d)
+        self.LayerNorm, self.dropout = nn.LayerNorm(d, eps=cfg["layer_norm_eps"]), nn.Dropout(0.1)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.size(1), device=idx.device)
+        types = torch.zeros_like(idx)
+        x = self.word_embeddings(idx) + self.token_type_embeddings(types) + self.position_embeddings(pos)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = nn.Module()
+        self.encoder.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
+
+
+class BertLMHead(nn.Module):
+    """cls.predictions: transform (dense, GELU, LayerNorm), then the decoder
+    tied to the word embeddings, with its own bias."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg["hidden_size"]
+        self.transform = nn.Module()
+        self.transform.dense = nn.Linear(d, d)
+        self.transform.LayerNorm = nn.LayerNorm(d, eps=cfg["layer_norm_eps"])
+        self.bias = nn.Parameter(torch.zeros(cfg["vocab_size"]))
+
+    def forward(self, x, weight):
+        x = self.transform.LayerNorm(F.gelu(self.transform.dense(x)))
+        return F.linear(x, weight, self.bias)
+
+
+class BertForMaskedLM(nn.Module):
+    block_class = BertLayer
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.vocab = cfg["vocab_size"]
+        self.bert = BertModel(cfg)
+        self.cls = nn.Module()
+        self.cls.predictions = BertLMHead(cfg)
+
+    def forward(self, idx):
+        x = self.bert.embeddings(idx)
+        for layer in self.bert.encoder.layer:
+            x = layer(x)
+        logits = self.cls.predictions(x, self.bert.embeddings.word_embeddings.weight)
+        return F.cross_entropy(logits.view(-1, self.vocab), idx.view(-1))
 
 
 class LlamaRMSNorm(nn.Module):
@@ -221,7 +346,7 @@ class LlamaForCausalLM(nn.Module):
         return F.cross_entropy(logits[:, :-1].reshape(-1, V), idx[:, 1:].reshape(-1))
 
 
-FAMILIES = {"gpt2": GPT2LMHead, "llama": LlamaForCausalLM}
+FAMILIES = {"gpt2": GPT2LMHead, "bert": BertForMaskedLM, "llama": LlamaForCausalLM}
 
 
 def build(name_or_cfg):
