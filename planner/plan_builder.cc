@@ -262,9 +262,12 @@ StepTimeInputs time_inputs(const Candidate& c, const PlanRequest& r, const UnitP
 
 namespace {
 
-// `--stack pytorch`: PyTorch's DDP with torch.optim.AdamW, replayed from the
-// trace file's no-grads, with-grads and optimizer traces at each batch
-// (planner/pytorch_stack.h). One candidate: ddp/fp32/wrap=none.
+// `--stack pytorch`: PyTorch's DDP with torch.optim.AdamW, or with
+// ZeroRedundancyOptimizer(AdamW) (zero1), replayed from the trace file's
+// no-grads, with-grads and optimizer traces at each batch
+// (planner/pytorch_stack.h): candidates ddp/fp32/wrap=none and
+// zero1/fp32/wrap=none. zero1's ranks differ (each its own partition's
+// state): every rank is simulated and the largest peak decides.
 Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem) {
   const TraceFile* file = r.trace_file.get();
   if (!file)
@@ -273,11 +276,18 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   if (r.profile.kind == DeviceKind::kCuda)
     throw std::invalid_argument("--stack pytorch: this version simulates PyTorch's stack on CPU ranks only (the "
                                 "CUDA caching allocator under PyTorch's DDP is not modelled yet); use --device cpu");
-  const Candidate c = parse_candidate("ddp/fp32/wrap=none");
-  for (const std::string& s : r.candidates.strategies)
-    if (s != "ddp" && s != c.to_id())
-      throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates DDP only in this version "
-                                  "(ZeroRedundancyOptimizer and FSDP are not yet)");
+  std::vector<Candidate> candidates;
+  for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none"}) {
+    const Candidate c = parse_candidate(id);
+    bool wanted = r.candidates.strategies.empty();
+    for (const std::string& s : r.candidates.strategies) {
+      if (s != "ddp" && s != "zero1" && s != "ddp/fp32/wrap=none" && s != "zero1/fp32/wrap=none")
+        throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
+                                    "and zero1 (with ZeroRedundancyOptimizer) only in this version");
+      wanted = wanted || s == spec::sharding_name(c.sharding) || s == c.to_id();
+    }
+    if (wanted) candidates.push_back(c);
+  }
   for (const std::string& p : r.candidates.precisions)
     if (p != "fp32" && p != "all")
       throw std::invalid_argument("--precision " + p + ": --stack pytorch simulates fp32 only in this version");
@@ -295,15 +305,41 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                   (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
     affine[g] = std::make_unique<AffineTrace>(*t2, *t3);
   }
-  const int64_t param_bytes = file->param_count() * dtype_bytes(DType::kF32);
-  auto simulate = [&](int64_t batch) {
+  const int world = r.gpus_per_node * r.nodes;
+  PytorchDdpInputs in;
+  in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
+  in.optimizer_first = &file->optimizer_steps[0];
+  in.optimizer_later = &file->optimizer_steps[1];
+  in.param_numels = file->param_numels();
+  in.optimizer_param_steps = &file->optimizer_param_steps;
+  // Every rank's result at `batch` (one when the ranks are alike).
+  auto simulate = [&](const Candidate& c, int64_t batch) {
     const ModelTrace none = batch == 1 ? *at1[0] : affine[0]->at(batch);
     const ModelTrace with = batch == 1 ? *at1[1] : affine[1]->at(batch);
-    PytorchDdpInputs in{&none, &with, &file->optimizer_steps[0], &file->optimizer_steps[1], param_bytes};
+    PytorchDdpInputs at = in;
+    at.no_grads = &none;
+    at.with_grads = &with;
     PytorchDdpOptions o;
     o.gradient_as_bucket_view = r.ddp_bucket_view;
     o.budget_bytes = budget;
-    return simulate_pytorch_ddp(in, o);
+    o.zero_redundancy = c.sharding == Sharding::kZero1;
+    o.world_size = world;
+    std::vector<StepSimResult> ranks;
+    for (int rank = 0; rank < (o.zero_redundancy ? world : 1); ++rank) {
+      o.rank = rank;
+      ranks.push_back(simulate_pytorch_ddp(at, o));
+    }
+    return ranks;
+  };
+  auto fits = [](const std::vector<StepSimResult>& ranks) {
+    return std::none_of(ranks.begin(), ranks.end(), [](const StepSimResult& x) { return x.oom; });
+  };
+  auto worst = [](const std::vector<StepSimResult>& ranks) -> const StepSimResult& {
+    for (const auto& x : ranks)
+      if (x.oom) return x;
+    return *std::max_element(ranks.begin(), ranks.end(), [](const StepSimResult& a, const StepSimResult& b) {
+      return a.peak_allocated_bytes < b.peak_allocated_bytes;
+    });
   };
 
   Plan plan;
@@ -316,20 +352,26 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   plan.hardware.nodes = r.nodes;
   plan.optimizer = "adamw";
   plan.objective = r.objective;
-  PlanCandidate pc;
-  pc.candidate = c;
-  pc.units = 1;
-  pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return !simulate(b).oom; }, r.max_batch);
-  const StepSimResult fit = simulate(std::max<int64_t>(pc.max_batch_per_gpu, 1));
-  pc.predicted.peak_allocated_bytes = pc.predicted.peak_reserved_bytes = fit.peak_allocated_bytes;
-  pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
-  if (pc.max_batch_per_gpu >= r.max_batch) {
-    pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
-  } else {
-    const StepSimResult next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1) : fit;
-    pc.limit = std::string(category_name(next.oom_category)) + " in " + next.oom_label;
+  for (const Candidate& c : candidates) {
+    PlanCandidate pc;
+    pc.candidate = c;
+    pc.units = 1;
+    pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(simulate(c, b)); }, r.max_batch);
+    const auto at_fit = simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
+    const StepSimResult& fit = worst(at_fit);
+    pc.predicted.peak_allocated_bytes = pc.predicted.peak_reserved_bytes = fit.peak_allocated_bytes;
+    pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
+    if (at_fit.size() > 1)
+      for (const auto& x : at_fit) pc.predicted.rank_peak_allocated_bytes.push_back(x.peak_allocated_bytes);
+    if (pc.max_batch_per_gpu >= r.max_batch) {
+      pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
+    } else {
+      const auto next = pc.max_batch_per_gpu > 0 ? simulate(c, pc.max_batch_per_gpu + 1) : at_fit;
+      const StepSimResult& stop = worst(next);
+      pc.limit = std::string(category_name(stop.oom_category)) + " in " + stop.oom_label;
+    }
+    plan.candidates.push_back(pc);
   }
-  plan.candidates.push_back(pc);
   if (auto best = choose(plan.candidates, r.objective)) plan.chosen = plan.candidates[*best].id();
   return plan;
 }

@@ -48,6 +48,15 @@ Prediction prediction_from(const FieldReader& r) {
   p.step_time_s = r.number("step_time_s");
   p.tokens_per_s = r.number("tokens_per_s");
   p.peak_host_bytes = r.optional_integer("peak_host_bytes", 0);
+  if (r.has("rank_peak_allocated_bytes")) {
+    const nlohmann::json& v = r.need("rank_peak_allocated_bytes");
+    if (!v.is_array()) r.fail("rank_peak_allocated_bytes", "must be a list");
+    for (const auto& x : v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0)
+        r.fail("rank_peak_allocated_bytes", "must be a list of whole numbers >= 0");
+      p.rank_peak_allocated_bytes.push_back(x.get<int64_t>());
+    }
+  }
   if (r.has("time_breakdown_s")) {
     FieldReader t = r.object("time_breakdown_s");
     p.compute_s = t.optional_number("compute");
@@ -252,6 +261,7 @@ void to_json(json& j, const PlanCandidate& c) {
                {"optimizer", p.optimizer_s}}}}},
            {"limit", c.limit},
            {"units", c.units}};
+  if (!p.rank_peak_allocated_bytes.empty()) j["predicted"]["rank_peak_allocated_bytes"] = p.rank_peak_allocated_bytes;
 }
 
 void to_json(json& j, const Plan& plan) {

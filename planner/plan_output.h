@@ -51,6 +51,9 @@ struct Prediction {
   double exposed_comm_s = 0;
   double offload_s = 0;
   double optimizer_s = 0;
+  // Each rank's peak where ranks differ (--stack pytorch zero1: each holds
+  // its own partition's optimizer state); empty when every rank's is the same.
+  std::vector<int64_t> rank_peak_allocated_bytes;
 };
 
 struct PlanCandidate {

@@ -92,6 +92,56 @@ int64_t replay(const ModelTrace& t, Ledger& ledger, const std::string& step, boo
 
 }  // namespace
 
+std::vector<std::vector<int>> zero_redundancy_partition(const std::vector<int64_t>& numels, int world_size) {
+  if (world_size < 1) throw std::invalid_argument("world size must be at least 1");
+  std::vector<int> order(numels.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return numels[a] > numels[b]; });
+  std::vector<std::vector<int>> out(world_size);
+  std::vector<int64_t> sizes(world_size, 0);
+  for (int p : order) {
+    const int r = static_cast<int>(std::min_element(sizes.begin(), sizes.end()) - sizes.begin());
+    out[r].push_back(p);
+    sizes[r] += numels[p];
+  }
+  return out;
+}
+
+ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param, const std::vector<int>& params,
+                                  bool first) {
+  ModelTrace out;
+  int64_t next_id = 1;
+  std::vector<std::unordered_map<int64_t, int64_t>> ids(params.size());
+  std::vector<std::unordered_map<int64_t, bool>> kept(params.size());
+  auto trace_of = [&](size_t i) -> const ModelTrace& {
+    const size_t at = 2 * static_cast<size_t>(params[i]) + (first ? 0 : 1);
+    if (at >= per_param.size()) throw std::invalid_argument("the trace file's per-parameter optimizer steps are short");
+    return per_param[at];
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::unordered_map<int64_t, bool> freed;
+    for (const auto& e : trace_of(i).events)
+      if (e.kind == MemEvent::kFree) freed[e.tensor] = true;
+    for (const auto& e : trace_of(i).events)
+      if (e.kind == MemEvent::kAlloc && !freed.count(e.tensor)) kept[i][e.tensor] = true;
+  }
+  auto emit = [&](size_t i, const MemEvent& e) {
+    MemEvent c = e;
+    c.op = -1;
+    if (e.kind == MemEvent::kAlloc) ids[i][e.tensor] = next_id++;
+    c.tensor = ids[i].at(e.tensor);
+    out.events.push_back(c);
+  };
+  // The state every parameter keeps, first; then the updates in order.
+  for (size_t i = 0; i < params.size(); ++i)
+    for (const auto& e : trace_of(i).events)
+      if (e.kind == MemEvent::kAlloc && kept[i].count(e.tensor)) emit(i, e);
+  for (size_t i = 0; i < params.size(); ++i)
+    for (const auto& e : trace_of(i).events)
+      if ((e.kind == MemEvent::kAlloc && !kept[i].count(e.tensor)) || e.kind == MemEvent::kFree) emit(i, e);
+  return out;
+}
+
 StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
   if (!in.no_grads || !in.with_grads || !in.optimizer_first || !in.optimizer_later)
     throw std::invalid_argument("--stack pytorch: the trace file lacks PyTorch's step (no-grads traces and the "
@@ -119,6 +169,20 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     return out;
   ledger.point(init);
 
+  // ZeroRedundancyOptimizer: this rank's local AdamW holds its partition only
+  // (its state, its updates); the step then broadcasts every rank's updated
+  // parameters in place (_sync_params: dist.broadcast of each parameter,
+  // parameters_as_bucket_view=False by default): nothing allocated.
+  ModelTrace zero_first, zero_later;
+  if (o.zero_redundancy) {
+    if (!in.optimizer_param_steps || in.optimizer_param_steps->size() != 2 * in.param_numels.size())
+      throw std::invalid_argument("--stack pytorch zero1: the trace file lacks each parameter's optimizer steps: "
+                                  "record it again with pytorch/trace_recorder.py");
+    const auto part = zero_redundancy_partition(in.param_numels, o.world_size).at(o.rank);
+    zero_first = compose_optimizer_step(*in.optimizer_param_steps, part, true);
+    zero_later = compose_optimizer_step(*in.optimizer_param_steps, part, false);
+  }
+
   int64_t grads = 0;  // .grad storages outside the buckets (the default mode)
   for (int k = 1; k <= o.steps; ++k) {
     const std::string step = "step" + std::to_string(k);
@@ -142,7 +206,8 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     grads = o.gradient_as_bucket_view ? 0 : kept;
     ledger.point(step + "/backward");
     // opt.step(): torch.optim.AdamW, traced: step 1 creates its state.
-    const ModelTrace& opt = k == 1 ? *in.optimizer_first : *in.optimizer_later;
+    const ModelTrace& opt = o.zero_redundancy ? (k == 1 ? zero_first : zero_later)
+                                              : (k == 1 ? *in.optimizer_first : *in.optimizer_later);
     if (replay(opt, ledger, step + "/optimizer", false, Category::kTemporaries, Category::kOptimizer) < 0) return out;
     ledger.point(step + "/optimizer");
   }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "planner/model_trace.h"
 #include "planner/step_simulator.h"
@@ -30,10 +31,19 @@ struct PytorchDdpInputs {
   const ModelTrace* optimizer_first = nullptr;  // the optimizer's step 1 (creates its state)
   const ModelTrace* optimizer_later = nullptr;  // any later step
   int64_t param_bytes = 0;  // every parameter (fp32), all requiring grad
+  // ZeroRedundancyOptimizer: each parameter's numel and its two steps alone
+  // (TraceFile::optimizer_param_steps), in parameters() order.
+  std::vector<int64_t> param_numels;
+  const std::vector<ModelTrace>* optimizer_param_steps = nullptr;
 };
 
 struct PytorchDdpOptions {
   bool gradient_as_bucket_view = false;  // DDP(gradient_as_bucket_view=...), default False
+  // torch.distributed.optim.ZeroRedundancyOptimizer(AdamW) instead of AdamW:
+  // this rank's optimizer holds its partition of the parameters only.
+  bool zero_redundancy = false;
+  int world_size = 1;
+  int rank = 0;
   int steps = 2;                         // training steps after init (step 2 on repeats)
   int64_t budget_bytes = INT64_MAX;      // an allocation past it is out of memory
 };
@@ -44,5 +54,20 @@ struct PytorchDdpOptions {
 // pytorch/validate.py marks: "init", "stepK/forward", "stepK/backward",
 // "stepK/optimizer". Stops at the first allocation past the budget.
 StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& inputs, const PytorchDdpOptions& options);
+
+// ZeroRedundancyOptimizer's partition (PyTorch 1.13,
+// torch/distributed/optim/zero_redundancy_optimizer.py _partition_parameters):
+// parameters sorted by numel, largest first (a stable sort), each given to
+// the rank with the fewest elements so far (the lowest such rank). Returns,
+// per rank, its parameters' indices in the order its local optimizer holds
+// them.
+std::vector<std::vector<int>> zero_redundancy_partition(const std::vector<int64_t>& numels, int world_size);
+
+// One optimizer step over `params` (indices, in the local optimizer's
+// order) composed from each parameter's step alone: for the first step,
+// every parameter's state (the storages its step keeps) before any update,
+// as torch.optim.AdamW.step creates all state, then calls the update loop.
+ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param_steps, const std::vector<int>& params,
+                                  bool first);
 
 }  // namespace shardfit::planner

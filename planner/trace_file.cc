@@ -99,6 +99,13 @@ std::vector<ModuleNode> modules_from(const json& list, const std::string& path, 
 
 const char* dtype_name(DType d) { return d == DType::kF32 ? "fp32" : d == DType::kF16 ? "fp16" : "bf16"; }
 
+std::vector<int64_t> TraceFile::param_numels() const {
+  std::vector<int64_t> out;
+  for (const auto& m : modules)
+    for (const auto& p : m.params) out.push_back(p.numel);
+  return out;
+}
+
 int64_t TraceFile::param_count() const {
   int64_t n = 0;
   for (const auto& m : modules)
@@ -201,6 +208,17 @@ std::string trace_file_json(const TraceFile& f) {
     json steps = json::array();
     for (const auto& t : f.optimizer_steps) steps.push_back({{"op_names", t.op_names}, {"events", events_to_json(t)}});
     out["optimizer"] = {{"name", f.optimizer}, {"steps", steps}};
+    if (!f.optimizer_param_steps.empty()) {
+      json per_param = json::array();
+      for (size_t i = 0; i + 1 < f.optimizer_param_steps.size(); i += 2) {
+        json two = json::array();
+        for (size_t k = i; k < i + 2; ++k)
+          two.push_back({{"op_names", f.optimizer_param_steps[k].op_names},
+                         {"events", events_to_json(f.optimizer_param_steps[k])}});
+        per_param.push_back(two);
+      }
+      out["optimizer"]["per_param"] = per_param;
+    }
   }
   return out.dump() + "\n";
 }
@@ -278,6 +296,24 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
       t.op_names = strings(r, "op_names");
       events_from(r, f.modules.size(), &t);
       f.optimizer_steps.push_back(std::move(t));
+    }
+    if (opt.has("per_param")) {
+      const json& per = opt.need("per_param");
+      if (!per.is_array() || per.size() != f.param_numels().size())
+        opt.fail("per_param", "must be a list with one entry per parameter (" +
+                                  std::to_string(f.param_numels().size()) + ")");
+      for (size_t i = 0; i < per.size(); ++i) {
+        const std::string at = opt.field("per_param") + "[" + std::to_string(i) + "]";
+        if (!per[i].is_array() || per[i].size() != 2)
+          throw std::invalid_argument(origin + ": field '" + at + "' must be a list of two steps");
+        for (size_t k = 0; k < 2; ++k) {
+          FieldReader r(per[i][k], at + "[" + std::to_string(k) + "]", origin);
+          ModelTrace t;
+          t.op_names = strings(r, "op_names");
+          events_from(r, f.modules.size(), &t);
+          f.optimizer_param_steps.push_back(std::move(t));
+        }
+      }
     }
   }
   return f;

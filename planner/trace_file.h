@@ -31,6 +31,14 @@ struct TraceFile {
   // step (lazily created state), [1] a later one. Empty when not recorded.
   std::string optimizer;  // what was traced, e.g. "torch.optim.AdamW(foreach=False)"
   std::vector<ModelTrace> optimizer_steps;
+  // The same two steps of an optimizer holding one parameter alone, for
+  // every parameter in parameters() order (the module table's): [2i] its
+  // first step, [2i + 1] a later one. What a partition of the parameters
+  // allocates (ZeroRedundancyOptimizer's local optimizer) is composed from
+  // them. Empty when not recorded.
+  std::vector<ModelTrace> optimizer_param_steps;
+  // Every parameter's element count, in the module table's order.
+  std::vector<int64_t> param_numels() const;
 
   int64_t param_count() const;
   // The trace at (dtype, recompute, batch, grads at start); nullptr when the

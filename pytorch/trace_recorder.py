@@ -223,18 +223,29 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     opt = make_optimizer(model.parameters())
-    for _ in range(2):
+    def step(o):
         if lib.shardfit_trace_begin(modules_json.encode(), 0, 0, b"fp32", b"[]", b"accumulate",
                                     1 if target_cuda else 0, torch.get_num_threads()) != 0:
             raise BadInput("trace: " + lib.shardfit_trace_error().decode())
         try:
-            opt.step()
+            o.step()
         except (NotImplementedError, RuntimeError) as e:
             lib.shardfit_trace_end()
             raise BadInput("the optimizer's step cannot be traced on the meta device (%s)"
                            % str(e).split("\n")[0])
         lib.shardfit_trace_end()
+
+    step(opt)
+    step(opt)
     del opt
+    # Each parameter's steps alone: ZeroRedundancyOptimizer's local
+    # optimizer holds a partition of the parameters, and a partition's step
+    # is its parameters' state, then their updates (planner/pytorch_stack.cc).
+    for p in model.parameters():
+        one = make_optimizer([p])
+        step(one)
+        step(one)
+        del one
 
 
 def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3)):
