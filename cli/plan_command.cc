@@ -20,6 +20,7 @@ struct PlanArgs {
   std::string trace;
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
+  int steps = 2;
   int64_t seq_len = 128;
   std::string loss = "full";
   std::string attention = "eager";
@@ -48,6 +49,9 @@ int run(const PlanArgs& a) {
   if (a.ddp_bucket_view && r.stack != planner::Stack::kPytorch)
     throw BadInput("--ddp-bucket-view: a PyTorch DDP option; give --stack pytorch");
   r.ddp_bucket_view = a.ddp_bucket_view;
+  if (a.steps != 2 && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--steps: --stack pytorch only (shardfit's plans are for a job's steady state)");
+  r.steps = a.steps;
   if (!a.trace.empty()) {
     // A model traced in its own process (pytorch/trace_recorder.py): its
     // loss and attention are what its forward does.
@@ -133,6 +137,11 @@ Command add_plan_command(CLI::App& app) {
                   "DistributedDataParallel and torch.optim.AdamW in the loop pytorch/validate.py runs; needs "
                   "--trace; this version: DDP, fp32, CPU ranks)")
       ->capture_default_str();
+  sub->add_option("--steps", a->steps,
+                  "--stack pytorch: training steps the job runs; 2 or more plans its steady state (the default), 1 "
+                  "a one-step job")
+      ->capture_default_str()
+      ->check(AtLeastOne);
   sub->add_flag("--ddp-bucket-view", a->ddp_bucket_view,
                 "--stack pytorch: DDP(gradient_as_bucket_view=True) (PyTorch's default is False)");
   auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);

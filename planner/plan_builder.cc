@@ -322,6 +322,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     PytorchDdpOptions o;
     o.gradient_as_bucket_view = r.ddp_bucket_view;
     o.budget_bytes = budget;
+    o.steps = std::min(r.steps, 2);
     o.zero_redundancy = c.sharding == Sharding::kZero1;
     o.world_size = world;
     std::vector<StepSimResult> ranks;

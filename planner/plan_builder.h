@@ -27,6 +27,10 @@ struct PlanRequest {
   Stack stack = Stack::kShardfit;
   // --stack pytorch: DDP(gradient_as_bucket_view=True) (default False, as PyTorch's).
   bool ddp_bucket_view = false;
+  // --stack pytorch: the training steps the job runs. 2 or more: a job's
+  // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
+  // during its forward).
+  int steps = 2;
   models::ModelConfig model;
   // --trace: plan this file's traces (a model traced in its own process,
   // e.g. one written in Python) instead of tracing `model`, which is then
