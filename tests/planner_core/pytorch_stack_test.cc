@@ -42,7 +42,16 @@ ModelTrace optimizer_trace(bool first) {
 struct Fixture {
   ModelTrace none = step_trace(false), with = step_trace(true);
   ModelTrace opt1 = optimizer_trace(true), opt2 = optimizer_trace(false);
-  PytorchDdpInputs in{&none, &with, &opt1, &opt2, 100};
+  PytorchDdpInputs in = inputs();
+  PytorchDdpInputs inputs() {
+    PytorchDdpInputs i;
+    i.no_grads = &none;
+    i.with_grads = &with;
+    i.optimizer_first = &opt1;
+    i.optimizer_later = &opt2;
+    i.param_bytes = 100;
+    return i;
+  }
 };
 
 TEST(PytorchDdp, DefaultModeKeepsGradientsBesideTheBuckets) {
