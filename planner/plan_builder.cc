@@ -276,14 +276,25 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   if (r.profile.kind == DeviceKind::kCuda)
     throw std::invalid_argument("--stack pytorch: this version simulates PyTorch's stack on CPU ranks only (the "
                                 "CUDA caching allocator under PyTorch's DDP is not modelled yet); use --device cpu");
+  // The blocks, under torch.utils.checkpoint for +ckpt (what a plan
+  // recomputes when nothing but the root is a unit: spec/recompute.h).
+  const std::vector<int> blocks =
+      spec::recompute_modules(file->modules, wrap_modules(file->modules, WrapPolicy::parse("none")));
+  const bool has_ckpt = !blocks.empty() && file->find(DType::kF32, blocks, 1, false);
   std::vector<Candidate> candidates;
-  for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none"}) {
+  for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none", "ddp+ckpt/fp32/wrap=none",
+                         "zero1+ckpt/fp32/wrap=none"}) {
     const Candidate c = parse_candidate(id);
+    if (c.recompute && !has_ckpt) continue;
     bool wanted = r.candidates.strategies.empty();
     for (const std::string& s : r.candidates.strategies) {
-      if (s != "ddp" && s != "zero1" && s != "ddp/fp32/wrap=none" && s != "zero1/fp32/wrap=none")
+      const Candidate want = s.find('/') == std::string::npos ? Candidate{} : parse_candidate(s);
+      if (s != "ddp" && s != "zero1" && (s.find('/') == std::string::npos || want.wrap != "none" ||
+                                         want.precision != Precision::kFp32 || want.offload ||
+                                         (want.sharding != Sharding::kDdp && want.sharding != Sharding::kZero1)))
         throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
-                                    "and zero1 (with ZeroRedundancyOptimizer) only in this version");
+                                    "and zero1 (with ZeroRedundancyOptimizer), fp32, wrap=none, +ckpt or not, only "
+                                    "in this version");
       wanted = wanted || s == spec::sharding_name(c.sharding) || s == c.to_id();
     }
     if (wanted) candidates.push_back(c);
@@ -295,16 +306,21 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
                                 "steps (record it again with pytorch/trace_recorder.py)");
   if (r.grad_accum != 1) throw std::invalid_argument("--stack pytorch: --grad-accum is not simulated yet");
-  const ModelTrace* at1[2] = {file->find(DType::kF32, {}, 1, false), file->find(DType::kF32, {}, 1, true)};
-  std::unique_ptr<AffineTrace> affine[2];
-  for (int g = 0; g < 2; ++g) {
-    const ModelTrace* t2 = file->find(DType::kF32, {}, 2, g == 1);
-    const ModelTrace* t3 = file->find(DType::kF32, {}, 3, g == 1);
-    if (!at1[g] || !t2 || !t3)
-      throw std::invalid_argument(std::string("--stack pytorch: the trace file has no fp32 trace with grads ") +
-                                  (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
-    affine[g] = std::make_unique<AffineTrace>(*t2, *t3);
-  }
+  // [recompute][grads at start]: batch 1 exactly, 2 and 3 extended affinely.
+  const ModelTrace* at1[2][2] = {};
+  std::unique_ptr<AffineTrace> affine[2][2];
+  for (int k = 0; k < (has_ckpt ? 2 : 1); ++k)
+    for (int g = 0; g < 2; ++g) {
+      const std::vector<int> rec = k ? blocks : std::vector<int>{};
+      at1[k][g] = file->find(DType::kF32, rec, 1, g == 1);
+      const ModelTrace* t2 = file->find(DType::kF32, rec, 2, g == 1);
+      const ModelTrace* t3 = file->find(DType::kF32, rec, 3, g == 1);
+      if (!at1[k][g] || !t2 || !t3)
+        throw std::invalid_argument(std::string("--stack pytorch: the trace file has no fp32 trace") +
+                                    (k ? " with the blocks checkpointed" : "") + " with grads " +
+                                    (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
+      affine[k][g] = std::make_unique<AffineTrace>(*t2, *t3);
+    }
   const int world = r.gpus_per_node * r.nodes;
   PytorchDdpInputs in;
   in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
@@ -314,8 +330,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   in.optimizer_param_steps = &file->optimizer_param_steps;
   // Every rank's result at `batch` (one when the ranks are alike).
   auto simulate = [&](const Candidate& c, int64_t batch) {
-    const ModelTrace none = batch == 1 ? *at1[0] : affine[0]->at(batch);
-    const ModelTrace with = batch == 1 ? *at1[1] : affine[1]->at(batch);
+    const int k = c.recompute ? 1 : 0;
+    const ModelTrace none = batch == 1 ? *at1[k][0] : affine[k][0]->at(batch);
+    const ModelTrace with = batch == 1 ? *at1[k][1] : affine[k][1]->at(batch);
     PytorchDdpInputs at = in;
     at.no_grads = &none;
     at.with_grads = &with;

@@ -56,7 +56,8 @@ def library():
         lib.shardfit_trace_begin.argtypes = [c, i64, i64, c, c, c, ctypes.c_int, ctypes.c_int]
         lib.shardfit_trace_last_peak.restype = i64
         lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int, c]
-        for name in ("forward_begin", "forward_end", "backward_begin", "backward_end"):
+        for name in ("forward_begin", "forward_end", "backward_begin", "backward_end", "recompute_begin",
+                     "recompute_end"):
             getattr(lib, "shardfit_trace_" + name).argtypes = [ctypes.c_int]
         lib._trace_set = True
     return lib
@@ -175,14 +176,50 @@ def install_hooks(model, index, lib):
     return handles
 
 
-def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accumulate", target_cuda=False):
+class Checkpointed:
+    """While alive, every module in `modules` ({module: index}) runs under
+    torch.utils.checkpoint (non-reentrant, as pytorch/validate.py --ckpt and
+    most users call it), and its re-run inside backward is reported to the
+    recorder as recompute. The re-run calls the module's forward directly,
+    not through its hooks: the markers are in the function checkpoint runs."""
+
+    def __init__(self, lib, modules):
+        import torch
+        from torch.utils.checkpoint import checkpoint
+        self.in_backward = False
+        self._saved = []
+        for m, idx in modules.items():
+            inner = m.forward
+
+            def run(*a, _f=inner, _idx=idx):
+                if not self.in_backward:
+                    return _f(*a)
+                lib.shardfit_trace_recompute_begin(_idx)
+                out = _f(*a)
+                lib.shardfit_trace_recompute_end(_idx)
+                return out
+
+            m.forward = lambda *a, _run=run: checkpoint(_run, *a, use_reentrant=False)
+            self._saved.append((m, inner))
+        self.indices = sorted(modules.values())
+        del torch
+
+    def restore(self):
+        for m, inner in self._saved:
+            m.forward = inner
+
+
+def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accumulate", target_cuda=False,
+                checkpointed=None):
     """Records one forward + loss + backward at `batch` into the library's list.
     grads "accumulate": every .grad exists (zeros) when it starts; "none": none
-    does (PyTorch's first step, or after zero_grad(set_to_none=True))."""
+    does (PyTorch's first step, or after zero_grad(set_to_none=True)).
+    `checkpointed`: a Checkpointed in force (its modules are recomputed)."""
     import torch
     for p in model.parameters():
         p.grad = torch.zeros_like(p) if grads == "accumulate" else None
-    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, b"fp32", b"[]", grads.encode(),
+    recompute = json.dumps(checkpointed.indices if checkpointed else [])
+    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, b"fp32", recompute.encode(), grads.encode(),
                                   1 if target_cuda else 0, torch.get_num_threads())
     if rc != 0:
         raise BadInput("trace: " + lib.shardfit_trace_error().decode())
@@ -196,7 +233,13 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
                            % (type(loss).__name__ if not isinstance(loss, torch.Tensor)
                               else "shape %s" % list(loss.shape)))
         lib.shardfit_trace_backward_phase()
-        loss.backward()
+        if checkpointed:
+            checkpointed.in_backward = True
+        try:
+            loss.backward()
+        finally:
+            if checkpointed:
+                checkpointed.in_backward = False
         del loss, args
     except (NotImplementedError, RuntimeError) as e:
         lib.shardfit_trace_end()
@@ -274,6 +317,17 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         for grads in ("accumulate", "none"):
             for b in batches:
                 trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads)
+        # The same with every block under torch.utils.checkpoint (the +ckpt
+        # candidates; blocks are what a plan recomputes without wrap units).
+        blocks = {m: index[id(m)] for m in model.modules() if block is not None and isinstance(m, block)}
+        if blocks:
+            ckpt = Checkpointed(lib, blocks)
+            try:
+                for grads in ("accumulate", "none"):
+                    for b in batches:
+                        trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, checkpointed=ckpt)
+            finally:
+                ckpt.restore()
     finally:
         for h in handles:
             h.remove()

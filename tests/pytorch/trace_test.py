@@ -51,9 +51,11 @@ class TraceTest(unittest.TestCase):
         f = self.file
         self.assertEqual(f["schema"], "shardfit.trace/1")
         self.assertEqual(f["model"]["params"], 141056)  # gpt2-tiny's, as `shardfit models` counts it
-        self.assertEqual([(t["batch"], t["grads"]) for t in f["traces"]],
-                         [(1, "accumulate"), (2, "accumulate"), (3, "accumulate"), (1, "none"), (2, "none"),
-                          (3, "none")])
+        blocks = [i for i, m in enumerate(f["modules"]) if m["is_block"]]
+        pairs = [(b, g) for g in ("accumulate", "none") for b in (1, 2, 3)]
+        self.assertEqual([(t["batch"], t["grads"], t["recompute"]) for t in f["traces"]],
+                         [(b, g, []) for b, g in pairs] + [(b, g, blocks) for b, g in pairs])
+        self.assertEqual(len(f["optimizer"]["per_param"]), 28)  # gpt2-tiny's parameters
         self.assertEqual(len(f["optimizer"]["steps"]), 2)
         self.assertEqual(sum(m["is_block"] for m in f["modules"]), 2)
         names = [p["name"] for m in f["modules"] for p in m["params"]]
@@ -62,13 +64,18 @@ class TraceTest(unittest.TestCase):
 
     def test_every_batch_traced_is_what_the_cpu_step_allocates(self):
         # The same model on the CPU, one forward + loss + backward with the
-        # gradients in place or none (as each trace says), measured by the meter.
+        # gradients in place or none, its blocks checkpointed or not (as each
+        # trace says), measured by the meter.
+        import gc
+        import validate
         meter = shardfit_meter.Meter()
         params = 141056 * 4
         for t in self.file["traces"]:
             torch.manual_seed(0)
             model = models.build("gpt2-tiny")
             model.train()
+            if t["recompute"]:
+                validate.checkpoint_blocks(torch, model)
             for p in model.parameters():
                 p.grad = torch.zeros_like(p) if t["grads"] == "accumulate" else None
             meter.reset_peak()
@@ -81,7 +88,10 @@ class TraceTest(unittest.TestCase):
             kept = 0 if t["grads"] == "accumulate" else params  # AccumulateGrad kept each op's gradient
             self.assertEqual(left, kept)
             self.assertEqual(meter.allocated - base, kept)
-            self.assertEqual(peak, meter.peak - base, "batch %d, grads %s" % (t["batch"], t["grads"]))
+            self.assertEqual(peak, meter.peak - base,
+                             "batch %d, grads %s, recompute %s" % (t["batch"], t["grads"], t["recompute"]))
+            del model  # a checkpointed model is a reference cycle (forward -> bound method -> module)
+            gc.collect()
 
     def test_the_optimizers_steps_are_what_adamw_allocates_on_the_cpu(self):
         meter = shardfit_meter.Meter()
@@ -109,8 +119,15 @@ class TraceTest(unittest.TestCase):
         self.assertTrue(fits)
         for c in fits:
             self.assertLessEqual(c["predicted"]["peak_allocated_bytes"], 16 * 2**20)
-        # No checkpointed trace in the file: no recompute candidate is swept.
-        self.assertFalse(any("+ckpt" in c["id"] for c in plan["candidates"]))
+        out = subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--stack", "pytorch", "--device", "cpu",
+                              "--gpus", "2", "--gpu-mem", "16MiB", "--json"], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        plan = json.loads(out.stdout)
+        self.assertEqual(plan["stack"], "pytorch")
+        self.assertEqual(sorted(c["id"] for c in plan["candidates"]),
+                         ["ddp+ckpt/fp32/wrap=none", "ddp/fp32/wrap=none", "zero1+ckpt/fp32/wrap=none",
+                          "zero1/fp32/wrap=none"])
 
     def test_bad_input_is_one_line_and_exit_2(self):
         out = subprocess.run([sys.executable, RECORDER, "--model", "no_such_module:build", "--seq-len", "8",
