@@ -365,6 +365,7 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
       // --save-on-signal: the step is whole (optimizer applied) on every rank.
       const int stop = o_.stop_requested && step < o_.steps
                            ? agree_on_stop_signal(*world_, o_.stop_requested(), device_) : 0;
+      if (stop != 0 && world_->rank() == 0) spdlog::info("step {}: stopping on signal {}, saving it", step, stop);
       if (wants_save(step) || stop != 0) result.saved.push_back(save(step).string());
       // Throughput leaves out the first step (allocations, warm-up) when
       // there are two or more; checkpoint writes count, as they do in a job.
