@@ -184,7 +184,6 @@ class Checkpointed:
     not through its hooks: the markers are in the function checkpoint runs."""
 
     def __init__(self, lib, modules):
-        import torch
         from torch.utils.checkpoint import checkpoint
         self.in_backward = False
         self._saved = []
@@ -202,7 +201,6 @@ class Checkpointed:
             m.forward = lambda *a, _run=run: checkpoint(_run, *a, use_reentrant=False)
             self._saved.append((m, inner))
         self.indices = sorted(modules.values())
-        del torch
 
     def restore(self):
         for m, inner in self._saved:
@@ -241,10 +239,12 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
             if checkpointed:
                 checkpointed.in_backward = False
         del loss, args
-    except (NotImplementedError, RuntimeError) as e:
-        lib.shardfit_trace_end()
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 (whatever the user's forward raises on meta tensors)
         raise BadInput("--model: cannot be traced on the meta device (%s)" % str(e).split("\n")[0])
-    lib.shardfit_trace_end()
+    finally:
+        lib.shardfit_trace_end()  # also after a bad forward: the recorder is released
 
 
 OPTIMIZER = "torch.optim.AdamW(lr=6e-4, weight_decay=0.01)"
@@ -295,6 +295,10 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
     import torch
     lib = library()
     factory = resolve(model_spec, "model")
+    import models
+    if not input_spec and model_spec not in models.CONFIGS:
+        raise BadInput("--input: needed with --model %s (module:function(batch, seq_len, device) returning the "
+                       "forward's arguments)" % model_spec)
     input_fn = resolve(input_spec or model_spec, "input")
     try:
         with on_meta():

@@ -136,6 +136,13 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         self.assertIn("--model no_such_module:build: cannot be imported", out.stderr)
+        # A model of the user's without --input: named, not guessed.
+        out = subprocess.run([sys.executable, RECORDER, "--model", "models:build", "--seq-len", "8",
+                              "--out", os.path.join(self.tmp.name, "x.json")],
+                             capture_output=True, text=True, timeout=120, cwd=os.path.join(ROOT, "pytorch"))
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("--input: needed with --model models:build", out.stderr)
         other = os.path.join(self.tmp.name, "v2.json")
         f = dict(self.file, schema="shardfit.trace/2")
         with open(other, "w") as fh:
