@@ -8,8 +8,9 @@ whose forward(idx) returns the loss of predicting idx shifted by one.
 
     gpt2   Hugging Face GPT-2's names and shapes (Conv1D weights in x out,
            tied output embedding, dropout 0.1, tanh GELU, eager attention
-           with a boolean causal mask), the model scripts/fsdp_reference.py's
-           MinimalGPT2 also writes (that script runs alone on a GPU machine).
+           with a boolean causal mask); scripts/fsdp_reference.py's
+           MinimalGPT2 (PyTorch's DDP/FSDP on a GPU, and ddp_reference.py's
+           throughput runs) builds this one.
     bert   Hugging Face BertForMaskedLM's names and shapes (word, position
            and token-type embeddings, post-LayerNorm encoder layers with erf
            GELU, the MLM head's transform and a decoder tied to the word

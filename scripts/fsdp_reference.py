@@ -35,7 +35,6 @@ import argparse
 import functools
 import gc
 import json
-import math
 import os
 import re
 import sys
@@ -124,80 +123,13 @@ def build_model(torch, name, device, prefer_transformers=True):
 
 def MinimalGPT2(torch, shape):
     """GPT-2 with Hugging Face's parameter names and shapes (Conv1D weights
-    are in x out), tied output embedding, dropout 0.1, eager attention."""
-    nn, F = torch.nn, torch.nn.functional
-    d, L, H = shape["n_embd"], shape["n_layer"], shape["n_head"]
-
-    class Conv1D(nn.Module):
-        def __init__(self, nx, nf):
-            super().__init__()
-            self.weight = nn.Parameter(torch.empty(nx, nf).normal_(0, 0.02))
-            self.bias = nn.Parameter(torch.zeros(nf))
-
-        def forward(self, x):
-            return torch.addmm(self.bias, x.reshape(-1, x.size(-1)), self.weight).view(*x.shape[:-1], -1)
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn, self.c_proj = Conv1D(d, 3 * d), Conv1D(d, d)
-            self.attn_dropout, self.resid_dropout = nn.Dropout(0.1), nn.Dropout(0.1)
-
-        def forward(self, x):
-            B, T, _ = x.shape
-            q, k, v = self.c_attn(x).split(d, dim=2)
-            q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
-            w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d // H)
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            w = w.masked_fill(~mask, torch.finfo(w.dtype).min)
-            w = self.attn_dropout(F.softmax(w, dim=-1))
-            y = torch.matmul(w, v).transpose(1, 2).reshape(B, T, d)
-            return self.resid_dropout(self.c_proj(y))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_fc, self.c_proj, self.dropout = Conv1D(d, 4 * d), Conv1D(4 * d, d), nn.Dropout(0.1)
-
-        def forward(self, x):
-            return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(d), Attention(), nn.LayerNorm(d), MLP()
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class Transformer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(VOCAB, d), nn.Embedding(POSITIONS, d)
-            nn.init.normal_(self.wte.weight, 0, 0.02)
-            nn.init.normal_(self.wpe.weight, 0, 0.01)
-            self.drop = nn.Dropout(0.1)
-            self.h = nn.ModuleList(Block() for _ in range(L))
-            self.ln_f = nn.LayerNorm(d)
-
-    class GPT2LMHead(nn.Module):
-        block_class = Block
-
-        def __init__(self):
-            super().__init__()
-            self.transformer = Transformer()
-
-        def forward(self, idx):
-            t = self.transformer
-            pos = torch.arange(idx.size(1), device=idx.device)
-            x = t.drop(t.wte(idx) + t.wpe(pos))
-            for block in t.h:
-                x = block(x)
-            logits = F.linear(t.ln_f(x), t.wte.weight)  # tied output embedding
-            return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), idx[:, 1:].reshape(-1))
-
-    return GPT2LMHead()
+    are in x out), tied output embedding, dropout 0.1, eager attention:
+    pytorch/models.py's GPT2LMHead (the one writing of it, also what
+    `plan --stack pytorch` traces), at this module's VOCAB and POSITIONS."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pytorch"))
+    import models
+    return models.GPT2LMHead(dict(n_embd=shape["n_embd"], n_layer=shape["n_layer"], n_head=shape["n_head"],
+                                  vocab_size=VOCAB, n_positions=POSITIONS))
 
 
 def count_params(model):
