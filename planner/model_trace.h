@@ -35,6 +35,7 @@ enum class Phase : uint8_t {
 // with the executor); the trace refers to them by these names.
 using spec::DType;
 using spec::dtype_bytes;
+using spec::BufferInfo;
 using spec::ModuleNode;
 using spec::ParamInfo;
 

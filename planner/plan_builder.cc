@@ -327,6 +327,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   in.optimizer_first = &file->optimizer_steps[0];
   in.optimizer_later = &file->optimizer_steps[1];
   in.param_numels = file->param_numels();
+  in.buffers = file->buffers();
+  if (!file->optimizer_zero_grad.events.empty()) in.zero_grad = &file->optimizer_zero_grad;
   in.optimizer_param_steps = &file->optimizer_param_steps;
   // Every rank's result at `batch` (one when the ranks are alike).
   auto simulate = [&](const Candidate& c, int64_t batch) {
@@ -381,6 +383,12 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
     if (at_fit.size() > 1)
       for (const auto& x : at_fit) pc.predicted.rank_peak_allocated_bytes.push_back(x.peak_allocated_bytes);
+    if (pc.max_batch_per_gpu > 0)
+      for (const auto& x : at_fit) {
+        pc.predicted.rank_timelines.emplace_back();
+        for (const auto& t : x.timeline)
+          pc.predicted.rank_timelines.back().push_back({t.label, t.allocated_bytes, t.peak_allocated_bytes});
+      }
     if (pc.max_batch_per_gpu >= r.max_batch) {
       pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
     } else {

@@ -57,6 +57,20 @@ Prediction prediction_from(const FieldReader& r) {
       p.rank_peak_allocated_bytes.push_back(x.get<int64_t>());
     }
   }
+  if (r.has("rank_timelines")) {
+    const nlohmann::json& v = r.need("rank_timelines");
+    if (!v.is_array()) r.fail("rank_timelines", "must be a list (one timeline per rank)");
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_array()) r.fail("rank_timelines", "must be a list of lists of points");
+      std::vector<Prediction::Point> timeline;
+      for (size_t k = 0; k < v[i].size(); ++k) {
+        FieldReader pr(v[i][k], r.field("rank_timelines") + "[" + std::to_string(i) + "][" + std::to_string(k) + "]",
+                       r.origin());
+        timeline.push_back({pr.text("phase"), pr.integer("allocated_bytes", 0), pr.integer("peak_allocated_bytes", 0)});
+      }
+      p.rank_timelines.push_back(std::move(timeline));
+    }
+  }
   if (r.has("time_breakdown_s")) {
     FieldReader t = r.object("time_breakdown_s");
     p.compute_s = t.optional_number("compute");
@@ -262,6 +276,17 @@ void to_json(json& j, const PlanCandidate& c) {
            {"limit", c.limit},
            {"units", c.units}};
   if (!p.rank_peak_allocated_bytes.empty()) j["predicted"]["rank_peak_allocated_bytes"] = p.rank_peak_allocated_bytes;
+  if (!p.rank_timelines.empty()) {
+    json timelines = json::array();
+    for (const auto& t : p.rank_timelines) {
+      json points = json::array();
+      for (const auto& x : t)
+        points.push_back(
+            {{"phase", x.phase}, {"allocated_bytes", x.allocated_bytes}, {"peak_allocated_bytes", x.peak_allocated_bytes}});
+      timelines.push_back(points);
+    }
+    j["predicted"]["rank_timelines"] = timelines;
+  }
 }
 
 void to_json(json& j, const Plan& plan) {

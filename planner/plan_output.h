@@ -54,6 +54,17 @@ struct Prediction {
   // Each rank's peak where ranks differ (--stack pytorch zero1: each holds
   // its own partition's optimizer state); empty when every rank's is the same.
   std::vector<int64_t> rank_peak_allocated_bytes;
+  // --stack pytorch: each rank's timeline at the max batch, the points
+  // pytorch/validate.py marks ("init", "stepK/forward", "stepK/backward",
+  // "stepK/optimizer"), one timeline when the ranks are alike; the JSON's
+  // predicted.rank_timelines, each point {phase, allocated_bytes,
+  // peak_allocated_bytes} as run's reports write them. Empty otherwise.
+  struct Point {
+    std::string phase;
+    int64_t allocated_bytes = 0;
+    int64_t peak_allocated_bytes = 0;
+  };
+  std::vector<std::vector<Point>> rank_timelines;
 };
 
 struct PlanCandidate {

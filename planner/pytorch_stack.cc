@@ -1,6 +1,7 @@
 #include "planner/pytorch_stack.h"
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -55,14 +56,28 @@ class Ledger {
   CategoryBytes by_{};
 };
 
+// Allocates and frees broadcast_coalesced's flat tensors in its order (at
+// most kBroadcastMaxInFlight alive). False on out of memory.
+bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::string& label) {
+  size_t done = 0;
+  for (size_t i = 0; i < flats.size(); ++i) {
+    if (i - done >= static_cast<size_t>(kBroadcastMaxInFlight)) ledger.free(Category::kCommBuffers, flats[done++]);
+    if (!ledger.alloc(Category::kCommBuffers, flats[i], label)) return false;
+  }
+  for (; done < flats.size(); ++done) ledger.free(Category::kCommBuffers, flats[done]);
+  return true;
+}
+
 // Replays a trace's storages. Storages still live at its end stay charged to
 // `kept` (the gradients of a no-grads trace; the optimizer's state); the rest
 // are `transient`. With `stop_at_backward` (a training step's trace) the
 // labels are step/forward and step/backward and a point is recorded where
 // backward begins; else every label is `step`. Returns the bytes kept, or
-// -1 on out of memory.
+// -1 on out of memory. `before_model` (when given) runs where the root
+// module's forward begins (after the trace's inputs are made): DDP's
+// pre-forward work.
 int64_t replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward,
-               Category transient, Category kept) {
+               Category transient, Category kept, const std::function<bool()>& before_model = {}) {
   // Which storages outlive the trace: they are charged to `kept` from the start.
   std::unordered_map<int64_t, int64_t> live;
   std::unordered_map<int64_t, bool> freed;
@@ -70,7 +85,13 @@ int64_t replay(const ModelTrace& t, Ledger& ledger, const std::string& step, boo
     if (e.kind == MemEvent::kFree) freed[e.tensor] = true;
   bool in_backward = false;
   int64_t kept_bytes = 0;
+  bool model_called = false;
   for (const auto& e : t.events) {
+    if (before_model && !model_called && e.kind == MemEvent::kModuleBegin && e.module == 0 &&
+        e.phase == Phase::kForward) {
+      model_called = true;
+      if (!before_model()) return -1;
+    }
     if (stop_at_backward && !in_backward && e.phase != Phase::kForward) {
       in_backward = true;
       ledger.point(step + "/forward");
@@ -91,6 +112,51 @@ int64_t replay(const ModelTrace& t, Ledger& ledger, const std::string& step, boo
 }
 
 }  // namespace
+
+std::vector<int64_t> broadcast_coalesced_flats(const std::vector<CoalescedTensor>& tensors, int64_t bucket_bytes) {
+  struct Bucket {
+    size_t first = 0;
+    int count = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<Bucket> closed;
+  std::vector<std::pair<std::string, Bucket>> open;  // per dtype, in first-seen order
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto it = std::find_if(open.begin(), open.end(), [&](const auto& o) { return o.first == tensors[i].dtype; });
+    if (it == open.end()) it = open.insert(open.end(), {tensors[i].dtype, Bucket{}});
+    Bucket& b = it->second;
+    if (b.count == 0) b.first = i;
+    ++b.count;
+    b.bytes += tensors[i].bytes;
+    if (b.bytes >= bucket_bytes) {
+      closed.push_back(b);
+      b = Bucket{};
+    }
+  }
+  for (const auto& o : open)
+    if (o.second.count > 0) closed.push_back(o.second);
+  std::stable_sort(closed.begin(), closed.end(), [](const Bucket& a, const Bucket& b) { return a.first < b.first; });
+  std::vector<int64_t> flats;
+  for (const auto& b : closed) flats.push_back(b.count > 1 ? b.bytes : 0);
+  return flats;
+}
+
+int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels) {
+  constexpr int64_t kFirstBucketBytes = 1LL << 20, kBucketBytes = 25LL << 20;
+  int64_t buckets = 0, open = 0;
+  bool first = true;
+  for (auto it = param_numels.rbegin(); it != param_numels.rend(); ++it) {
+    open += 4 * *it;
+    if (open >= (first ? kFirstBucketBytes : kBucketBytes)) {
+      ++buckets;
+      open = 0;
+      first = false;
+    }
+  }
+  if (open > 0) ++buckets;
+  const int64_t params = static_cast<int64_t>(param_numels.size());
+  return 2 * 4 * (params + 1) + 2 * 4 * buckets;
+}
 
 std::vector<std::vector<int>> zero_redundancy_partition(const std::vector<int64_t>& numels, int world_size) {
   if (world_size < 1) throw std::invalid_argument("world size must be at least 1");
@@ -195,12 +261,10 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   StepSimResult out;
   Ledger ledger(o.budget_bytes, &out);
 
-  // Init. The model's parameters, then DDP's construction:
-  //  - _sync_module_states broadcasts the parameters from rank 0 through
-  //    broadcast_coalesced, which flattens them into chunks of at most
-  //    250 MiB (nn/parallel/distributed.py: broadcast_bucket_size) freed one
-  //    at a time: never more than the parameters, so never above the
-  //    buckets allocated next; not charged.
+  // Init. The model's parameters and buffers, then DDP's construction:
+  //  - _sync_module_states (distributed/utils.py) broadcasts the parameters,
+  //    then the buffers, from rank 0 through broadcast_coalesced with
+  //    broadcast_bucket_size (250 MiB): its flat tensors come and go;
   //  - the Reducer's buckets: one flat gradient tensor per bucket, as many
   //    elements as its parameters (reducer.cpp Reducer::initialize_buckets:
   //    `bucket.gradients = at::empty({offset}, options)`), every parameter
@@ -209,9 +273,25 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   //    are rebuilt in gradient-ready order (Reducer::rebuild_buckets ->
   //    initialize_buckets, which clears the old buckets first): same bytes.
   const std::string init = "init";
+  std::vector<CoalescedTensor> buffers;
+  int64_t buffer_bytes = 0;
+  for (const auto& b : in.buffers) {
+    buffers.push_back({b.dtype, b.bytes});
+    buffer_bytes += b.bytes;
+  }
+  std::vector<CoalescedTensor> states;
+  for (int64_t n : in.param_numels) states.push_back({"float32", 4 * n});
+  states.insert(states.end(), buffers.begin(), buffers.end());
+  if (in.param_numels.empty() && in.param_bytes > 0)  // parameters given as one total: one tensor
+    states.insert(states.begin(), {"float32", in.param_bytes});
   if (!ledger.alloc(Category::kParams, in.param_bytes, init) ||
+      !ledger.alloc(Category::kParams, buffer_bytes, init) ||
+      !broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init) ||
       !ledger.alloc(Category::kCommBuffers, in.param_bytes, init))
     return out;
+  // Before every forward (DDP.forward -> _sync_buffers, broadcast_buffers=True
+  // by default, in training): the buffers broadcast again from rank 0.
+  const std::vector<int64_t> buffer_flats = broadcast_coalesced_flats(buffers, kDdpBroadcastBucketBytes);
   ledger.point(init);
 
   // ZeroRedundancyOptimizer: this rank's local AdamW holds its partition only
@@ -228,11 +308,16 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     zero_later = compose_optimizer_step(*in.optimizer_param_steps, part, false);
   }
 
+  const int64_t rebuild_bytes = ddp_rebuild_sync_bytes(in.param_numels);
   int64_t grads = 0;  // .grad storages outside the buckets (the default mode)
   for (int k = 1; k <= o.steps; ++k) {
     const std::string step = "step" + std::to_string(k);
-    // opt.zero_grad(set_to_none=True): every .grad dropped. With
-    // gradient_as_bucket_view they are views of the buckets: nothing freed.
+    // opt.zero_grad(set_to_none=True): what it allocates itself (traced),
+    // then every .grad dropped. With gradient_as_bucket_view they are views
+    // of the buckets: nothing freed.
+    if (in.zero_grad &&
+        replay(*in.zero_grad, ledger, step + "/forward", false, Category::kTemporaries, Category::kTemporaries) < 0)
+      return out;
     ledger.free(Category::kGrads, grads);
     grads = 0;
     // Forward, loss and backward. Default mode: AccumulateGrad keeps the
@@ -246,7 +331,17 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     // with-grads trace, where each op's gradient is freed right after it is
     // accumulated.
     const ModelTrace& fb = o.gradient_as_bucket_view ? *in.with_grads : *in.no_grads;
-    const int64_t kept = replay(fb, ledger, step, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads);
+    const int64_t kept = replay(fb, ledger, step, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads,
+                                [&] {
+                                  // DDP.forward: in the second iteration the buckets are rebuilt
+                                  // (same bytes; the indices synced), then the buffers broadcast.
+                                  if (k == 2) {
+                                    if (!ledger.alloc(Category::kCommBuffers, rebuild_bytes, step + "/forward"))
+                                      return false;
+                                    ledger.free(Category::kCommBuffers, rebuild_bytes);
+                                  }
+                                  return broadcast(ledger, buffer_flats, step + "/forward");
+                                });
     if (kept < 0) return out;
     grads = o.gradient_as_bucket_view ? 0 : kept;
     ledger.point(step + "/backward");

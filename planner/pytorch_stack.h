@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "planner/model_trace.h"
@@ -30,7 +31,11 @@ struct PytorchDdpInputs {
   const ModelTrace* with_grads = nullptr;
   const ModelTrace* optimizer_first = nullptr;  // the optimizer's step 1 (creates its state)
   const ModelTrace* optimizer_later = nullptr;  // any later step
+  const ModelTrace* zero_grad = nullptr;        // its zero_grad(set_to_none=True), when recorded
   int64_t param_bytes = 0;  // every parameter (fp32), all requiring grad
+  // The model's buffers (named_buffers() order): allocated with the model,
+  // broadcast by DDP at construction and before every forward.
+  std::vector<BufferInfo> buffers;
   // ZeroRedundancyOptimizer: each parameter's numel and its two steps alone
   // (TraceFile::optimizer_param_steps), in parameters() order.
   std::vector<int64_t> param_numels;
@@ -54,6 +59,33 @@ struct PytorchDdpOptions {
 // pytorch/validate.py marks: "init", "stepK/forward", "stepK/backward",
 // "stepK/optimizer". Stops at the first allocation past the budget.
 StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& inputs, const PytorchDdpOptions& options);
+
+// torch.distributed's _broadcast_coalesced (PyTorch 1.13, c10d comm.cpp
+// broadcast_coalesced), as the allocator sees it: the tensors cut into
+// buckets by dtype, a bucket closed once it holds `bucket_bytes` or more
+// (reducer.cpp compute_bucket_assignment_by_size; buckets in the order of
+// their first tensor); each bucket flattened into one new tensor of its bytes
+// (torch/csrc/utils/tensor_flatten.h flatten_dense_tensors: at::cat, or a
+// view when the bucket holds one tensor), at most two buckets in flight, each
+// freed once broadcast and copied back. Returns the bytes each bucket's flat
+// tensor allocates (0 for a view), in the order they are made.
+struct CoalescedTensor {
+  std::string dtype;
+  int64_t bytes = 0;
+};
+std::vector<int64_t> broadcast_coalesced_flats(const std::vector<CoalescedTensor>& tensors, int64_t bucket_bytes);
+// The bytes Reducer::sync_bucket_indices (reducer.cpp, 1.13) holds while
+// DDP's first forward after the first iteration rebuilds its buckets: the
+// bucket indices and the bucket sizes as int32 tensors, each with a copy
+// for the process group ("indices_tensor_device", "bucket_sizes_tensor_
+// device"), all four alive until it returns: 2 x 4 x (parameters + 1) +
+// 2 x 4 x buckets. The buckets: compute_bucket_assignment_by_size over the
+// parameters in the order their gradients became ready (taken as the
+// reverse of parameters()), cut at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB)
+// for the first and bucket_cap_mb (25 MiB) after (distributed.py).
+int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels);
+inline constexpr int kBroadcastMaxInFlight = 2;       // comm.cpp: max_in_flight
+inline constexpr int64_t kDdpBroadcastBucketBytes = 250LL << 20;  // distributed.py: broadcast_bucket_size
 
 // ZeroRedundancyOptimizer's partition (PyTorch 1.13,
 // torch/distributed/optim/zero_redundancy_optimizer.py _partition_parameters):

@@ -29,8 +29,22 @@ int index_of(const char* const (&names)[N], const std::string& s) {
 json module_to_json(const ModuleNode& m) {
   json params = json::array();
   for (const auto& p : m.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"numel", p.numel}});
-  return {{"path", m.path},         {"type", m.type},         {"parent", m.parent}, {"children", m.children},
-          {"params", params},       {"is_block", m.is_block}, {"borrowed_params", m.borrowed_params}};
+  json out = {{"path", m.path},   {"type", m.type},         {"parent", m.parent}, {"children", m.children},
+              {"params", params}, {"is_block", m.is_block}, {"borrowed_params", m.borrowed_params}};
+  if (!m.buffers.empty()) {
+    json buffers = json::array();
+    for (const auto& b : m.buffers)
+      buffers.push_back({{"name", b.name}, {"shape", b.shape}, {"dtype", b.dtype}, {"bytes", b.bytes}});
+    out["buffers"] = buffers;
+  }
+  return out;
+}
+
+// numel of `shape`, or -1 past int64.
+int64_t shape_numel(const std::vector<int64_t>& shape) {
+  int64_t product = 1;
+  for (int64_t d : shape) product = d == 0 ? 0 : (product < 0 || product > INT64_MAX / d ? -1 : product * d);
+  return product;
 }
 
 std::vector<std::string> strings(const FieldReader& r, const std::string& key) {
@@ -83,10 +97,26 @@ std::vector<ModuleNode> modules_from(const json& list, const std::string& path, 
       p.name = pr.text("name");
       p.shape = integers(pr, "shape", 0);
       p.numel = pr.integer("numel", 0);
-      int64_t product = 1;
-      for (int64_t d : p.shape) product = d == 0 ? 0 : (product > INT64_MAX / d ? -1 : product * d);
-      if (product != p.numel) pr.fail("numel", "is not the product of its shape");
+      if (shape_numel(p.shape) != p.numel) pr.fail("numel", "is not the product of its shape");
       m.params.push_back(std::move(p));
+    }
+    if (r.has("buffers")) {
+      const json& buffers = r.need("buffers");
+      if (!buffers.is_array()) r.fail("buffers", "must be a list");
+      for (size_t j = 0; j < buffers.size(); ++j) {
+        FieldReader br(buffers[j], r.field("buffers") + "[" + std::to_string(j) + "]", origin);
+        BufferInfo b;
+        b.name = br.text("name");
+        b.shape = integers(br, "shape", 0);
+        b.dtype = br.text("dtype");
+        const int64_t size = spec::dtype_element_size(b.dtype);
+        if (size == 0) br.fail("dtype", "'" + b.dtype + "' is not a dtype shardfit knows (float32, uint8, ...)");
+        b.bytes = br.integer("bytes", 0);
+        const int64_t numel = shape_numel(b.shape);
+        if (numel < 0 || numel > INT64_MAX / size || numel * size != b.bytes)
+          br.fail("bytes", "is not its shape's elements times the dtype's size");
+        m.buffers.push_back(std::move(b));
+      }
     }
     m.is_block = r.boolean("is_block");
     if (r.has("borrowed_params")) m.borrowed_params = strings(r, "borrowed_params");
@@ -103,6 +133,12 @@ std::vector<int64_t> TraceFile::param_numels() const {
   std::vector<int64_t> out;
   for (const auto& m : modules)
     for (const auto& p : m.params) out.push_back(p.numel);
+  return out;
+}
+
+std::vector<BufferInfo> TraceFile::buffers() const {
+  std::vector<BufferInfo> out;
+  for (const auto& m : modules) out.insert(out.end(), m.buffers.begin(), m.buffers.end());
   return out;
 }
 
@@ -208,6 +244,9 @@ std::string trace_file_json(const TraceFile& f) {
     json steps = json::array();
     for (const auto& t : f.optimizer_steps) steps.push_back({{"op_names", t.op_names}, {"events", events_to_json(t)}});
     out["optimizer"] = {{"name", f.optimizer}, {"steps", steps}};
+    if (!f.optimizer_zero_grad.events.empty())
+      out["optimizer"]["zero_grad"] = {{"op_names", f.optimizer_zero_grad.op_names},
+                                       {"events", events_to_json(f.optimizer_zero_grad)}};
     if (!f.optimizer_param_steps.empty()) {
       json per_param = json::array();
       for (size_t i = 0; i + 1 < f.optimizer_param_steps.size(); i += 2) {
@@ -296,6 +335,11 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
       t.op_names = strings(r, "op_names");
       events_from(r, f.modules.size(), &t);
       f.optimizer_steps.push_back(std::move(t));
+    }
+    if (opt.has("zero_grad")) {
+      FieldReader r = opt.object("zero_grad");
+      f.optimizer_zero_grad.op_names = strings(r, "op_names");
+      events_from(r, f.modules.size(), &f.optimizer_zero_grad);
     }
     if (opt.has("per_param")) {
       const json& per = opt.need("per_param");

@@ -31,6 +31,9 @@ struct TraceFile {
   // step (lazily created state), [1] a later one. Empty when not recorded.
   std::string optimizer;  // what was traced, e.g. "torch.optim.AdamW(foreach=False)"
   std::vector<ModelTrace> optimizer_steps;
+  // Its zero_grad(set_to_none=True): what it allocates itself (the
+  // gradients it drops are not in it). No events when not recorded.
+  ModelTrace optimizer_zero_grad;
   // The same two steps of an optimizer holding one parameter alone, for
   // every parameter in parameters() order (the module table's): [2i] its
   // first step, [2i + 1] a later one. What a partition of the parameters
@@ -41,6 +44,8 @@ struct TraceFile {
   std::vector<int64_t> param_numels() const;
 
   int64_t param_count() const;
+  // Every module buffer, in named_buffers() order (the module table's).
+  std::vector<BufferInfo> buffers() const;
   // The trace at (dtype, recompute, batch, grads at start); nullptr when the
   // file has none.
   const ModelTrace* find(DType dtype, const std::vector<int>& recompute, int64_t batch,

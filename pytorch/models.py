@@ -22,8 +22,21 @@ whose forward(idx) returns the loss of predicting idx shifted by one.
            eager path computes; the rotary frequencies are computed in
            forward instead of kept in a buffer (a model with buffers is not
            planned by --stack pytorch yet).
+    gpt2-hf2022  Hugging Face transformers' GPT2LMHeadModel as it trained in
+           the 2022 write-up (../shared/reference/), op for op: written from
+           reading transformers' modeling_gpt2.py of v4.21-v4.24 (July to
+           November 2022), not copied. Each attention keeps the causal mask
+           as a buffer (`attn.bias`, uint8, n_positions x n_positions, made
+           bool for every forward) and `attn.masked_bias` (a 0-dim fp32
+           buffer the forward no longer reads); the scores are divided by a
+           0-dim tensor and masked with torch.where against another; the MLP's
+           gelu_new is its five element-wise ops; the loss takes the logits
+           of every position, then the shifted `.contiguous()` copies and
+           CrossEntropyLoss. The only model here with buffers: DDP broadcasts
+           them before every forward (broadcast_buffers=True), and
+           `plan --stack pytorch` charges that.
 
-Models here keep no buffers: what a module holds is its parameters.
+The others keep no buffers: what a module holds is its parameters.
 """
 import math
 
@@ -42,6 +55,15 @@ CONFIGS = {
     "llama-tiny": dict(family="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, intermediate_size=176, vocab_size=512,
                        rms_norm_eps=1e-5, rope_theta=500000.0),
+    # gpt2-tiny's shapes in the 2022 model (its mask buffers at n_positions 128).
+    "gpt2-hf2022-tiny": dict(family="gpt2-hf2022", n_embd=64, n_layer=2, n_head=4, vocab_size=512,
+                             n_positions=128),
+    # The reference scenario's models (Hugging Face's gpt2-large and gpt2-xl config.json):
+    # 774,030,080 and 1,557,611,200 parameters.
+    "gpt2-large-hf2022": dict(family="gpt2-hf2022", n_embd=1280, n_layer=36, n_head=20, vocab_size=50257,
+                              n_positions=1024),
+    "gpt2-xl-hf2022": dict(family="gpt2-hf2022", n_embd=1600, n_layer=48, n_head=25, vocab_size=50257,
+                           n_positions=1024),
 }
 
 
@@ -347,7 +369,103 @@ class LlamaForCausalLM(nn.Module):
         return F.cross_entropy(logits[:, :-1].reshape(-1, V), idx[:, 1:].reshape(-1))
 
 
-FAMILIES = {"gpt2": GPT2LMHead, "bert": BertForMaskedLM, "llama": LlamaForCausalLM}
+def gelu_new(x):
+    """transformers' NewGELUActivation (activations.py): the tanh GELU as
+    five element-wise ops, each its own tensor (what 2022's GPT-2 ran)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class HF2022Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d, P = cfg["n_embd"], cfg["n_positions"]
+        self.register_buffer("bias", torch.tril(torch.ones((P, P), dtype=torch.uint8)).view(1, 1, P, P))
+        self.register_buffer("masked_bias", torch.tensor(-1e4))
+        self.heads, self.head_dim = cfg["n_head"], d // cfg["n_head"]
+        self.c_attn, self.c_proj = Conv1D(d, 3 * d), Conv1D(d, d)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(0.1), nn.Dropout(0.1)
+
+    def split_heads(self, t):
+        return t.view(t.size()[:-1] + (self.heads, self.head_dim)).permute(0, 2, 1, 3)
+
+    def forward(self, x):
+        q, k, v = self.c_attn(x).split(self.heads * self.head_dim, dim=2)
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / torch.tensor(v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+        T = q.size(-2)
+        causal_mask = self.bias[:, :, 0:T, :T].to(torch.bool)
+        mask_value = torch.tensor(torch.finfo(w.dtype).min, dtype=w.dtype).to(w.device)
+        w = torch.where(causal_mask, w, mask_value)
+        w = nn.functional.softmax(w, dim=-1)
+        w = w.type(v.dtype)
+        w = self.attn_dropout(w)
+        y = torch.matmul(w, v)
+        y = y.permute(0, 2, 1, 3).contiguous()
+        y = y.view(y.size()[:-2] + (self.heads * self.head_dim,))
+        return self.resid_dropout(self.c_proj(y))
+
+
+class HF2022MLP(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.c_fc, self.c_proj, self.dropout = Conv1D(d, 4 * d), Conv1D(4 * d, d), nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(gelu_new(self.c_fc(x))))
+
+
+class HF2022Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg["n_embd"]
+        self.ln_1, self.attn = nn.LayerNorm(d, eps=1e-5), HF2022Attention(cfg)
+        self.ln_2, self.mlp = nn.LayerNorm(d, eps=1e-5), HF2022MLP(d)
+
+    def forward(self, x):
+        x = self.attn(self.ln_1(x)) + x
+        return x + self.mlp(self.ln_2(x))
+
+
+class HF2022Transformer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg["n_embd"]
+        self.wte, self.wpe = nn.Embedding(cfg["vocab_size"], d), nn.Embedding(cfg["n_positions"], d)
+        nn.init.normal_(self.wte.weight, 0, 0.02)  # _init_weights: initializer_range 0.02
+        nn.init.normal_(self.wpe.weight, 0, 0.02)
+        self.drop = nn.Dropout(0.1)
+        self.h = nn.ModuleList(HF2022Block(cfg) for _ in range(cfg["n_layer"]))
+        self.ln_f = nn.LayerNorm(d, eps=1e-5)
+
+
+class HF2022GPT2LMHeadModel(nn.Module):
+    """forward(input_ids, labels=None) -> the loss; labels default to the ids
+    (run_clm's labels are a copy of them: pass it to count its bytes)."""
+    block_class = HF2022Block
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.transformer = HF2022Transformer(cfg)
+        self.lm_head = nn.Linear(cfg["n_embd"], cfg["vocab_size"], bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tie_weights()
+
+    def forward(self, input_ids, labels=None):
+        t = self.transformer
+        T = input_ids.size(-1)
+        position_ids = torch.arange(0, T, dtype=torch.long, device=input_ids.device).unsqueeze(0).view(-1, T)
+        x = t.drop(t.wte(input_ids) + t.wpe(position_ids))
+        for block in t.h:
+            x = block(x)
+        x = t.ln_f(x)
+        lm_logits = self.lm_head(x)
+        labels = input_ids if labels is None else labels
+        shift_logits = lm_logits[..., :-1, :].contiguous()
+        shift_labels = labels[..., 1:].contiguous()
+        return nn.CrossEntropyLoss()(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
+
+
+FAMILIES = {"gpt2": GPT2LMHead, "gpt2-hf2022": HF2022GPT2LMHeadModel, "bert": BertForMaskedLM, "llama": LlamaForCausalLM}
 
 
 def build(name_or_cfg):

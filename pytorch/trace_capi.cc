@@ -144,13 +144,15 @@ int shardfit_trace_write(const char* path, const char* name, const char* factory
     g_traces.clear();
     if (!g_optimizer.empty()) {
       // Recorded in order: the optimizer's two steps over every parameter,
-      // then two per parameter alone (pytorch/trace_recorder.py).
+      // its zero_grad, then two steps per parameter alone
+      // (pytorch/trace_recorder.py).
       f.optimizer = optimizer ? optimizer : "";
       const size_t n = g_optimizer.size();
-      if (n < 2 || (n != 2 && n != 2 + 2 * f.param_numels().size()))
-        return fail("the optimizer's traces are not 2, nor 2 + 2 per parameter");
+      if (n < 3 || (n != 3 && n != 3 + 2 * f.param_numels().size()))
+        return fail("the optimizer's traces are not 3 (two steps, zero_grad), nor 3 + 2 per parameter");
       f.optimizer_steps.assign(g_optimizer.begin(), g_optimizer.begin() + 2);
-      f.optimizer_param_steps.assign(g_optimizer.begin() + 2, g_optimizer.end());
+      f.optimizer_zero_grad = g_optimizer[2];
+      f.optimizer_param_steps.assign(g_optimizer.begin() + 3, g_optimizer.end());
     }
     g_optimizer.clear();
     const std::string text = trace_file_json(f);

@@ -104,7 +104,8 @@ def on_meta():
 
 def module_table(model, block_class=None):
     """shardfit.trace/1's module table: named_modules() order, each module's
-    own parameters (a tied parameter once, under its first owner)."""
+    own parameters (a tied parameter once, under its first owner) and
+    buffers."""
     entries, index, seen = [], {}, set()
     for path, m in model.named_modules():
         index[id(m)] = len(entries)
@@ -115,9 +116,18 @@ def module_table(model, block_class=None):
             seen.add(id(p))
             params.append({"name": (path + "." if path else "") + local, "shape": list(p.shape),
                            "numel": p.numel()})
+        buffers = []
+        for local, b in m.named_buffers(recurse=False):
+            if b is None or id(b) in seen:
+                continue
+            seen.add(id(b))
+            buffers.append({"name": (path + "." if path else "") + local, "shape": list(b.shape),
+                            "dtype": str(b.dtype).replace("torch.", ""), "bytes": b.numel() * b.element_size()})
         is_block = block_class is not None and isinstance(m, block_class)
         entries.append({"path": path, "type": type(m).__name__, "parent": -1, "children": [],
                         "params": params, "is_block": is_block, "borrowed_params": []})
+        if buffers:
+            entries[-1]["buffers"] = buffers
     for path, m in model.named_modules():
         for child in m.children():
             if id(child) in index and entries[index[id(child)]]["parent"] == -1 and index[id(child)] != 0:
@@ -261,7 +271,8 @@ def make_optimizer(params):
 def trace_optimizer(lib, model, modules_json, target_cuda=False):
     """Records two optimizer steps over every parameter, each .grad present:
     the first (AdamW creates its state lazily: step, exp_avg, exp_avg_sq per
-    parameter) and a later one."""
+    parameter) and a later one; then its zero_grad(set_to_none=True); then
+    two steps of each parameter alone."""
     import torch
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -280,7 +291,18 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
 
     step(opt)
     step(opt)
+    # opt.zero_grad(set_to_none=True), as the training loop calls it: the
+    # gradients it drops were made outside the recording (not in the trace);
+    # what it allocates itself is (the profiler's record_function it runs
+    # under holds a few hundred host bytes on a CPU target).
+    if lib.shardfit_trace_begin(modules_json.encode(), 0, 0, b"fp32", b"[]", b"accumulate",
+                                1 if target_cuda else 0, torch.get_num_threads()) != 0:
+        raise BadInput("trace: " + lib.shardfit_trace_error().decode())
+    opt.zero_grad(set_to_none=True)
+    lib.shardfit_trace_end()
     del opt
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
     # Each parameter's steps alone: ZeroRedundancyOptimizer's local
     # optimizer holds a partition of the parameters, and a partition's step
     # is its parameters' state, then their updates (planner/pytorch_stack.cc).

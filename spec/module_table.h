@@ -18,6 +18,26 @@ struct ParamInfo {
   int64_t numel = 0;
 };
 
+// A module buffer (register_buffer): state that is not a parameter, e.g. the
+// causal mask 2022's Hugging Face GPT-2 keeps per attention. DDP broadcasts
+// every buffer before each forward (broadcast_buffers=True), grouped by dtype.
+struct BufferInfo {
+  std::string name;   // e.g. "transformer.h.0.attn.bias"
+  std::vector<int64_t> shape;
+  std::string dtype;  // torch's name without "torch.": "float32", "uint8", ...
+  int64_t bytes = 0;  // numel x element size
+};
+
+// A dtype's element size in bytes (torch's names, as BufferInfo::dtype), or
+// 0 for a name it does not know.
+inline int64_t dtype_element_size(const std::string& dtype) {
+  if (dtype == "bool" || dtype == "uint8" || dtype == "int8") return 1;
+  if (dtype == "float16" || dtype == "bfloat16" || dtype == "int16") return 2;
+  if (dtype == "float32" || dtype == "int32") return 4;
+  if (dtype == "float64" || dtype == "int64") return 8;
+  return 0;
+}
+
 struct ModuleNode {
   std::string path;  // "" for the root, else e.g. "transformer.h.0.attn"
   std::string type;  // e.g. "GPT2Block"
@@ -31,6 +51,9 @@ struct ModuleNode {
   // borrowers in one unit: a unit resharded after its forward would free a
   // weight that a later module still reads.
   std::vector<std::string> borrowed_params;
+  // Buffers owned directly, in named_buffers() order (a shared one once).
+  // Only traces from Python carry them (the built-ins keep none).
+  std::vector<BufferInfo> buffers;
 };
 
 }  // namespace shardfit::spec

@@ -99,6 +99,52 @@ TEST(PytorchDdp, AnAllocationPastTheBudgetIsOutOfMemoryWhereItHappens) {
   EXPECT_FALSE(simulate_pytorch_ddp(f.in, o).oom);
 }
 
+// broadcast_coalesced's flat tensors (c10d comm.cpp): one bucket per dtype,
+// closed once it reaches the limit, in the order of its first tensor; a
+// bucket of one tensor is a view of it.
+TEST(PytorchDdp, BroadcastCoalescedFlattensEachDtypesBucket) {
+  EXPECT_EQ(broadcast_coalesced_flats({{"float32", 100}, {"float32", 50}, {"uint8", 30}, {"uint8", 30}}, 1000),
+            (std::vector<int64_t>{150, 60}));
+  EXPECT_EQ(broadcast_coalesced_flats({{"uint8", 30}, {"float32", 4}, {"uint8", 30}}, 1000),
+            (std::vector<int64_t>{60, 0}));  // uint8's bucket starts first; float32's lone tensor: a view
+  EXPECT_EQ(broadcast_coalesced_flats({{"float32", 600}, {"float32", 600}, {"float32", 10}}, 1000),
+            (std::vector<int64_t>{1200, 0}));
+}
+
+// A model with buffers: they are allocated with it, and DDP broadcasts them
+// (with the parameters at construction, alone before every forward).
+TEST(PytorchDdp, BuffersAreBroadcastAtInitAndBeforeEveryForward) {
+  Fixture f;
+  f.in.param_numels = {25};  // the 100-byte model: one parameter
+  f.in.buffers = {{"a", {30}, "uint8", 30}, {"b", {30}, "uint8", 30}, {"c", {}, "float32", 4}};
+  ModelTrace small;  // the input, then the model: 10 bytes of activations, a kept 100-byte gradient
+  MemEvent root = ev(MemEvent::kModuleBegin, Phase::kForward, -1);
+  root.module = 0;
+  small.events = {ev(MemEvent::kAlloc, Phase::kForward, 1, 8), root, ev(MemEvent::kAlloc, Phase::kForward, 2, 10),
+                  ev(MemEvent::kAlloc, Phase::kBackward, 3, 100), ev(MemEvent::kFree, Phase::kBackward, 2),
+                  ev(MemEvent::kFree, Phase::kBackward, 1)};
+  f.in.no_grads = &small;
+  const StepSimResult r = simulate_pytorch_ddp(f.in, {});
+  // init: parameters 100 + buffers 64, the flats (parameter + c: 104; a + b: 60), then the buckets (100)
+  EXPECT_EQ(r.timeline[0].peak_allocated_bytes, 100 + 64 + 104 + 60);
+  EXPECT_EQ(r.timeline[0].allocated_bytes, 100 + 64 + 100);
+  // step 1's forward: the input, then the buffers' flat (a + b; c alone is a view), then 10 bytes
+  EXPECT_EQ(r.timeline[1].peak_allocated_bytes, 264 + 8 + 60);
+}
+
+// Reducer::sync_bucket_indices when the buckets are rebuilt (step 2): two
+// int32 tensors of parameters + 1 and two of buckets. gpt2-tiny (28
+// parameters, one bucket): 240 bytes, as measured around
+// reducer._rebuild_buckets() on 2 Gloo ranks (also bert-tiny's 42: 352;
+// llama-tiny's 21: 184).
+TEST(PytorchDdp, RebuildingTheBucketsSyncsTheirIndices) {
+  EXPECT_EQ(ddp_rebuild_sync_bytes(std::vector<int64_t>(28, 100)), 240);
+  EXPECT_EQ(ddp_rebuild_sync_bytes(std::vector<int64_t>(42, 100)), 352);
+  EXPECT_EQ(ddp_rebuild_sync_bytes(std::vector<int64_t>(21, 100)), 184);
+  // 1.2 MB each: the first bucket (1 MiB cap) closes after one, the second holds the other
+  EXPECT_EQ(ddp_rebuild_sync_bytes({300000, 300000}), 2 * 4 * 3 + 2 * 4 * 2);
+}
+
 TEST(PytorchDdp, ATraceFileWithoutPytorchsStepIsRefused) {
   Fixture f;
   f.in.no_grads = nullptr;

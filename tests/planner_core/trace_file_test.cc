@@ -55,6 +55,31 @@ TEST(TraceFile, WhatIsWrittenReadsBackTheSame) {
   EXPECT_EQ(trace_file_json(g), trace_file_json(f));
 }
 
+TEST(TraceFile, BuffersAndZeroGradReadBackAndABadBufferIsNamed) {
+  json j = json::parse(seed_text());
+  j["modules"][1]["buffers"] = {{{"name", "lin.mask"}, {"shape", {4, 4}}, {"dtype", "uint8"}, {"bytes", 16}},
+                                {{"name", "lin.scale"}, {"shape", json::array()}, {"dtype", "float32"}, {"bytes", 4}}};
+  j["optimizer"] = {{"name", "adamw"},
+                    {"steps", {{{"op_names", json::array()}, {"events", json::array()}},
+                               {{"op_names", json::array()}, {"events", json::array()}}}},
+                    {"zero_grad", {{"op_names", json::array()},
+                                   {"events", {{"alloc", "forward", 0, 1, 292, -1}, {"free", "forward", 0, 1, 0, -1}}}}}};
+  const TraceFile f = parse_trace_file(j.dump(), "toy");
+  ASSERT_EQ(f.buffers().size(), 2u);
+  EXPECT_EQ(f.buffers()[0].name, "lin.mask");
+  EXPECT_EQ(f.buffers()[1].bytes, 4);
+  ASSERT_EQ(f.optimizer_zero_grad.events.size(), 2u);
+  EXPECT_EQ(f.optimizer_zero_grad.events[0].bytes, 292);
+  EXPECT_EQ(trace_file_json(parse_trace_file(trace_file_json(f), "again")), trace_file_json(f));
+
+  j["modules"][1]["buffers"][0]["bytes"] = 17;
+  EXPECT_EQ(error_of(j.dump()), "--trace t.json: field 'modules[1].buffers[0].bytes' is not its shape's elements "
+                                "times the dtype's size");
+  j["modules"][1]["buffers"][0]["dtype"] = "complex32";
+  EXPECT_NE(error_of(j.dump()).find("field 'modules[1].buffers[0].dtype' 'complex32' is not a dtype"),
+            std::string::npos);
+}
+
 TEST(TraceFile, AnotherSchemaVersionIsRefusedByName) {
   json j = json::parse(seed_text());
   j["schema"] = "shardfit.trace/2";

@@ -46,6 +46,13 @@ class TraceTest(unittest.TestCase):
         assert out.returncode == 0, out.stderr[-2000:]
         with open(cls.trace) as f:
             cls.file = json.load(f)
+        # 2022's Hugging Face GPT-2 (pytorch/models.py): the model with buffers.
+        cls.hf_trace = os.path.join(cls.tmp.name, "gpt2-hf2022-tiny.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
+                              "--out", cls.hf_trace], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        with open(cls.hf_trace) as f:
+            cls.hf_file = json.load(f)
 
     def test_the_file_holds_the_module_table_and_batches_1_2_3(self):
         f = self.file
@@ -62,17 +69,17 @@ class TraceTest(unittest.TestCase):
         self.assertIn("transformer.h.1.attn.c_attn.weight", names)
         self.assertEqual(len(names), len(set(names)))
 
-    def test_every_batch_traced_is_what_the_cpu_step_allocates(self):
+    def check_every_batch(self, name, file):
         # The same model on the CPU, one forward + loss + backward with the
         # gradients in place or none, its blocks checkpointed or not (as each
         # trace says), measured by the meter.
         import gc
         import validate
         meter = shardfit_meter.Meter()
-        params = 141056 * 4
-        for t in self.file["traces"]:
+        params = file["model"]["params"] * 4
+        for t in file["traces"]:
             torch.manual_seed(0)
-            model = models.build("gpt2-tiny")
+            model = models.build(name)
             model.train()
             if t["recompute"]:
                 validate.checkpoint_blocks(torch, model)
@@ -80,7 +87,7 @@ class TraceTest(unittest.TestCase):
                 p.grad = torch.zeros_like(p) if t["grads"] == "accumulate" else None
             meter.reset_peak()
             base = meter.allocated
-            x = models.token_input(512)(t["batch"], 64, "cpu")
+            x = models.token_input(models.vocab_size(name))(t["batch"], 64, "cpu")
             loss = model(x)
             loss.backward()
             del loss, x
@@ -89,9 +96,20 @@ class TraceTest(unittest.TestCase):
             self.assertEqual(left, kept)
             self.assertEqual(meter.allocated - base, kept)
             self.assertEqual(peak, meter.peak - base,
-                             "batch %d, grads %s, recompute %s" % (t["batch"], t["grads"], t["recompute"]))
+                             "%s: batch %d, grads %s, recompute %s" % (name, t["batch"], t["grads"], t["recompute"]))
             del model  # a checkpointed model is a reference cycle (forward -> bound method -> module)
             gc.collect()
+
+    def test_every_batch_traced_is_what_the_cpu_step_allocates(self):
+        self.check_every_batch("gpt2-tiny", self.file)
+
+    def test_a_model_with_buffers_is_traced_exactly_and_its_buffers_listed(self):
+        self.check_every_batch("gpt2-hf2022-tiny", self.hf_file)
+        buffers = [b for m in self.hf_file["modules"] for b in m.get("buffers", [])]
+        self.assertEqual([b["name"] for b in buffers],
+                         ["transformer.h.%d.attn.%s" % (i, n) for i in range(2) for n in ("bias", "masked_bias")])
+        self.assertEqual([(b["dtype"], b["bytes"]) for b in buffers], [("uint8", 128 * 128), ("float32", 4)] * 2)
+        self.assertEqual(self.hf_file["model"]["params"], 141056)  # gpt2-tiny's shapes; the head tied
 
     def test_the_optimizers_steps_are_what_adamw_allocates_on_the_cpu(self):
         meter = shardfit_meter.Meter()
@@ -106,6 +124,15 @@ class TraceTest(unittest.TestCase):
             peak, left = replay_peak(step["events"])
             self.assertEqual(peak, meter.peak - base)
             self.assertEqual(left, meter.allocated - base)
+        # zero_grad(set_to_none=True): what it allocates itself (the
+        # profiler's record_function it runs under), then the gradients go.
+        meter.reset_peak()
+        base = meter.allocated
+        opt.zero_grad(set_to_none=True)
+        peak, left = replay_peak(self.file["optimizer"]["zero_grad"]["events"])
+        self.assertGreater(peak, 0)
+        self.assertEqual(peak, meter.peak - base)
+        self.assertEqual(left - 141056 * 4, meter.allocated - base)
 
     def test_plan_from_the_trace_file(self):
         out = subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--device", "cpu", "--gpus", "2",
