@@ -20,6 +20,7 @@ struct PlanArgs {
   std::string trace;
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
+  std::string zero_grad = "none";
   int steps = 2;
   int64_t seq_len = 128;
   std::string loss = "full";
@@ -49,6 +50,14 @@ int run(const PlanArgs& a) {
   if (a.ddp_bucket_view && r.stack != planner::Stack::kPytorch)
     throw BadInput("--ddp-bucket-view: a PyTorch DDP option; give --stack pytorch");
   r.ddp_bucket_view = a.ddp_bucket_view;
+  if (a.zero_grad != "none" && a.zero_grad != "zero")
+    throw BadInput("--zero-grad " + a.zero_grad + ": expected none (set_to_none=True) or zero (set_to_none=False)");
+  if (a.zero_grad != "none" && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--zero-grad: a PyTorch optimizer option; give --stack pytorch");
+  r.zero_grad_set_to_none = a.zero_grad == "none";
+  if (!r.zero_grad_set_to_none && r.ddp_bucket_view)
+    throw BadInput("--zero-grad zero with --ddp-bucket-view: not simulated yet (the gradients, views of DDP's first "
+                   "buckets, keep them alive while the second forward rebuilds them; measured, not yet modelled)");
   if (a.steps != 2 && r.stack != planner::Stack::kPytorch)
     throw BadInput("--steps: --stack pytorch only (shardfit's plans are for a job's steady state)");
   r.steps = a.steps;
@@ -144,6 +153,10 @@ Command add_plan_command(CLI::App& app) {
       ->check(AtLeastOne);
   sub->add_flag("--ddp-bucket-view", a->ddp_bucket_view,
                 "--stack pytorch: DDP(gradient_as_bucket_view=True) (PyTorch's default is False)");
+  sub->add_option("--zero-grad", a->zero_grad,
+                  "--stack pytorch: what the loop's opt.zero_grad() does: none (set_to_none=True, PyTorch 2.x's "
+                  "default, the gradients dropped) or zero (set_to_none=False, PyTorch 1.x's default, zeroed in place)")
+      ->capture_default_str();
   auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--loss", a->loss,
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "

@@ -273,9 +273,12 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   if (!file)
     throw std::invalid_argument("--stack pytorch: needs --trace (a model traced in its own Python process by "
                                 "pytorch/trace_recorder.py)");
-  if (r.profile.kind == DeviceKind::kCuda)
-    throw std::invalid_argument("--stack pytorch: this version simulates PyTorch's stack on CPU ranks only (the "
-                                "CUDA caching allocator under PyTorch's DDP is not modelled yet); use --device cpu");
+  const bool cuda = r.profile.kind == DeviceKind::kCuda;
+  if (cuda != file->target_cuda)
+    throw std::invalid_argument(std::string("--trace: the file was traced for ") + (file->target_cuda ? "CUDA" : "CPU") +
+                                " kernels and --device " + r.profile.name + " is " + (cuda ? "a GPU" : "the CPU") +
+                                ": trace it again with pytorch/trace_recorder.py" +
+                                (cuda ? " --target cuda" : " (without --target cuda)"));
   // The blocks, under torch.utils.checkpoint for +ckpt (what a plan
   // recomputes when nothing but the root is a unit: spec/recompute.h).
   const std::vector<int> blocks =
@@ -340,7 +343,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     at.with_grads = &with;
     PytorchDdpOptions o;
     o.gradient_as_bucket_view = r.ddp_bucket_view;
+    o.zero_grad_set_to_none = r.zero_grad_set_to_none;
     o.budget_bytes = budget;
+    o.cuda_caching = cuda && r.profile.allocator == AllocatorKind::kCudaCaching;
+    if (cuda) o.overhead_bytes = r.profile.cublas_workspace_allocations;
     o.steps = std::min(r.steps, 2);
     o.zero_redundancy = c.sharding == Sharding::kZero1;
     o.world_size = world;
@@ -379,7 +385,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(simulate(c, b)); }, r.max_batch);
     const auto at_fit = simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
     const StepSimResult& fit = worst(at_fit);
-    pc.predicted.peak_allocated_bytes = pc.predicted.peak_reserved_bytes = fit.peak_allocated_bytes;
+    pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
+    pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
     pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
     if (at_fit.size() > 1)
       for (const auto& x : at_fit) pc.predicted.rank_peak_allocated_bytes.push_back(x.peak_allocated_bytes);

@@ -27,6 +27,10 @@ struct PlanRequest {
   Stack stack = Stack::kShardfit;
   // --stack pytorch: DDP(gradient_as_bucket_view=True) (default False, as PyTorch's).
   bool ddp_bucket_view = false;
+  // --stack pytorch: opt.zero_grad(set_to_none=...): true drops the
+  // gradients (PyTorch 2.x's default; `--zero-grad none`), false zeroes them
+  // in place (PyTorch 1.x's default; `--zero-grad zero`).
+  bool zero_grad_set_to_none = true;
   // --stack pytorch: the training steps the job runs. 2 or more: a job's
   // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
   // during its forward).

@@ -9,88 +9,109 @@
 namespace shardfit::planner {
 namespace {
 
-// An exact allocator with a budget, by memory class, and the timeline.
+// The allocator (exact, as the CPU meter counts; or the CUDA caching
+// allocator's model) with the step's bookkeeping: each storage by id and
+// memory class, the peaks and where they were set, the timeline.
 class Ledger {
  public:
-  Ledger(int64_t budget, StepSimResult* out) : budget_(budget), out_(out) {}
+  Ledger(AllocatorModel& allocator, StepSimResult* out) : a_(allocator), out_(out) { a_.reset(); }
 
-  bool alloc(Category c, int64_t bytes, const std::string& label) {
-    if (out_->oom) return false;
-    if (live_ + bytes > budget_) {
+  // The id of a new storage of `bytes`, or -1 on out of memory.
+  int64_t alloc(Category c, int64_t bytes, const std::string& label) {
+    if (out_->oom) return -1;
+    const int64_t id = static_cast<int64_t>(category_.size());
+    if (!a_.alloc(id, bytes, 0)) {
       out_->oom = true;
       out_->oom_label = label;
       out_->oom_category = c;
       out_->oom_request_bytes = bytes;
-      return false;
+      return -1;
     }
-    live_ += bytes;
-    by_[static_cast<int>(c)] += bytes;
-    if (live_ > out_->peak_allocated_bytes) {
-      out_->peak_allocated_bytes = out_->peak_reserved_bytes = live_;
-      out_->peak_allocated_label = out_->peak_reserved_label = label;
+    category_.push_back(c);
+    charged_.push_back(a_.charged_bytes(id));
+    by_[static_cast<int>(c)] += charged_.back();
+    if (a_.allocated_bytes() > out_->peak_allocated_bytes) {
+      out_->peak_allocated_bytes = a_.allocated_bytes();
+      out_->peak_allocated_label = label;
       out_->peak_breakdown_bytes = by_;
     }
-    since_point_ = std::max(since_point_, live_);
-    return true;
+    if (a_.reserved_bytes() > out_->peak_reserved_bytes) {
+      out_->peak_reserved_bytes = a_.reserved_bytes();
+      out_->peak_reserved_label = label;
+    }
+    since_allocated_ = std::max(since_allocated_, a_.allocated_bytes());
+    since_reserved_ = std::max(since_reserved_, a_.reserved_bytes());
+    return id;
   }
-  void free(Category c, int64_t bytes) {
-    live_ -= bytes;
-    by_[static_cast<int>(c)] -= bytes;
+  void free(int64_t id) {
+    if (id < 0 || charged_[id] < 0) return;
+    by_[static_cast<int>(category_[id])] -= charged_[id];
+    charged_[id] = -1;
+    a_.free(id);
+  }
+  void free_all(std::vector<int64_t>& ids) {
+    for (int64_t id : ids) free(id);
+    ids.clear();
   }
   void point(const std::string& label) {
     TimelinePoint p;
     p.label = label;
-    p.allocated_bytes = p.reserved_bytes = live_;
-    p.peak_allocated_bytes = p.peak_reserved_bytes = since_point_;
+    p.allocated_bytes = a_.allocated_bytes();
+    p.reserved_bytes = a_.reserved_bytes();
+    p.peak_allocated_bytes = since_allocated_;
+    p.peak_reserved_bytes = since_reserved_;
     out_->timeline.push_back(p);
     out_->timeline_category_bytes.push_back(by_);
-    since_point_ = live_;
+    since_allocated_ = a_.allocated_bytes();
+    since_reserved_ = a_.reserved_bytes();
   }
-  bool oom() const { return out_->oom; }
+  void finish() { out_->num_alloc_retries = a_.num_alloc_retries(); }
 
  private:
-  int64_t budget_;
+  AllocatorModel& a_;
   StepSimResult* out_;
-  int64_t live_ = 0;
-  int64_t since_point_ = 0;
+  std::vector<Category> category_;  // by id
+  std::vector<int64_t> charged_;    // by id; -1 once freed
+  int64_t since_allocated_ = 0, since_reserved_ = 0;
   CategoryBytes by_{};
 };
 
 // Allocates and frees broadcast_coalesced's flat tensors in its order (at
-// most kBroadcastMaxInFlight alive). False on out of memory.
+// most kBroadcastMaxInFlight alive; a view allocates nothing). False on out
+// of memory.
 bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::string& label) {
+  std::vector<int64_t> ids;
   size_t done = 0;
   for (size_t i = 0; i < flats.size(); ++i) {
-    if (i - done >= static_cast<size_t>(kBroadcastMaxInFlight)) ledger.free(Category::kCommBuffers, flats[done++]);
-    if (!ledger.alloc(Category::kCommBuffers, flats[i], label)) return false;
+    if (i - done >= static_cast<size_t>(kBroadcastMaxInFlight)) ledger.free(ids[done++]);
+    ids.push_back(flats[i] > 0 ? ledger.alloc(Category::kCommBuffers, flats[i], label) : -1);
+    if (flats[i] > 0 && ids.back() < 0) return false;
   }
-  for (; done < flats.size(); ++done) ledger.free(Category::kCommBuffers, flats[done]);
+  for (; done < ids.size(); ++done) ledger.free(ids[done]);
   return true;
 }
 
 // Replays a trace's storages. Storages still live at its end stay charged to
-// `kept` (the gradients of a no-grads trace; the optimizer's state); the rest
-// are `transient`. With `stop_at_backward` (a training step's trace) the
-// labels are step/forward and step/backward and a point is recorded where
-// backward begins; else every label is `step`. Returns the bytes kept, or
-// -1 on out of memory. `before_model` (when given) runs where the root
-// module's forward begins (after the trace's inputs are made): DDP's
-// pre-forward work.
-int64_t replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward,
-               Category transient, Category kept, const std::function<bool()>& before_model = {}) {
-  // Which storages outlive the trace: they are charged to `kept` from the start.
-  std::unordered_map<int64_t, int64_t> live;
+// `kept` (the gradients of a no-grads trace; the optimizer's state) and
+// their ids are appended to `kept_ids`; the rest are `transient`. With
+// `stop_at_backward` (a training step's trace) the labels are step/forward
+// and step/backward and a point is recorded where backward begins; else
+// every label is `step`. False on out of memory. `before_model` (when
+// given) runs where the root module's forward begins (after the trace's
+// inputs are made): DDP's pre-forward work.
+bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
+            Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model = {}) {
+  std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
   std::unordered_map<int64_t, bool> freed;
   for (const auto& e : t.events)
     if (e.kind == MemEvent::kFree) freed[e.tensor] = true;
   bool in_backward = false;
-  int64_t kept_bytes = 0;
   bool model_called = false;
   for (const auto& e : t.events) {
     if (before_model && !model_called && e.kind == MemEvent::kModuleBegin && e.module == 0 &&
         e.phase == Phase::kForward) {
       model_called = true;
-      if (!before_model()) return -1;
+      if (!before_model()) return false;
     }
     if (stop_at_backward && !in_backward && e.phase != Phase::kForward) {
       in_backward = true;
@@ -100,15 +121,18 @@ int64_t replay(const ModelTrace& t, Ledger& ledger, const std::string& step, boo
         !stop_at_backward ? step : step + (e.phase == Phase::kForward ? "/forward" : "/backward");
     if (e.kind == MemEvent::kAlloc) {
       const bool stays = !freed.count(e.tensor);
-      if (!ledger.alloc(stays ? kept : transient, e.bytes, label)) return -1;
-      live[e.tensor] = e.bytes;
-      if (stays) kept_bytes += e.bytes;
+      const int64_t id = ledger.alloc(stays ? kept : transient, e.bytes, label);
+      if (id < 0) return false;
+      if (stays && kept_ids) kept_ids->push_back(id);
+      live[e.tensor] = id;
     } else if (e.kind == MemEvent::kFree) {
-      ledger.free(transient, live[e.tensor]);
-      live.erase(e.tensor);
+      if (auto it = live.find(e.tensor); it != live.end()) {
+        ledger.free(it->second);
+        live.erase(it);
+      }
     }
   }
-  return kept_bytes;
+  return true;
 }
 
 }  // namespace
@@ -141,21 +165,31 @@ std::vector<int64_t> broadcast_coalesced_flats(const std::vector<CoalescedTensor
   return flats;
 }
 
-int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels) {
+std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& param_numels) {
   constexpr int64_t kFirstBucketBytes = 1LL << 20, kBucketBytes = 25LL << 20;
-  int64_t buckets = 0, open = 0;
-  bool first = true;
+  std::vector<int64_t> buckets;
+  int64_t open = 0;
   for (auto it = param_numels.rbegin(); it != param_numels.rend(); ++it) {
     open += 4 * *it;
-    if (open >= (first ? kFirstBucketBytes : kBucketBytes)) {
-      ++buckets;
+    if (open >= (buckets.empty() ? kFirstBucketBytes : kBucketBytes)) {
+      buckets.push_back(open);
       open = 0;
-      first = false;
     }
   }
-  if (open > 0) ++buckets;
-  const int64_t params = static_cast<int64_t>(param_numels.size());
-  return 2 * 4 * (params + 1) + 2 * 4 * buckets;
+  if (open > 0) buckets.push_back(open);
+  return buckets;
+}
+
+std::vector<int64_t> ddp_rebuild_sync_tensors(const std::vector<int64_t>& param_numels, size_t buckets) {
+  const int64_t indices = 4 * (static_cast<int64_t>(param_numels.size()) + 1);
+  const int64_t sizes = 4 * static_cast<int64_t>(buckets);
+  return {indices, indices, sizes, sizes};
+}
+
+int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels) {
+  int64_t total = 0;
+  for (int64_t b : ddp_rebuild_sync_tensors(param_numels, ddp_bucket_bytes(param_numels).size())) total += b;
+  return total;
 }
 
 std::vector<std::vector<int>> zero_redundancy_partition(const std::vector<int64_t>& numels, int world_size) {
@@ -254,41 +288,57 @@ ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param, cons
 }
 
 StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
+  if (o.cuda_caching) {
+    CudaCachingAllocatorModel a(o.budget_bytes);
+    return simulate_pytorch_ddp(in, o, a);
+  }
+  ExactAllocator a(o.budget_bytes);
+  return simulate_pytorch_ddp(in, o, a);
+}
+
+StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o, AllocatorModel& allocator) {
   if (!in.no_grads || !in.with_grads || !in.optimizer_first || !in.optimizer_later)
     throw std::invalid_argument("--stack pytorch: the trace file lacks PyTorch's step (no-grads traces and the "
                                 "optimizer's steps): record it again with pytorch/trace_recorder.py");
   if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
   StepSimResult out;
-  Ledger ledger(o.budget_bytes, &out);
+  Ledger ledger(allocator, &out);
+  // Parameters one tensor each (as the module made them); a total alone
+  // (tests) is one tensor.
+  std::vector<int64_t> numels = in.param_numels;
+  if (numels.empty() && in.param_bytes > 0) numels.push_back(in.param_bytes / 4);
 
-  // Init. The model's parameters and buffers, then DDP's construction:
+  // Init: what exists before the model (the CUDA target's fixed
+  // allocations: the profile's cuBLAS workspaces), the model's parameters
+  // and buffers, then DDP's construction:
   //  - _sync_module_states (distributed/utils.py) broadcasts the parameters,
   //    then the buffers, from rank 0 through broadcast_coalesced with
   //    broadcast_bucket_size (250 MiB): its flat tensors come and go;
   //  - the Reducer's buckets: one flat gradient tensor per bucket, as many
   //    elements as its parameters (reducer.cpp Reducer::initialize_buckets:
-  //    `bucket.gradients = at::empty({offset}, options)`), every parameter
-  //    that requires grad in exactly one bucket: the parameters' bytes again,
-  //    however bucket_cap_mb cuts them. After the first iteration the buckets
-  //    are rebuilt in gradient-ready order (Reducer::rebuild_buckets ->
-  //    initialize_buckets, which clears the old buckets first): same bytes.
+  //    `bucket.gradients = at::empty({offset}, options)`). In the first
+  //    iteration one bucket holds every parameter (distributed.py,
+  //    _ddp_init_helper: bucket_size_limits [sys.maxsize] unless
+  //    find_unused_parameters); the second forward rebuilds them in
+  //    gradient-ready order (ddp_bucket_bytes).
   const std::string init = "init";
+  for (int64_t b : o.overhead_bytes)
+    if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
   std::vector<CoalescedTensor> buffers;
-  int64_t buffer_bytes = 0;
-  for (const auto& b : in.buffers) {
-    buffers.push_back({b.dtype, b.bytes});
-    buffer_bytes += b.bytes;
-  }
+  for (const auto& b : in.buffers) buffers.push_back({b.dtype, b.bytes});
   std::vector<CoalescedTensor> states;
-  for (int64_t n : in.param_numels) states.push_back({"float32", 4 * n});
+  int64_t param_bytes = 0;
+  for (int64_t n : numels) {
+    states.push_back({"float32", 4 * n});
+    param_bytes += 4 * n;
+    if (ledger.alloc(Category::kParams, 4 * n, init) < 0) return out;
+  }
+  for (const auto& b : buffers)
+    if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
   states.insert(states.end(), buffers.begin(), buffers.end());
-  if (in.param_numels.empty() && in.param_bytes > 0)  // parameters given as one total: one tensor
-    states.insert(states.begin(), {"float32", in.param_bytes});
-  if (!ledger.alloc(Category::kParams, in.param_bytes, init) ||
-      !ledger.alloc(Category::kParams, buffer_bytes, init) ||
-      !broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init) ||
-      !ledger.alloc(Category::kCommBuffers, in.param_bytes, init))
-    return out;
+  if (!broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init)) return out;
+  std::vector<int64_t> buckets{ledger.alloc(Category::kCommBuffers, param_bytes, init)};
+  if (buckets[0] < 0) return out;
   // Before every forward (DDP.forward -> _sync_buffers, broadcast_buffers=True
   // by default, in training): the buffers broadcast again from rank 0.
   const std::vector<int64_t> buffer_flats = broadcast_coalesced_flats(buffers, kDdpBroadcastBucketBytes);
@@ -308,49 +358,63 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     zero_later = compose_optimizer_step(*in.optimizer_param_steps, part, false);
   }
 
-  const int64_t rebuild_bytes = ddp_rebuild_sync_bytes(in.param_numels);
-  int64_t grads = 0;  // .grad storages outside the buckets (the default mode)
+  const std::vector<int64_t> rebuilt = ddp_bucket_bytes(numels);
+  std::vector<int64_t> grads;  // .grad storages outside the buckets (the default mode)
   for (int k = 1; k <= o.steps; ++k) {
     const std::string step = "step" + std::to_string(k);
-    // opt.zero_grad(set_to_none=True): what it allocates itself (traced),
-    // then every .grad dropped. With gradient_as_bucket_view they are views
-    // of the buckets: nothing freed.
+    // opt.zero_grad(): what it allocates itself (traced), then, with
+    // set_to_none=True, every .grad dropped (with gradient_as_bucket_view
+    // they are views of the buckets: nothing freed); with set_to_none=False
+    // (PyTorch < 2.0's default) each .grad zeroed in place: they stay.
     if (in.zero_grad &&
-        replay(*in.zero_grad, ledger, step + "/forward", false, Category::kTemporaries, Category::kTemporaries) < 0)
+        !replay(*in.zero_grad, ledger, step + "/forward", false, Category::kTemporaries, Category::kTemporaries,
+                nullptr))
       return out;
-    ledger.free(Category::kGrads, grads);
-    grads = 0;
-    // Forward, loss and backward. Default mode: AccumulateGrad keeps the
-    // gradient each op made as .grad (no .grad at the start); the reducer's
-    // hook copies it into its bucket (in place: reducer.cpp
-    // mark_variable_ready_dense, `bucket_view.copy_(grad)` / mul_out) and
-    // after the all-reduce copies the bucket back into it: the no-grads
-    // trace, its gradients kept. gradient_as_bucket_view: the hook copies
-    // the gradient into the bucket and points .grad at the bucket's view,
-    // dropping the op's gradient right after AccumulateGrad took it: the
-    // with-grads trace, where each op's gradient is freed right after it is
-    // accumulated.
-    const ModelTrace& fb = o.gradient_as_bucket_view ? *in.with_grads : *in.no_grads;
-    const int64_t kept = replay(fb, ledger, step, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads,
-                                [&] {
-                                  // DDP.forward: in the second iteration the buckets are rebuilt
-                                  // (same bytes; the indices synced), then the buffers broadcast.
-                                  if (k == 2) {
-                                    if (!ledger.alloc(Category::kCommBuffers, rebuild_bytes, step + "/forward"))
-                                      return false;
-                                    ledger.free(Category::kCommBuffers, rebuild_bytes);
-                                  }
-                                  return broadcast(ledger, buffer_flats, step + "/forward");
-                                });
-    if (kept < 0) return out;
-    grads = o.gradient_as_bucket_view ? 0 : kept;
+    if (o.zero_grad_set_to_none) ledger.free_all(grads);
+    // Forward, loss and backward. With no .grad (first step, or after
+    // set_to_none) in the default mode, AccumulateGrad keeps the gradient
+    // each op made as .grad; the reducer's hook copies it into its bucket
+    // (in place: reducer.cpp mark_variable_ready_dense, `bucket_view.copy_(
+    // grad)` / mul_out) and after the all-reduce copies the bucket back into
+    // it: the no-grads trace, its gradients kept. With every .grad present
+    // (they stayed), or with gradient_as_bucket_view (the hook points .grad
+    // at the bucket's view, dropping the op's gradient right after
+    // AccumulateGrad took it), each op's gradient is freed once accumulated:
+    // the with-grads trace.
+    const bool grads_exist = !grads.empty();
+    const ModelTrace& fb = (o.gradient_as_bucket_view || grads_exist) ? *in.with_grads : *in.no_grads;
+    const bool ok = replay(fb, ledger, step, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads,
+                           &grads, [&] {
+                             // DDP.forward: in the second iteration the buckets are rebuilt
+                             // (Reducer::rebuild_buckets: sync_bucket_indices' four int32
+                             // tensors, then initialize_buckets frees the old buckets and
+                             // makes the new), then the buffers are broadcast.
+                             if (k == 2) {
+                               std::vector<int64_t> sync;
+                               for (int64_t b : ddp_rebuild_sync_tensors(numels, rebuilt.size())) {
+                                 sync.push_back(ledger.alloc(Category::kCommBuffers, b, step + "/forward"));
+                                 if (sync.back() < 0) return false;
+                               }
+                               ledger.free_all(sync);
+                               ledger.free_all(buckets);
+                               for (int64_t b : rebuilt) {
+                                 buckets.push_back(ledger.alloc(Category::kCommBuffers, b, step + "/forward"));
+                                 if (buckets.back() < 0) return false;
+                               }
+                             }
+                             return broadcast(ledger, buffer_flats, step + "/forward");
+                           });
+    if (!ok) return out;
+    if (o.gradient_as_bucket_view) grads.clear();  // views of the buckets (no storage of their own)
     ledger.point(step + "/backward");
     // opt.step(): torch.optim.AdamW, traced: step 1 creates its state.
     const ModelTrace& opt = o.zero_redundancy ? (k == 1 ? zero_first : zero_later)
                                               : (k == 1 ? *in.optimizer_first : *in.optimizer_later);
-    if (replay(opt, ledger, step + "/optimizer", false, Category::kTemporaries, Category::kOptimizer) < 0) return out;
+    if (!replay(opt, ledger, step + "/optimizer", false, Category::kTemporaries, Category::kOptimizer, nullptr))
+      return out;
     ledger.point(step + "/optimizer");
   }
+  ledger.finish();
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/allocator_model.h"
 #include "planner/model_trace.h"
 #include "planner/step_simulator.h"
 
@@ -51,6 +52,14 @@ struct PytorchDdpOptions {
   int rank = 0;
   int steps = 2;                         // training steps after init (step 2 on repeats)
   int64_t budget_bytes = INT64_MAX;      // an allocation past it is out of memory
+  // The CUDA caching allocator (a CUDA profile) instead of the exact one.
+  bool cuda_caching = false;
+  // Allocations that exist before the model (the profile's cuBLAS workspaces).
+  std::vector<int64_t> overhead_bytes;
+  // opt.zero_grad(set_to_none=...): True drops every .grad (PyTorch 2.x's
+  // default, and pytorch/validate.py's loop); False zeroes them in place, so
+  // they stay allocated from step 1's backward on (PyTorch 1.x's default).
+  bool zero_grad_set_to_none = true;
 };
 
 // Replays init (the model, DDP's buckets) and `steps` training steps through
@@ -59,6 +68,10 @@ struct PytorchDdpOptions {
 // pytorch/validate.py marks: "init", "stepK/forward", "stepK/backward",
 // "stepK/optimizer". Stops at the first allocation past the budget.
 StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& inputs, const PytorchDdpOptions& options);
+// The same through `allocator` (reset first); options.budget_bytes and
+// cuda_caching are the allocator's business then.
+StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& inputs, const PytorchDdpOptions& options,
+                                   AllocatorModel& allocator);
 
 // torch.distributed's _broadcast_coalesced (PyTorch 1.13, c10d comm.cpp
 // broadcast_coalesced), as the allocator sees it: the tensors cut into
@@ -84,6 +97,9 @@ std::vector<int64_t> broadcast_coalesced_flats(const std::vector<CoalescedTensor
 // reverse of parameters()), cut at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB)
 // for the first and bucket_cap_mb (25 MiB) after (distributed.py).
 int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels);
+std::vector<int64_t> ddp_rebuild_sync_tensors(const std::vector<int64_t>& param_numels, size_t buckets);
+// The rebuilt buckets' bytes, in the order they are made.
+std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& param_numels);
 inline constexpr int kBroadcastMaxInFlight = 2;       // comm.cpp: max_in_flight
 inline constexpr int64_t kDdpBroadcastBucketBytes = 250LL << 20;  // distributed.py: broadcast_bucket_size
 

@@ -313,7 +313,7 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
         del one
 
 
-def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3)):
+def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False):
     import torch
     lib = library()
     factory = resolve(model_spec, "model")
@@ -342,7 +342,7 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         # zero_grad(set_to_none=True) (plan --stack pytorch).
         for grads in ("accumulate", "none"):
             for b in batches:
-                trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads)
+                trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda)
         # The same with every block under torch.utils.checkpoint (the +ckpt
         # candidates; blocks are what a plan recomputes without wrap units).
         blocks = {m: index[id(m)] for m in model.modules() if block is not None and isinstance(m, block)}
@@ -351,15 +351,17 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
             try:
                 for grads in ("accumulate", "none"):
                     for b in batches:
-                        trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, checkpointed=ckpt)
+                        trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda,
+                                    checkpointed=ckpt)
             finally:
                 ckpt.restore()
     finally:
         for h in handles:
             h.remove()
-    trace_optimizer(lib, model, modules_json)
+    trace_optimizer(lib, model, modules_json, target_cuda)
     if lib.shardfit_trace_write(out.encode(), (name or model_spec).encode(), model_spec.encode(),
-                                (input_spec or model_spec).encode(), seq_len, modules_json.encode(), 0,
+                                (input_spec or model_spec).encode(), seq_len, modules_json.encode(),
+                                1 if target_cuda else 0,
                                 OPTIMIZER.encode()) != 0:
         raise BadInput("--out %s: %s" % (out, lib.shardfit_trace_error().decode()))
 
@@ -371,11 +373,14 @@ def main():
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--name", help="the model's name in plans (default: --model)")
     p.add_argument("--out", required=True)
+    p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
+                   help="whose kernels the trace imitates: the CPU's (plan --device cpu) or CUDA's (a GPU profile); "
+                        "no GPU is needed either way")
     a = p.parse_args()
     try:
         if a.seq_len < 1:
             raise BadInput("--seq-len %d: must be at least 1" % a.seq_len)
-        record(a.model, a.input, a.seq_len, a.out, a.name)
+        record(a.model, a.input, a.seq_len, a.out, a.name, target_cuda=a.target == "cuda")
     except BadInput as e:
         print("trace_recorder: %s" % e, file=sys.stderr)
         sys.exit(2)

@@ -81,7 +81,7 @@ def train(args, rank, meter, torch, models):
     meter.mark("init")
     losses = []
     for step in range(1, args.steps + 1):
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=args.zero_grad == "none")
         x = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
         if args.bf16:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -121,7 +121,7 @@ def run(args):
     ranks.sort(key=lambda r: r["rank"])
     if not ranks:
         raise SystemExit("validate.py: no rank reported (see the errors above)")
-    return {"model": args.model, "wrap": args.wrap, "ckpt": args.ckpt, "bf16": args.bf16,
+    return {"model": args.model, "wrap": args.wrap, "ckpt": args.ckpt, "bf16": args.bf16, "zero_grad": args.zero_grad,
             "nproc": args.nproc, "batch": args.batch, "seq_len": args.seq_len, "steps": args.steps,
             "ranks": ranks}
 
@@ -132,6 +132,9 @@ def parser():
     p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1"], default="ddp")
     p.add_argument("--ckpt", action="store_true")
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--zero-grad", choices=["none", "zero"], default="none",
+                   help="opt.zero_grad(set_to_none=True) (none: PyTorch 2.x's default) or set_to_none=False "
+                        "(zero: PyTorch 1.x's default, the gradients zeroed in place)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)

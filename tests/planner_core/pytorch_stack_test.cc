@@ -145,6 +145,31 @@ TEST(PytorchDdp, RebuildingTheBucketsSyncsTheirIndices) {
   EXPECT_EQ(ddp_rebuild_sync_bytes({300000, 300000}), 2 * 4 * 3 + 2 * 4 * 2);
 }
 
+// On a CUDA profile the same step runs through the caching allocator's
+// model: every storage a block of at least 512 bytes (the 100-byte
+// parameter, its bucket, ...), segments reserved from the device.
+TEST(PytorchDdp, OnCudaTheCachingAllocatorDecides) {
+  Fixture f;
+  PytorchDdpOptions o;
+  o.cuda_caching = true;
+  const StepSimResult r = simulate_pytorch_ddp(f.in, o);
+  EXPECT_EQ(r.timeline[0].allocated_bytes, 512 + 512);  // the parameter and its bucket, 512 B blocks
+  EXPECT_EQ(r.timeline[0].reserved_bytes, 2 << 20);     // one small-pool segment
+  EXPECT_GT(r.peak_allocated_bytes, simulate_pytorch_ddp(f.in, {}).peak_allocated_bytes);
+}
+
+// zero_grad(set_to_none=False), PyTorch 1.x's default: the gradients stay
+// from step 1's backward on, and step 2 accumulates into them.
+TEST(PytorchDdp, ZeroGradInPlaceKeepsTheGradients) {
+  Fixture f;
+  PytorchDdpOptions o;
+  o.zero_grad_set_to_none = false;
+  const StepSimResult r = simulate_pytorch_ddp(f.in, o);
+  // step 2's forward starts with the gradient (100) beside params, bucket and state (200)
+  EXPECT_EQ(r.timeline[4].peak_allocated_bytes, 100 + 100 + 100 + 200 + 1000);
+  EXPECT_EQ(simulate_pytorch_ddp(f.in, {}).timeline[4].peak_allocated_bytes, 100 + 100 + 200 + 1000);
+}
+
 TEST(PytorchDdp, ATraceFileWithoutPytorchsStepIsRefused) {
   Fixture f;
   f.in.no_grads = nullptr;

@@ -156,6 +156,26 @@ class TraceTest(unittest.TestCase):
                          ["ddp+ckpt/fp32/wrap=none", "ddp/fp32/wrap=none", "zero1+ckpt/fp32/wrap=none",
                           "zero1/fp32/wrap=none"])
 
+    def test_a_trace_for_cuda_plans_on_a_gpu_profile_and_not_on_the_cpu(self):
+        cuda = os.path.join(self.tmp.name, "cuda.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
+                              "--target", "cuda", "--out", cuda], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(cuda) as fh:
+            self.assertEqual(json.load(fh)["target"], "cuda")
+        out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
+                              "--gpus", "2", "--gpu-mem", "1GiB", "--zero-grad", "zero", "--json"],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        for c in json.loads(out.stdout)["candidates"]:
+            p = c["predicted"]
+            self.assertGreaterEqual(p["peak_reserved_bytes"], p["peak_allocated_bytes"])  # segments hold blocks
+        out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "cpu"],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 2)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("traced for CUDA kernels", out.stderr)
+
     def test_bad_input_is_one_line_and_exit_2(self):
         out = subprocess.run([sys.executable, RECORDER, "--model", "no_such_module:build", "--seq-len", "8",
                               "--out", os.path.join(self.tmp.name, "x.json")],
