@@ -274,11 +274,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     throw std::invalid_argument("--stack pytorch: needs --trace (a model traced in its own Python process by "
                                 "pytorch/trace_recorder.py)");
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
-  if (cuda != file->target_cuda)
-    throw std::invalid_argument(std::string("--trace: the file was traced for ") + (file->target_cuda ? "CUDA" : "CPU") +
-                                " kernels and --device " + r.profile.name + " is " + (cuda ? "a GPU" : "the CPU") +
-                                ": trace it again with pytorch/trace_recorder.py" +
-                                (cuda ? " --target cuda" : " (without --target cuda)"));
+  // (A trace for the other kind of device was refused in build_plan.)
   // The blocks, under torch.utils.checkpoint for +ckpt (what a plan
   // recomputes when nothing but the root is a unit: spec/recompute.h).
   const std::vector<int> blocks =

@@ -174,7 +174,7 @@ class TraceTest(unittest.TestCase):
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 2)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
-        self.assertIn("traced for CUDA kernels", out.stderr)
+        self.assertIn("recorded for CUDA's kernels", out.stderr)
 
     def test_bad_input_is_one_line_and_exit_2(self):
         out = subprocess.run([sys.executable, RECORDER, "--model", "no_such_module:build", "--seq-len", "8",
