@@ -64,6 +64,12 @@ struct ModelTrace {
   int64_t seq_len = 0;
   DType compute_dtype = DType::kF32;
   std::vector<int> recompute_modules;  // modules recomputed in backward (sorted)
+  // Storages the forward returned beside the loss (a Hugging Face model's
+  // output object: logits, past keys and values), which a training loop
+  // holding that object (`outputs = model(**batch)`) keeps until its next
+  // forward returns. Allocated in the trace and never freed in it (their
+  // frees, when the recorder dropped the output, are left out).
+  std::vector<int64_t> kept_outputs;
   // true: every parameter's .grad exists when the step starts, so
   // AccumulateGrad adds in place and the trace holds only transients (the
   // shardfit engine's flat gradient views; PyTorch from step 2 when zero_grad

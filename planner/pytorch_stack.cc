@@ -99,12 +99,20 @@ bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::str
 // every label is `step`. False on out of memory. `before_model` (when
 // given) runs where the root module's forward begins (after the trace's
 // inputs are made): DDP's pre-forward work.
+//
+// The storages the forward returned beside the loss (ModelTrace::
+// kept_outputs) are charged as activations and appended to `outputs`;
+// `forward_returned` (when given) runs where the forward has returned
+// (before the first backward event): where the loop's `outputs = model(...)`
+// drops the previous step's.
 bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
-            Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model = {}) {
+            Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model = {},
+            std::vector<int64_t>* outputs = nullptr, const std::function<void()>& forward_returned = {}) {
   std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
-  std::unordered_map<int64_t, bool> freed;
+  std::unordered_map<int64_t, bool> freed, output;
   for (const auto& e : t.events)
     if (e.kind == MemEvent::kFree) freed[e.tensor] = true;
+  for (int64_t id : t.kept_outputs) output[id] = true;
   bool in_backward = false;
   bool model_called = false;
   for (const auto& e : t.events) {
@@ -115,15 +123,18 @@ bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool s
     }
     if (stop_at_backward && !in_backward && e.phase != Phase::kForward) {
       in_backward = true;
+      if (forward_returned) forward_returned();
       ledger.point(step + "/forward");
     }
     const std::string label =
         !stop_at_backward ? step : step + (e.phase == Phase::kForward ? "/forward" : "/backward");
     if (e.kind == MemEvent::kAlloc) {
-      const bool stays = !freed.count(e.tensor);
+      const bool is_output = output.count(e.tensor) > 0;
+      const bool stays = !freed.count(e.tensor) && !is_output;
       const int64_t id = ledger.alloc(stays ? kept : transient, e.bytes, label);
       if (id < 0) return false;
       if (stays && kept_ids) kept_ids->push_back(id);
+      if (is_output && outputs) outputs->push_back(id);
       live[e.tensor] = id;
     } else if (e.kind == MemEvent::kFree) {
       if (auto it = live.find(e.tensor); it != live.end()) {
@@ -360,6 +371,9 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
 
   const std::vector<int64_t> rebuilt = ddp_bucket_bytes(numels);
   std::vector<int64_t> grads;  // .grad storages outside the buckets (the default mode)
+  // What the previous forward returned beside the loss, held by the loop's
+  // `outputs` until the next forward returns (none when it returns the loss).
+  std::vector<int64_t> outputs, previous_outputs;
   for (int k = 1; k <= o.steps; ++k) {
     const std::string step = "step" + std::to_string(k);
     // opt.zero_grad(): what it allocates itself (traced), then, with
@@ -403,8 +417,10 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
                                }
                              }
                              return broadcast(ledger, buffer_flats, step + "/forward");
-                           });
+                           },
+                           &outputs, [&] { ledger.free_all(previous_outputs); });
     if (!ok) return out;
+    previous_outputs.swap(outputs);
     if (o.gradient_as_bucket_view) grads.clear();  // views of the buckets (no storage of their own)
     ledger.point(step + "/backward");
     // opt.step(): torch.optim.AdamW, traced: step 1 creates its state.

@@ -224,7 +224,7 @@ std::string trace_file_json(const TraceFile& f) {
   json modules = json::array();
   for (const auto& m : f.modules) modules.push_back(module_to_json(m));
   json traces = json::array();
-  for (const auto& t : f.traces)
+  for (const auto& t : f.traces) {
     traces.push_back({{"batch", t.batch},
                       {"dtype", dtype_name(t.compute_dtype)},
                       {"recompute", t.recompute_modules},
@@ -233,6 +233,8 @@ std::string trace_file_json(const TraceFile& f) {
                       {"backward_flops", t.backward_flops},
                       {"op_names", t.op_names},
                       {"events", events_to_json(t)}});
+    if (!t.kept_outputs.empty()) traces.back()["kept_outputs"] = t.kept_outputs;
+  }
   json out = {{"schema", kTraceSchema},
               {"model", {{"name", f.model_name}, {"factory", f.factory}, {"input", f.input},
                          {"params", f.param_count()}}},
@@ -318,6 +320,15 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
       const std::string grads = r.text("grads");
       if (grads != "accumulate" && grads != "none") r.fail("grads", "must be \"accumulate\" or \"none\"");
       t.grads_at_start = grads == "accumulate";
+    }
+    if (r.has("kept_outputs")) {
+      std::unordered_map<int64_t, int> state;  // 1 allocated, 2 freed
+      for (const auto& e : t.events)
+        if (e.kind == MemEvent::kAlloc || e.kind == MemEvent::kFree) state[e.tensor] = e.kind == MemEvent::kAlloc ? 1 : 2;
+      t.kept_outputs = integers(r, "kept_outputs", 0);
+      for (int64_t id : t.kept_outputs)
+        if (state[id] != 1) r.fail("kept_outputs", "names storage " + std::to_string(id) + ", not one the trace allocates "
+                                                   "and leaves live");
     }
     if (f.find(t.compute_dtype, t.recompute_modules, t.batch, t.grads_at_start))
       r.fail("batch", "repeats a trace already in the file (same batch, dtype, recompute and grads)");

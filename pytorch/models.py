@@ -389,6 +389,7 @@ class HF2022Attention(nn.Module):
         return t.view(t.size()[:-1] + (self.heads, self.head_dim)).permute(0, 2, 1, 3)
 
     def forward(self, x):
+        """(output, present): present is (key, value), what use_cache returns."""
         q, k, v = self.c_attn(x).split(self.heads * self.head_dim, dim=2)
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
         w = torch.matmul(q, k.transpose(-1, -2))
@@ -403,7 +404,7 @@ class HF2022Attention(nn.Module):
         y = torch.matmul(w, v)
         y = y.permute(0, 2, 1, 3).contiguous()
         y = y.view(y.size()[:-2] + (self.heads * self.head_dim,))
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y)), (k, v)
 
 
 class HF2022MLP(nn.Module):
@@ -423,8 +424,10 @@ class HF2022Block(nn.Module):
         self.ln_2, self.mlp = nn.LayerNorm(d, eps=1e-5), HF2022MLP(d)
 
     def forward(self, x):
-        x = self.attn(self.ln_1(x)) + x
-        return x + self.mlp(self.ln_2(x))
+        """(hidden states, present)."""
+        a, present = self.attn(self.ln_1(x))
+        x = a + x
+        return x + self.mlp(self.ln_2(x)), present
 
 
 class HF2022Transformer(nn.Module):
@@ -440,9 +443,17 @@ class HF2022Transformer(nn.Module):
 
 
 class HF2022GPT2LMHeadModel(nn.Module):
-    """forward(input_ids, labels=None) -> the loss; labels default to the ids
-    (run_clm's labels are a copy of them: pass it to count its bytes)."""
+    """forward(input_ids, labels=None) -> (loss, logits, presents), what
+    GPT2LMHeadModel returns with return_dict=False and the config's
+    use_cache=True (presents: every layer's (key, value)); a loop holding it
+    (run_clm_no_trainer.py's `outputs = model(**batch)`) keeps the logits
+    and every layer's keys and values until its next forward returns.
+    use_cache False (Hugging Face turns it off under gradient checkpointing:
+    pytorch/validate.py --ckpt and the recorder's checkpointed traces do):
+    presents None. labels default to the ids (run_clm's labels are a copy of
+    them: pass it to count its bytes)."""
     block_class = HF2022Block
+    use_cache = True
 
     def __init__(self, cfg):
         super().__init__()
@@ -455,14 +466,18 @@ class HF2022GPT2LMHeadModel(nn.Module):
         T = input_ids.size(-1)
         position_ids = torch.arange(0, T, dtype=torch.long, device=input_ids.device).unsqueeze(0).view(-1, T)
         x = t.drop(t.wte(input_ids) + t.wpe(position_ids))
+        presents = () if self.use_cache else None
         for block in t.h:
-            x = block(x)
+            x, present = block(x)
+            if self.use_cache:
+                presents = presents + (present,)
         x = t.ln_f(x)
         lm_logits = self.lm_head(x)
         labels = input_ids if labels is None else labels
         shift_logits = lm_logits[..., :-1, :].contiguous()
         shift_labels = labels[..., 1:].contiguous()
-        return nn.CrossEntropyLoss()(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
+        loss = nn.CrossEntropyLoss()(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
+        return (loss, lm_logits, presents)
 
 
 FAMILIES = {"gpt2": GPT2LMHead, "gpt2-hf2022": HF2022GPT2LMHeadModel, "bert": BertForMaskedLM, "llama": LlamaForCausalLM}

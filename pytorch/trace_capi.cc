@@ -25,6 +25,7 @@ namespace {
 struct Session {
   ModelTrace trace;
   std::unique_ptr<TraceRecording> recording;
+  int64_t outputs_from = -1, outputs_to = -1;  // event indices (shardfit_trace_outputs_dropped)
 };
 std::unique_ptr<Session> g_session;
 std::vector<ModelTrace> g_traces;      // finished steps, in order
@@ -97,6 +98,15 @@ void shardfit_trace_recompute_begin(int m) { TraceRecording::recompute_begin(m);
 void shardfit_trace_recompute_end(int m) { TraceRecording::recompute_end(m); }
 void shardfit_trace_backward_phase() { TraceRecording::begin_backward_phase(); }
 
+// Brackets the recorder dropping what the forward returned beside the loss:
+// the storages freed in between are the outputs a training loop keeps
+// (ModelTrace::kept_outputs); their frees are left out of the trace.
+int shardfit_trace_outputs_dropped(int begin) {
+  if (!g_session) return fail("no trace is being recorded");
+  (begin ? g_session->outputs_from : g_session->outputs_to) = static_cast<int64_t>(g_session->trace.events.size());
+  return 0;
+}
+
 // Ends the trace begun last (closing the backward of modules whose inputs
 // need no gradient) and keeps it for shardfit_trace_write.
 int shardfit_trace_end() {
@@ -106,6 +116,17 @@ int shardfit_trace_end() {
   g_session->recording.reset();
   ModelTrace t = std::move(g_session->trace);
   t.modules.clear();  // the file's
+  if (g_session->outputs_from >= 0 && g_session->outputs_to >= g_session->outputs_from) {
+    std::vector<MemEvent> events;
+    for (int64_t i = 0; i < static_cast<int64_t>(t.events.size()); ++i) {
+      const MemEvent& e = t.events[i];
+      if (i >= g_session->outputs_from && i < g_session->outputs_to && e.kind == MemEvent::kFree)
+        t.kept_outputs.push_back(e.tensor);
+      else
+        events.push_back(e);
+    }
+    t.events = std::move(events);
+  }
   (g_session_is_optimizer ? g_optimizer : g_traces).push_back(std::move(t));
   g_session.reset();
   return 0;

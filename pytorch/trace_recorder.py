@@ -7,7 +7,9 @@
 
 --model names a factory (module:function, importable from the current
 directory or PYTHONPATH, or a name in pytorch/models.py) that returns an
-nn.Module whose forward returns the training loss. --input names a function
+nn.Module whose forward returns the training loss (or a tuple, or an object
+with .loss, whose loss it is: the rest is what the training loop keeps until
+its next forward returns, as `outputs = model(**batch)` does). --input names a function
 (batch, seq_len, device) returning the forward's positional arguments
 (default for the built-ins: token ids). The model is built on the meta
 device: no weights, no GPU, no data; GPT-2 XL traces in seconds.
@@ -57,7 +59,7 @@ def library():
         lib.shardfit_trace_last_peak.restype = i64
         lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int, c]
         for name in ("forward_begin", "forward_end", "backward_begin", "backward_end", "recompute_begin",
-                     "recompute_end"):
+                     "recompute_end", "outputs_dropped"):
             getattr(lib, "shardfit_trace_" + name).argtypes = [ctypes.c_int]
         lib._trace_set = True
     return lib
@@ -143,6 +145,9 @@ def _backward_marker(call):
         @staticmethod
         def forward(ctx, idx, *xs):
             ctx.idx = idx
+            # An output nobody differentiates (logits returned beside the loss)
+            # gets no gradient: not a materialized zero tensor the real step lacks.
+            ctx.set_materialize_grads(False)
             return tuple(x.view_as(x) for x in xs)
 
         @staticmethod
@@ -217,6 +222,15 @@ class Checkpointed:
             m.forward = inner
 
 
+def split_loss(out):
+    """The loss in what a forward returned: the tensor itself, the first
+    element of a tuple (a Hugging Face model with return_dict=False), or
+    .loss (its ModelOutput)."""
+    if isinstance(out, (tuple, list)) and out:
+        return out[0]
+    return getattr(out, "loss", out)
+
+
 def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accumulate", target_cuda=False,
                 checkpointed=None):
     """Records one forward + loss + backward at `batch` into the library's list.
@@ -235,9 +249,11 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
         args = input_fn(batch, seq_len, "meta")
         if not isinstance(args, tuple):
             args = (args,)
-        loss = model(*args)
+        out = model(*args)
+        loss = split_loss(out)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise BadInput("--model: forward must return the loss, a scalar tensor (got %s)"
+            raise BadInput("--model: forward must return the loss, a scalar tensor, or a tuple or an object "
+                           "with .loss whose loss is one (got %s)"
                            % (type(loss).__name__ if not isinstance(loss, torch.Tensor)
                               else "shape %s" % list(loss.shape)))
         lib.shardfit_trace_backward_phase()
@@ -248,7 +264,13 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
         finally:
             if checkpointed:
                 checkpointed.in_backward = False
-        del loss, args
+        # What the forward returned (the loss too), dropped here, is what a
+        # loop holding it (`outputs = model(...)`) keeps until its next
+        # forward returns.
+        lib.shardfit_trace_outputs_dropped(1)
+        del out, loss
+        lib.shardfit_trace_outputs_dropped(0)
+        del args
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the user's forward raises on meta tensors)
@@ -348,6 +370,9 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         blocks = {m: index[id(m)] for m in model.modules() if block is not None and isinstance(m, block)}
         if blocks:
             ckpt = Checkpointed(lib, blocks)
+            use_cache = getattr(model, "use_cache", None)
+            if use_cache is not None:
+                model.use_cache = False  # as Hugging Face's models do under gradient checkpointing
             try:
                 for grads in ("accumulate", "none"):
                     for b in batches:
@@ -355,6 +380,8 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
                                     checkpointed=ckpt)
             finally:
                 ckpt.restore()
+                if use_cache is not None:
+                    model.use_cache = use_cache
     finally:
         for h in handles:
             h.remove()

@@ -15,7 +15,9 @@ model is built, as `shardfit run` counts its own ranks.
 
 Each step is the loop a PyTorch user writes (and the one `plan --stack
 pytorch` simulates): opt.zero_grad(set_to_none=True); x = a batch of token
-ids; loss = model(x); loss.backward(); del loss, x; opt.step(). The
+ids; outputs = model(x) (the loss, or a tuple whose first is the loss: the
+rest held until the next forward returns); loss.backward(); del loss, x;
+opt.step(). The
 optimizer is torch.optim.AdamW (lr 6e-4, weight decay 0.01: shardfit's
 defaults; 1.13's for-loop implementation on the CPU). Prints one JSON
 object: the job and, per rank, "peak_allocated_bytes" and the timeline
@@ -83,11 +85,15 @@ def train(args, rank, meter, torch, models):
     for step in range(1, args.steps + 1):
         opt.zero_grad(set_to_none=args.zero_grad == "none")
         x = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
+        # `outputs = model(...)`: what the forward returned beside the loss
+        # (a Hugging Face-style model's logits, keys and values) is held until
+        # the next forward returns, as run_clm_no_trainer.py's loop held it.
         if args.bf16:
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = ddp(x)
+                outputs = ddp(x)
         else:
-            loss = ddp(x)
+            outputs = ddp(x)
+        loss = outputs[0] if isinstance(outputs, tuple) else outputs
         meter.mark("step%d/forward" % step)
         loss.backward()
         losses.append(loss.item())
@@ -99,8 +105,12 @@ def train(args, rank, meter, torch, models):
 
 
 def checkpoint_blocks(torch, model):
-    """Each block's forward under torch.utils.checkpoint (non-reentrant)."""
+    """Each block's forward under torch.utils.checkpoint (non-reentrant);
+    a model with use_cache turns it off (as Hugging Face's do under gradient
+    checkpointing)."""
     from torch.utils.checkpoint import checkpoint
+    if hasattr(model, "use_cache"):
+        model.use_cache = False
     for m in model.modules():
         if isinstance(m, model.block_class):
             inner = m.forward

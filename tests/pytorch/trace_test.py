@@ -88,11 +88,15 @@ class TraceTest(unittest.TestCase):
             meter.reset_peak()
             base = meter.allocated
             x = models.token_input(models.vocab_size(name))(t["batch"], 64, "cpu")
-            loss = model(x)
+            out = model(x)
+            loss = out[0] if isinstance(out, tuple) else out
             loss.backward()
-            del loss, x
+            del out, loss, x
             peak, left = replay_peak(t["events"])
             kept = 0 if t["grads"] == "accumulate" else params  # AccumulateGrad kept each op's gradient
+            # What the forward returned beside the loss (its frees left out of the trace; dropped here)
+            sizes = {e[3]: e[4] for e in t["events"] if e[0] == "alloc"}
+            left -= sum(sizes[i] for i in t.get("kept_outputs", []))
             self.assertEqual(left, kept)
             self.assertEqual(meter.allocated - base, kept)
             self.assertEqual(peak, meter.peak - base,
@@ -110,6 +114,17 @@ class TraceTest(unittest.TestCase):
                          ["transformer.h.%d.attn.%s" % (i, n) for i in range(2) for n in ("bias", "masked_bias")])
         self.assertEqual([(b["dtype"], b["bytes"]) for b in buffers], [("uint8", 128 * 128), ("float32", 4)] * 2)
         self.assertEqual(self.hf_file["model"]["params"], 141056)  # gpt2-tiny's shapes; the head tied
+        # (loss, logits, presents): the loss, the logits and every layer's c_attn output (keys and
+        # values are views of it) are what a loop holding the output keeps; under checkpointing
+        # (use_cache off) the loss and the logits.
+        for t in self.hf_file["traces"]:
+            sizes = {e[3]: e[4] for e in t["events"] if e[0] == "alloc"}
+            kept = sorted(sizes[i] for i in t.get("kept_outputs", []))
+            b = t["batch"]
+            if t["recompute"]:
+                self.assertEqual(kept, [4, b * 64 * 512 * 4])  # the loss and the logits
+            else:
+                self.assertEqual(kept, sorted([4] + [b * 64 * 3 * 64 * 4] * 2 + [b * 64 * 512 * 4]))
 
     def test_the_optimizers_steps_are_what_adamw_allocates_on_the_cpu(self):
         meter = shardfit_meter.Meter()
