@@ -1,0 +1,50 @@
+"""scripts/reference-tables --stack pytorch: the 2022 write-up's rows predicted
+for the stack that measured them (issue 13). Every row it predicts is within
+the target (±1 of the measured max batch per GPU; OOM at 1 as 0), every row
+it does not predict names the mechanism missing, and --json carries the
+fields the issue asks for. The predictions are deterministic (bytes and
+batches, no timing)."""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+try:
+    import torch  # noqa: F401
+except ImportError:
+    print("skipped: this python3 (%s) cannot import torch: install Debian's python3-torch "
+          "(scripts/install-deps)" % sys.executable)
+    sys.exit(77)
+TABLES = os.environ.get("SHARDFIT_REFERENCE", os.path.join(ROOT, "..", "shared", "reference", "seed-tables.json"))
+if not os.path.isfile(TABLES):
+    print("skipped: the reference tables are not at %s (the project's ../shared/reference/, or "
+          "SHARDFIT_REFERENCE)" % TABLES)
+    sys.exit(77)
+SHARDFIT = os.environ.get("SHARDFIT_BINARY", os.path.join(ROOT, "build", "cli", "shardfit"))
+
+
+class ReferenceTablesTest(unittest.TestCase):
+    def test_predicted_rows_are_within_one_of_the_measurement(self):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "reference-tables"), "--stack",
+                              "pytorch", "--json", "--shardfit", SHARDFIT],
+                             capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, SHARDFIT_TORCH_PYTHON=sys.executable))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        rows = json.loads(out.stdout)
+        self.assertEqual(len(rows), 13)  # the write-up's 7 GPT-2 Large rows and 6 GPT-2 XL rows
+        for r in rows:
+            for key in ("model", "gpus", "method", "precision", "reference_max_batch", "predicted_max_batch"):
+                self.assertIn(key, r)
+            if r["predicted_max_batch"] is None:
+                self.assertTrue(r.get("missing"), r)
+            else:
+                self.assertLessEqual(abs(r["predicted_max_batch"] - r["reference_max_batch"]), 1, r)
+        ddp = [(r["model"], r["gpus"], r["predicted_max_batch"]) for r in rows
+               if r["method"] == "ddp" and r["precision"] == "fp32"]
+        self.assertEqual(ddp, [("gpt2-large", 2, 7), ("gpt2-xl", 1, 0), ("gpt2-xl", 2, 0)])
+
+
+if __name__ == "__main__":
+    unittest.main()
