@@ -21,6 +21,7 @@ struct PlanArgs {
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
   std::string zero_grad = "none";
+  std::string checkpoint = "non-reentrant";
   int steps = 2;
   int64_t seq_len = 128;
   std::string loss = "full";
@@ -55,6 +56,11 @@ int run(const PlanArgs& a) {
   if (a.zero_grad != "none" && r.stack != planner::Stack::kPytorch)
     throw BadInput("--zero-grad: a PyTorch optimizer option; give --stack pytorch");
   r.zero_grad_set_to_none = a.zero_grad == "none";
+  if (a.checkpoint != "non-reentrant" && a.checkpoint != "reentrant")
+    throw BadInput("--checkpoint " + a.checkpoint + ": expected non-reentrant or reentrant");
+  if (a.checkpoint != "non-reentrant" && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--checkpoint: torch.utils.checkpoint's kind; give --stack pytorch");
+  r.ckpt_reentrant = a.checkpoint == "reentrant";
   if (!r.zero_grad_set_to_none && r.ddp_bucket_view)
     throw BadInput("--zero-grad zero with --ddp-bucket-view: not simulated yet (the gradients, views of DDP's first "
                    "buckets, keep them alive while the second forward rebuilds them; measured, not yet modelled)");
@@ -156,6 +162,10 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--zero-grad", a->zero_grad,
                   "--stack pytorch: what the loop's opt.zero_grad() does: none (set_to_none=True, PyTorch 2.x's "
                   "default, the gradients dropped) or zero (set_to_none=False, PyTorch 1.x's default, zeroed in place)")
+      ->capture_default_str();
+  sub->add_option("--checkpoint", a->checkpoint,
+                  "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False) "
+                  "or reentrant (use_reentrant=True, 1.13's default)")
       ->capture_default_str();
   auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--loss", a->loss,

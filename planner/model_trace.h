@@ -64,6 +64,10 @@ struct ModelTrace {
   int64_t seq_len = 0;
   DType compute_dtype = DType::kF32;
   std::vector<int> recompute_modules;  // modules recomputed in backward (sorted)
+  // How they were checkpointed (traces from Python): torch.utils.checkpoint
+  // with use_reentrant=True (a CheckpointFunction re-running the module and
+  // its own backward inside the outer one) or False (saved-tensor hooks).
+  bool recompute_reentrant = false;
   // Storages the forward returned beside the loss (a Hugging Face model's
   // output object: logits, past keys and values), which a training loop
   // holding that object (`outputs = model(**batch)`) keeps until its next

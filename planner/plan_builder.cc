@@ -279,7 +279,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   // recomputes when nothing but the root is a unit: spec/recompute.h).
   const std::vector<int> blocks =
       spec::recompute_modules(file->modules, wrap_modules(file->modules, WrapPolicy::parse("none")));
-  const bool has_ckpt = !blocks.empty() && file->find(DType::kF32, blocks, 1, false);
+  const bool has_ckpt = !blocks.empty() && file->find(DType::kF32, blocks, 1, false, r.ckpt_reentrant);
+  if (r.ckpt_reentrant && !blocks.empty() && !has_ckpt)
+    throw std::invalid_argument("--checkpoint reentrant: the trace file has no traces with use_reentrant=True (record "
+                                "it again with pytorch/trace_recorder.py)");
   std::vector<Candidate> candidates;
   for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none", "ddp+ckpt/fp32/wrap=none",
                          "zero1+ckpt/fp32/wrap=none"}) {
@@ -311,9 +314,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   for (int k = 0; k < (has_ckpt ? 2 : 1); ++k)
     for (int g = 0; g < 2; ++g) {
       const std::vector<int> rec = k ? blocks : std::vector<int>{};
-      at1[k][g] = file->find(DType::kF32, rec, 1, g == 1);
-      const ModelTrace* t2 = file->find(DType::kF32, rec, 2, g == 1);
-      const ModelTrace* t3 = file->find(DType::kF32, rec, 3, g == 1);
+      at1[k][g] = file->find(DType::kF32, rec, 1, g == 1, r.ckpt_reentrant);
+      const ModelTrace* t2 = file->find(DType::kF32, rec, 2, g == 1, r.ckpt_reentrant);
+      const ModelTrace* t3 = file->find(DType::kF32, rec, 3, g == 1, r.ckpt_reentrant);
       if (!at1[k][g] || !t2 || !t3)
         throw std::invalid_argument(std::string("--stack pytorch: the trace file has no fp32 trace") +
                                     (k ? " with the blocks checkpointed" : "") + " with grads " +

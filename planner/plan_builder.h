@@ -31,6 +31,10 @@ struct PlanRequest {
   // gradients (PyTorch 2.x's default; `--zero-grad none`), false zeroes them
   // in place (PyTorch 1.x's default; `--zero-grad zero`).
   bool zero_grad_set_to_none = true;
+  // --stack pytorch: +ckpt candidates under torch.utils.checkpoint with
+  // use_reentrant=True (`--checkpoint reentrant`, 1.13's default) instead of
+  // False (`--checkpoint non-reentrant`, the default here).
+  bool ckpt_reentrant = false;
   // --stack pytorch: the training steps the job runs. 2 or more: a job's
   // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
   // during its forward).

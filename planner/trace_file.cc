@@ -150,12 +150,12 @@ int64_t TraceFile::param_count() const {
 }
 
 const ModelTrace* TraceFile::find(DType dtype, const std::vector<int>& recompute, int64_t batch,
-                                  bool grads_at_start) const {
+                                  bool grads_at_start, bool reentrant) const {
   std::vector<int> want = recompute;
   std::sort(want.begin(), want.end());
   for (const auto& t : traces)
     if (t.compute_dtype == dtype && t.batch == batch && t.recompute_modules == want &&
-        t.grads_at_start == grads_at_start)
+        t.grads_at_start == grads_at_start && t.recompute_reentrant == (reentrant && !want.empty()))
       return &t;
   return nullptr;
 }
@@ -234,6 +234,7 @@ std::string trace_file_json(const TraceFile& f) {
                       {"op_names", t.op_names},
                       {"events", events_to_json(t)}});
     if (!t.kept_outputs.empty()) traces.back()["kept_outputs"] = t.kept_outputs;
+    if (t.recompute_reentrant) traces.back()["checkpoint"] = "reentrant";
   }
   json out = {{"schema", kTraceSchema},
               {"model", {{"name", f.model_name}, {"factory", f.factory}, {"input", f.input},
@@ -330,8 +331,14 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
         if (state[id] != 1) r.fail("kept_outputs", "names storage " + std::to_string(id) + ", not one the trace allocates "
                                                    "and leaves live");
     }
-    if (f.find(t.compute_dtype, t.recompute_modules, t.batch, t.grads_at_start))
-      r.fail("batch", "repeats a trace already in the file (same batch, dtype, recompute and grads)");
+    if (r.has("checkpoint")) {
+      const std::string kind = r.text("checkpoint");
+      if (kind != "reentrant" && kind != "non_reentrant") r.fail("checkpoint", "must be reentrant or non_reentrant");
+      if (t.recompute_modules.empty()) r.fail("checkpoint", "is given for a trace that recomputes nothing");
+      t.recompute_reentrant = kind == "reentrant";
+    }
+    if (f.find(t.compute_dtype, t.recompute_modules, t.batch, t.grads_at_start, t.recompute_reentrant))
+      r.fail("batch", "repeats a trace already in the file (same batch, dtype, recompute, checkpoint and grads)");
     f.traces.push_back(std::move(t));
   }
   if (top.has("optimizer")) {

@@ -49,7 +49,7 @@ struct TraceFile {
   // The trace at (dtype, recompute, batch, grads at start); nullptr when the
   // file has none.
   const ModelTrace* find(DType dtype, const std::vector<int>& recompute, int64_t batch,
-                         bool grads_at_start = true) const;
+                         bool grads_at_start = true, bool reentrant = false) const;
   // The recompute sets the file has traces for (sorted module indices).
   std::vector<std::vector<int>> recompute_sets() const;
   std::vector<DType> dtypes() const;

@@ -98,6 +98,14 @@ void shardfit_trace_recompute_begin(int m) { TraceRecording::recompute_begin(m);
 void shardfit_trace_recompute_end(int m) { TraceRecording::recompute_end(m); }
 void shardfit_trace_backward_phase() { TraceRecording::begin_backward_phase(); }
 
+// The trace begun last checkpoints its recomputed modules with
+// use_reentrant=True (ModelTrace::recompute_reentrant).
+int shardfit_trace_reentrant() {
+  if (!g_session) return fail("no trace is being recorded");
+  g_session->trace.recompute_reentrant = true;
+  return 0;
+}
+
 // Brackets the recorder dropping what the forward returned beside the loss:
 // the storages freed in between are the outputs a training loop keeps
 // (ModelTrace::kept_outputs); their frees are left out of the trace.

@@ -55,6 +55,7 @@ def library():
     if not getattr(lib, "_trace_set", False):
         i64, c = ctypes.c_int64, ctypes.c_char_p
         lib.shardfit_trace_error.restype = c
+        lib.shardfit_trace_reentrant.argtypes = []
         lib.shardfit_trace_begin.argtypes = [c, i64, i64, c, c, c, ctypes.c_int, ctypes.c_int]
         lib.shardfit_trace_last_peak.restype = i64
         lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int, c]
@@ -193,13 +194,15 @@ def install_hooks(model, index, lib):
 
 class Checkpointed:
     """While alive, every module in `modules` ({module: index}) runs under
-    torch.utils.checkpoint (non-reentrant, as pytorch/validate.py --ckpt and
-    most users call it), and its re-run inside backward is reported to the
-    recorder as recompute. The re-run calls the module's forward directly,
-    not through its hooks: the markers are in the function checkpoint runs."""
+    torch.utils.checkpoint (use_reentrant=False, as pytorch/validate.py --ckpt
+    and most users call it, or True: --ckpt-reentrant, 1.13's default), and
+    its re-run inside backward is reported to the recorder as recompute. The
+    re-run calls the module's forward directly, not through its hooks: the
+    markers are in the function checkpoint runs."""
 
-    def __init__(self, lib, modules):
+    def __init__(self, lib, modules, reentrant=False):
         from torch.utils.checkpoint import checkpoint
+        self.reentrant = reentrant
         self.in_backward = False
         self._saved = []
         for m, idx in modules.items():
@@ -213,7 +216,7 @@ class Checkpointed:
                 lib.shardfit_trace_recompute_end(_idx)
                 return out
 
-            m.forward = lambda *a, _run=run: checkpoint(_run, *a, use_reentrant=False)
+            m.forward = lambda *a, _run=run: checkpoint(_run, *a, use_reentrant=reentrant)
             self._saved.append((m, inner))
         self.indices = sorted(modules.values())
 
@@ -245,6 +248,8 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
                                   1 if target_cuda else 0, torch.get_num_threads())
     if rc != 0:
         raise BadInput("trace: " + lib.shardfit_trace_error().decode())
+    if checkpointed and checkpointed.reentrant:
+        lib.shardfit_trace_reentrant()
     try:
         args = input_fn(batch, seq_len, "meta")
         if not isinstance(args, tuple):
@@ -368,8 +373,9 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         # The same with every block under torch.utils.checkpoint (the +ckpt
         # candidates; blocks are what a plan recomputes without wrap units).
         blocks = {m: index[id(m)] for m in model.modules() if block is not None and isinstance(m, block)}
-        if blocks:
-            ckpt = Checkpointed(lib, blocks)
+        # Both kinds of torch.utils.checkpoint: use_reentrant False, then True.
+        for reentrant in ((False, True) if blocks else ()):
+            ckpt = Checkpointed(lib, blocks, reentrant)
             use_cache = getattr(model, "use_cache", None)
             if use_cache is not None:
                 model.use_cache = False  # as Hugging Face's models do under gradient checkpointing

@@ -11,6 +11,7 @@ model is built, as `shardfit run` counts its own ranks.
     --wrap ddp-bv  the same with gradient_as_bucket_view=True
     --wrap zero1   DDP + torch.distributed.optim.ZeroRedundancyOptimizer
     --ckpt         every block under torch.utils.checkpoint (non-reentrant)
+    --ckpt-reentrant  the same with use_reentrant=True (1.13's default)
     --bf16         forward under torch.autocast("cpu", torch.bfloat16)
 
 Each step is the loop a PyTorch user writes (and the one `plan --stack
@@ -69,8 +70,8 @@ def train(args, rank, meter, torch, models):
     torch.manual_seed(args.seed)
     model = models.build(args.model)
     model.train()
-    if args.ckpt:
-        checkpoint_blocks(torch, model)
+    if args.ckpt or args.ckpt_reentrant:
+        checkpoint_blocks(torch, model, reentrant=args.ckpt_reentrant)
     ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=(args.wrap == "ddp-bv"))
     if args.wrap == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -104,9 +105,10 @@ def train(args, rank, meter, torch, models):
     return {"rank": rank, "timeline": meter.timeline(), "losses": losses}
 
 
-def checkpoint_blocks(torch, model):
-    """Each block's forward under torch.utils.checkpoint (non-reentrant);
-    a model with use_cache turns it off (as Hugging Face's do under gradient
+def checkpoint_blocks(torch, model, reentrant=False):
+    """Each block's forward under torch.utils.checkpoint (use_reentrant as
+    given: False by default here, True is 1.13's default); a model with
+    use_cache turns it off (as Hugging Face's do under gradient
     checkpointing)."""
     from torch.utils.checkpoint import checkpoint
     if hasattr(model, "use_cache"):
@@ -114,7 +116,7 @@ def checkpoint_blocks(torch, model):
     for m in model.modules():
         if isinstance(m, model.block_class):
             inner = m.forward
-            m.forward = lambda *a, _f=inner: checkpoint(_f, *a, use_reentrant=False)
+            m.forward = lambda *a, _f=inner: checkpoint(_f, *a, use_reentrant=reentrant)
 
 
 def run(args):
@@ -141,6 +143,8 @@ def parser():
     p.add_argument("--model", default="gpt2-tiny")
     p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1"], default="ddp")
     p.add_argument("--ckpt", action="store_true")
+    p.add_argument("--ckpt-reentrant", action="store_true",
+                   help="every block under torch.utils.checkpoint(use_reentrant=True), 1.13's default")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--zero-grad", choices=["none", "zero"], default="none",
                    help="opt.zero_grad(set_to_none=True) (none: PyTorch 2.x's default) or set_to_none=False "

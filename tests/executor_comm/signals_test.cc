@@ -308,17 +308,32 @@ TEST(SaveOnSignalTwice, ASecondSignalWhileSavingStopsAtOnceAndKeepsTheLastCommit
   const std::string err = read_file(dir / "stderr");
   EXPECT_NE(last_line(err).find("second signal"), std::string::npos) << err;
   EXPECT_EQ(lines(last_line(err)), 1u);
-  // Committed: step 2, whole. The save that was cut short: no manifest.
-  fs::create_directories(dir / "verify");
-  EXPECT_EQ(run_to_end({"verify", (ckpt / "step-000002").string()}, dir / "verify"), 0)
-      << read_file(dir / "verify" / "stderr");
-  bool cut_short = false;
+  // The save that was cut short (the step rank 0 announced stopping at): no
+  // manifest. Every save committed before it (step 2, and under load a
+  // regular save or two more, --save-every 2, before the first signal got
+  // through): whole, as verify checks.
+  const size_t stop_at = err.rfind("stopping on signal");
+  ASSERT_NE(stop_at, std::string::npos) << err;
+  const size_t line_at = err.rfind('\n', stop_at) == std::string::npos ? 0 : err.rfind('\n', stop_at) + 1;
+  const std::string stop_line = err.substr(line_at, stop_at - line_at);  // "[...] step N: "
+  const size_t step_at = stop_line.rfind("step ");
+  ASSERT_NE(step_at, std::string::npos) << stop_line;
+  const long signal_step = std::strtol(stop_line.c_str() + step_at + 5, nullptr, 10);
+  ASSERT_GT(signal_step, 2) << err;
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%06ld", signal_step);
+  EXPECT_TRUE(fs::exists(ckpt / name)) << "the signal save left no directory: " << name;
+  EXPECT_FALSE(fs::exists(ckpt / name / "manifest.json")) << name;
+  int committed = 0;
   for (const auto& e : fs::directory_iterator(ckpt)) {
-    if (e.path().filename() == "step-000002") continue;
-    EXPECT_FALSE(fs::exists(e.path() / "manifest.json")) << e.path();
-    cut_short = true;
+    if (!fs::exists(e.path() / "manifest.json")) continue;
+    ++committed;
+    const fs::path v = dir / ("verify-" + e.path().filename().string());
+    fs::create_directories(v);
+    EXPECT_EQ(run_to_end({"verify", e.path().string()}, v), 0) << read_file(v / "stderr");
   }
-  EXPECT_TRUE(cut_short) << "the signal save left no directory";
+  EXPECT_GE(committed, 1);
+  EXPECT_TRUE(fs::exists(ckpt / "step-000002" / "manifest.json"));
   const auto j = nlohmann::json::parse(read_file(report));
   EXPECT_EQ(j["run"]["interrupted"], true);
   EXPECT_TRUE(j["run"]["saved_on_signal_step"].is_null());

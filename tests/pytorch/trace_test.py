@@ -60,8 +60,9 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(f["model"]["params"], 141056)  # gpt2-tiny's, as `shardfit models` counts it
         blocks = [i for i, m in enumerate(f["modules"]) if m["is_block"]]
         pairs = [(b, g) for g in ("accumulate", "none") for b in (1, 2, 3)]
-        self.assertEqual([(t["batch"], t["grads"], t["recompute"]) for t in f["traces"]],
-                         [(b, g, []) for b, g in pairs] + [(b, g, blocks) for b, g in pairs])
+        self.assertEqual([(t["batch"], t["grads"], t["recompute"], t.get("checkpoint")) for t in f["traces"]],
+                         [(b, g, [], None) for b, g in pairs] + [(b, g, blocks, None) for b, g in pairs]
+                         + [(b, g, blocks, "reentrant") for b, g in pairs])
         self.assertEqual(len(f["optimizer"]["per_param"]), 28)  # gpt2-tiny's parameters
         self.assertEqual(len(f["optimizer"]["steps"]), 2)
         self.assertEqual(sum(m["is_block"] for m in f["modules"]), 2)
@@ -82,7 +83,7 @@ class TraceTest(unittest.TestCase):
             model = models.build(name)
             model.train()
             if t["recompute"]:
-                validate.checkpoint_blocks(torch, model)
+                validate.checkpoint_blocks(torch, model, reentrant=t.get("checkpoint") == "reentrant")
             for p in model.parameters():
                 p.grad = torch.zeros_like(p) if t["grads"] == "accumulate" else None
             meter.reset_peak()
@@ -121,7 +122,12 @@ class TraceTest(unittest.TestCase):
             sizes = {e[3]: e[4] for e in t["events"] if e[0] == "alloc"}
             kept = sorted(sizes[i] for i in t.get("kept_outputs", []))
             b = t["batch"]
-            if t["recompute"]:
+            if t.get("checkpoint") == "reentrant":
+                # The loss, the logits, and each block's CheckpointFunction context, whose CPU RNG
+                # state (ctx.fwd_cpu_state) lives as long as the graph the held logits reference.
+                rng = torch.get_rng_state().numel()
+                self.assertEqual(kept, sorted([4, rng, rng, b * 64 * 512 * 4]))
+            elif t["recompute"]:
                 self.assertEqual(kept, [4, b * 64 * 512 * 4])  # the loss and the logits
             else:
                 self.assertEqual(kept, sorted([4] + [b * 64 * 3 * 64 * 4] * 2 + [b * 64 * 512 * 4]))
