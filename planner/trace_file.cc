@@ -70,6 +70,15 @@ std::vector<int64_t> integers(const FieldReader& r, const std::string& key, int6
   return out;
 }
 
+// Calls `f` with a reader of each entry of the list at `key` (one line naming
+// the field when it is not a list).
+template <typename F>
+void for_each_entry(const FieldReader& r, const std::string& key, const std::string& origin, F f) {
+  const json& list = r.need(key);
+  if (!list.is_array()) r.fail(key, "must be a list");
+  for (size_t j = 0; j < list.size(); ++j) f(FieldReader(list[j], r.field(key) + "[" + std::to_string(j) + "]", origin));
+}
+
 std::vector<ModuleNode> modules_from(const json& list, const std::string& path, const std::string& origin) {
   if (!list.is_array() || list.empty())
     throw std::invalid_argument(origin + ": field '" + path + "' must be a non-empty list");
@@ -89,22 +98,16 @@ std::vector<ModuleNode> modules_from(const json& list, const std::string& path, 
       if (c >= n) r.fail("children", "names module " + std::to_string(c) + " of " + std::to_string(n));
       m.children.push_back(static_cast<int>(c));
     }
-    const json& params = r.need("params");
-    if (!params.is_array()) r.fail("params", "must be a list");
-    for (size_t j = 0; j < params.size(); ++j) {
-      FieldReader pr(params[j], r.field("params") + "[" + std::to_string(j) + "]", origin);
+    for_each_entry(r, "params", origin, [&](const FieldReader& pr) {
       ParamInfo p;
       p.name = pr.text("name");
       p.shape = integers(pr, "shape", 0);
       p.numel = pr.integer("numel", 0);
       if (shape_numel(p.shape) != p.numel) pr.fail("numel", "is not the product of its shape");
       m.params.push_back(std::move(p));
-    }
+    });
     if (r.has("buffers")) {
-      const json& buffers = r.need("buffers");
-      if (!buffers.is_array()) r.fail("buffers", "must be a list");
-      for (size_t j = 0; j < buffers.size(); ++j) {
-        FieldReader br(buffers[j], r.field("buffers") + "[" + std::to_string(j) + "]", origin);
+      for_each_entry(r, "buffers", origin, [&](const FieldReader& br) {
         BufferInfo b;
         b.name = br.text("name");
         b.shape = integers(br, "shape", 0);
@@ -116,7 +119,7 @@ std::vector<ModuleNode> modules_from(const json& list, const std::string& path, 
         if (numel < 0 || numel > INT64_MAX / size || numel * size != b.bytes)
           br.fail("bytes", "is not its shape's elements times the dtype's size");
         m.buffers.push_back(std::move(b));
-      }
+      });
     }
     m.is_block = r.boolean("is_block");
     if (r.has("borrowed_params")) m.borrowed_params = strings(r, "borrowed_params");

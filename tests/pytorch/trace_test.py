@@ -40,19 +40,19 @@ class TraceTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.trace = os.path.join(cls.tmp.name, "gpt2-tiny.trace.json")
-        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-tiny", "--seq-len", "64",
-                              "--out", cls.trace], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        with open(cls.trace) as f:
-            cls.file = json.load(f)
+        cls.trace, cls.file = cls.record("gpt2-tiny")
         # 2022's Hugging Face GPT-2 (pytorch/models.py): the model with buffers.
-        cls.hf_trace = os.path.join(cls.tmp.name, "gpt2-hf2022-tiny.trace.json")
-        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
-                              "--out", cls.hf_trace], capture_output=True, text=True, timeout=300)
+        cls.hf_trace, cls.hf_file = cls.record("gpt2-hf2022-tiny")
+
+    @classmethod
+    def record(cls, model):
+        """Traces a built-in at sequence 64: (the file's path, its JSON)."""
+        path = os.path.join(cls.tmp.name, model + ".trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", model, "--seq-len", "64", "--out", path],
+                             capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
-        with open(cls.hf_trace) as f:
-            cls.hf_file = json.load(f)
+        with open(path) as f:
+            return path, json.load(f)
 
     def test_the_file_holds_the_module_table_and_batches_1_2_3(self):
         f = self.file
