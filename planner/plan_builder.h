@@ -74,6 +74,12 @@ struct PlanRequest {
 // than the fixed overheads, filters that leave no candidate.
 Plan build_plan(const PlanRequest& request);
 
+// Internal to build_plan: `--stack pytorch` (planner/pytorch_plan.cc), with
+// the allocator budget and the device's memory build_plan worked out, and the
+// simulator's per-class bytes as a plan's breakdown.
+Plan build_pytorch_plan(const PlanRequest& request, int64_t budget_bytes, int64_t device_mem_bytes);
+MemoryBreakdown to_breakdown(const CategoryBytes& bytes);
+
 // One candidate at one (micro-)batch, simulated with its timeline: what
 // `run` reports beside its measurements. `request.candidates` is ignored.
 struct CandidatePrediction {

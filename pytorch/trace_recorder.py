@@ -107,16 +107,20 @@ def on_meta():
 
 def module_table(model, block_class=None):
     """shardfit.trace/1's module table: named_modules() order, each module's
-    own parameters (a tied parameter once, under its first owner) and
+    own parameters (a tied parameter once, under its first owner; a later
+    module registering it lists it as borrowed, by the owner's name) and
     buffers."""
-    entries, index, seen = [], {}, set()
+    entries, index, seen, owner = [], {}, set(), {}
     for path, m in model.named_modules():
         index[id(m)] = len(entries)
-        params = []
-        for local, p in m.named_parameters(recurse=False):
-            if id(p) in seen:
+        params, borrowed = [], []
+        for local, p in m._parameters.items():  # named_parameters() hides a tied one
+            if p is None:
                 continue
-            seen.add(id(p))
+            if id(p) in owner:
+                borrowed.append(owner[id(p)])
+                continue
+            owner[id(p)] = (path + "." if path else "") + local
             params.append({"name": (path + "." if path else "") + local, "shape": list(p.shape),
                            "numel": p.numel()})
         buffers = []
@@ -128,7 +132,7 @@ def module_table(model, block_class=None):
                             "dtype": str(b.dtype).replace("torch.", ""), "bytes": b.numel() * b.element_size()})
         is_block = block_class is not None and isinstance(m, block_class)
         entries.append({"path": path, "type": type(m).__name__, "parent": -1, "children": [],
-                        "params": params, "is_block": is_block, "borrowed_params": []})
+                        "params": params, "is_block": is_block, "borrowed_params": borrowed})
         if buffers:
             entries[-1]["buffers"] = buffers
     for path, m in model.named_modules():

@@ -112,7 +112,7 @@ std::string WrapPolicy::to_string() const {
   return "none";
 }
 
-UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPolicy& policy) {
+UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPolicy& policy, TiedParams tied) {
   const ModuleTree tree = build_module_tree(modules);
   const int n = static_cast<int>(modules.size());
   std::vector<bool> is_unit_root(n, false);
@@ -123,12 +123,25 @@ UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPol
   // under the borrower). Mark the owner's ancestors up to, not including,
   // the lowest common ancestor with the borrower.
   std::vector<bool> wrappable(n, true);
+  const bool copied = tied == TiedParams::kCopiedPerUnit;
+  std::vector<ParamInfo> all;  // every owned parameter, to look a borrowed one up
+  for (const auto& m : modules) all.insert(all.end(), m.params.begin(), m.params.end());
+  // A module's registrations: its own parameters, and with kCopiedPerUnit the
+  // ones it borrows.
+  auto registered = [&](int m) {
+    std::vector<ParamInfo> ps = modules[m].params;
+    if (copied)
+      for (const std::string& name : modules[m].borrowed_params)
+        for (const ParamInfo& p : all)
+          if (p.name == name) ps.push_back(p);
+    return ps;
+  };
   auto ancestors = [&](int m) {
     std::vector<int> chain;
     for (int a = m; a >= 0; a = modules[a].parent) chain.push_back(a);
     return chain;
   };
-  for (int borrower = 0; borrower < n; ++borrower) {
+  for (int borrower = 0; borrower < n && !copied; ++borrower) {
     for (const std::string& name : modules[borrower].borrowed_params) {
       int owner = -1;
       for (int m = 0; m < n && owner < 0; ++m)
@@ -154,7 +167,7 @@ UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPol
     std::vector<int64_t> unwrapped(n, 0);
     for (int v : post_order(tree)) {
       int64_t count = 0;
-      for (const ParamInfo& p : modules[v].params) count += p.numel;
+      for (const ParamInfo& p : registered(v)) count += p.numel;
       for (int c : modules[v].children) count += unwrapped[c];
       if (v != 0 && !is_container(modules[v]) && wrappable[v] && count >= policy.min_num_params) {
         is_unit_root[v] = true;
@@ -177,7 +190,10 @@ UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPol
     const int index = static_cast<int>(out.units.size());
     for (int m : unit.modules) {
       out.module_unit[m] = index;
-      for (const ParamInfo& p : modules[m].params) {
+      for (const ParamInfo& p : registered(m)) {
+        const bool twice = std::any_of(unit.params.begin(), unit.params.end(),
+                                       [&](const ParamInfo& q) { return q.name == p.name; });
+        if (twice) continue;  // a tie inside one unit: flattened once
         unit.params.push_back(p);
         unit.numel += p.numel;
       }

@@ -57,8 +57,22 @@ struct UnitPartition {
   std::vector<int> module_unit;  // module index -> index of the unit holding its params
 };
 
-// Applies `policy` to the module tree. Every parameter ends up in exactly one
-// unit, so the unit numels sum to the table's parameter count.
-UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPolicy& policy);
+// What becomes of a parameter registered in two modules (a tied weight: GPT-2's
+// lm_head borrows transformer.wte.weight):
+//  - kKeepTogether (shardfit's engine): the owner and its borrowers stay in one
+//    unit (the modules between them are not wrappable), so each parameter
+//    ends up in exactly one unit and the unit numels sum to the table's
+//    parameter count.
+//  - kCopiedPerUnit (PyTorch FSDP 1.12/1.13): _recursive_wrap counts and
+//    flattens every registration (wrap.py counts module.parameters(); each
+//    FSDP instance cats the parameters still registered in its subtree into
+//    its own FlatParameter, flat_param.py flatten_params), so a unit holding
+//    a borrower gets its own copy of the weight and the tie is broken; within
+//    one unit a parameter is flattened once.
+enum class TiedParams : uint8_t { kKeepTogether, kCopiedPerUnit };
+
+// Applies `policy` to the module tree.
+UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPolicy& policy,
+                           TiedParams tied = TiedParams::kKeepTogether);
 
 }  // namespace shardfit::spec

@@ -1,0 +1,288 @@
+#include "planner/pytorch_fsdp.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "planner/pytorch_ledger.h"
+#include "spec/wrap_policy.h"
+
+namespace shardfit::planner {
+namespace {
+
+// One FSDP instance's FlatParameter on this rank: its ledger ids.
+struct FlatParam {
+  int root_module = 0;
+  int64_t numel = 0, shard = 0;
+  int64_t local_shard = -1;  // the sharded flat parameter (on the GPU unless offloaded)
+  int64_t unsharded = -1;    // the padded unsharded flat parameter, while gathered
+  int64_t grad_shard = -1;   // .grad / _saved_grad_shard (the reduced shard)
+  std::vector<int64_t> param_grads;  // each parameter's gradient, waiting for the flat one
+  bool needs_pre_backward = false, prefetched = false, backward_done = false;
+};
+
+// A traced AdamW step for one parameter of `from_numel` elements, resized to
+// a flat shard of `to_numel`: every storage of the parameter's size (its
+// exp_avg and exp_avg_sq, the update's sqrt and division: optim/adamw.py
+// _single_tensor_adamw) becomes the shard's size; the rest (none in 1.13's
+// for-loop AdamW on a GPU parameter; its `step` is a host tensor) stays.
+ModelTrace resized_step(const ModelTrace& t, int64_t from_numel, int64_t to_numel) {
+  ModelTrace out = t;
+  for (auto& e : out.events)
+    if (e.kind == MemEvent::kAlloc && e.bytes == 4 * from_numel) e.bytes = 4 * to_numel;
+  return out;
+}
+
+}  // namespace
+
+StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
+                                    const PytorchFsdpOptions& o, AllocatorModel& allocator) {
+  if (!in.no_grads || !in.optimizer_param_steps || in.param_numels.empty() ||
+      in.optimizer_param_steps->size() != 2 * in.param_numels.size())
+    throw std::invalid_argument("--stack pytorch FSDP: the trace file lacks the no-grads traces or each parameter's "
+                                "optimizer steps: record it again with pytorch/trace_recorder.py");
+  if (o.world_size < 2)
+    throw std::invalid_argument("--stack pytorch FSDP: a world size of 1 runs as NO_SHARD in PyTorch 1.13 "
+                                "(fully_sharded_data_parallel.py clamps it), which is not simulated yet");
+  if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
+  const int W = o.world_size;
+  StepSimResult out;
+  Ledger ledger(allocator, &out);
+
+  // The units: _recursive_wrap with size_based_auto_wrap_policy, the root
+  // wrapping what remains; a tied weight copied into each unit holding a
+  // registration of it (spec::TiedParams::kCopiedPerUnit).
+  const spec::UnitPartition part = spec::wrap_modules(
+      modules, spec::WrapPolicy{spec::WrapPolicy::Kind::kSize, o.min_num_params}, spec::TiedParams::kCopiedPerUnit);
+  std::vector<FlatParam> units(part.units.size());
+  std::unordered_map<int, int> unit_at;  // wrapped module -> unit
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u].root_module = part.units[u].root_module;
+    units[u].numel = part.units[u].numel;
+    units[u].shard = fsdp_shard_numel(units[u].numel, W);
+    unit_at[units[u].root_module] = static_cast<int>(u);
+  }
+  // A tie split across units: the owner's own gradient (in the traces, added
+  // into the borrower's and freed) is its unit's, kept until its flat
+  // gradient is made. By owner module: the gradient's bytes.
+  std::unordered_map<int, int64_t> split_tie_bytes;
+  for (size_t m = 0; m < modules.size(); ++m)
+    for (const std::string& name : modules[m].borrowed_params)
+      for (size_t owner = 0; owner < modules.size(); ++owner)
+        for (const ParamInfo& p : modules[owner].params)
+          if (p.name == name && part.module_unit[owner] != part.module_unit[m])
+            split_tie_bytes[static_cast<int>(owner)] = 4 * p.numel;
+
+  // AdamW over the flat shards, in parameters() order (the units' pre-order,
+  // as part.units is): each unit's step is a traced parameter's step resized
+  // (the largest parameter's, so that no other storage shares its size).
+  const size_t ref = static_cast<size_t>(
+      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
+  std::vector<ModelTrace> unit_steps;
+  std::vector<int> order;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].numel == 0) continue;
+    for (int k = 0; k < 2; ++k)
+      unit_steps.push_back(resized_step((*in.optimizer_param_steps)[2 * ref + k], in.param_numels[ref],
+                                        units[u].shard));
+    order.push_back(static_cast<int>(order.size()));
+  }
+  const ModelTrace opt_first = compose_optimizer_step(unit_steps, order, true);
+  const ModelTrace opt_later = compose_optimizer_step(unit_steps, order, false);
+
+  // Init: what exists before the model (the profile's cuBLAS workspaces),
+  // the buffers (moved to the GPU with the module), each unit's shard
+  // (flat_param.py _get_shard: the rank's chunk, padded, cloned), on the host
+  // with offload_params. The construction's own transients (the whole
+  // module, each unit's unsharded FlatParameter before sharding) are not
+  // simulated: the caching allocator gives them back on its first retry.
+  const std::string init = "init";
+  for (int64_t b : o.overhead_bytes)
+    if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
+  for (const auto& b : in.buffers)
+    if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
+  for (auto& u : units)
+    if (!o.offload_params && u.numel > 0 && (u.local_shard = ledger.alloc(Category::kParams, 4 * u.shard, init)) < 0)
+      return out;
+  ledger.point(init);
+
+  std::vector<int> forward_order;  // units by pre-forward (_exec_order_data, first iteration)
+  std::vector<int64_t> outputs, previous_outputs;
+  for (int k = 1; k <= o.steps; ++k) {
+    const std::string step = "step" + std::to_string(k);
+    std::string label = step + "/forward";
+    bool oom = false;
+    auto alloc = [&](Category c, int64_t bytes, int stream) {
+      const int64_t id = ledger.alloc(c, bytes, label, stream);
+      oom = oom || id < 0;
+      return id;
+    };
+    // _unshard: with offload_params the shard is first copied to the GPU
+    // (pre_unshard's _flat_param_to, on the pre-all-gather stream) and
+    // dropped once gathered; the padded unsharded FlatParameter is
+    // allocated on the all-gather stream (_alloc_padded_unsharded_flat_param).
+    auto unshard = [&](FlatParam& u) {
+      if (u.unsharded >= 0 || u.numel == 0) return;
+      const int64_t copy = o.offload_params ? alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream) : -1;
+      u.unsharded = alloc(Category::kParams, 4 * u.shard * W, kAllGatherStream);
+      ledger.free(copy);
+    };
+    auto reshard = [&](FlatParam& u) {
+      ledger.free(u.unsharded);
+      u.unsharded = -1;
+    };
+    // _prefetch_handles in backward: the unit whose forward ran just before
+    // `u`'s (exec order's get_handles_to_backward_prefetch), when its
+    // pre-backward has not run and it was not prefetched yet.
+    auto prefetch = [&](int u) {
+      const auto at = std::find(forward_order.begin(), forward_order.end(), u);
+      if (at == forward_order.begin() || at == forward_order.end()) return;
+      FlatParam& next = units[*(at - 1)];
+      if (!next.needs_pre_backward || next.prefetched) return;
+      unshard(next);
+      next.prefetched = true;
+    };
+    // The gradient of the flat parameter, freed with record_stream(post-
+    // backward stream) (_post_backward_hook: orig_grad_data.record_stream):
+    // the allocator may reuse its block only once the reduce-scatter queued
+    // behind it is done; taken here as when the next unit's hook runs.
+    int64_t in_flight_grad = -1;
+    // _post_backward_hook, after AccumulateGrad of the FlatParameter: the
+    // parameters' gradients (held by the views' SplitWithSizesBackward
+    // until the last is ready) concatenated into the flat gradient (numel),
+    // the unit resharded, then on the post-backward stream the gradient
+    // padded (F.pad: a copy of world x shard) and reduce-scattered into a new
+    // shard (torch.zeros_like(chunks[0])), kept as _saved_grad_shard, or
+    // added into it (steps after the first, grads kept by zero_grad) and
+    // dropped.
+    auto post_backward = [&](int ui) {
+      FlatParam& u = units[ui];
+      if (u.backward_done || u.numel == 0) return;
+      u.backward_done = true;
+      const int64_t flat = alloc(Category::kGrads, 4 * u.numel, kFsdpComputeStream);
+      ledger.free_all(u.param_grads);
+      reshard(u);
+      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui);
+      ledger.free(in_flight_grad);
+      const int64_t padded = alloc(Category::kCommBuffers, 4 * u.shard * W, kPostBackwardStream);
+      const int64_t shard = alloc(Category::kGrads, 4 * u.shard, kPostBackwardStream);
+      if (u.grad_shard >= 0) {
+        ledger.free(shard);
+      } else {
+        u.grad_shard = shard;
+      }
+      ledger.free(padded);
+      in_flight_grad = flat;
+    };
+
+    // opt.zero_grad(): set_to_none drops each shard's .grad; else zeroed in
+    // place, it stays (prepare_gradient keeps it as _saved_grad_shard).
+    if (o.zero_grad_set_to_none || o.offload_params)
+      for (auto& u : units) {
+        ledger.free(u.grad_shard);
+        u.grad_shard = -1;
+      }
+    for (auto& u : units) u.needs_pre_backward = u.prefetched = u.backward_done = false;
+
+    const ModelTrace& t = *in.no_grads;
+    std::unordered_set<int64_t> freed_in_trace, kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
+    for (const auto& e : t.events)
+      if (e.kind == MemEvent::kFree) freed_in_trace.insert(e.tensor);
+    std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
+    std::unordered_set<int64_t> held_grads;     // trace storages kept as a unit's parameter gradient
+    bool in_backward = false;
+    for (const auto& e : t.events) {
+      if (oom) return out;
+      if (!in_backward && e.phase != Phase::kForward) {
+        // The forward returned: the loop's `outputs = model(x)` drops the
+        // previous step's; the root's pre-backward (it was not resharded).
+        in_backward = true;
+        ledger.free_all(previous_outputs);
+        ledger.point(step + "/forward");
+        label = step + "/backward";
+        units[0].needs_pre_backward = false;
+        unshard(units[0]);
+        if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(0);
+      }
+      const auto unit = unit_at.find(e.module);
+      const bool unit_event = unit != unit_at.end() && (e.kind == MemEvent::kModuleBegin || e.kind == MemEvent::kModuleEnd);
+      if (unit_event && e.phase == Phase::kForward) {
+        FlatParam& u = units[unit->second];
+        if (e.kind == MemEvent::kModuleBegin) {
+          if (k == 1) forward_order.push_back(unit->second);
+          unshard(u);  // _pre_forward_unshard
+        } else {
+          // _post_forward: FULL_SHARD frees all but the root's.
+          if (o.reshard_after_forward && unit->second != 0) reshard(u);
+          u.needs_pre_backward = true;  // _register_pre_backward_hooks
+        }
+      } else if (unit_event && e.kind == MemEvent::kModuleBegin) {
+        // _pre_backward_hook: unshard unless prefetched, then prefetch.
+        FlatParam& u = units[unit->second];
+        u.needs_pre_backward = false;
+        unshard(u);
+        if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(unit->second);
+      } else if (unit_event) {
+        post_backward(unit->second);
+      } else if (e.kind == MemEvent::kAlloc) {
+        const bool output = kept_output.count(e.tensor) > 0;
+        const bool grad = in_backward && !output &&
+                          (!freed_in_trace.count(e.tensor) ||
+                           (split_tie_bytes.count(e.module) && split_tie_bytes[e.module] == e.bytes));
+        const int64_t id = alloc(output ? Category::kActivations : grad ? Category::kGrads : Category::kActivations,
+                                 e.bytes, kFsdpComputeStream);
+        if (oom) return out;
+        live[e.tensor] = id;
+        if (output) outputs.push_back(id);
+        if (grad) {
+          units[part.module_unit[e.module]].param_grads.push_back(id);
+          held_grads.insert(e.tensor);
+        }
+      } else if (e.kind == MemEvent::kFree && !held_grads.count(e.tensor)) {
+        if (auto it = live.find(e.tensor); it != live.end()) {
+          ledger.free(it->second);
+          live.erase(it);
+        }
+      }
+    }
+    // Units whose backward-end marker the trace has none of (a module whose
+    // inputs need no gradient: the embeddings, the root): their hooks run as
+    // autograd reaches their parameters, last; here in reverse forward order.
+    for (auto it = forward_order.rbegin(); it != forward_order.rend() && !oom; ++it) post_backward(*it);
+    if (oom) return out;
+    // _wait_for_post_backward / _finalize_params: .grad is the reduced shard;
+    // with offload_params it was copied to the host and the GPU one goes.
+    ledger.free(in_flight_grad);
+    if (o.offload_params)
+      for (auto& u : units) {
+        ledger.free(u.grad_shard);
+        u.grad_shard = -1;
+      }
+    previous_outputs.swap(outputs);
+    outputs.clear();
+    ledger.point(step + "/backward");
+    // opt.step(): AdamW over the shards (on the host with offload_params).
+    if (!o.offload_params) {
+      const ModelTrace& opt = k == 1 ? opt_first : opt_later;
+      std::unordered_map<int64_t, int64_t> ids;
+      std::unordered_set<int64_t> freed;
+      for (const auto& e : opt.events)
+        if (e.kind == MemEvent::kFree) freed.insert(e.tensor);
+      for (const auto& e : opt.events) {
+        if (e.kind == MemEvent::kAlloc) {
+          const Category c = freed.count(e.tensor) ? Category::kTemporaries : Category::kOptimizer;
+          if ((ids[e.tensor] = ledger.alloc(c, e.bytes, step + "/optimizer")) < 0) return out;
+        } else if (e.kind == MemEvent::kFree) {
+          ledger.free(ids[e.tensor]);
+        }
+      }
+    }
+    ledger.point(step + "/optimizer");
+  }
+  ledger.finish();
+  return out;
+}
+
+}  // namespace shardfit::planner

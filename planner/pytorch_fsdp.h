@@ -1,0 +1,59 @@
+// `shardfit plan --stack pytorch` for PyTorch's FullyShardedDataParallel
+// (issue 12 item 2, issue 13 item 2): torch.distributed.fsdp as of 1.13
+// (Debian's python3-torch; its source, torch/distributed/fsdp/
+// fully_sharded_data_parallel.py and flat_param.py, is what each rule below
+// cites), wrapping by size_based_auto_wrap_policy(min_num_params),
+// FULL_SHARD or SHARD_GRAD_OP, CPUOffload(offload_params) or not, with
+// torch.optim.AdamW over the flat parameters, in the loop
+//     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
+// on CUDA ranks (1.13's FSDP runs only there), through the CUDA caching
+// allocator's model with one pool per stream FSDP uses. Not measured here:
+// no GPU has been lent (scripts/gpu-check will compare it when one is).
+// World size 1 is refused: 1.13 runs it as NO_SHARD, not simulated yet.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/allocator_model.h"
+#include "planner/model_trace.h"
+#include "planner/pytorch_stack.h"
+#include "planner/step_simulator.h"
+
+namespace shardfit::planner {
+
+struct PytorchFsdpOptions {
+  // ShardingStrategy.FULL_SHARD (parameters freed after each unit's forward
+  // and gathered again for its backward) or SHARD_GRAD_OP (kept from the
+  // forward until the unit's backward is done).
+  bool reshard_after_forward = true;
+  bool offload_params = false;  // CPUOffload(offload_params=True): shards, grads and AdamW on the host
+  int64_t min_num_params = 100000000;  // size_based_auto_wrap_policy's default (1e8)
+  // BackwardPrefetch: BACKWARD_PRE (gather the next unit when this unit's
+  // backward starts), BACKWARD_POST (when it ends) or none.
+  enum class Prefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
+  Prefetch backward_prefetch = Prefetch::kBackwardPre;
+  int world_size = 2;
+  int steps = 2;
+  int64_t budget_bytes = kUnlimitedBytes;
+  std::vector<int64_t> overhead_bytes;  // the profile's cuBLAS workspaces
+  bool zero_grad_set_to_none = true;    // opt.zero_grad(set_to_none=...)
+};
+
+// The streams whose pools the caching allocator keeps apart (a block freed
+// on one is not reused by another): the default (compute) stream and the
+// three FSDP creates in _init_streams.
+enum FsdpStream : int { kFsdpComputeStream = 0, kAllGatherStream = 1, kPostBackwardStream = 2, kPreAllGatherStream = 3 };
+
+// One rank's init and `steps` steps; `in` as for simulate_pytorch_ddp (its
+// no-grads traces and per-parameter optimizer steps are used), `modules` the
+// trace file's module table.
+StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
+                                    const PytorchFsdpOptions& options, AllocatorModel& allocator);
+
+// A unit's flat parameter, padded and sharded (flat_param.py _get_shard:
+// torch.chunk into world_size pieces, each rank's padded to the first's
+// numel): the shard's numel, ceil(numel / world).
+inline int64_t fsdp_shard_numel(int64_t numel, int world) { return (numel + world - 1) / world; }
+
+}  // namespace shardfit::planner

@@ -1,0 +1,193 @@
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "planner/batch_search.h"
+#include "planner/plan_builder.h"
+#include "planner/pytorch_fsdp.h"
+#include "planner/pytorch_stack.h"
+#include "planner/trace.h"
+#include "spec/recompute.h"
+#include "spec/wrap_policy.h"
+
+namespace shardfit::planner {
+
+// `--stack pytorch`: PyTorch's DDP with torch.optim.AdamW, or with
+// ZeroRedundancyOptimizer(AdamW) (zero1), replayed from the trace file's
+// no-grads, with-grads and optimizer traces at each batch
+// (planner/pytorch_stack.h): candidates ddp/fp32/wrap=none and
+// zero1/fp32/wrap=none (+ckpt too when the file has checkpointed traces).
+// zero1's ranks differ (each its own partition's state): every rank is
+// simulated and the largest peak decides. On request (--strategies with the
+// full id), PyTorch FSDP (planner/pytorch_fsdp.h): zero2 (SHARD_GRAD_OP) and
+// zero3 (FULL_SHARD), +offload or not, fp32, wrap=size:N
+// (size_based_auto_wrap_policy), on CUDA profiles.
+Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem) {
+  const TraceFile* file = r.trace_file.get();
+  if (!file)
+    throw std::invalid_argument("--stack pytorch: needs --trace (a model traced in its own Python process by "
+                                "pytorch/trace_recorder.py)");
+  const bool cuda = r.profile.kind == DeviceKind::kCuda;
+  // (A trace for the other kind of device was refused in build_plan.)
+  // The blocks, under torch.utils.checkpoint for +ckpt (what a plan
+  // recomputes when nothing but the root is a unit: spec/recompute.h).
+  const std::vector<int> blocks =
+      spec::recompute_modules(file->modules, wrap_modules(file->modules, WrapPolicy::parse("none")));
+  const bool has_ckpt = !blocks.empty() && file->find(DType::kF32, blocks, 1, false, r.ckpt_reentrant);
+  if (r.ckpt_reentrant && !blocks.empty() && !has_ckpt)
+    throw std::invalid_argument("--checkpoint reentrant: the trace file has no traces with use_reentrant=True (record "
+                                "it again with pytorch/trace_recorder.py)");
+  std::vector<Candidate> candidates;
+  auto is_fsdp = [](const Candidate& c) { return c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3; };
+  for (const std::string& s : r.candidates.strategies) {
+    if (s == "ddp" || s == "zero1") continue;
+    const Candidate want = s.find('/') == std::string::npos ? Candidate{} : parse_candidate(s);
+    const bool ddp_like = (want.sharding == Sharding::kDdp || want.sharding == Sharding::kZero1) && !want.offload &&
+                          want.wrap == "none";
+    const bool fsdp = is_fsdp(want) && !want.recompute && want.wrap.rfind("size:", 0) == 0;
+    if (s.find('/') == std::string::npos || want.precision != Precision::kFp32 || !(ddp_like || fsdp))
+      throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
+                                  "and zero1 (with ZeroRedundancyOptimizer), fp32, wrap=none, +ckpt or not, and "
+                                  "FSDP as zero2 or zero3[+offload]/fp32/wrap=size:N, only in this version");
+    if (fsdp && !cuda)
+      throw std::invalid_argument("--strategies " + s + ": PyTorch 1.13's FSDP runs on CUDA only: plan it with a "
+                                  "CUDA --device and a trace recorded with --target cuda");
+    if (fsdp && r.gpus_per_node * r.nodes < 2)
+      throw std::invalid_argument("--strategies " + s + ": FSDP on one GPU runs as NO_SHARD in PyTorch 1.13, which "
+                                  "--stack pytorch does not simulate yet");
+    if (fsdp) candidates.push_back(want);
+  }
+  for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none", "ddp+ckpt/fp32/wrap=none",
+                         "zero1+ckpt/fp32/wrap=none"}) {
+    const Candidate c = parse_candidate(id);
+    if (c.recompute && !has_ckpt) continue;
+    bool wanted = r.candidates.strategies.empty();
+    for (const std::string& s : r.candidates.strategies)
+      wanted = wanted || s == spec::sharding_name(c.sharding) || s == c.to_id();
+    if (wanted) candidates.insert(candidates.end() - std::count_if(candidates.begin(), candidates.end(), is_fsdp), c);
+  }
+  for (const std::string& p : r.candidates.precisions)
+    if (p != "fp32" && p != "all")
+      throw std::invalid_argument("--precision " + p + ": --stack pytorch simulates fp32 only in this version");
+  if (r.optimizer != Optimizer::kAdamW || file->optimizer_steps.size() != 2)
+    throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
+                                "steps (record it again with pytorch/trace_recorder.py)");
+  if (r.grad_accum != 1) throw std::invalid_argument("--stack pytorch: --grad-accum is not simulated yet");
+  // [recompute][grads at start]: batch 1 exactly, 2 and 3 extended affinely.
+  const ModelTrace* at1[2][2] = {};
+  std::unique_ptr<AffineTrace> affine[2][2];
+  for (int k = 0; k < (has_ckpt ? 2 : 1); ++k)
+    for (int g = 0; g < 2; ++g) {
+      const std::vector<int> rec = k ? blocks : std::vector<int>{};
+      at1[k][g] = file->find(DType::kF32, rec, 1, g == 1, r.ckpt_reentrant);
+      const ModelTrace* t2 = file->find(DType::kF32, rec, 2, g == 1, r.ckpt_reentrant);
+      const ModelTrace* t3 = file->find(DType::kF32, rec, 3, g == 1, r.ckpt_reentrant);
+      if (!at1[k][g] || !t2 || !t3)
+        throw std::invalid_argument(std::string("--stack pytorch: the trace file has no fp32 trace") +
+                                    (k ? " with the blocks checkpointed" : "") + " with grads " +
+                                    (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
+      affine[k][g] = std::make_unique<AffineTrace>(*t2, *t3);
+    }
+  const int world = r.gpus_per_node * r.nodes;
+  PytorchDdpInputs in;
+  in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
+  in.optimizer_first = &file->optimizer_steps[0];
+  in.optimizer_later = &file->optimizer_steps[1];
+  in.param_numels = file->param_numels();
+  in.buffers = file->buffers();
+  if (!file->optimizer_zero_grad.events.empty()) in.zero_grad = &file->optimizer_zero_grad;
+  in.optimizer_param_steps = &file->optimizer_param_steps;
+  // Every rank's result at `batch` (one when the ranks are alike).
+  auto simulate = [&](const Candidate& c, int64_t batch) {
+    const int k = c.recompute ? 1 : 0;
+    const ModelTrace none = batch == 1 ? *at1[k][0] : affine[k][0]->at(batch);
+    const ModelTrace with = batch == 1 ? *at1[k][1] : affine[k][1]->at(batch);
+    PytorchDdpInputs at = in;
+    at.no_grads = &none;
+    at.with_grads = &with;
+    PytorchDdpOptions o;
+    o.gradient_as_bucket_view = r.ddp_bucket_view;
+    o.zero_grad_set_to_none = r.zero_grad_set_to_none;
+    o.budget_bytes = budget;
+    o.cuda_caching = cuda && r.profile.allocator == AllocatorKind::kCudaCaching;
+    if (cuda) o.overhead_bytes = r.profile.cublas_workspace_allocations;
+    o.steps = std::min(r.steps, 2);
+    o.zero_redundancy = c.sharding == Sharding::kZero1;
+    o.world_size = world;
+    std::vector<StepSimResult> ranks;
+    if (is_fsdp(c)) {
+      // Every rank alike (the padded shards are one size).
+      PytorchFsdpOptions f;
+      f.reshard_after_forward = c.sharding == Sharding::kZero3;
+      f.offload_params = c.offload;
+      f.min_num_params = WrapPolicy::parse(c.wrap).min_num_params;
+      f.world_size = world;
+      f.steps = o.steps;
+      f.budget_bytes = budget;
+      f.overhead_bytes = o.overhead_bytes;
+      f.zero_grad_set_to_none = o.zero_grad_set_to_none;
+      CudaCachingAllocatorModel a(budget);
+      ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
+      return ranks;
+    }
+    for (int rank = 0; rank < (o.zero_redundancy ? world : 1); ++rank) {
+      o.rank = rank;
+      ranks.push_back(simulate_pytorch_ddp(at, o));
+    }
+    return ranks;
+  };
+  auto fits = [](const std::vector<StepSimResult>& ranks) {
+    return std::none_of(ranks.begin(), ranks.end(), [](const StepSimResult& x) { return x.oom; });
+  };
+  auto worst = [](const std::vector<StepSimResult>& ranks) -> const StepSimResult& {
+    for (const auto& x : ranks)
+      if (x.oom) return x;
+    return *std::max_element(ranks.begin(), ranks.end(), [](const StepSimResult& a, const StepSimResult& b) {
+      return a.peak_allocated_bytes < b.peak_allocated_bytes;
+    });
+  };
+
+  Plan plan;
+  plan.stack = "pytorch";
+  plan.ddp_bucket_view = r.ddp_bucket_view;
+  plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced"};
+  plan.hardware.profile = r.profile.name;
+  plan.hardware.device_mem_bytes = device_mem;
+  plan.hardware.gpus_per_node = r.gpus_per_node;
+  plan.hardware.nodes = r.nodes;
+  plan.optimizer = "adamw";
+  plan.objective = r.objective;
+  for (const Candidate& c : candidates) {
+    PlanCandidate pc;
+    pc.candidate = c;
+    pc.units = 1;
+    pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(simulate(c, b)); }, r.max_batch);
+    const auto at_fit = simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
+    const StepSimResult& fit = worst(at_fit);
+    pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
+    pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
+    pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
+    if (at_fit.size() > 1)
+      for (const auto& x : at_fit) pc.predicted.rank_peak_allocated_bytes.push_back(x.peak_allocated_bytes);
+    if (pc.max_batch_per_gpu > 0)
+      for (const auto& x : at_fit) {
+        pc.predicted.rank_timelines.emplace_back();
+        for (const auto& t : x.timeline)
+          pc.predicted.rank_timelines.back().push_back({t.label, t.allocated_bytes, t.peak_allocated_bytes});
+      }
+    if (pc.max_batch_per_gpu >= r.max_batch) {
+      pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
+    } else {
+      const auto next = pc.max_batch_per_gpu > 0 ? simulate(c, pc.max_batch_per_gpu + 1) : at_fit;
+      const StepSimResult& stop = worst(next);
+      pc.limit = std::string(category_name(stop.oom_category)) + " in " + stop.oom_label;
+    }
+    plan.candidates.push_back(pc);
+  }
+  if (auto best = choose(plan.candidates, r.objective)) plan.chosen = plan.candidates[*best].id();
+  return plan;
+}
+
+
+}  // namespace shardfit::planner
