@@ -149,8 +149,9 @@ Command add_plan_command(CLI::App& app) {
                   "pytorch/trace_recorder.py for a model written in Python); its sequence length is the plan's");
   sub->add_option("--stack", a->stack,
                   "Whose training step to predict: shardfit (its engine, `shardfit run`) or pytorch (PyTorch's own "
-                  "DistributedDataParallel and torch.optim.AdamW in the loop pytorch/validate.py runs; needs "
-                  "--trace; this version: DDP, fp32, CPU ranks)")
+                  "DistributedDataParallel or ZeroRedundancyOptimizer and torch.optim.AdamW in the loop "
+                  "pytorch/validate.py runs, torch.utils.checkpoint as +ckpt; PyTorch FSDP on a CUDA device "
+                  "when --strategies names zero2|zero3[+offload]/fp32/wrap=size:N; needs --trace; fp32)")
       ->capture_default_str();
   sub->add_option("--steps", a->steps,
                   "--stack pytorch: training steps the job runs; 2 or more plans its steady state (the default), 1 "

@@ -161,7 +161,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   for (const Candidate& c : candidates) {
     PlanCandidate pc;
     pc.candidate = c;
-    pc.units = 1;
+    pc.units = is_fsdp(c) ? static_cast<int>(spec::wrap_modules(file->modules, WrapPolicy::parse(c.wrap),
+                                                                spec::TiedParams::kCopiedPerUnit)
+                                                 .units.size())
+                          : 1;
     pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(simulate(c, b)); }, r.max_batch);
     const auto at_fit = simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
     const StepSimResult& fit = worst(at_fit);

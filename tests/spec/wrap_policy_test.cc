@@ -288,3 +288,54 @@ TEST(WrapPolicyTest, UnitsAreInPreOrderAndOwnTheirSubtrees) {
 
 }  // namespace
 }  // namespace shardfit::spec
+
+namespace shardfit::spec {
+namespace {
+
+// PyTorch FSDP (1.12/1.13) on Hugging Face's GPT-2 Large (H = 1280, 36
+// layers), lm_head borrowing transformer.wte.weight: _recursive_wrap counts
+// and flattens each registration, so lm_head (64,328,960 >= min) becomes a
+// unit with its own copy of the weight; size_based_auto_wrap_policy at
+// 1,000,000 wraps wte, wpe, lm_head and each block's four Conv1Ds (the
+// LayerNorms, 2,560 each, stay with the root); at 2,000 every LayerNorm too.
+TEST(WrapPolicyTied, FsdpCopiesATiedWeightIntoEachUnitThatRegistersIt) {
+  std::vector<ModuleNode> m = gpt2_modules(36, 1280);
+  const int lm_head = module_index(m, "lm_head");
+  m[lm_head].borrowed_params = {"transformer.wte.weight"};
+  const int64_t params = 774030080, wte = 50257LL * 1280;
+
+  const UnitPartition fsdp = wrap_modules(m, WrapPolicy::parse("size:1000000"), TiedParams::kCopiedPerUnit);
+  EXPECT_EQ(fsdp.units.size(), 1u + 2 + 36 * 4 + 1);  // root, wte, wpe, the Conv1Ds, lm_head
+  ASSERT_NE(find_unit(fsdp, "lm_head"), nullptr);
+  EXPECT_EQ(find_unit(fsdp, "lm_head")->numel, wte);
+  EXPECT_EQ(find_unit(fsdp, "transformer.wte")->numel, wte);
+  EXPECT_EQ(find_unit(fsdp, "root")->numel, 36 * 2 * 2560 + 2560);  // the LayerNorms
+  EXPECT_EQ(total_numel(fsdp), params + wte);
+
+  const UnitPartition small = wrap_modules(m, WrapPolicy::parse("size:2000"), TiedParams::kCopiedPerUnit);
+  EXPECT_EQ(small.units.size(), 1u + 2 + 36 * 6 + 1 + 1);  // + every ln_1, ln_2 and ln_f
+  EXPECT_EQ(find_unit(small, "root")->numel, 0);
+  EXPECT_EQ(total_numel(small), params + wte);
+
+  // shardfit's engine keeps the tie: lm_head, wte and everything between
+  // them in the root, each parameter once.
+  const UnitPartition kept = wrap_modules(m, WrapPolicy::parse("size:1000000"));
+  EXPECT_EQ(find_unit(kept, "lm_head"), nullptr);
+  EXPECT_EQ(find_unit(kept, "transformer.wte"), nullptr);
+  EXPECT_EQ(total_numel(kept), params);
+}
+
+// Within one unit a tied weight is flattened once.
+TEST(WrapPolicyTied, ATieInsideOneUnitIsFlattenedOnce) {
+  std::vector<ModuleNode> m = gpt2_modules(2, 64, 512, 64);
+  m[module_index(m, "lm_head")].borrowed_params = {"transformer.wte.weight"};
+  const UnitPartition p = wrap_modules(m, WrapPolicy::parse("size:100000000"), TiedParams::kCopiedPerUnit);
+  ASSERT_EQ(p.units.size(), 1u);
+  int64_t owned = 0;
+  for (const auto& x : m)
+    for (const auto& q : x.params) owned += q.numel;
+  EXPECT_EQ(p.units[0].numel, owned);
+}
+
+}  // namespace
+}  // namespace shardfit::spec

@@ -1,0 +1,156 @@
+// PyTorch FSDP on --stack pytorch (planner/pytorch_fsdp.h), replayed on a
+// hand-made two-unit model through the exact allocator, so that every figure
+// below can be added up by hand:
+//   root  (module 0): owns "ln" (4 elements)           -> the root unit
+//   lin   (module 1): owns "w" (10) and "b" (2)        -> its own unit (min 10)
+// On 2 ranks: lin's shard is 6 elements (24 B), padded unsharded 12 (48 B);
+// the root's shard 2 (8 B), unsharded 4 (16 B).
+#include "planner/pytorch_fsdp.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace shardfit::planner {
+namespace {
+
+MemEvent ev(MemEvent::Kind k, Phase ph, int module, int64_t tensor = -1, int64_t bytes = 0) {
+  MemEvent e;
+  e.kind = k;
+  e.phase = ph;
+  e.module = module;
+  e.tensor = tensor;
+  e.bytes = bytes;
+  return e;
+}
+
+std::vector<ModuleNode> modules() {
+  std::vector<ModuleNode> m(2);
+  m[0].type = "Net";
+  m[0].children = {1};
+  m[0].params = {ParamInfo{"ln", {4}, 4}};
+  m[1].path = "lin";
+  m[1].type = "Linear";
+  m[1].parent = 0;
+  m[1].params = {ParamInfo{"lin.w", {10}, 10}, ParamInfo{"lin.b", {2}, 2}};
+  return m;
+}
+
+// Forward: 100 B in the root, 40 B in lin, an 8 B loss. Backward: lin's two
+// gradients (40 B, 8 B) kept by AccumulateGrad (the no-grads trace), the
+// root's (16 B) after lin's backward has ended.
+ModelTrace step() {
+  constexpr auto F = Phase::kForward, B = Phase::kBackward;
+  ModelTrace t;
+  t.grads_at_start = false;
+  t.events = {ev(MemEvent::kModuleBegin, F, 0), ev(MemEvent::kAlloc, F, 0, 1, 100),
+              ev(MemEvent::kModuleBegin, F, 1), ev(MemEvent::kAlloc, F, 1, 2, 40),
+              ev(MemEvent::kModuleEnd, F, 1),   ev(MemEvent::kAlloc, F, 0, 3, 8),
+              ev(MemEvent::kModuleEnd, F, 0),   ev(MemEvent::kFree, B, 0, 3),
+              ev(MemEvent::kModuleBegin, B, 1), ev(MemEvent::kAlloc, B, 1, 4, 40),
+              ev(MemEvent::kAlloc, B, 1, 5, 8), ev(MemEvent::kFree, B, 1, 2),
+              ev(MemEvent::kModuleEnd, B, 1),   ev(MemEvent::kAlloc, B, 0, 6, 16),
+              ev(MemEvent::kFree, B, 0, 1)};
+  return t;
+}
+
+// AdamW on one parameter of 10 elements (40 B): step 1 makes exp_avg and
+// exp_avg_sq, then the update's sqrt and division; later steps the update.
+ModelTrace adamw(bool first) {
+  constexpr auto F = Phase::kForward;
+  ModelTrace t;
+  if (first) t.events = {ev(MemEvent::kAlloc, F, 0, 1, 40), ev(MemEvent::kAlloc, F, 0, 2, 40)};
+  for (MemEvent e : {ev(MemEvent::kAlloc, F, 0, 3, 40), ev(MemEvent::kAlloc, F, 0, 4, 40),
+                     ev(MemEvent::kFree, F, 0, 3), ev(MemEvent::kFree, F, 0, 4)})
+    t.events.push_back(e);
+  return t;
+}
+
+struct Fixture {
+  ModelTrace trace = step();
+  std::vector<ModelTrace> per_param = {adamw(true), adamw(false), adamw(true),
+                                       adamw(false), adamw(true), adamw(false)};
+  PytorchDdpInputs in;
+  Fixture() {
+    in.no_grads = &trace;
+    in.param_numels = {10, 2, 4};
+    in.optimizer_param_steps = &per_param;
+  }
+  StepSimResult run(PytorchFsdpOptions o) {
+    o.min_num_params = 10;
+    o.world_size = 2;
+    o.backward_prefetch = PytorchFsdpOptions::Prefetch::kNone;
+    ExactAllocator a;
+    return simulate_pytorch_fsdp(in, modules(), o, a);
+  }
+};
+
+const TimelinePoint& at(const StepSimResult& r, const std::string& label) {
+  for (const auto& p : r.timeline)
+    if (p.label == label) return p;
+  throw std::runtime_error("no timeline point " + label);
+}
+
+TEST(PytorchFsdp, FullShardGathersEachUnitForItsForwardAndBackwardOnly) {
+  Fixture f;
+  PytorchFsdpOptions o;
+  o.zero_grad_set_to_none = false;  // 1.x's zero_grad: the reduced shards stay
+  const StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 8 + 24);  // the two shards
+  // Forward: the root gathered (16) and kept, lin gathered (48) for its
+  // forward only: 32 + 16 + 100 + 48 + 40 at lin's highest, 196 after it.
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 236);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 196);
+  // Backward: lin gathered again (48), its gradients (48), then the flat
+  // gradient (48) before they go: 188 + 48 + 48 + 48 = 332 - 40 (its
+  // activation freed first) = 292. After: each rank's shards and reduced
+  // gradient shards, 32 + 32.
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 292);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 64);
+  // AdamW's exp_avg and exp_avg_sq per shard: 2 x 32.
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 128);
+  EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 128);
+}
+
+TEST(PytorchFsdp, ShardGradOpKeepsTheGatheredUnitFromForwardToBackward) {
+  Fixture f;
+  PytorchFsdpOptions o;
+  o.reshard_after_forward = false;
+  const StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 196 + 48);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 64);
+}
+
+TEST(PytorchFsdp, OffloadLeavesNothingOnTheGpuBetweenSteps) {
+  Fixture f;
+  PytorchFsdpOptions o;
+  o.offload_params = true;
+  const StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 0);
+  // The root's shard copied up (8) and gathered (16), the copy dropped;
+  // lin's gathered and freed again; the activations (100, 40, 8).
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 16 + 100 + 40 + 8);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 0);
+  EXPECT_EQ(at(r, "step2/optimizer").allocated_bytes, 0);
+}
+
+TEST(PytorchFsdp, OneRankIsRefusedAsNoShardIsNotSimulated) {
+  Fixture f;
+  PytorchFsdpOptions o;
+  o.world_size = 1;
+  ExactAllocator a;
+  EXPECT_THROW(simulate_pytorch_fsdp(f.in, modules(), o, a), std::invalid_argument);
+}
+
+TEST(PytorchFsdp, ShardsArePaddedToTheFirstChunk) {
+  EXPECT_EQ(fsdp_shard_numel(12, 2), 6);
+  EXPECT_EQ(fsdp_shard_numel(13, 2), 7);
+  EXPECT_EQ(fsdp_shard_numel(1, 4), 1);
+}
+
+}  // namespace
+}  // namespace shardfit::planner
