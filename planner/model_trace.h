@@ -68,6 +68,10 @@ struct ModelTrace {
   // with use_reentrant=True (a CheckpointFunction re-running the module and
   // its own backward inside the outer one) or False (saved-tensor hooks).
   bool recompute_reentrant = false;
+  // Traces from Python: fp32 parameters, the forward (and loss) run under
+  // torch.autocast(compute_dtype) (pytorch/trace_recorder.py --autocast):
+  // PyTorch's mixed precision, not a model held in compute_dtype.
+  bool autocast = false;
   // Storages the forward returned beside the loss (a Hugging Face model's
   // output object: logits, past keys and values), which a training loop
   // holding that object (`outputs = model(**batch)`) keeps until its next

@@ -35,6 +35,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   const std::vector<int> blocks =
       spec::recompute_modules(file->modules, wrap_modules(file->modules, WrapPolicy::parse("none")));
   const bool has_ckpt = !blocks.empty() && file->find(DType::kF32, blocks, 1, false, r.ckpt_reentrant);
+  // Traces whose forward ran under torch.autocast(bf16) (trace_recorder.py
+  // records them on a CPU target): the bf16 candidates, PyTorch's mixed
+  // precision (fp32 parameters, gradients and AdamW).
+  const bool has_bf16 = file->find(DType::kBF16, {}, 1, false, false, /*autocast=*/true) != nullptr;
   if (r.ckpt_reentrant && !blocks.empty() && !has_ckpt)
     throw std::invalid_argument("--checkpoint reentrant: the trace file has no traces with use_reentrant=True (record "
                                 "it again with pytorch/trace_recorder.py)");
@@ -44,12 +48,18 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     if (s == "ddp" || s == "zero1") continue;
     const Candidate want = s.find('/') == std::string::npos ? Candidate{} : parse_candidate(s);
     const bool ddp_like = (want.sharding == Sharding::kDdp || want.sharding == Sharding::kZero1) && !want.offload &&
-                          want.wrap == "none";
-    const bool fsdp = is_fsdp(want) && !want.recompute && want.wrap.rfind("size:", 0) == 0;
-    if (s.find('/') == std::string::npos || want.precision != Precision::kFp32 || !(ddp_like || fsdp))
+                          want.wrap == "none" &&
+                          (want.precision == Precision::kFp32 || (want.precision == Precision::kBf16 && !want.recompute));
+    const bool fsdp = is_fsdp(want) && !want.recompute && want.wrap.rfind("size:", 0) == 0 &&
+                      want.precision == Precision::kFp32;
+    if (s.find('/') == std::string::npos || !(ddp_like || fsdp))
       throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
-                                  "and zero1 (with ZeroRedundancyOptimizer), fp32, wrap=none, +ckpt or not, and "
-                                  "FSDP as zero2 or zero3[+offload]/fp32/wrap=size:N, only in this version");
+                                  "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or bf16 autocast, "
+                                  "wrap=none, and FSDP as zero2 or zero3[+offload]/fp32/wrap=size:N, only in this "
+                                  "version");
+    if (want.precision == Precision::kBf16 && !has_bf16)
+      throw std::invalid_argument("--strategies " + s + ": the trace file has no traces under torch.autocast(bf16) "
+                                  "(trace_recorder.py records them for --target cpu)");
     if (fsdp && !cuda)
       throw std::invalid_argument("--strategies " + s + ": PyTorch 1.13's FSDP runs on CUDA only: plan it with a "
                                   "CUDA --device and a trace recorded with --target cuda");
@@ -58,37 +68,50 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                   "--stack pytorch does not simulate yet");
     if (fsdp) candidates.push_back(want);
   }
+  for (const std::string& p : r.candidates.precisions)
+    if (p != "fp32" && p != "bf16" && p != "all")
+      throw std::invalid_argument("--precision " + p + ": --stack pytorch simulates fp32 and bf16 (autocast) only "
+                                  "in this version");
+  auto precision_wanted = [&](const Candidate& c) {
+    if (r.candidates.precisions.empty()) return true;
+    for (const std::string& p : r.candidates.precisions)
+      if (p == "all" || p == spec::precision_name(c.precision)) return true;
+    return false;
+  };
   for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none", "ddp+ckpt/fp32/wrap=none",
-                         "zero1+ckpt/fp32/wrap=none"}) {
+                         "zero1+ckpt/fp32/wrap=none", "ddp/bf16/wrap=none", "zero1/bf16/wrap=none"}) {
     const Candidate c = parse_candidate(id);
-    if (c.recompute && !has_ckpt) continue;
+    if ((c.recompute && !has_ckpt) || (c.precision == Precision::kBf16 && !has_bf16) || !precision_wanted(c)) continue;
     bool wanted = r.candidates.strategies.empty();
     for (const std::string& s : r.candidates.strategies)
       wanted = wanted || s == spec::sharding_name(c.sharding) || s == c.to_id();
     if (wanted) candidates.insert(candidates.end() - std::count_if(candidates.begin(), candidates.end(), is_fsdp), c);
   }
-  for (const std::string& p : r.candidates.precisions)
-    if (p != "fp32" && p != "all")
-      throw std::invalid_argument("--precision " + p + ": --stack pytorch simulates fp32 only in this version");
   if (r.optimizer != Optimizer::kAdamW || file->optimizer_steps.size() != 2)
     throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
                                 "steps (record it again with pytorch/trace_recorder.py)");
   if (r.grad_accum != 1) throw std::invalid_argument("--stack pytorch: --grad-accum is not simulated yet");
-  // [recompute][grads at start]: batch 1 exactly, 2 and 3 extended affinely.
-  const ModelTrace* at1[2][2] = {};
-  std::unique_ptr<AffineTrace> affine[2][2];
-  for (int k = 0; k < (has_ckpt ? 2 : 1); ++k)
+  // The traces a candidate replays, by kind ([0] fp32, [1] fp32 with the
+  // blocks checkpointed, [2] the forward under autocast(bf16)) and grads at
+  // start: batch 1 exactly, 2 and 3 extended affinely.
+  const ModelTrace* at1[3][2] = {};
+  std::unique_ptr<AffineTrace> affine[3][2];
+  for (int k = 0; k < 3; ++k) {
+    if ((k == 1 && !has_ckpt) || (k == 2 && !has_bf16)) continue;
+    const DType dtype = k == 2 ? DType::kBF16 : DType::kF32;
     for (int g = 0; g < 2; ++g) {
-      const std::vector<int> rec = k ? blocks : std::vector<int>{};
-      at1[k][g] = file->find(DType::kF32, rec, 1, g == 1, r.ckpt_reentrant);
-      const ModelTrace* t2 = file->find(DType::kF32, rec, 2, g == 1, r.ckpt_reentrant);
-      const ModelTrace* t3 = file->find(DType::kF32, rec, 3, g == 1, r.ckpt_reentrant);
-      if (!at1[k][g] || !t2 || !t3)
-        throw std::invalid_argument(std::string("--stack pytorch: the trace file has no fp32 trace") +
-                                    (k ? " with the blocks checkpointed" : "") + " with grads " +
+      const std::vector<int> rec = k == 1 ? blocks : std::vector<int>{};
+      const ModelTrace* t[4] = {};
+      for (int b = 1; b <= 3; ++b) t[b] = file->find(dtype, rec, b, g == 1, r.ckpt_reentrant && k == 1, k == 2);
+      if (!t[1] || !t[2] || !t[3])
+        throw std::invalid_argument(std::string("--stack pytorch: the trace file has no ") +
+                                    (k == 2 ? "autocast(bf16)" : "fp32") + " trace" +
+                                    (k == 1 ? " with the blocks checkpointed" : "") + " with grads " +
                                     (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
-      affine[k][g] = std::make_unique<AffineTrace>(*t2, *t3);
+      at1[k][g] = t[1];
+      affine[k][g] = std::make_unique<AffineTrace>(*t[2], *t[3]);
     }
+  }
   const int world = r.gpus_per_node * r.nodes;
   PytorchDdpInputs in;
   in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
@@ -100,7 +123,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   in.optimizer_param_steps = &file->optimizer_param_steps;
   // Every rank's result at `batch` (one when the ranks are alike).
   auto simulate = [&](const Candidate& c, int64_t batch) {
-    const int k = c.recompute ? 1 : 0;
+    const int k = c.precision == Precision::kBf16 ? 2 : c.recompute ? 1 : 0;
     const ModelTrace none = batch == 1 ? *at1[k][0] : affine[k][0]->at(batch);
     const ModelTrace with = batch == 1 ? *at1[k][1] : affine[k][1]->at(batch);
     PytorchDdpInputs at = in;

@@ -153,12 +153,13 @@ int64_t TraceFile::param_count() const {
 }
 
 const ModelTrace* TraceFile::find(DType dtype, const std::vector<int>& recompute, int64_t batch,
-                                  bool grads_at_start, bool reentrant) const {
+                                  bool grads_at_start, bool reentrant, bool autocast) const {
   std::vector<int> want = recompute;
   std::sort(want.begin(), want.end());
   for (const auto& t : traces)
     if (t.compute_dtype == dtype && t.batch == batch && t.recompute_modules == want &&
-        t.grads_at_start == grads_at_start && t.recompute_reentrant == (reentrant && !want.empty()))
+        t.grads_at_start == grads_at_start && t.recompute_reentrant == (reentrant && !want.empty()) &&
+        t.autocast == autocast)
       return &t;
   return nullptr;
 }
@@ -171,7 +172,8 @@ std::vector<std::vector<int>> TraceFile::recompute_sets() const {
 
 std::vector<DType> TraceFile::dtypes() const {
   std::set<DType> set;
-  for (const auto& t : traces) set.insert(t.compute_dtype);
+  for (const auto& t : traces)
+    if (!t.autocast) set.insert(t.compute_dtype);
   return {set.begin(), set.end()};
 }
 
@@ -238,6 +240,7 @@ std::string trace_file_json(const TraceFile& f) {
                       {"events", events_to_json(t)}});
     if (!t.kept_outputs.empty()) traces.back()["kept_outputs"] = t.kept_outputs;
     if (t.recompute_reentrant) traces.back()["checkpoint"] = "reentrant";
+    if (t.autocast) traces.back()["autocast"] = true;
   }
   json out = {{"schema", kTraceSchema},
               {"model", {{"name", f.model_name}, {"factory", f.factory}, {"input", f.input},
@@ -340,8 +343,15 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
       if (t.recompute_modules.empty()) r.fail("checkpoint", "is given for a trace that recomputes nothing");
       t.recompute_reentrant = kind == "reentrant";
     }
-    if (f.find(t.compute_dtype, t.recompute_modules, t.batch, t.grads_at_start, t.recompute_reentrant))
-      r.fail("batch", "repeats a trace already in the file (same batch, dtype, recompute, checkpoint and grads)");
+    if (r.has("autocast")) {
+      const json& a = r.need("autocast");
+      if (!a.is_boolean()) r.fail("autocast", "must be true or false");
+      t.autocast = a.get<bool>();
+      if (t.autocast && t.compute_dtype == DType::kF32) r.fail("autocast", "is given for an fp32 trace");
+    }
+    if (f.find(t.compute_dtype, t.recompute_modules, t.batch, t.grads_at_start, t.recompute_reentrant, t.autocast))
+      r.fail("batch", "repeats a trace already in the file (same batch, dtype, autocast, recompute, checkpoint and "
+                      "grads)");
     f.traces.push_back(std::move(t));
   }
   if (top.has("optimizer")) {

@@ -46,12 +46,13 @@ struct TraceFile {
   int64_t param_count() const;
   // Every module buffer, in named_buffers() order (the module table's).
   std::vector<BufferInfo> buffers() const;
-  // The trace at (dtype, recompute, batch, grads at start); nullptr when the
-  // file has none.
+  // The trace at (dtype, recompute, batch, grads at start, checkpoint kind,
+  // autocast); nullptr when the file has none.
   const ModelTrace* find(DType dtype, const std::vector<int>& recompute, int64_t batch,
-                         bool grads_at_start = true, bool reentrant = false) const;
+                         bool grads_at_start = true, bool reentrant = false, bool autocast = false) const;
   // The recompute sets the file has traces for (sorted module indices).
   std::vector<std::vector<int>> recompute_sets() const;
+  // The dtypes of the traces not under autocast (a model held in them).
   std::vector<DType> dtypes() const;
 };
 

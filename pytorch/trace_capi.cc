@@ -106,6 +106,23 @@ int shardfit_trace_reentrant() {
   return 0;
 }
 
+// The trace begun last ran its forward under torch.autocast of its dtype
+// (ModelTrace::autocast).
+int shardfit_trace_autocast() {
+  if (!g_session) return fail("no trace is being recorded");
+  if (g_session->trace.compute_dtype == DType::kF32) return fail("autocast needs a bf16 or fp16 trace");
+  g_session->trace.autocast = true;
+  return 0;
+}
+
+// Forgets every trace recorded under autocast (the recorder's, when the
+// model cannot run under it).
+int shardfit_trace_forget_autocast() {
+  g_traces.erase(std::remove_if(g_traces.begin(), g_traces.end(), [](const ModelTrace& t) { return t.autocast; }),
+                 g_traces.end());
+  return 0;
+}
+
 // Brackets the recorder dropping what the forward returned beside the loss:
 // the storages freed in between are the outputs a training loop keeps
 // (ModelTrace::kept_outputs); their frees are left out of the trace.

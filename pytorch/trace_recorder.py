@@ -56,6 +56,8 @@ def library():
         i64, c = ctypes.c_int64, ctypes.c_char_p
         lib.shardfit_trace_error.restype = c
         lib.shardfit_trace_reentrant.argtypes = []
+        lib.shardfit_trace_autocast.argtypes = []
+        lib.shardfit_trace_forget_autocast.argtypes = []
         lib.shardfit_trace_begin.argtypes = [c, i64, i64, c, c, c, ctypes.c_int, ctypes.c_int]
         lib.shardfit_trace_last_peak.restype = i64
         lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int, c]
@@ -239,26 +241,35 @@ def split_loss(out):
 
 
 def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accumulate", target_cuda=False,
-                checkpointed=None):
+                checkpointed=None, autocast=None):
     """Records one forward + loss + backward at `batch` into the library's list.
     grads "accumulate": every .grad exists (zeros) when it starts; "none": none
     does (PyTorch's first step, or after zero_grad(set_to_none=True)).
-    `checkpointed`: a Checkpointed in force (its modules are recomputed)."""
+    `checkpointed`: a Checkpointed in force (its modules are recomputed).
+    `autocast` ("bf16"): the forward runs under torch.autocast of that dtype,
+    as `with torch.autocast(...): outputs = model(x)` (autocast_emulation.py)."""
     import torch
+    from autocast_emulation import AutocastEmulation
     for p in model.parameters():
         p.grad = torch.zeros_like(p) if grads == "accumulate" else None
     recompute = json.dumps(checkpointed.indices if checkpointed else [])
-    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, b"fp32", recompute.encode(), grads.encode(),
-                                  1 if target_cuda else 0, torch.get_num_threads())
+    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, (autocast or "fp32").encode(),
+                                  recompute.encode(), grads.encode(), 1 if target_cuda else 0,
+                                  torch.get_num_threads())
     if rc != 0:
         raise BadInput("trace: " + lib.shardfit_trace_error().decode())
     if checkpointed and checkpointed.reentrant:
         lib.shardfit_trace_reentrant()
+    if autocast and lib.shardfit_trace_autocast() != 0:
+        raise BadInput("trace: " + lib.shardfit_trace_error().decode())
+    region = (AutocastEmulation({"bf16": torch.bfloat16, "fp16": torch.float16}[autocast]) if autocast
+              else contextlib.nullcontext())
     try:
         args = input_fn(batch, seq_len, "meta")
         if not isinstance(args, tuple):
             args = (args,)
-        out = model(*args)
+        with region:
+            out = model(*args)
         loss = split_loss(out)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise BadInput("--model: forward must return the loss, a scalar tensor, or a tuple or an object "
@@ -392,6 +403,19 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
                 ckpt.restore()
                 if use_cache is not None:
                     model.use_cache = use_cache
+        # The forward under torch.autocast: bf16 on the CPU (1.13's CPU
+        # autocast; fp16 on CUDA is not emulated yet).
+        # A model that cannot run under it (PyTorch raises) gets none: its
+        # plans have no bf16 candidates.
+        if not target_cuda:
+            try:
+                for grads in ("accumulate", "none"):
+                    for b in batches:
+                        trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda,
+                                    autocast="bf16")
+            except BadInput as e:
+                lib.shardfit_trace_forget_autocast()
+                print("trace_recorder.py: no traces under torch.autocast(bf16): %s" % e, file=sys.stderr)
     finally:
         for h in handles:
             h.remove()

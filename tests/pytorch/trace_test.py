@@ -60,9 +60,12 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(f["model"]["params"], 141056)  # gpt2-tiny's, as `shardfit models` counts it
         blocks = [i for i, m in enumerate(f["modules"]) if m["is_block"]]
         pairs = [(b, g) for g in ("accumulate", "none") for b in (1, 2, 3)]
-        self.assertEqual([(t["batch"], t["grads"], t["recompute"], t.get("checkpoint")) for t in f["traces"]],
-                         [(b, g, [], None) for b, g in pairs] + [(b, g, blocks, None) for b, g in pairs]
-                         + [(b, g, blocks, "reentrant") for b, g in pairs])
+        self.assertEqual([(t["batch"], t["grads"], t["recompute"], t.get("checkpoint"), t["dtype"], t.get("autocast"))
+                          for t in f["traces"]],
+                         [(b, g, [], None, "fp32", None) for b, g in pairs]
+                         + [(b, g, blocks, None, "fp32", None) for b, g in pairs]
+                         + [(b, g, blocks, "reentrant", "fp32", None) for b, g in pairs]
+                         + [(b, g, [], None, "bf16", True) for b, g in pairs])  # the forward under autocast
         self.assertEqual(len(f["optimizer"]["per_param"]), 28)  # gpt2-tiny's parameters
         self.assertEqual(len(f["optimizer"]["steps"]), 2)
         self.assertEqual(sum(m["is_block"] for m in f["modules"]), 2)
@@ -72,8 +75,10 @@ class TraceTest(unittest.TestCase):
 
     def check_every_batch(self, name, file):
         # The same model on the CPU, one forward + loss + backward with the
-        # gradients in place or none, its blocks checkpointed or not (as each
+        # gradients in place or none, its blocks checkpointed or not, its
+        # forward under torch.autocast("cpu", torch.bfloat16) or not (as each
         # trace says), measured by the meter.
+        import contextlib
         import gc
         import validate
         meter = shardfit_meter.Meter()
@@ -89,7 +94,8 @@ class TraceTest(unittest.TestCase):
             meter.reset_peak()
             base = meter.allocated
             x = models.token_input(models.vocab_size(name))(t["batch"], 64, "cpu")
-            out = model(x)
+            with (torch.autocast("cpu", dtype=torch.bfloat16) if t.get("autocast") else contextlib.nullcontext()):
+                out = model(x)
             loss = out[0] if isinstance(out, tuple) else out
             loss.backward()
             del out, loss, x
@@ -101,7 +107,8 @@ class TraceTest(unittest.TestCase):
             self.assertEqual(left, kept)
             self.assertEqual(meter.allocated - base, kept)
             self.assertEqual(peak, meter.peak - base,
-                             "%s: batch %d, grads %s, recompute %s" % (name, t["batch"], t["grads"], t["recompute"]))
+                             "%s: batch %d, grads %s, recompute %s, autocast %s"
+                             % (name, t["batch"], t["grads"], t["recompute"], t.get("autocast")))
             del model  # a checkpointed model is a reference cycle (forward -> bound method -> module)
             gc.collect()
 
@@ -130,7 +137,10 @@ class TraceTest(unittest.TestCase):
             elif t["recompute"]:
                 self.assertEqual(kept, [4, b * 64 * 512 * 4])  # the loss and the logits
             else:
-                self.assertEqual(kept, sorted([4] + [b * 64 * 3 * 64 * 4] * 2 + [b * 64 * 512 * 4]))
+                # the loss, each layer's keys and values (views of c_attn's output) and the logits;
+                # under autocast those two come out of bf16 matmuls.
+                e = 2 if t.get("autocast") else 4
+                self.assertEqual(kept, sorted([4] + [b * 64 * 3 * 64 * e] * 2 + [b * 64 * 512 * e]))
 
     def test_the_optimizers_steps_are_what_adamw_allocates_on_the_cpu(self):
         meter = shardfit_meter.Meter()
@@ -174,8 +184,8 @@ class TraceTest(unittest.TestCase):
         plan = json.loads(out.stdout)
         self.assertEqual(plan["stack"], "pytorch")
         self.assertEqual(sorted(c["id"] for c in plan["candidates"]),
-                         ["ddp+ckpt/fp32/wrap=none", "ddp/fp32/wrap=none", "zero1+ckpt/fp32/wrap=none",
-                          "zero1/fp32/wrap=none"])
+                         ["ddp+ckpt/fp32/wrap=none", "ddp/bf16/wrap=none", "ddp/fp32/wrap=none",
+                          "zero1+ckpt/fp32/wrap=none", "zero1/bf16/wrap=none", "zero1/fp32/wrap=none"])
 
     def test_a_trace_for_cuda_plans_on_a_gpu_profile_and_not_on_the_cpu(self):
         cuda = os.path.join(self.tmp.name, "cuda.trace.json")
