@@ -109,7 +109,7 @@ TEST(TraceFile, ParametersMustAddUpAndTracesMustNotRepeat) {
   j["traces"][2]["batch"] = 1;
   EXPECT_EQ(error_of(j.dump()),
             "--trace t.json: field 'traces[2].batch' repeats a trace already in the file (same batch, dtype, "
-            "recompute, checkpoint and grads)");
+            "autocast, recompute, checkpoint and grads)");
   EXPECT_EQ(error_of("{"), "--trace t.json: not JSON (a shardfit.trace/1 file)");
 }
 
