@@ -43,11 +43,14 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       in.optimizer_param_steps->size() != 2 * in.param_numels.size())
     throw std::invalid_argument("--stack pytorch FSDP: the trace file lacks the no-grads traces or each parameter's "
                                 "optimizer steps: record it again with pytorch/trace_recorder.py");
-  if (o.world_size < 2)
-    throw std::invalid_argument("--stack pytorch FSDP: a world size of 1 runs as NO_SHARD in PyTorch 1.13 "
-                                "(fully_sharded_data_parallel.py clamps it), which is not simulated yet");
+  if (o.world_size < 1) throw std::invalid_argument("world size must be at least 1");
   if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
   const int W = o.world_size;
+  // A world of one runs as NO_SHARD (fully_sharded_data_parallel.py: "We
+  // clamp the strategy to NO_SHARD for world size of 1"): each unit's flat
+  // parameter whole and unpadded, never gathered; its gradient all-reduced in
+  // place and kept as .grad.
+  const bool no_shard = W == 1;
   StepSimResult out;
   Ledger ledger(allocator, &out);
 
@@ -58,6 +61,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       modules, spec::WrapPolicy{spec::WrapPolicy::Kind::kSize, o.min_num_params}, spec::TiedParams::kCopiedPerUnit);
   std::vector<FlatParam> units(part.units.size());
   std::unordered_map<int, int> unit_at;  // wrapped module -> unit
+  std::vector<int64_t> forward_copy(part.units.size(), -1);  // NO_SHARD + offload: see unshard
   for (size_t u = 0; u < units.size(); ++u) {
     units[u].root_module = part.units[u].root_module;
     units[u].numel = part.units[u].numel;
@@ -125,6 +129,16 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // allocated on the all-gather stream (_alloc_padded_unsharded_flat_param).
     auto unshard = [&](FlatParam& u) {
       if (u.unsharded >= 0 || u.numel == 0) return;
+      if (no_shard) {
+        // Nothing to gather; with offload_params, pre_unshard copies the
+        // flat parameter to the GPU (`flat_param.data = flat_param.to(
+        // device)`). The forward's copy stays alive after the reshard puts
+        // the host copy back: FlattenParamsWrapper.forward made the module's
+        // parameters views of it (_unflatten), and they are replaced only by
+        // the next forward's; the backward's copy no view refers to.
+        if (o.offload_params) u.unsharded = alloc(Category::kParams, 4 * u.numel, kPreAllGatherStream);
+        return;
+      }
       const int64_t copy = o.offload_params ? alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream) : -1;
       u.unsharded = alloc(Category::kParams, 4 * u.shard * W, kAllGatherStream);
       ledger.free(copy);
@@ -132,6 +146,14 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     auto reshard = [&](FlatParam& u) {
       ledger.free(u.unsharded);
       u.unsharded = -1;
+    };
+    // NO_SHARD's post-forward reshard: the forward's GPU copy is held by the
+    // module's views until the unit's next forward has made its own.
+    auto reshard_forward_copy = [&](int ui) {
+      const int64_t previous = forward_copy[ui];
+      forward_copy[ui] = units[ui].unsharded;
+      units[ui].unsharded = -1;
+      ledger.free(previous);
     };
     // _prefetch_handles in backward: the unit whose forward ran just before
     // `u`'s (exec order's get_handles_to_backward_prefetch), when its
@@ -164,6 +186,18 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       const int64_t flat = alloc(Category::kGrads, 4 * u.numel, kFsdpComputeStream);
       ledger.free_all(u.param_grads);
       reshard(u);
+      if (no_shard) {
+        // The all-reduce is in place and .grad keeps the flat gradient (with
+        // offload_params until _finalize_params, having copied it to the
+        // host); a .grad kept from the last step takes it by AccumulateGrad's
+        // in-place add, and the new one goes.
+        if (u.grad_shard >= 0 && !o.offload_params) {
+          ledger.free(flat);
+        } else {
+          u.grad_shard = flat;
+        }
+        return;
+      }
       if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui);
       ledger.free(in_flight_grad);
       const int64_t padded = alloc(Category::kCommBuffers, 4 * u.shard * W, kPostBackwardStream);
@@ -213,9 +247,11 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         if (e.kind == MemEvent::kModuleBegin) {
           if (k == 1) forward_order.push_back(unit->second);
           unshard(u);  // _pre_forward_unshard
+          if (no_shard && o.offload_params) reshard_forward_copy(unit->second);
         } else {
           // _post_forward: FULL_SHARD frees all but the root's.
-          if (o.reshard_after_forward && unit->second != 0) reshard(u);
+          if (o.reshard_after_forward && unit->second != 0 && !no_shard) reshard(u);
+          if (no_shard) u.unsharded = -1;  // the forward's copy: reshard_forward_copy holds it
           u.needs_pre_backward = true;  // _register_pre_backward_hooks
         }
       } else if (unit_event && e.kind == MemEvent::kModuleBegin) {

@@ -9,7 +9,7 @@
 // on CUDA ranks (1.13's FSDP runs only there), through the CUDA caching
 // allocator's model with one pool per stream FSDP uses. Not measured here:
 // no GPU has been lent (scripts/gpu-check will compare it when one is).
-// World size 1 is refused: 1.13 runs it as NO_SHARD, not simulated yet.
+// A world size of 1 runs as NO_SHARD, as 1.13 clamps it.
 #pragma once
 
 #include <cstdint>

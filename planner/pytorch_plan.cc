@@ -63,9 +63,6 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     if (fsdp && !cuda)
       throw std::invalid_argument("--strategies " + s + ": PyTorch 1.13's FSDP runs on CUDA only: plan it with a "
                                   "CUDA --device and a trace recorded with --target cuda");
-    if (fsdp && r.gpus_per_node * r.nodes < 2)
-      throw std::invalid_argument("--strategies " + s + ": FSDP on one GPU runs as NO_SHARD in PyTorch 1.13, which "
-                                  "--stack pytorch does not simulate yet");
     if (fsdp) candidates.push_back(want);
   }
   for (const std::string& p : r.candidates.precisions)

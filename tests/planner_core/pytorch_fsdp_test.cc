@@ -77,9 +77,9 @@ struct Fixture {
     in.param_numels = {10, 2, 4};
     in.optimizer_param_steps = &per_param;
   }
-  StepSimResult run(PytorchFsdpOptions o) {
+  StepSimResult run(PytorchFsdpOptions o, int world = 2) {
     o.min_num_params = 10;
-    o.world_size = 2;
+    o.world_size = world;
     o.backward_prefetch = PytorchFsdpOptions::Prefetch::kNone;
     ExactAllocator a;
     return simulate_pytorch_fsdp(in, modules(), o, a);
@@ -138,12 +138,25 @@ TEST(PytorchFsdp, OffloadLeavesNothingOnTheGpuBetweenSteps) {
   EXPECT_EQ(at(r, "step2/optimizer").allocated_bytes, 0);
 }
 
-TEST(PytorchFsdp, OneRankIsRefusedAsNoShardIsNotSimulated) {
+// One rank runs as NO_SHARD: each unit's flat parameter whole (root 16 B,
+// lin 48 B), never gathered; the flat gradient kept as .grad.
+TEST(PytorchFsdp, OneRankRunsAsNoShard) {
   Fixture f;
   PytorchFsdpOptions o;
-  o.world_size = 1;
-  ExactAllocator a;
-  EXPECT_THROW(simulate_pytorch_fsdp(f.in, modules(), o, a), std::invalid_argument);
+  StepSimResult r = f.run(o, 1);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 64);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 64 + 64);        // + the flat gradients
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 64 + 64 + 128);  // + exp_avg, exp_avg_sq
+  // With offload_params the parameters live on the host; each unit's copy
+  // made for its forward stays (the module's views hold it) until its next
+  // forward's: after backward, 64 B of copies, the gradients gone to the host.
+  o.offload_params = true;
+  r = f.run(o, 1);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 0);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 64);
+  EXPECT_EQ(at(r, "step2/optimizer").allocated_bytes, 64);
 }
 
 TEST(PytorchFsdp, ShardsArePaddedToTheFirstChunk) {
