@@ -14,9 +14,7 @@ namespace {
 
 // One FSDP instance's FlatParameter on this rank: its ledger ids.
 struct FlatParam {
-  int root_module = 0;
-  int64_t numel = 0, shard = 0;
-  int64_t local_shard = -1;  // the sharded flat parameter (on the GPU unless offloaded)
+  int64_t numel = 0, shard = 0;  // the sharded flat parameter stays allocated from init (on the GPU unless offloaded)
   int64_t unsharded = -1;    // the padded unsharded flat parameter, while gathered
   int64_t grad_shard = -1;   // .grad / _saved_grad_shard (the reduced shard)
   std::vector<int64_t> param_grads;  // each parameter's gradient, waiting for the flat one
@@ -63,10 +61,9 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   std::unordered_map<int, int> unit_at;  // wrapped module -> unit
   std::vector<int64_t> forward_copy(part.units.size(), -1);  // NO_SHARD + offload: see unshard
   for (size_t u = 0; u < units.size(); ++u) {
-    units[u].root_module = part.units[u].root_module;
     units[u].numel = part.units[u].numel;
     units[u].shard = fsdp_shard_numel(units[u].numel, W);
-    unit_at[units[u].root_module] = static_cast<int>(u);
+    unit_at[part.units[u].root_module] = static_cast<int>(u);
   }
   // A tie split across units: the owner's own gradient (in the traces, added
   // into the borrower's and freed) is its unit's, kept until its flat
@@ -74,10 +71,9 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   std::unordered_map<int, int64_t> split_tie_bytes;
   for (size_t m = 0; m < modules.size(); ++m)
     for (const std::string& name : modules[m].borrowed_params)
-      for (size_t owner = 0; owner < modules.size(); ++owner)
-        for (const ParamInfo& p : modules[owner].params)
-          if (p.name == name && part.module_unit[owner] != part.module_unit[m])
-            split_tie_bytes[static_cast<int>(owner)] = 4 * p.numel;
+      if (const spec::ParamOwner o = spec::param_owner(modules, name);
+          o.param && part.module_unit[o.module] != part.module_unit[m])
+        split_tie_bytes[o.module] = 4 * o.param->numel;
 
   // AdamW over the flat shards, in parameters() order (the units' pre-order,
   // as part.units is): each unit's step is a traced parameter's step resized
@@ -108,8 +104,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   for (const auto& b : in.buffers)
     if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
   for (auto& u : units)
-    if (!o.offload_params && u.numel > 0 && (u.local_shard = ledger.alloc(Category::kParams, 4 * u.shard, init)) < 0)
-      return out;
+    if (!o.offload_params && u.numel > 0 && ledger.alloc(Category::kParams, 4 * u.shard, init) < 0) return out;
   ledger.point(init);
 
   std::vector<int> forward_order;  // units by pre-forward (_exec_order_data, first iteration)
@@ -300,21 +295,9 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     outputs.clear();
     ledger.point(step + "/backward");
     // opt.step(): AdamW over the shards (on the host with offload_params).
-    if (!o.offload_params) {
-      const ModelTrace& opt = k == 1 ? opt_first : opt_later;
-      std::unordered_map<int64_t, int64_t> ids;
-      std::unordered_set<int64_t> freed;
-      for (const auto& e : opt.events)
-        if (e.kind == MemEvent::kFree) freed.insert(e.tensor);
-      for (const auto& e : opt.events) {
-        if (e.kind == MemEvent::kAlloc) {
-          const Category c = freed.count(e.tensor) ? Category::kTemporaries : Category::kOptimizer;
-          if ((ids[e.tensor] = ledger.alloc(c, e.bytes, step + "/optimizer")) < 0) return out;
-        } else if (e.kind == MemEvent::kFree) {
-          ledger.free(ids[e.tensor]);
-        }
-      }
-    }
+    if (!o.offload_params && !replay(k == 1 ? opt_first : opt_later, ledger, step + "/optimizer", false,
+                                     Category::kTemporaries, Category::kOptimizer, nullptr))
+      return out;
     ledger.point(step + "/optimizer");
   }
   ledger.finish();

@@ -1,14 +1,17 @@
 // The --stack pytorch simulators' bookkeeping over an allocator model
 // (planner/pytorch_stack.cc: DDP, ZeroRedundancyOptimizer;
-// planner/pytorch_fsdp.cc: FSDP).
+// planner/pytorch_fsdp.cc: FSDP), and the replay of a trace through it
+// (defined in pytorch_stack.cc).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "planner/allocator_model.h"
+#include "planner/model_trace.h"
 #include "planner/step_simulator.h"
 
 namespace shardfit::planner {
@@ -80,5 +83,23 @@ class Ledger {
   int64_t since_allocated_ = 0, since_reserved_ = 0;
   CategoryBytes by_{};
 };
+
+// Replays a trace's storages. Storages still live at its end stay charged to
+// `kept` (the gradients of a no-grads trace; the optimizer's state) and
+// their ids are appended to `kept_ids`; the rest are `transient`. With
+// `stop_at_backward` (a training step's trace) the labels are step/forward
+// and step/backward and a point is recorded where backward begins; else
+// every label is `step`. False on out of memory. `before_model` (when
+// given) runs where the root module's forward begins (after the trace's
+// inputs are made): DDP's pre-forward work.
+//
+// The storages the forward returned beside the loss (ModelTrace::
+// kept_outputs) are charged as activations and appended to `outputs`;
+// `forward_returned` (when given) runs where the forward has returned
+// (before the first backward event): where the loop's `outputs = model(...)`
+// drops the previous step's.
+bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
+            Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model = {},
+            std::vector<int64_t>* outputs = nullptr, const std::function<void()>& forward_returned = {});
 
 }  // namespace shardfit::planner

@@ -26,23 +26,11 @@ bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::str
   return true;
 }
 
-// Replays a trace's storages. Storages still live at its end stay charged to
-// `kept` (the gradients of a no-grads trace; the optimizer's state) and
-// their ids are appended to `kept_ids`; the rest are `transient`. With
-// `stop_at_backward` (a training step's trace) the labels are step/forward
-// and step/backward and a point is recorded where backward begins; else
-// every label is `step`. False on out of memory. `before_model` (when
-// given) runs where the root module's forward begins (after the trace's
-// inputs are made): DDP's pre-forward work.
-//
-// The storages the forward returned beside the loss (ModelTrace::
-// kept_outputs) are charged as activations and appended to `outputs`;
-// `forward_returned` (when given) runs where the forward has returned
-// (before the first backward event): where the loop's `outputs = model(...)`
-// drops the previous step's.
+}  // namespace
+
 bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
-            Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model = {},
-            std::vector<int64_t>* outputs = nullptr, const std::function<void()>& forward_returned = {}) {
+            Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model,
+            std::vector<int64_t>* outputs, const std::function<void()>& forward_returned) {
   std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
   std::unordered_map<int64_t, bool> freed, output;
   for (const auto& e : t.events)
@@ -81,7 +69,6 @@ bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool s
   return true;
 }
 
-}  // namespace
 
 std::vector<int64_t> broadcast_coalesced_flats(const std::vector<CoalescedTensor>& tensors, int64_t bucket_bytes) {
   struct Bucket {

@@ -56,4 +56,17 @@ struct ModuleNode {
   std::vector<BufferInfo> buffers;
 };
 
+// The owned parameter named `name` (a tied one is owned by the module that
+// registered it first): its module's index and its entry, or {-1, nullptr}.
+struct ParamOwner {
+  int module = -1;
+  const ParamInfo* param = nullptr;
+};
+inline ParamOwner param_owner(const std::vector<ModuleNode>& modules, const std::string& name) {
+  for (size_t m = 0; m < modules.size(); ++m)
+    for (const ParamInfo& p : modules[m].params)
+      if (p.name == name) return {static_cast<int>(m), &p};
+  return {};
+}
+
 }  // namespace shardfit::spec

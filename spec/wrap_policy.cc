@@ -124,16 +124,13 @@ UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPol
   // the lowest common ancestor with the borrower.
   std::vector<bool> wrappable(n, true);
   const bool copied = tied == TiedParams::kCopiedPerUnit;
-  std::vector<ParamInfo> all;  // every owned parameter, to look a borrowed one up
-  for (const auto& m : modules) all.insert(all.end(), m.params.begin(), m.params.end());
   // A module's registrations: its own parameters, and with kCopiedPerUnit the
   // ones it borrows.
   auto registered = [&](int m) {
     std::vector<ParamInfo> ps = modules[m].params;
     if (copied)
       for (const std::string& name : modules[m].borrowed_params)
-        for (const ParamInfo& p : all)
-          if (p.name == name) ps.push_back(p);
+        if (const ParamOwner o = param_owner(modules, name); o.param) ps.push_back(*o.param);
     return ps;
   };
   auto ancestors = [&](int m) {
@@ -143,10 +140,7 @@ UnitPartition wrap_modules(const std::vector<ModuleNode>& modules, const WrapPol
   };
   for (int borrower = 0; borrower < n && !copied; ++borrower) {
     for (const std::string& name : modules[borrower].borrowed_params) {
-      int owner = -1;
-      for (int m = 0; m < n && owner < 0; ++m)
-        for (const ParamInfo& p : modules[m].params)
-          if (p.name == name) owner = m;
+      const int owner = param_owner(modules, name).module;
       if (owner < 0) continue;
       const std::vector<int> up = ancestors(borrower);
       for (int a : ancestors(owner)) {
