@@ -123,6 +123,11 @@ std::vector<ModuleNode> modules_from(const json& list, const std::string& path, 
     }
     m.is_block = r.boolean("is_block");
     if (r.has("borrowed_params")) m.borrowed_params = strings(r, "borrowed_params");
+    // A tied parameter is owned by the module that registered it first, so
+    // its owner comes earlier; a name no earlier module owns would tie nothing.
+    for (const std::string& name : m.borrowed_params)
+      if (!spec::param_owner(out, name).param)
+        r.fail("borrowed_params", "names '" + name + "', which no earlier module owns");
     out.push_back(std::move(m));
   }
   return out;

@@ -80,6 +80,15 @@ TEST(TraceFile, BuffersAndZeroGradReadBackAndABadBufferIsNamed) {
             std::string::npos);
 }
 
+// A tied parameter names its owner, which comes earlier in the table: one
+// that names no parameter is refused, not ignored.
+TEST(TraceFile, ABorrowedParameterMustNameAnEarlierModulesParameter) {
+  json j = json::parse(seed_text());
+  j["modules"][1]["borrowed_params"] = {"no.such.weight"};
+  EXPECT_EQ(error_of(j.dump()),
+            "--trace t.json: field 'modules[1].borrowed_params' names 'no.such.weight', which no earlier module owns");
+}
+
 TEST(TraceFile, AnotherSchemaVersionIsRefusedByName) {
   json j = json::parse(seed_text());
   j["schema"] = "shardfit.trace/2";
