@@ -15,15 +15,15 @@ the autograd graph and in the trace as they are in a real run:
   fp32 (never cached);
 - every other op runs in whatever dtypes its arguments have.
 
-The lists are 1.13's for the CPU (lower_precision_fp: conv1d/2d/3d,
-conv_transpose1d/2d/3d, bmm, mm, baddbmm, addmm, addbmm, linear, matmul,
-prelu; fp32: the losses), each entry probed on this machine's python3-torch
-1.13 under torch.autocast("cpu", torch.bfloat16) with real tensors: the
-dispatched `_to_copy`s before linear (input, weight, bias; the weight's not
-again on a second call), before cross_entropy's log_softmax, none before
-cat, layer_norm, softmax, gelu or embedding (pytorch/autocast_test.py
-checks the emulation against the real thing op by op). An op outside these
-lists that 1.13's CPU autocast would cast is not emulated.
+The lists are 1.13's for the CPU (lower_precision_fp: conv1d/2d/3d, bmm,
+mm, baddbmm, addmm, addbmm, linear, matmul; fp32: conv_transpose1d/2d/3d and
+the losses), each entry probed on this machine's python3-torch 1.13 under
+torch.autocast("cpu", torch.bfloat16) with real tensors: the dispatched
+`_to_copy`s before linear (input, weight, bias; the weight's not again on a
+second call), before cross_entropy's log_softmax, none before cat,
+layer_norm, softmax, gelu, prelu or embedding. pytorch/autocast_test.py
+checks every entry, and three models op by op, against the real thing. An
+op outside these lists that 1.13's CPU autocast would cast is not emulated.
 """
 import torch
 import torch.nn.functional as F
@@ -32,10 +32,10 @@ from torch.overrides import TorchFunctionMode
 T = torch.Tensor
 LOWER_PRECISION = {
     F.linear, torch.matmul, T.matmul, T.__matmul__, T.__rmatmul__, torch.mm, T.mm, torch.bmm, T.bmm,
-    torch.addmm, T.addmm, torch.baddbmm, T.baddbmm, torch.addbmm, T.addbmm,
-    F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu,
+    torch.addmm, T.addmm, torch.baddbmm, T.baddbmm, torch.addbmm, T.addbmm, F.conv1d, F.conv2d, F.conv3d,
 }
-FP32 = {F.cross_entropy, F.nll_loss, F.mse_loss, F.binary_cross_entropy, F.kl_div, F.smooth_l1_loss, F.l1_loss}
+FP32 = {F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
+        F.cross_entropy, F.nll_loss, F.mse_loss, F.binary_cross_entropy, F.kl_div, F.smooth_l1_loss, F.l1_loss}
 
 
 class AutocastEmulation(TorchFunctionMode):

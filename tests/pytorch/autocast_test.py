@@ -61,6 +61,42 @@ class AutocastEmulationTest(unittest.TestCase):
                 self.assertGreater(len(casts), 0)  # the comparison is not vacuous
                 self.assertEqual(emulated, real)
 
+    def test_every_listed_op_casts_as_the_real_autocast_does(self):
+        # Each entry of the emulation's lists (and prelu, on neither), fp32 and
+        # bf16 inputs: the same ops dispatched, the same dtypes.
+        import torch.nn.functional as F
+        w = lambda *s: torch.rand(*s, requires_grad=True)  # noqa: E731 (a leaf: cached casts)
+        x3, x4, x5 = torch.rand(2, 4, 8), torch.rand(2, 4, 8, 8), torch.rand(2, 4, 3, 8, 8)
+        m, b3 = torch.rand(8, 8), torch.rand(2, 8, 8)
+        long2 = torch.zeros(2, dtype=torch.long)
+        cases = {
+            "linear": lambda t: F.linear(t(m), w(8, 8), w(8)), "matmul": lambda t: torch.matmul(t(m), w(8, 8)),
+            "@": lambda t: t(m) @ w(8, 8), "mm": lambda t: torch.mm(t(m), t(m)), "bmm": lambda t: torch.bmm(t(b3), t(b3)),
+            "addmm": lambda t: torch.addmm(t(m), t(m), t(m)), "baddbmm": lambda t: torch.baddbmm(t(b3), t(b3), t(b3)),
+            "addbmm": lambda t: torch.addbmm(t(m), t(b3), t(b3)), "conv1d": lambda t: F.conv1d(t(x3), w(4, 4, 3)),
+            "conv2d": lambda t: F.conv2d(t(x4), w(4, 4, 3, 3)), "conv3d": lambda t: F.conv3d(t(x5), w(4, 4, 3, 3, 3)),
+            "conv_transpose1d": lambda t: F.conv_transpose1d(t(x3), t(torch.rand(4, 4, 3))),
+            "conv_transpose2d": lambda t: F.conv_transpose2d(t(x4), t(torch.rand(4, 4, 3, 3))),
+            "conv_transpose3d": lambda t: F.conv_transpose3d(t(x5), t(torch.rand(4, 4, 3, 3, 3))),
+            "prelu": lambda t: F.prelu(t(x3), t(torch.rand(1))),
+            "cross_entropy": lambda t: F.cross_entropy(t(m[:2]), long2), "nll_loss": lambda t: F.nll_loss(t(m[:2]), long2),
+            "mse_loss": lambda t: F.mse_loss(t(m), t(m)), "l1_loss": lambda t: F.l1_loss(t(m), t(m)),
+            "smooth_l1_loss": lambda t: F.smooth_l1_loss(t(m), t(m)),
+            "kl_div": lambda t: F.kl_div(t(m), t(m), reduction="batchmean"),
+            "binary_cross_entropy": lambda t: F.binary_cross_entropy(t(m).sigmoid(), t(m).sigmoid()),
+        }
+        for name, case in cases.items():
+            for dtype in (torch.float32, torch.bfloat16):
+                with self.subTest(op=name, input=dtype):
+                    def run(region):
+                        torch.manual_seed(0)
+                        log = Log()
+                        with log, region:
+                            case(lambda x: x.to(dtype))
+                        return log.ops
+                    self.assertEqual(run(AutocastEmulation(torch.bfloat16)),
+                                     run(torch.autocast("cpu", dtype=torch.bfloat16)))
+
     def test_a_model_real_autocast_cannot_run_is_refused_too(self):
         with self.assertRaises(RuntimeError):
             dispatched("bert-tiny", torch.autocast("cpu", dtype=torch.bfloat16))
