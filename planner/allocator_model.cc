@@ -125,13 +125,20 @@ CudaCachingAllocatorModel::FreeKey CudaCachingAllocatorModel::key_of(int32_t b) 
 }
 
 void CudaCachingAllocatorModel::insert_free(int32_t b) {
-  auto& p = pool(blocks_[b].small);
-  p.insert(key_of(b));
+  FreeSet& p = pool(blocks_[b].small);
+  if (spare_nodes_.empty()) {
+    blocks_[b].cached = p.insert(key_of(b)).first;
+    return;
+  }
+  FreeSet::node_type node = std::move(spare_nodes_.back());
+  spare_nodes_.pop_back();
+  node.value() = key_of(b);
+  blocks_[b].cached = p.insert(std::move(node)).position;
 }
 
 void CudaCachingAllocatorModel::erase_free(int32_t b) {
-  auto& p = pool(blocks_[b].small);
-  p.erase(key_of(b));  // cached blocks are always indexed
+  // cached blocks are always indexed, at `cached`
+  spare_nodes_.push_back(pool(blocks_[b].small).extract(blocks_[b].cached));
 }
 
 // get_free_block(): the smallest cached block of this pool and stream that is

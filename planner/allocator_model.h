@@ -112,15 +112,6 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
   int64_t num_segments() const { return num_segments_; }
 
  private:
-  struct Block {
-    int64_t address = 0;
-    int64_t size = 0;
-    int32_t prev = -1;  // neighbouring blocks of the same segment
-    int32_t next = -1;
-    int32_t stream = 0;
-    bool small = false;
-    bool allocated = false;
-  };
   // A cached (free) block in a pool's index, ordered as PyTorch's
   // BlockComparator: stream, then size, then address.
   struct FreeKey {
@@ -130,8 +121,19 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
     int32_t block;
     bool operator<(const FreeKey& o) const;
   };
+  using FreeSet = std::set<FreeKey>;
+  struct Block {
+    int64_t address = 0;
+    int64_t size = 0;
+    int32_t prev = -1;  // neighbouring blocks of the same segment
+    int32_t next = -1;
+    int32_t stream = 0;
+    bool small = false;
+    bool allocated = false;
+    FreeSet::iterator cached;  // its entry in its pool's index while cached
+  };
 
-  std::set<FreeKey>& pool(bool small) { return small ? small_free_ : large_free_; }
+  FreeSet& pool(bool small) { return small ? small_free_ : large_free_; }
   FreeKey key_of(int32_t b) const;
   void insert_free(int32_t b);
   void erase_free(int32_t b);
@@ -143,12 +145,13 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
 
   std::vector<Block> blocks_;
   std::vector<int32_t> spare_blocks_;  // indices of unused Block slots
-  // Sorted vectors: a pool rarely holds more than a few hundred cached blocks,
-  // where binary search plus a memmove beats a node-based std::set.
   // Ordered sets, not sorted vectors: thousands of cached blocks make a
-  // vector's insert/erase (memmove) the simulator's hot spot.
-  std::set<FreeKey> small_free_;
-  std::set<FreeKey> large_free_;
+  // vector's insert/erase (memmove) the simulator's hot spot. A block keeps
+  // its entry's position (erased without a search) and erased entries'
+  // nodes are reused (no heap allocation per free in a long replay).
+  FreeSet small_free_;
+  FreeSet large_free_;
+  std::vector<FreeSet::node_type> spare_nodes_;
   std::vector<int32_t> id_block_;  // by id; -1 = not live
   int64_t next_address_ = 0;
   int64_t num_segments_ = 0;

@@ -24,9 +24,10 @@
 namespace shardfit::planner {
 namespace {
 
-// Set by trace_step: imitate CUDA's allocation choices (fp32 LayerNorm
-// statistics for 2-byte inputs) or the CPU's (statistics in the input dtype).
-bool g_target_cuda = true;
+// Set by each recording, for its thread (trace_recorder.h): imitate CUDA's
+// allocation choices (fp32 LayerNorm statistics for 2-byte inputs) or the
+// CPU's (statistics in the input dtype).
+thread_local bool g_target_cuda = true;
 
 at::Tensor meta_index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
   auto sizes = self.sizes().vec();

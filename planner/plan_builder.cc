@@ -1,11 +1,12 @@
 #include "planner/plan_builder.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <set>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -154,9 +155,9 @@ int cpu_rank_threads(int world) {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(std::max(1, world))));
 }
 
-class TraceCache {
+class TraceSource {
  public:
-  TraceCache(const models::ModelConfig& m, int64_t seq, bool cuda, int world,
+  TraceSource(const models::ModelConfig& m, int64_t seq, bool cuda, int world,
              std::shared_ptr<const TraceFile> file)
       : model_(m), seq_(seq), cuda_(cuda), world_(world), file_(std::move(file)) {}
   // Whether a trace for (dtype, recompute) exists: always for a built-in
@@ -164,11 +165,11 @@ class TraceCache {
   bool has(DType dtype, const std::vector<int>& recompute) const {
     return !file_ || file_->find(dtype, recompute, 1);
   }
-  const BatchTraces& get(DType dtype, const std::vector<int>& recompute) {
-    const std::string key = trace_key(dtype, cuda_, recompute);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return *it->second;
-    if (file_) return *cache_.emplace(key, from_file(dtype, recompute)).first->second;
+  // The traces for (dtype, recompute), recorded on the calling thread (or
+  // read from the file). Any number of threads may record at once
+  // (trace_recorder.h).
+  std::unique_ptr<BatchTraces> record(DType dtype, const std::vector<int>& recompute) const {
+    if (file_) return from_file(dtype, recompute);
     TraceOptions o;
     o.seq_len = seq_;
     o.dtype = trace_dtype(dtype, cuda_);
@@ -179,23 +180,28 @@ class TraceCache {
     o.record_ops = false;  // batch 1's FLOPs are never asked for (see TraceOptions)
     ModelTrace t1 = trace_step(model_, o);
     o.record_ops = true;
-    std::unique_ptr<BatchTraces> entry;
     // A chunked loss runs ceil(tokens / N) chunks: its events are not affine in batch either.
     if ((!cuda_ && o.dtype == DType::kBF16) || model_.loss_chunk > 0) {
       const models::ModelConfig model = model_;
-      entry = std::make_unique<BatchTraces>(std::move(t1), [model, o](int64_t batch) {
+      return std::make_unique<BatchTraces>(std::move(t1), [model, o](int64_t batch) {
         TraceOptions ob = o;
         ob.batch = batch;
         return trace_step(model, ob);
       });
-    } else {
-      o.batch = 2;
-      ModelTrace t2 = trace_step(model_, o);
-      o.batch = 3;
-      ModelTrace t3 = trace_step(model_, o);
-      entry = std::make_unique<BatchTraces>(std::move(t1), std::move(t2), t3);
     }
-    return *cache_.emplace(key, std::move(entry)).first->second;
+    // FLOPs are proportional to the batch (every matmul's rows or batch
+    // dimension are sequences x something: TraceTest.FlopsAreProportional-
+    // ToTheBatch), so batch 3's give batch 2's, exactly (integers in a
+    // double), and batch 2 is traced without the op observer.
+    o.batch = 2;
+    o.record_ops = false;
+    ModelTrace t2 = trace_step(model_, o);
+    o.batch = 3;
+    o.record_ops = true;
+    ModelTrace t3 = trace_step(model_, o);
+    t2.forward_flops = t3.forward_flops / 3 * 2;
+    t2.backward_flops = t3.backward_flops / 3 * 2;
+    return std::make_unique<BatchTraces>(std::move(t1), std::move(t2), t3);
   }
 
  private:
@@ -218,7 +224,6 @@ class TraceCache {
   bool cuda_;
   int world_;
   std::shared_ptr<const TraceFile> file_;
-  std::map<std::string, std::unique_ptr<BatchTraces>> cache_;
 };
 
 // What the simulator and the time model are given for candidate `c` of
@@ -316,63 +321,62 @@ Plan build_plan(const PlanRequest& r) {
 
   const std::vector<ModuleNode> modules = file ? file->modules : models::module_table(r.model);
   std::map<std::string, UnitPartition> partitions;
-  TraceCache traces(model, r.seq_len, cuda, world, r.trace_file);
+  const TraceSource traces(model, r.seq_len, cuda, world, r.trace_file);
   SimOptions sim_options;
   if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = r.profile.cublas_workspace_allocations;
 
   SimOptions no_timeline = sim_options;
   no_timeline.record_timeline = false;
 
-  // Phase 1, serial (one trace at a time): every candidate's units and traces.
-  struct Work {
-    const UnitPartition* units;
-    const BatchTraces* trace;
-    std::string sim_key;
-  };
-  std::vector<Work> work;
+  // Each candidate's units and the trace it needs; the traces in the order
+  // the sweep first needs them.
+  std::vector<const UnitPartition*> units_of;
   std::vector<std::vector<int>> ckpts;
-  std::set<std::string> trace_keys;
-  std::vector<Candidate> kept;  // those with a trace (a trace file may lack some)
+  std::vector<std::string> keys;  // distinct trace keys, first need first
+  std::vector<size_t> key_of;     // by candidate: index into keys
+  std::vector<Candidate> kept;    // those with a trace (a trace file may lack some)
   for (const Candidate& c : candidates) {
     auto pit = partitions.find(c.wrap);
     if (pit == partitions.end())
       pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
     std::vector<int> ckpt = c.recompute ? spec::recompute_modules(modules, pit->second) : std::vector<int>{};
     if (!traces.has(compute_dtype(c.precision), ckpt)) continue;
+    const std::string key = trace_key(compute_dtype(c.precision), cuda, ckpt);
+    const auto kit = std::find(keys.begin(), keys.end(), key);
+    key_of.push_back(static_cast<size_t>(kit - keys.begin()));
+    if (kit == keys.end()) keys.push_back(key);
+    units_of.push_back(&pit->second);
     ckpts.push_back(std::move(ckpt));
-    trace_keys.insert(trace_key(compute_dtype(c.precision), cuda, ckpts.back()));
     kept.push_back(c);
   }
   if (kept.empty())
     throw std::invalid_argument("--trace: the file has no trace for any candidate left by the filters");
   candidates = std::move(kept);
-  std::set<std::string> traced;
-  for (size_t ci = 0; ci < candidates.size(); ++ci) {
-    const Candidate& c = candidates[ci];
-    const DType dtype = compute_dtype(c.precision);
-    const std::string key = trace_key(dtype, cuda, ckpts[ci]);
-    work.push_back({&partitions.at(c.wrap), &traces.get(dtype, ckpts[ci]), key + "|" + c.wrap});
-    if (traced.insert(key).second && r.on_progress)
-      r.on_progress("trace", traced.size(), trace_keys.size(),
-                    std::string(precision_name(c.precision)) + (c.recompute ? " with recompute" : ""));
-  }
 
-  // Phase 2, parallel: each worker simulates every k-th candidate with its
-  // own simulators and allocator models (they keep state between batches).
+  // A pipeline on every core: a worker records the next trace not yet
+  // taken (each thread its own recording, trace_recorder.h) or, when every
+  // trace is taken, simulates a candidate whose trace exists, with its own
+  // simulators and allocator models (they keep state between batches).
   plan.candidates.resize(candidates.size());
-  std::mutex progress_mutex;
+  std::vector<std::unique_ptr<BatchTraces>> traced(keys.size());
+  std::vector<const BatchTraces*> trace_of(candidates.size(), nullptr);
+  std::mutex mu;  // guards everything below and the progress callback
+  std::condition_variable cv;
+  std::deque<size_t> queue;  // candidates whose trace exists, not yet taken
+  size_t next_key = 0, keys_done = 0;
+  bool failed = false;
   size_t simulated = 0;
-  auto evaluate = [&](size_t first, size_t stride) {
-    std::map<std::string, std::unique_ptr<BatchSimulator>> simulators;
-    ExactAllocator exact_alloc(budget);
-    CudaCachingAllocatorModel cuda_alloc(budget);
-    for (size_t ci = first; ci < candidates.size(); ci += stride) {
+  auto progress = [&](const char* stage, size_t done, size_t total, const std::string& label) {
+    if (r.on_progress) r.on_progress(stage, done, total, label);
+  };
+  auto evaluate_candidate = [&](size_t ci, std::map<std::string, std::unique_ptr<BatchSimulator>>& simulators,
+                                ExactAllocator& exact_alloc, CudaCachingAllocatorModel& cuda_alloc) {
     const Candidate& c = candidates[ci];
-    const UnitPartition& units = *work[ci].units;
-    const BatchTraces& trace = *work[ci].trace;
+    const UnitPartition& units = *units_of[ci];
+    const BatchTraces& trace = *trace_of[ci];
     const Strategy s = strategy_for(c, r);
 
-    const std::string& sim_key = work[ci].sim_key;
+    const std::string sim_key = keys[key_of[ci]] + "|" + c.wrap;
     auto sit = simulators.find(sim_key);
     if (sit == simulators.end())
       sit = simulators.emplace(sim_key, std::make_unique<BatchSimulator>(trace, units)).first;
@@ -418,26 +422,67 @@ Plan build_plan(const PlanRequest& r) {
       pc.predicted.optimizer_s = st.optimizer_s;
     }
     plan.candidates[ci] = std::move(pc);
-    if (r.on_progress) {
-      const std::lock_guard<std::mutex> lock(progress_mutex);
-      r.on_progress("simulate", ++simulated, candidates.size(), c.to_id());
+    const std::lock_guard<std::mutex> lock(mu);
+    progress("simulate", ++simulated, candidates.size(), c.to_id());
+  };
+  // Records trace `k` and queues the candidates that use it.
+  auto record = [&](size_t k) {
+    size_t first = 0;
+    while (key_of[first] != k) ++first;
+    std::unique_ptr<BatchTraces> t = traces.record(compute_dtype(candidates[first].precision), ckpts[first]);
+    const std::lock_guard<std::mutex> lock(mu);
+    traced[k] = std::move(t);
+    for (size_t ci = 0; ci < candidates.size(); ++ci)
+      if (key_of[ci] == k) {
+        trace_of[ci] = traced[k].get();
+        queue.push_back(ci);
+      }
+    progress("trace", ++keys_done, keys.size(),
+             std::string(precision_name(candidates[first].precision)) +
+                 (candidates[first].recompute ? " with recompute" : ""));
+    cv.notify_all();
+  };
+  auto work = [&] {
+    std::map<std::string, std::unique_ptr<BatchSimulator>> simulators;
+    ExactAllocator exact_alloc(budget);
+    CudaCachingAllocatorModel cuda_alloc(budget);
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mu);
+      // Done when nothing is queued, no trace is left to take and none is
+      // being recorded (it would queue more).
+      cv.wait(lock, [&] { return failed || !queue.empty() || next_key < keys.size() || keys_done == keys.size(); });
+      if (failed) return;
+      if (next_key < keys.size()) {
+        const size_t k = next_key++;
+        lock.unlock();
+        record(k);
+      } else if (!queue.empty()) {
+        const size_t ci = queue.front();
+        queue.pop_front();
+        lock.unlock();
+        evaluate_candidate(ci, simulators, exact_alloc, cuda_alloc);
+      } else {
+        return;
+      }
     }
+  };
+  std::vector<std::exception_ptr> errors;
+  auto guarded = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(std::current_exception());
+      failed = true;
+      cv.notify_all();
     }
   };
   const size_t workers = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), 4);
   std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(workers);
-  for (size_t w = 0; w < workers; ++w)
-    threads.emplace_back([&, w] {
-      try {
-        evaluate(w, workers);
-      } catch (...) {
-        errors[w] = std::current_exception();
-      }
-    });
+  for (size_t w = 1; w < workers; ++w) threads.emplace_back([&] { guarded(work); });
+  guarded(work);
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  if (!errors.empty()) std::rethrow_exception(errors.front());
   if (auto best = choose(plan.candidates, r.objective)) plan.chosen = plan.candidates[*best].id();
   return plan;
 }

@@ -19,7 +19,7 @@ std::vector<int64_t> cpu_bf16_matmul_temporaries(const char* op, c10::ArrayRef<c
 
 namespace {
 
-std::mutex g_trace_mu;  // one recording at a time (trace_recorder.h)
+}  // namespace
 
 struct Recorder {
   bool active = false;
@@ -62,24 +62,29 @@ struct Recorder {
     return idx;
   }
 };
-Recorder g_rec;
+
+namespace {
+
+// The recording this thread runs, if any (trace_recorder.h).
+thread_local Recorder* t_rec = nullptr;
 
 }  // namespace
 
 // kMeta's allocator while shardfit runs (planner/meta_recording_allocator.h).
 c10::DataPtr MetaRecordingAllocator::allocate_recorded(size_t nbytes) const {
   void* ctx = nullptr;
-  if (g_rec.active) {
-    const int64_t id = g_rec.next_tensor++;
-    g_rec.push(MemEvent::kAlloc, g_rec.current_module(), id, static_cast<int64_t>(nbytes));
+  if (Recorder* rec = t_rec; rec && rec->active) {
+    const int64_t id = rec->next_tensor++;
+    rec->push(MemEvent::kAlloc, rec->current_module(), id, static_cast<int64_t>(nbytes));
     ctx = reinterpret_cast<void*>(static_cast<intptr_t>(id));
   }
   return {nullptr, ctx, &MetaRecordingAllocator::release, c10::Device(c10::DeviceType::Meta)};
 }
 
 void MetaRecordingAllocator::release(void* ctx) {
-  if (ctx == nullptr || !g_rec.active) return;
-  g_rec.push(MemEvent::kFree, g_rec.current_module(), static_cast<int64_t>(reinterpret_cast<intptr_t>(ctx)));
+  Recorder* rec = t_rec;
+  if (ctx == nullptr || !rec || !rec->active) return;
+  rec->push(MemEvent::kFree, rec->current_module(), static_cast<int64_t>(reinterpret_cast<intptr_t>(ctx)));
 }
 
 namespace {
@@ -161,26 +166,28 @@ int64_t wrapped_number_cast_bytes(const at::RecordFunction& fn) {
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  if (!g_rec.active) return nullptr;
-  if (g_rec.record_ops) {
-    g_rec.op_stack.push_back(g_rec.intern_op(fn.name()));
+  Recorder* rec = t_rec;
+  if (!rec || !rec->active) return nullptr;
+  Recorder& r = *rec;
+  if (r.record_ops) {
+    r.op_stack.push_back(r.intern_op(fn.name()));
     if (fn.scope() == at::RecordScope::FUNCTION) {
       const double f = matmul_flops(fn);
-      if (g_rec.phase == Phase::kForward)
-        g_rec.trace->forward_flops += f;
+      if (r.phase == Phase::kForward)
+        r.trace->forward_flops += f;
       else
-        g_rec.trace->backward_flops += f;
+        r.trace->backward_flops += f;
     }
   }
-  if (g_rec.record_host_storages && fn.scope() == at::RecordScope::FUNCTION) {
+  if (r.record_host_storages && fn.scope() == at::RecordScope::FUNCTION) {
     if (const int64_t cast = wrapped_number_cast_bytes(fn)) {
       auto t = std::make_unique<KernelTemporaries>();
       t->bytes = {cast};
       return t;
     }
   }
-  if (g_rec.cpu_bf16_threads > 0 && fn.scope() == at::RecordScope::FUNCTION) {
-    std::vector<int64_t> bytes = cpu_bf16_matmul_temporaries(fn.name(), fn.inputs(), g_rec.cpu_bf16_threads);
+  if (r.cpu_bf16_threads > 0 && fn.scope() == at::RecordScope::FUNCTION) {
+    std::vector<int64_t> bytes = cpu_bf16_matmul_temporaries(fn.name(), fn.inputs(), r.cpu_bf16_threads);
     if (!bytes.empty()) {
       auto t = std::make_unique<KernelTemporaries>();
       t->bytes = std::move(bytes);
@@ -191,100 +198,117 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 }
 
 void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
-  if (!g_rec.active) return;
+  Recorder* rec = t_rec;
+  if (!rec || !rec->active) return;
+  Recorder& r = *rec;
   if (auto* t = static_cast<KernelTemporaries*>(ctx)) {
     std::vector<int64_t> ids;
     for (int64_t bytes : t->bytes) {
-      ids.push_back(g_rec.next_tensor++);
-      g_rec.push(MemEvent::kAlloc, g_rec.current_module(), ids.back(), bytes);
+      ids.push_back(r.next_tensor++);
+      r.push(MemEvent::kAlloc, r.current_module(), ids.back(), bytes);
     }
-    for (auto id = ids.rbegin(); id != ids.rend(); ++id) g_rec.push(MemEvent::kFree, g_rec.current_module(), *id);
+    for (auto id = ids.rbegin(); id != ids.rend(); ++id) r.push(MemEvent::kFree, r.current_module(), *id);
   }
-  if (g_rec.record_ops && !g_rec.op_stack.empty()) g_rec.op_stack.pop_back();
+  if (r.record_ops && !r.op_stack.empty()) r.op_stack.pop_back();
 }
 
 }  // namespace
 
 
-TraceRecording::TraceRecording(ModelTrace* trace, const RecorderOptions& o) : lock_(g_trace_mu) {
+TraceRecording::TraceRecording(ModelTrace* trace, const RecorderOptions& o) : rec_(std::make_unique<Recorder>()) {
+  if (t_rec) throw std::logic_error("a trace is already being recorded on this thread");
   register_meta_kernels(/*override_existing=*/false);
   install_meta_allocator();
   set_meta_kernels_target_cuda(o.target_cuda);
-  g_rec = Recorder{};
-  g_rec.trace = trace;
-  g_rec.record_ops = o.record_ops;
-  g_rec.cpu_bf16_threads = o.cpu_bf16_threads;
-  g_rec.record_host_storages = o.record_host_storages && !o.target_cuda;
-  if (g_rec.record_ops || g_rec.cpu_bf16_threads > 0 || g_rec.record_host_storages) {
-    const at::CallbackHandle h = at::addGlobalCallback(
+  Recorder& r = *rec_;
+  r.trace = trace;
+  r.record_ops = o.record_ops;
+  r.cpu_bf16_threads = o.cpu_bf16_threads;
+  r.record_host_storages = o.record_host_storages && !o.target_cuda;
+  if (r.record_ops || r.cpu_bf16_threads > 0 || r.record_host_storages) {
+    // This thread's ops only: a recording on another thread has its own.
+    const at::CallbackHandle h = at::addThreadLocalCallback(
         at::RecordFunctionCallback(&on_op_start, &on_op_end)
             .needsInputs(true)
             .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     handle_ = reinterpret_cast<void*>(static_cast<uintptr_t>(h));
   }
+  t_rec = rec_.get();
 }
 
-void TraceRecording::start() { g_rec.active = true; }
+void TraceRecording::start() { rec_->active = true; }
 
 TraceRecording::~TraceRecording() {
-  g_rec.active = false;
+  rec_->active = false;
   if (handle_) at::removeCallback(static_cast<at::CallbackHandle>(reinterpret_cast<uintptr_t>(handle_)));
-  g_rec.trace = nullptr;
+  t_rec = nullptr;
 }
 
+// The calls below come from the thread recording (its module runner and
+// autograd callbacks); on a thread that records nothing they do nothing.
 void TraceRecording::forward_begin(int m) {
-  g_rec.push(MemEvent::kModuleBegin, m);
-  g_rec.forward_stack.push_back(m);
+  if (!t_rec) return;
+  t_rec->push(MemEvent::kModuleBegin, m);
+  t_rec->forward_stack.push_back(m);
 }
 
 void TraceRecording::forward_end(int m) {
-  if (!g_rec.forward_stack.empty()) g_rec.forward_stack.pop_back();
-  g_rec.push(MemEvent::kModuleEnd, m);
+  if (!t_rec) return;
+  if (!t_rec->forward_stack.empty()) t_rec->forward_stack.pop_back();
+  t_rec->push(MemEvent::kModuleEnd, m);
 }
 
-void TraceRecording::begin_backward_phase() { g_rec.phase = Phase::kBackward; }
+void TraceRecording::begin_backward_phase() {
+  if (t_rec) t_rec->phase = Phase::kBackward;
+}
 
 void TraceRecording::backward_begin(int m) {
-  g_rec.phase = Phase::kBackward;
-  g_rec.push(MemEvent::kModuleBegin, m);
-  g_rec.backward_stack.push_back(m);
+  if (!t_rec) return;
+  t_rec->phase = Phase::kBackward;
+  t_rec->push(MemEvent::kModuleBegin, m);
+  t_rec->backward_stack.push_back(m);
 }
 
 void TraceRecording::backward_end(int m) {
-  auto& st = g_rec.backward_stack;
+  if (!t_rec) return;
+  auto& st = t_rec->backward_stack;
   for (auto it = st.rbegin(); it != st.rend(); ++it) {
     if (*it == m) {
       st.erase(std::next(it).base());
       break;
     }
   }
-  g_rec.push(MemEvent::kModuleEnd, m);
+  t_rec->push(MemEvent::kModuleEnd, m);
 }
 
 void TraceRecording::recompute_begin(int m) {
-  g_rec.phase = Phase::kRecompute;
+  if (!t_rec) return;
+  t_rec->phase = Phase::kRecompute;
   forward_begin(m);
 }
 
 void TraceRecording::recompute_end(int m) {
+  if (!t_rec) return;
   forward_end(m);
-  g_rec.phase = Phase::kBackward;
+  t_rec->phase = Phase::kBackward;
 }
 
 void TraceRecording::host_storage(const void* data, int64_t bytes) {
-  if (!g_rec.active) return;
+  Recorder* r = t_rec;
+  if (!r || !r->active) return;
   if (bytes > 0) {
-    const int64_t id = g_rec.next_tensor++;
-    g_rec.host_ids[data] = id;
-    g_rec.push(MemEvent::kAlloc, g_rec.current_module(), id, bytes);
-  } else if (auto it = g_rec.host_ids.find(data); it != g_rec.host_ids.end()) {
-    g_rec.push(MemEvent::kFree, g_rec.current_module(), it->second);
-    g_rec.host_ids.erase(it);
+    const int64_t id = r->next_tensor++;
+    r->host_ids[data] = id;
+    r->push(MemEvent::kAlloc, r->current_module(), id, bytes);
+  } else if (auto it = r->host_ids.find(data); it != r->host_ids.end()) {
+    r->push(MemEvent::kFree, r->current_module(), it->second);
+    r->host_ids.erase(it);
   }
 }
 
 void TraceRecording::end_open_backwards() {
-  while (!g_rec.backward_stack.empty()) backward_end(g_rec.backward_stack.back());
+  if (!t_rec) return;
+  while (!t_rec->backward_stack.empty()) backward_end(t_rec->backward_stack.back());
 }
 
 }  // namespace shardfit::planner

@@ -6,12 +6,17 @@
 // that made it (a RecordFunction observer), the innermost module and the
 // phase, which the runner reports through the static calls below.
 //
-// One recording at a time: the meta allocator and the op observer are global
-// (autograd may run backward on another thread, so no thread_local state).
+// One recording per thread, any number of threads at once: the recording
+// allocator is the process's, but each allocation, op and module boundary
+// goes to the recording of the thread it happens on. That holds because
+// LibTorch runs a meta (or CPU) graph's backward on the thread that calls
+// backward (torch/csrc/autograd/engine.cpp, Engine::ready_queue: the CPU
+// queue for kCPU and kMeta, executed by the caller in
+// Engine::execute_with_graph_task); a CUDA device's backward would run on
+// the engine's device thread and is never recorded here.
 #pragma once
 
 #include <memory>
-#include <mutex>
 
 #include "planner/model_trace.h"
 
@@ -31,10 +36,13 @@ struct RecorderOptions {
   bool record_host_storages = false;
 };
 
+struct Recorder;  // trace_recorder.cc
+
 class TraceRecording {
  public:
-  // Takes the recorder for `trace` (blocks while another recording runs);
-  // nothing is recorded until start(), so the model can be built first.
+  // Records into `trace` what this thread allocates (throws when this thread
+  // already records); nothing is recorded until start(), so the model can
+  // be built first.
   TraceRecording(ModelTrace* trace, const RecorderOptions& options);
   ~TraceRecording();  // stops
   void start();
@@ -64,7 +72,7 @@ class TraceRecording {
   static void end_open_backwards();
 
  private:
-  std::unique_lock<std::mutex> lock_;
+  std::unique_ptr<Recorder> rec_;
   void* handle_ = nullptr;
 };
 

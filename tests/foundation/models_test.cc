@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "executor/data.h"
 #include "models/model.h"
 #include "models/model_config.h"
+#include "models/module_table.h"
 #include "planner/trace.h"
 
 namespace shardfit {
@@ -570,6 +572,84 @@ TEST(TraceTest, BertTinyTraces) {
   EXPECT_GT(t2.forward_flops, 0);
   EXPECT_DOUBLE_EQ(t2.forward_flops, 2 * t1.forward_flops);
   EXPECT_GT(peak_bytes(t2), peak_bytes(t1));
+}
+
+// The planner records FLOPs at batch 3 only and takes batch 2's as 2/3 of
+// them (plan_builder.cc): exact only while every matmul's FLOPs are
+// proportional to the batch, for every family, with and without recompute.
+TEST(TraceTest, FlopsAreProportionalToTheBatch) {
+  for (const char* name : {"gpt2-tiny", "bert-tiny", "llama-tiny", "qwen-tiny"}) {
+    const auto config = models::resolve_model(name);
+    std::vector<int> blocks;
+    const auto table = models::module_table(config);
+    for (size_t m = 0; m < table.size(); ++m)
+      if (table[m].is_block) blocks.push_back(static_cast<int>(m));
+    for (const std::vector<int>& ckpt : {std::vector<int>{}, blocks}) {
+      SCOPED_TRACE(std::string(name) + (ckpt.empty() ? "" : " with recompute"));
+      const auto t1 = trace(name, 1, ckpt), t2 = trace(name, 2, ckpt), t3 = trace(name, 3, ckpt);
+      ASSERT_GT(t1.forward_flops, 0);
+      EXPECT_EQ(t2.forward_flops, 2 * t1.forward_flops);
+      EXPECT_EQ(t3.forward_flops, 3 * t1.forward_flops);
+      EXPECT_EQ(t2.backward_flops, 2 * t1.backward_flops);
+      EXPECT_EQ(t3.backward_flops, 3 * t1.backward_flops);
+      EXPECT_EQ(t3.forward_flops / 3 * 2, t2.forward_flops);
+    }
+  }
+}
+
+// The planner records its traces on every core at once (plan_builder.cc):
+// each thread's recording must see only its own thread's allocations, ops
+// and module boundaries, so traces recorded side by side equal those
+// recorded one at a time, event for event.
+TEST(TraceTest, TracesRecordedAtOnceOnFourThreadsEqualSerialOnes) {
+  struct Job {
+    const char* model;
+    int64_t batch;
+    planner::DType dtype;
+    bool target_cuda;
+    std::vector<int> ckpt;
+  };
+  std::vector<int> blocks;  // gpt2-tiny's blocks, recomputed in one job
+  const auto table = models::module_table(models::resolve_model("gpt2-tiny"));
+  for (size_t m = 0; m < table.size(); ++m)
+    if (table[m].is_block) blocks.push_back(static_cast<int>(m));
+  ASSERT_FALSE(blocks.empty());
+  const std::vector<Job> jobs = {{"gpt2-tiny", 2, planner::DType::kF32, true, {}},
+                                 {"gpt2-tiny", 3, planner::DType::kF16, true, blocks},
+                                 {"llama-tiny", 2, planner::DType::kBF16, false, {}},
+                                 {"bert-tiny", 2, planner::DType::kF32, false, {}}};
+  auto record = [](const Job& j) {
+    planner::TraceOptions o;
+    o.batch = j.batch;
+    o.seq_len = 32;
+    o.dtype = j.dtype;
+    o.target_cuda = j.target_cuda;
+    o.cpu_threads = 1;
+    o.recompute_modules = j.ckpt;
+    return planner::trace_step(models::resolve_model(j.model), o);
+  };
+  std::vector<planner::ModelTrace> serial, parallel(jobs.size());
+  for (const Job& j : jobs) serial.push_back(record(j));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < jobs.size(); ++i) threads.emplace_back([&, i] { parallel[i] = record(jobs[i]); });
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      SCOPED_TRACE(std::string(jobs[i].model) + " round " + std::to_string(round));
+      const auto& a = serial[i];
+      const auto& b = parallel[i];
+      ASSERT_EQ(a.events.size(), b.events.size());
+      for (size_t e = 0; e < a.events.size(); ++e) {
+        const auto &x = a.events[e], &y = b.events[e];
+        ASSERT_TRUE(x.kind == y.kind && x.phase == y.phase && x.module == y.module && x.tensor == y.tensor &&
+                    x.bytes == y.bytes && x.op == y.op)
+            << "event " << e;
+      }
+      EXPECT_EQ(a.op_names, b.op_names);
+      EXPECT_EQ(a.forward_flops, b.forward_flops);
+      EXPECT_EQ(a.backward_flops, b.backward_flops);
+    }
+  }
 }
 
 TEST(TraceTest, BadOptionsThrow) {
