@@ -1,6 +1,6 @@
 // Planner speed (Google Benchmark; not a test): the full default sweep of
 // `shardfit plan` (every candidate, batch search included), and how it grows
-// with layers and sequence length.
+// with layers, sequence length and GPUs.
 //   build/planner/plan_bench --benchmark_min_time=1
 #include <benchmark/benchmark.h>
 
@@ -50,6 +50,19 @@ void BM_PlanSeqLen(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(planner::build_plan(r));
 }
 BENCHMARK(BM_PlanSeqLen)->Arg(128)->Arg(256)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond);
+
+// llama-3.1-8b's full default sweep on H100s: 8 GPUs on one node, then 8
+// per node on 8 and 64 nodes (hybrid sharding adds candidates across nodes).
+void BM_PlanGpus(benchmark::State& state) {
+  auto r = request(models::resolve_model("llama-3.1-8b"), 4096);
+  r.profile = planner::load_profile("h100-80gb", profiles_dir());
+  r.gpus_per_node = 8;
+  r.nodes = static_cast<int>(state.range(0)) / 8;
+  size_t candidates = 0;
+  for (auto _ : state) candidates = planner::build_plan(r).candidates.size();
+  state.counters["candidates"] = static_cast<double>(candidates);
+}
+BENCHMARK(BM_PlanGpus)->Arg(8)->Arg(64)->Arg(512)->Unit(benchmark::kMillisecond);
 
 void BM_TraceStep(benchmark::State& state) {
   const auto m = models::resolve_model("gpt2-xl");
