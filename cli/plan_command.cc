@@ -151,7 +151,8 @@ Command add_plan_command(CLI::App& app) {
                   "Whose training step to predict: shardfit (its engine, `shardfit run`) or pytorch (PyTorch's own "
                   "DistributedDataParallel or ZeroRedundancyOptimizer and torch.optim.AdamW in the loop "
                   "pytorch/validate.py runs, torch.utils.checkpoint as +ckpt; PyTorch FSDP on a CUDA device "
-                  "when --strategies names zero2|zero3[+offload]/fp32/wrap=size:N; needs --trace; fp32)")
+                  "when --strategies names zero2|zero3[+offload]/fp32/wrap=size:N; needs --trace; fp32, and the "
+                  "trace's autocast: bf16 on a CPU, fp16 with GradScaler on CUDA)")
       ->capture_default_str();
   sub->add_option("--steps", a->steps,
                   "--stack pytorch: training steps the job runs; 2 or more plans its steady state (the default), 1 "

@@ -18,6 +18,8 @@ namespace shardfit::planner {
 // no-grads, with-grads and optimizer traces at each batch
 // (planner/pytorch_stack.h): candidates ddp/fp32/wrap=none and
 // zero1/fp32/wrap=none (+ckpt too when the file has checkpointed traces).
+// With autocast traces, ddp/AMP and zero1/AMP too: bf16 on a CPU, fp16 with
+// torch.cuda.amp.GradScaler on CUDA.
 // zero1's ranks differ (each its own partition's state): every rank is
 // simulated and the largest peak decides. On request (--strategies with the
 // full id), PyTorch FSDP (planner/pytorch_fsdp.h): zero2 (SHARD_GRAD_OP) and
@@ -35,10 +37,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   const std::vector<int> blocks =
       spec::recompute_modules(file->modules, wrap_modules(file->modules, WrapPolicy::parse("none")));
   const bool has_ckpt = !blocks.empty() && file->find(DType::kF32, blocks, 1, false, r.ckpt_reentrant);
-  // Traces whose forward ran under torch.autocast(bf16) (trace_recorder.py
-  // records them on a CPU target): the bf16 candidates, PyTorch's mixed
-  // precision (fp32 parameters, gradients and AdamW).
-  const bool has_bf16 = file->find(DType::kBF16, {}, 1, false, false, /*autocast=*/true) != nullptr;
+  // Traces whose forward ran under torch.autocast (trace_recorder.py: bf16
+  // for a CPU target, fp16 with GradScaler for a CUDA one): the bf16 / fp16
+  // candidates, PyTorch's mixed precision (fp32 parameters, gradients and
+  // AdamW).
+  const DType amp_dtype = cuda ? DType::kF16 : DType::kBF16;
+  const Precision amp = cuda ? Precision::kFp16 : Precision::kBf16;
+  const std::string amp_name = spec::precision_name(amp);
+  const bool has_amp = file->find(amp_dtype, {}, 1, false, false, /*autocast=*/true) != nullptr;
   if (r.ckpt_reentrant && !blocks.empty() && !has_ckpt)
     throw std::invalid_argument("--checkpoint reentrant: the trace file has no traces with use_reentrant=True (record "
                                 "it again with pytorch/trace_recorder.py)");
@@ -49,26 +55,28 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     const Candidate want = s.find('/') == std::string::npos ? Candidate{} : parse_candidate(s);
     const bool ddp_like = (want.sharding == Sharding::kDdp || want.sharding == Sharding::kZero1) && !want.offload &&
                           want.wrap == "none" &&
-                          (want.precision == Precision::kFp32 || (want.precision == Precision::kBf16 && !want.recompute));
+                          (want.precision == Precision::kFp32 || (want.precision == amp && !want.recompute));
     const bool fsdp = is_fsdp(want) && !want.recompute && want.wrap.rfind("size:", 0) == 0 &&
                       want.precision == Precision::kFp32;
     if (s.find('/') == std::string::npos || !(ddp_like || fsdp))
       throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
-                                  "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or bf16 autocast, "
-                                  "wrap=none, and FSDP as zero2 or zero3[+offload]/fp32/wrap=size:N, only in this "
-                                  "version");
-    if (want.precision == Precision::kBf16 && !has_bf16)
-      throw std::invalid_argument("--strategies " + s + ": the trace file has no traces under torch.autocast(bf16) "
-                                  "(trace_recorder.py records them for --target cpu)");
+                                  "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or autocast (bf16 "
+                                  "on a CPU, fp16 with GradScaler on CUDA), wrap=none, and FSDP as zero2 or "
+                                  "zero3[+offload]/fp32/wrap=size:N, only in this version");
+    if (want.precision == amp && !has_amp)
+      throw std::invalid_argument("--strategies " + s + ": the trace file has no traces under torch.autocast(" +
+                                  amp_name + ") (trace_recorder.py records them: bf16 for --target cpu, fp16 for "
+                                  "--target cuda)");
     if (fsdp && !cuda)
       throw std::invalid_argument("--strategies " + s + ": PyTorch 1.13's FSDP runs on CUDA only: plan it with a "
                                   "CUDA --device and a trace recorded with --target cuda");
     if (fsdp) candidates.push_back(want);
   }
   for (const std::string& p : r.candidates.precisions)
-    if (p != "fp32" && p != "bf16" && p != "all")
-      throw std::invalid_argument("--precision " + p + ": --stack pytorch simulates fp32 and bf16 (autocast) only "
-                                  "in this version");
+    if (p != "fp32" && p != amp_name && p != "all")
+      throw std::invalid_argument("--precision " + p + ": --stack pytorch simulates fp32 and, on this device, " +
+                                  amp_name + " (autocast" + (cuda ? " with GradScaler" : "") + ") only in this "
+                                  "version");
   auto precision_wanted = [&](const Candidate& c) {
     if (r.candidates.precisions.empty()) return true;
     for (const std::string& p : r.candidates.precisions)
@@ -76,9 +84,11 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     return false;
   };
   for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none", "ddp+ckpt/fp32/wrap=none",
-                         "zero1+ckpt/fp32/wrap=none", "ddp/bf16/wrap=none", "zero1/bf16/wrap=none"}) {
-    const Candidate c = parse_candidate(id);
-    if ((c.recompute && !has_ckpt) || (c.precision == Precision::kBf16 && !has_bf16) || !precision_wanted(c)) continue;
+                         "zero1+ckpt/fp32/wrap=none", "ddp/AMP/wrap=none", "zero1/AMP/wrap=none"}) {
+    std::string full = id;
+    if (const size_t at = full.find("AMP"); at != std::string::npos) full.replace(at, 3, amp_name);
+    const Candidate c = parse_candidate(full);
+    if ((c.recompute && !has_ckpt) || (c.precision == amp && !has_amp) || !precision_wanted(c)) continue;
     bool wanted = r.candidates.strategies.empty();
     for (const std::string& s : r.candidates.strategies)
       wanted = wanted || s == spec::sharding_name(c.sharding) || s == c.to_id();
@@ -89,20 +99,20 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                 "steps (record it again with pytorch/trace_recorder.py)");
   if (r.grad_accum != 1) throw std::invalid_argument("--stack pytorch: --grad-accum is not simulated yet");
   // The traces a candidate replays, by kind ([0] fp32, [1] fp32 with the
-  // blocks checkpointed, [2] the forward under autocast(bf16)) and grads at
+  // blocks checkpointed, [2] the forward under autocast) and grads at
   // start: batch 1 exactly, 2 and 3 extended affinely.
   const ModelTrace* at1[3][2] = {};
   std::unique_ptr<AffineTrace> affine[3][2];
   for (int k = 0; k < 3; ++k) {
-    if ((k == 1 && !has_ckpt) || (k == 2 && !has_bf16)) continue;
-    const DType dtype = k == 2 ? DType::kBF16 : DType::kF32;
+    if ((k == 1 && !has_ckpt) || (k == 2 && !has_amp)) continue;
+    const DType dtype = k == 2 ? amp_dtype : DType::kF32;
     for (int g = 0; g < 2; ++g) {
       const std::vector<int> rec = k == 1 ? blocks : std::vector<int>{};
       const ModelTrace* t[4] = {};
       for (int b = 1; b <= 3; ++b) t[b] = file->find(dtype, rec, b, g == 1, r.ckpt_reentrant && k == 1, k == 2);
       if (!t[1] || !t[2] || !t[3])
         throw std::invalid_argument(std::string("--stack pytorch: the trace file has no ") +
-                                    (k == 2 ? "autocast(bf16)" : "fp32") + " trace" +
+                                    (k == 2 ? "autocast(" + amp_name + ")" : std::string("fp32")) + " trace" +
                                     (k == 1 ? " with the blocks checkpointed" : "") + " with grads " +
                                     (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
       at1[k][g] = t[1];
@@ -120,7 +130,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   in.optimizer_param_steps = &file->optimizer_param_steps;
   // Every rank's result at `batch` (one when the ranks are alike).
   auto simulate = [&](const Candidate& c, int64_t batch) {
-    const int k = c.precision == Precision::kBf16 ? 2 : c.recompute ? 1 : 0;
+    const int k = c.precision == amp ? 2 : c.recompute ? 1 : 0;
     const ModelTrace none = batch == 1 ? *at1[k][0] : affine[k][0]->at(batch);
     const ModelTrace with = batch == 1 ? *at1[k][1] : affine[k][1]->at(batch);
     PytorchDdpInputs at = in;
@@ -134,6 +144,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     if (cuda) o.overhead_bytes = r.profile.cublas_workspace_allocations;
     o.steps = std::min(r.steps, 2);
     o.zero_redundancy = c.sharding == Sharding::kZero1;
+    o.grad_scaler = c.precision == Precision::kFp16;  // AMP's fp16 recipe: autocast + GradScaler
     o.world_size = world;
     std::vector<StepSimResult> ranks;
     if (is_fsdp(c)) {

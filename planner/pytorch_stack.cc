@@ -26,6 +26,31 @@ bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::str
   return true;
 }
 
+// GradScaler.unscale_ (grad_scaler.py, 1.13; see kGradScalerScaleBytes):
+// allocates and frees its tensors in order, leaving the found_inf copy the
+// optimizer's state keeps in `found_inf_copy`. False on out of memory.
+bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& found_inf_copy) {
+  const Category c = Category::kOptimizer;
+  const int64_t dbl = ledger.alloc(c, 8, label);  // self._scale.double()
+  if (dbl < 0) return false;
+  const int64_t rec = ledger.alloc(c, 8, label);  // .reciprocal()
+  if (rec < 0) return false;
+  ledger.free(dbl);
+  const int64_t inv = ledger.alloc(c, 4, label);  // .float()
+  if (inv < 0) return false;
+  ledger.free(rec);
+  const int64_t found = ledger.alloc(c, 4, label);  // torch.full((1,), 0.0)
+  if (found < 0) return false;
+  found_inf_copy = ledger.alloc(c, 4, label);        // per_device_found_inf.get(device)
+  if (found_inf_copy < 0) return false;
+  const int64_t inv_copy = ledger.alloc(c, 4, label);  // per_device_inv_scale.get(device)
+  if (inv_copy < 0) return false;
+  ledger.free(inv_copy);  // _unscale_grads_ returns
+  ledger.free(inv);       // unscale_ returns
+  ledger.free(found);
+  return true;
+}
+
 }  // namespace
 
 bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
@@ -340,7 +365,14 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
                              }
                              return broadcast(ledger, buffer_flats, step + "/forward");
                            },
-                           &outputs, [&] { ledger.free_all(previous_outputs); });
+                           &outputs, [&] {
+                             ledger.free_all(previous_outputs);
+                             // scaler.scale(loss), first call: its scale and growth tracker
+                             // (an out of memory here stops the replay at its next allocation).
+                             if (o.grad_scaler && k == 1)
+                               for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
+                                 ledger.alloc(Category::kOptimizer, b, step + "/forward");
+                           });
     if (!ok) return out;
     previous_outputs.swap(outputs);
     if (o.gradient_as_bucket_view) grads.clear();  // views of the buckets (no storage of their own)
@@ -348,8 +380,11 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     // opt.step(): torch.optim.AdamW, traced: step 1 creates its state.
     const ModelTrace& opt = o.zero_redundancy ? (k == 1 ? zero_first : zero_later)
                                               : (k == 1 ? *in.optimizer_first : *in.optimizer_later);
+    int64_t found_inf_copy = -1;
+    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy)) return out;
     if (!replay(opt, ledger, step + "/optimizer", false, Category::kTemporaries, Category::kOptimizer, nullptr))
       return out;
+    if (o.grad_scaler) ledger.free(found_inf_copy);  // scaler.update()
     ledger.point(step + "/optimizer");
   }
   ledger.finish();

@@ -1,8 +1,9 @@
 // `shardfit plan --stack pytorch`: one training job as PyTorch's own stack
-// runs it, replayed from a model's traces (issue 12, item 2). This version
-// simulates torch.nn.parallel.DistributedDataParallel with
-// torch.optim.AdamW on CPU ranks, in the loop a PyTorch user writes and
-// pytorch/validate.py runs:
+// runs it, replayed from a model's traces (issue 12, item 2): this file's
+// torch.nn.parallel.DistributedDataParallel with torch.optim.AdamW or
+// ZeroRedundancyOptimizer(AdamW), on CPU ranks or through the CUDA caching
+// allocator's model (PyTorch FSDP: pytorch_fsdp.h), in the loop a PyTorch
+// user writes and pytorch/validate.py runs:
 //     opt.zero_grad(set_to_none=True); x = batch; loss = model(x);
 //     loss.backward(); del loss, x; opt.step()
 // What each part of that step allocates comes from traces recorded in the
@@ -11,8 +12,8 @@
 // op made) or with every .grad present, and two steps of torch.optim.AdamW
 // itself (its lazily created state and its for-loop temporaries). DDP's
 // reducer, which runs beside them, is modelled here, each rule citing the
-// PyTorch 1.13 source it follows. Not yet simulated: ZeroRedundancyOptimizer,
-// torch.utils.checkpoint, autocast, FSDP, the CUDA caching allocator.
+// PyTorch 1.13 source it follows. torch.utils.checkpoint and autocast are in
+// the traces (recorded under them); GradScaler's own tensors are modelled here.
 #pragma once
 
 #include <cstdint>
@@ -60,7 +61,30 @@ struct PytorchDdpOptions {
   // default, and pytorch/validate.py's loop); False zeroes them in place, so
   // they stay allocated from step 1's backward on (PyTorch 1.x's default).
   bool zero_grad_set_to_none = true;
+  // torch.cuda.amp.GradScaler around the step (the fp16 candidates: AMP's
+  // recipe, as Accelerate's fp16 ran it): its scale and growth tracker,
+  // unscale_'s tensors around the optimizer step (grad_scaler_step_bytes).
+  // The traces carry `scaler.scale(loss).backward()` itself.
+  bool grad_scaler = false;
 };
+
+// torch.cuda.amp.GradScaler (PyTorch 1.13, torch/cuda/amp/grad_scaler.py)
+// as the allocator sees it, in bytes, each a 1-element tensor:
+//  - scale(): on its first call, _lazy_init_scale_growth_tracker makes
+//    `_scale` (float32) and `_growth_tracker` (int32); they live on;
+//  - step() -> unscale_(): `inv_scale = self._scale.double().reciprocal()
+//    .float()` (a float64, its reciprocal, the first freed as the second is
+//    cast, then the float64 reciprocal freed), `found_inf = torch.full((1,),
+//    0.0)`; _unscale_grads_ copies both for the device (_MultiDeviceReplicator
+//    .get: `.to(device, copy=True)`, found_inf's first) and unscales every
+//    gradient in place (_amp_foreach_non_finite_check_and_unscale_); the
+//    inv_scale copy goes as _unscale_grads_ returns, inv_scale and found_inf
+//    as unscale_ returns; the found_inf copy, kept in the optimizer's state,
+//    goes in update() after the optimizer step (_per_optimizer_states reset).
+//    update()'s `.to(same device)` and _amp_update_scale_ allocate nothing.
+// A step whose gradients overflow skips optimizer.step(); the plan assumes
+// the steady state, where steps are taken (AdamW's state exists from then on).
+inline constexpr int64_t kGradScalerScaleBytes = 4, kGradScalerGrowthTrackerBytes = 4;
 
 // Replays init (the model, DDP's buckets) and `steps` training steps through
 // an exact allocator (the bytes each storage asks for, as the CPU meter

@@ -24,6 +24,29 @@ second call), before cross_entropy's log_softmax, none before cat,
 layer_norm, softmax, gelu, prelu or embedding. pytorch/autocast_test.py
 checks every entry, and three models op by op, against the real thing. An
 op outside these lists that 1.13's CPU autocast would cast is not emulated.
+
+`device="cuda"` (a trace for CUDA's kernels, fp16): 1.13's CUDA lists
+instead (autocast_mode.cpp, `TORCH_LIBRARY_IMPL(aten, Autocast, m)`), which
+differ from the CPU's:
+- lower_precision_fp: the matmuls, linear, the convolutions and transposed
+  convolutions, einsum, addmv, addr, mv, prelu, chain_matmul, multi_dot;
+- fp32 (the lower-precision arguments cast up): pow, exp, log, rsqrt and
+  the other unary ops listed, layer_norm, group_norm, softplus, logsumexp,
+  cdist/dist/renorm, cosine_similarity and the losses -- but not
+  cross_entropy, which CUDA does not list: 1.13's cross_entropy_loss is
+  composite and calls `log_softmax(self, 1, self.scalar_type())` (probed on
+  this machine's 1.13: tests/pytorch/autocast_test.py), an explicit dtype
+  that fp32_set_opt_dtype keeps, so the log-softmax runs in fp16 and
+  nll_loss (fp32 list) casts its fp16 result up;
+- fp32_set_opt_dtype: softmax, log_softmax, sum, prod, cumsum, cumprod get
+  dtype=float32 when none is given; CUDA's softmax/log_softmax of an fp16
+  input to fp32 is one kernel (SoftMax.cpp: `_softmax(input, dim,
+  half_to_float=true)`: no fp16->fp32 copy), imitated with that call;
+- promote: addcmul, addcdiv, atan2, dot, cross, tensordot, bilinear cast
+  every floating argument to the widest among them.
+None of this can be checked against the real CUDA autocast without a GPU;
+its mechanics (which op casts what, once or every call) are tested against
+the source's rules in tests/pytorch/autocast_test.py.
 """
 import torch
 import torch.nn.functional as F
@@ -38,12 +61,43 @@ FP32 = {F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
         F.cross_entropy, F.nll_loss, F.mse_loss, F.binary_cross_entropy, F.kl_div, F.smooth_l1_loss, F.l1_loss}
 
 
-class AutocastEmulation(TorchFunctionMode):
-    """with AutocastEmulation(torch.bfloat16): loss = model(x)"""
+# 1.13's CUDA lists (autocast_mode.cpp), as the Python callables that reach them.
+CUDA_LOWER_PRECISION = LOWER_PRECISION | {
+    F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu, torch.prelu, torch.einsum,
+    torch.addmv, T.addmv, torch.addr, T.addr, torch.mv, T.mv, torch.chain_matmul, torch.linalg.multi_dot,
+}
+CUDA_FP32 = {
+    torch.acos, T.acos, torch.asin, T.asin, torch.cosh, T.cosh, torch.erfinv, T.erfinv, torch.exp, T.exp,
+    torch.expm1, T.expm1, torch.log, T.log, torch.log10, T.log10, torch.log2, T.log2, torch.log1p, T.log1p,
+    torch.reciprocal, T.reciprocal, torch.rsqrt, T.rsqrt, torch.sinh, T.sinh, torch.tan, T.tan,
+    torch.pow, T.pow, T.__pow__, T.__rpow__, F.softplus, F.layer_norm, torch.layer_norm, F.group_norm,
+    F.cosine_similarity, torch.cosine_similarity, torch.logsumexp, T.logsumexp, torch.cdist, torch.dist, T.dist,
+    torch.renorm, T.renorm, F.pdist, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.kl_div,
+    F.poisson_nll_loss, F.cosine_embedding_loss, F.hinge_embedding_loss, F.margin_ranking_loss,
+    F.multilabel_margin_loss, F.soft_margin_loss, F.triplet_margin_loss, F.multi_margin_loss,
+    F.binary_cross_entropy_with_logits,
+}
+CUDA_SOFTMAX = {F.softmax: False, torch.softmax: False, T.softmax: False,
+                F.log_softmax: True, torch.log_softmax: True, T.log_softmax: True}  # value: log
+CUDA_SET_OPT_DTYPE = {torch.sum, T.sum, torch.prod, T.prod, torch.cumsum, T.cumsum, torch.cumprod, T.cumprod}
+CUDA_PROMOTE = {torch.addcmul, T.addcmul, torch.addcdiv, T.addcdiv, torch.atan2, T.atan2, torch.dot, T.dot,
+                torch.cross, T.cross, torch.tensordot, F.bilinear}
 
-    def __init__(self, dtype):
+
+def _arg(args, kwargs, i, name, default=None):
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+class AutocastEmulation(TorchFunctionMode):
+    """with AutocastEmulation(torch.bfloat16): loss = model(x)      (1.13's CPU lists)
+    with AutocastEmulation(torch.float16, "cuda"): loss = model(x)  (1.13's CUDA lists)"""
+
+    def __init__(self, dtype, device="cpu"):
         super().__init__()
+        if device not in ("cpu", "cuda"):
+            raise ValueError("device %r: cpu or cuda" % device)
         self.dtype = dtype
+        self.device = device
         self.cache = {}
 
     def __exit__(self, *exc):
@@ -66,6 +120,8 @@ class AutocastEmulation(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.device == "cuda":
+            return self._cuda(func, args, kwargs)
         if func is F.layer_norm:
             # 1.13's CPU layer_norm takes no mixed dtypes (layer_norm_kernel.cpp
             # checks the weight's against the input's); under autocast a bf16
@@ -79,10 +135,63 @@ class AutocastEmulation(TorchFunctionMode):
                                    % (x.dtype, w.dtype, x.dtype, w.dtype))
         if func in LOWER_PRECISION or func in FP32:
             to, cache = (self.dtype, True) if func in LOWER_PRECISION else (torch.float32, False)
-            # Last argument first: autocast's wrapper casts them as the
-            # arguments of one C++ call (`redispatch(cached_cast(args)...)`),
-            # which GCC evaluates right to left; the order sets the casts'
-            # autograd sequence numbers, so the order backward runs them in.
-            kwargs = {k: self._cast(v, to, cache) for k, v in reversed(list(kwargs.items()))}
-            args = tuple(reversed([self._cast(a, to, cache) for a in reversed(args)]))
+            args, kwargs = self._cast_all(args, kwargs, to, cache)
+        return func(*args, **kwargs)
+
+    def _cast_all(self, args, kwargs, to, cache):
+        # Last argument first: autocast's wrapper casts them as the
+        # arguments of one C++ call (`redispatch(cached_cast(args)...)`),
+        # which GCC evaluates right to left; the order sets the casts'
+        # autograd sequence numbers, so the order backward runs them in.
+        kwargs = {k: self._cast(v, to, cache) for k, v in reversed(list(kwargs.items()))}
+        args = tuple(reversed([self._cast(a, to, cache) for a in reversed(args)]))
+        return args, kwargs
+
+    def _cuda(self, func, args, kwargs):
+        """1.13's CUDA autocast (see the module's docstring)."""
+        if func in CUDA_LOWER_PRECISION or func in CUDA_FP32:
+            to, cache = (self.dtype, True) if func in CUDA_LOWER_PRECISION else (torch.float32, False)
+            args, kwargs = self._cast_all(args, kwargs, to, cache)
+            return func(*args, **kwargs)
+        x = _arg(args, kwargs, 0, "input")
+        eligible = isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64
+        if func in CUDA_SOFTMAX:
+            dim = _arg(args, kwargs, 1, "dim")
+            at = 3 if func in (F.softmax, F.log_softmax) else 2  # F.softmax(input, dim, _stacklevel, dtype)
+            dtype = kwargs.get("dtype") or (args[at] if len(args) > at else None)
+            if eligible and dtype is None:
+                dtype = torch.float32  # fp32_set_opt_dtype
+            if dim is None:
+                raise RuntimeError("softmax without dim under autocast: not emulated")
+            if eligible and x.dtype == torch.float16 and dtype == torch.float32:
+                # SoftMax.cpp: a CUDA fp16 input to fp32 is one kernel, no copy.
+                return (torch._log_softmax if CUDA_SOFTMAX[func] else torch._softmax)(x, dim, True)
+            return (torch.log_softmax if CUDA_SOFTMAX[func] else torch.softmax)(x, dim, dtype=dtype)
+        if func in CUDA_SET_OPT_DTYPE:
+            if eligible and kwargs.get("dtype") is None:
+                kwargs = dict(kwargs, dtype=torch.float32)
+            return func(*args, **kwargs)
+        if func is F.cross_entropy:
+            target = _arg(args, kwargs, 1, "target")
+            weight = _arg(args, kwargs, 2, "weight")
+            ignore_index = _arg(args, kwargs, 4, "ignore_index", -100)
+            reduction = _arg(args, kwargs, 6, "reduction", "mean")
+            smoothing = _arg(args, kwargs, 7, "label_smoothing", 0.0)
+            legacy = _arg(args, kwargs, 3, "size_average") is not None or _arg(args, kwargs, 5, "reduce") is not None
+            if smoothing or legacy or not isinstance(target, torch.Tensor) or target.is_floating_point():
+                raise RuntimeError("cross_entropy with label smoothing, probability targets or size_average/reduce "
+                                   "under autocast: not emulated")
+            # LossNLL.cpp cross_entropy_loss: log_softmax at the input's own
+            # dtype (an explicit dtype fp32_set_opt_dtype keeps), then
+            # nll_loss, on the fp32 list.
+            logp = torch.log_softmax(x, 1 if x.dim() > 1 else 0, dtype=x.dtype)
+            args, kwargs = self._cast_all((logp, target), {"weight": weight, "ignore_index": ignore_index,
+                                                          "reduction": reduction}, torch.float32, False)
+            return F.nll_loss(*args, **kwargs)
+        if func in CUDA_PROMOTE:
+            floats = [a for a in list(args) + list(kwargs.values())
+                      if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            if any(a.dtype == torch.float32 for a in floats):
+                args, kwargs = self._cast_all(args, kwargs, torch.float32, False)
+            return func(*args, **kwargs)
         return func(*args, **kwargs)

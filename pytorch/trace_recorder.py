@@ -26,7 +26,11 @@ batch 1 exactly and extends 2 and 3 affinely), each twice: with every .grad
 present (zeros; as the shardfit tracer: the trace holds each backward op's
 transient gradient, not the accumulated one) and with none (PyTorch after
 zero_grad(set_to_none=True): AccumulateGrad keeps the gradient an op made).
-Then two steps of torch.optim.AdamW on the meta parameters: its lazily made
+Then the same under torch.autocast, emulated (autocast_emulation.py): bf16
+with 1.13's CPU lists for a CPU target; fp16 with 1.13's CUDA lists and
+torch.cuda.amp.GradScaler's scaled backward for a CUDA one (--fp32-outputs:
+the forward's outputs converted to fp32 as Accelerate does). Then two steps
+of torch.optim.AdamW on the meta parameters: its lazily made
 state and its for-loop temporaries, recorded from PyTorch's own code.
 
 Bad input (a factory that does not import or build, a forward that does not
@@ -240,18 +244,42 @@ def split_loss(out):
     return getattr(out, "loss", out)
 
 
+def outputs_to_fp32(out):
+    """Accelerate's convert_outputs_to_fp32 (utils/operations.py, 2021 on:
+    its native-AMP prepare_model wraps the model's forward in it): every
+    fp16/bf16 tensor of what the forward returned, nested in tuples, lists
+    and dicts, as `.float()`; anything else as it is."""
+    import torch
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(outputs_to_fp32(o) for o in out)
+    if isinstance(out, dict):
+        return type(out)({k: outputs_to_fp32(v) for k, v in out.items()})
+    return out
+
+
 def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accumulate", target_cuda=False,
-                checkpointed=None, autocast=None):
+                checkpointed=None, autocast=None, fp32_outputs=False):
     """Records one forward + loss + backward at `batch` into the library's list.
     grads "accumulate": every .grad exists (zeros) when it starts; "none": none
     does (PyTorch's first step, or after zero_grad(set_to_none=True)).
     `checkpointed`: a Checkpointed in force (its modules are recomputed).
     `autocast` ("bf16"): the forward runs under torch.autocast of that dtype,
-    as `with torch.autocast(...): outputs = model(x)` (autocast_emulation.py)."""
+    as `with torch.autocast(...): outputs = model(x)` (autocast_emulation.py).
+    "fp16" (a CUDA target): under CUDA's autocast lists, and the backward is
+    torch.cuda.amp.GradScaler's, `scaler.scale(loss).backward()`: the loss
+    times the scale (a 1-element fp32 tensor, grad_scaler.py `outputs *
+    self._scale`), that product's backward, then the product dropped.
+    `fp32_outputs`: under autocast, the forward's outputs are converted to
+    fp32 as it returns (outputs_to_fp32, Accelerate's wrapper)."""
     import torch
     from autocast_emulation import AutocastEmulation
     for p in model.parameters():
         p.grad = torch.zeros_like(p) if grads == "accumulate" else None
+    # GradScaler's scale exists before the step (made outside the recording:
+    # the simulator allocates it and the growth tracker in step 1).
+    scale = torch.full((1,), 65536.0, device="meta") if autocast == "fp16" else None
     recompute = json.dumps(checkpointed.indices if checkpointed else [])
     rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, (autocast or "fp32").encode(),
                                   recompute.encode(), grads.encode(), 1 if target_cuda else 0,
@@ -262,7 +290,8 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
         lib.shardfit_trace_reentrant()
     if autocast and lib.shardfit_trace_autocast() != 0:
         raise BadInput("trace: " + lib.shardfit_trace_error().decode())
-    region = (AutocastEmulation({"bf16": torch.bfloat16, "fp16": torch.float16}[autocast]) if autocast
+    region = (AutocastEmulation({"bf16": torch.bfloat16, "fp16": torch.float16}[autocast],
+                                "cuda" if target_cuda else "cpu") if autocast
               else contextlib.nullcontext())
     try:
         args = input_fn(batch, seq_len, "meta")
@@ -270,6 +299,8 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
             args = (args,)
         with region:
             out = model(*args)
+        if autocast and fp32_outputs:
+            out = outputs_to_fp32(out)  # outside the autocast region, as Accelerate's wrapper sits
         loss = split_loss(out)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise BadInput("--model: forward must return the loss, a scalar tensor, or a tuple or an object "
@@ -280,7 +311,12 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
         if checkpointed:
             checkpointed.in_backward = True
         try:
-            loss.backward()
+            if scale is not None:
+                scaled = loss * scale
+                scaled.backward()
+                del scaled
+            else:
+                loss.backward()
         finally:
             if checkpointed:
                 checkpointed.in_backward = False
@@ -355,7 +391,8 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
         del one
 
 
-def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False):
+def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,
+           fp32_outputs=False):
     import torch
     lib = library()
     factory = resolve(model_spec, "model")
@@ -404,18 +441,19 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
                 if use_cache is not None:
                     model.use_cache = use_cache
         # The forward under torch.autocast: bf16 on the CPU (1.13's CPU
-        # autocast; fp16 on CUDA is not emulated yet).
+        # autocast), fp16 with GradScaler on CUDA (1.13's CUDA autocast,
+        # emulated: autocast_emulation.py).
         # A model that cannot run under it (PyTorch raises) gets none: its
-        # plans have no bf16 candidates.
-        if not target_cuda:
-            try:
-                for grads in ("accumulate", "none"):
-                    for b in batches:
-                        trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda,
-                                    autocast="bf16")
-            except BadInput as e:
-                lib.shardfit_trace_forget_autocast()
-                print("trace_recorder.py: no traces under torch.autocast(bf16): %s" % e, file=sys.stderr)
+        # plans have no bf16 / fp16 candidates.
+        precision = "fp16" if target_cuda else "bf16"
+        try:
+            for grads in ("accumulate", "none"):
+                for b in batches:
+                    trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda,
+                                autocast=precision, fp32_outputs=fp32_outputs)
+        except BadInput as e:
+            lib.shardfit_trace_forget_autocast()
+            print("trace_recorder.py: no traces under torch.autocast(%s): %s" % (precision, e), file=sys.stderr)
     finally:
         for h in handles:
             h.remove()
@@ -437,11 +475,15 @@ def main():
     p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
                    help="whose kernels the trace imitates: the CPU's (plan --device cpu) or CUDA's (a GPU profile); "
                         "no GPU is needed either way")
+    p.add_argument("--fp32-outputs", action="store_true",
+                   help="under autocast, convert the forward's fp16/bf16 outputs to fp32 as it returns, as Hugging "
+                        "Face Accelerate's mixed precision does (convert_outputs_to_fp32)")
     a = p.parse_args()
     try:
         if a.seq_len < 1:
             raise BadInput("--seq-len %d: must be at least 1" % a.seq_len)
-        record(a.model, a.input, a.seq_len, a.out, a.name, target_cuda=a.target == "cuda")
+        record(a.model, a.input, a.seq_len, a.out, a.name, target_cuda=a.target == "cuda",
+               fp32_outputs=a.fp32_outputs)
     except BadInput as e:
         print("trace_recorder: %s" % e, file=sys.stderr)
         sys.exit(2)

@@ -170,6 +170,35 @@ TEST(PytorchDdp, ZeroGradInPlaceKeepsTheGradients) {
   EXPECT_EQ(simulate_pytorch_ddp(f.in, {}).timeline[4].peak_allocated_bytes, 100 + 100 + 200 + 1000);
 }
 
+// torch.cuda.amp.GradScaler (grad_scaler.py, 1.13): its scale and growth
+// tracker (4 B each) made as the first scale() runs, after step 1's forward;
+// unscale_'s float64 scale, its reciprocal, the float32 inverse, found_inf
+// and both their device copies around the optimizer step, the found_inf copy
+// kept until update().
+TEST(PytorchDdp, GradScalerKeepsItsScaleAndUnscalesAroundTheStep) {
+  Fixture f;
+  PytorchDdpOptions o;
+  o.grad_scaler = true;
+  const StepSimResult r = simulate_pytorch_ddp(f.in, o);
+  const StepSimResult plain = simulate_pytorch_ddp(f.in, {});
+  ASSERT_FALSE(r.oom);
+  ASSERT_EQ(r.timeline.size(), plain.timeline.size());
+  EXPECT_EQ(r.timeline[0].allocated_bytes, plain.timeline[0].allocated_bytes);  // nothing at init
+  EXPECT_EQ(r.timeline[1].allocated_bytes, plain.timeline[1].allocated_bytes + 8);
+  EXPECT_EQ(r.timeline[2].allocated_bytes, 300 + 8);
+  // Before AdamW: 308 -> +8 +8 -8 +4 -8 +4 +4 +4 (324 at most) -> 312; AdamW's
+  // 200 + 50 on top: 562; then its temporary and the found_inf copy go: 508.
+  EXPECT_EQ(r.timeline[3].peak_allocated_bytes, 562);
+  EXPECT_EQ(r.timeline[3].allocated_bytes, 508);
+  EXPECT_EQ(r.peak_allocated_bytes, plain.peak_allocated_bytes + 8);
+  // On CUDA every one is a 512-byte block of the small pool.
+  o.cuda_caching = true;
+  const StepSimResult c = simulate_pytorch_ddp(f.in, o);
+  PytorchDdpOptions co;
+  co.cuda_caching = true;
+  EXPECT_EQ(c.timeline[2].allocated_bytes, simulate_pytorch_ddp(f.in, co).timeline[2].allocated_bytes + 2 * 512);
+}
+
 TEST(PytorchDdp, ATraceFileWithoutPytorchsStepIsRefused) {
   Fixture f;
   f.in.no_grads = nullptr;

@@ -116,5 +116,109 @@ class AutocastEmulationTest(unittest.TestCase):
         self.assertEqual(len(region.cache), 0)  # dropped as the region ends
 
 
+class CudaAutocastEmulationTest(unittest.TestCase):
+    """AutocastEmulation(torch.float16, "cuda"): 1.13's CUDA lists
+    (autocast_mode.cpp), on meta tensors as the recorder runs them. There is
+    no CUDA here to compare against, so each case asserts the rule the
+    source states: which op casts which argument to which dtype, and which
+    does not."""
+
+    def run_ops(self, fn):
+        log = Log()
+        with log, AutocastEmulation(torch.float16, "cuda") as region:
+            out = fn()
+        return log.ops, out, region
+
+    def meta(self, *shape, dtype=torch.float32, leaf=False):
+        return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=leaf)
+
+    def test_cross_entropy_in_1_13_passes_its_input_dtype_to_log_softmax(self):
+        # The fact the CUDA emulation of cross_entropy rests on:
+        # cross_entropy_loss (composite) calls log_softmax(self, 1,
+        # self.scalar_type()), an explicit dtype autocast's fp32_set_opt_dtype
+        # keeps. Seen through a Python kernel at AutogradCPU for log_softmax.int.
+        import torch.nn.functional as F
+        seen = []
+
+        def probe(x, dim, dtype=None):
+            seen.append((x.dtype, dim, dtype))
+            raise RuntimeError("probed")
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl("log_softmax.int", probe, "AutogradCPU")
+        try:
+            for dtype in (torch.float32, torch.bfloat16):
+                with self.assertRaises(RuntimeError):
+                    F.cross_entropy(torch.randn(4, 10, dtype=dtype), torch.zeros(4, dtype=torch.long))
+        finally:
+            del lib
+        self.assertEqual(seen, [(torch.float32, 1, torch.float32), (torch.bfloat16, 1, torch.bfloat16)])
+
+    def test_matmuls_run_in_fp16_and_a_parameter_is_cast_once(self):
+        import torch.nn.functional as F
+        w, b, x = self.meta(8, 8, leaf=True), self.meta(8, leaf=True), self.meta(4, 8)
+        ops, out, region = self.run_ops(lambda: (F.linear(x, w, b), torch.addmm(b, x, w), torch.matmul(x, w)))
+        self.assertTrue(all(o.dtype == torch.float16 for o in out))
+        casts = [op for op in ops if "_to_copy" in op[0]]
+        self.assertEqual(len(casts), 2 + 3)  # w and b once each; x at every call
+        self.assertEqual(len(region.cache), 0)  # dropped with the region
+
+    def test_softmax_of_fp16_is_one_kernel_to_fp32(self):
+        import torch.nn.functional as F
+        x = self.meta(2, 4, 8, dtype=torch.float16)
+        for fn, kernel in ((lambda: F.softmax(x, dim=-1), "_softmax"), (lambda: x.log_softmax(-1), "_log_softmax"),
+                           (lambda: F.softmax(x, dim=-1, dtype=torch.float32), "_softmax")):
+            ops, out, _ = self.run_ops(fn)
+            self.assertEqual(out.dtype, torch.float32)
+            self.assertEqual([op[0] for op in ops], ["aten.%s.default" % kernel])  # no _to_copy first
+
+    def test_the_fp32_list_casts_fp16_arguments_up(self):
+        import torch.nn.functional as F
+        x = self.meta(4, 8, dtype=torch.float16)
+        w, b = self.meta(8, leaf=True), self.meta(8, leaf=True)
+        for name, fn in (("pow", lambda: torch.pow(x, 3.0)), ("exp", lambda: x.exp()), ("rsqrt", lambda: x.rsqrt()),
+                         ("layer_norm", lambda: F.layer_norm(x, (8,), w, b)), ("mse_loss", lambda: F.mse_loss(x, x))):
+            with self.subTest(op=name):
+                ops, out, _ = self.run_ops(fn)
+                self.assertEqual(out.dtype, torch.float32)
+                self.assertEqual(ops[0][0], "aten._to_copy.default")
+                self.assertEqual(ops[0][2], ("torch.float32",))
+
+    def test_cross_entropy_takes_log_softmax_in_fp16_then_nll_loss_in_fp32(self):
+        import torch.nn.functional as F
+        logits, target = self.meta(6, 10, dtype=torch.float16), torch.zeros(6, dtype=torch.long, device="meta")
+        ops, loss, _ = self.run_ops(lambda: F.cross_entropy(logits, target))
+        self.assertEqual(loss.dtype, torch.float32)
+        names = [op[0] for op in ops]
+        self.assertEqual(names, ["aten._log_softmax.default", "aten._to_copy.default", "aten.nll_loss_forward.default"])
+        self.assertEqual(ops[0][2], ("torch.float16",))
+
+    def test_reductions_get_an_fp32_dtype_and_other_ops_keep_theirs(self):
+        x, y = self.meta(4, 8, dtype=torch.float16), self.meta(4, 8)
+        _, s, _ = self.run_ops(lambda: x.sum())
+        self.assertEqual(s.dtype, torch.float32)
+        _, t, _ = self.run_ops(lambda: torch.tanh(x))
+        self.assertEqual(t.dtype, torch.float16)  # on no list
+        ops, p, _ = self.run_ops(lambda: torch.addcmul(y, x, x))  # promote: to the widest, fp32
+        self.assertEqual(p.dtype, torch.float32)
+        self.assertEqual(sum("_to_copy" in op[0] for op in ops), 2)
+
+    def test_2022_gpt2_runs_its_matmuls_in_fp16_and_its_softmax_and_loss_in_fp32(self):
+        from trace_recorder import on_meta
+        with on_meta():
+            model = models.build("gpt2-hf2022-tiny")
+        model.train()
+        x = torch.zeros(2, 16, dtype=torch.long, device="meta")
+        ops, out, _ = self.run_ops(lambda: model(x))
+        self.assertEqual(out[0].dtype, torch.float32)
+        self.assertEqual(out[1].dtype, torch.float16)  # the logits, from lm_head's linear
+        for op in ops:
+            if op[0] in ("aten.addmm.default", "aten.bmm.default", "aten.mm.default"):
+                self.assertEqual(set(op[1]), {"torch.float16"}, op)
+            if op[0] == "aten._softmax.default":
+                self.assertEqual(op[1:], (("torch.float16",), ("torch.float32",)))
+        self.assertEqual(sum(op[0] == "aten._softmax.default" for op in ops), 2)  # one per layer
+        self.assertEqual(sum(op[0] == "aten.pow.Tensor_Scalar" and op[2] == ("torch.float32",) for op in ops), 2)
+
+
 if __name__ == "__main__":
     unittest.main()

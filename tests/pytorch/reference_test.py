@@ -48,11 +48,12 @@ class ReferenceTablesTest(unittest.TestCase):
                 self.assertEqual(r["predicted_max_batch"], KNOWN_OFF[key], r)
             else:
                 self.assertLessEqual(abs(r["predicted_max_batch"] - r["reference_max_batch"]), 1, r)
-        # Predicted: DDP (3 rows) and FSDP (8); not yet: fp16 (2).
-        self.assertEqual(sum(r["predicted_max_batch"] is not None for r in rows), 11)
-        ddp = [(r["model"], r["gpus"], r["predicted_max_batch"]) for r in rows
-               if r["method"] == "ddp" and r["precision"] == "fp32"]
-        self.assertEqual(ddp, [("gpt2-large", 2, 7), ("gpt2-xl", 1, 0), ("gpt2-xl", 2, 0)])
+        # Every row predicted: DDP fp32 (3 rows), DDP fp16 (2: CUDA autocast
+        # emulated, GradScaler, Accelerate's outputs in fp32) and FSDP (8).
+        self.assertEqual(sum(r["predicted_max_batch"] is not None for r in rows), 13)
+        ddp = [(r["model"], r["gpus"], r["precision"], r["predicted_max_batch"]) for r in rows if r["method"] == "ddp"]
+        self.assertEqual(ddp, [("gpt2-large", 2, "fp32", 7), ("gpt2-large", 2, "fp16", 7), ("gpt2-xl", 1, "fp32", 0),
+                               ("gpt2-xl", 2, "fp32", 0), ("gpt2-xl", 1, "fp16", 0)])
 
 
 if __name__ == "__main__":

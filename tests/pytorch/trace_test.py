@@ -193,11 +193,36 @@ class TraceTest(unittest.TestCase):
                               "--target", "cuda", "--out", cuda], capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
         with open(cuda) as fh:
-            self.assertEqual(json.load(fh)["target"], "cuda")
+            traced = json.load(fh)
+        self.assertEqual(traced["target"], "cuda")
+        # Under CUDA's autocast: fp16 (with GradScaler's scaled backward), never bf16.
+        self.assertEqual({t["dtype"] for t in traced["traces"] if t.get("autocast")}, {"fp16"})
+
+        def kept(trace_file):  # the bytes of what batch 1's fp16 forward returned, which the loop holds
+            with open(trace_file) as fh:
+                t = next(t for t in json.load(fh)["traces"]
+                         if t.get("autocast") and t["batch"] == 1 and t["grads"] == "none")
+            sizes = {e[3]: e[4] for e in t["events"] if e[0] == "alloc"}
+            return sorted(sizes[i] for i in t["kept_outputs"])
+        # gpt2-hf2022-tiny at 1 x 64 returns (loss, logits, presents): the fp32
+        # loss (4 B), fp16 logits (64 x 512 x 2) and, per layer, the fp16 c_attn
+        # output its keys and values are views of (64 x 192 x 2).
+        self.assertEqual(kept(cuda), [4, 24576, 24576, 65536])
+        # --fp32-outputs (Accelerate's convert_outputs_to_fp32): the logits and
+        # each key and value copied to fp32 (64 x 512 x 4; 4 heads x 64 x 16 x 4).
+        accelerate = os.path.join(self.tmp.name, "cuda-accelerate.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
+                              "--target", "cuda", "--fp32-outputs", "--out", accelerate],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(kept(accelerate), [4] + [16384] * 4 + [131072])
         out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
                               "--gpus", "2", "--gpu-mem", "1GiB", "--zero-grad", "zero", "--json"],
                              capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(sorted(c["id"] for c in json.loads(out.stdout)["candidates"]),
+                         ["ddp+ckpt/fp32/wrap=none", "ddp/fp16/wrap=none", "ddp/fp32/wrap=none",
+                          "zero1+ckpt/fp32/wrap=none", "zero1/fp16/wrap=none", "zero1/fp32/wrap=none"])
         for c in json.loads(out.stdout)["candidates"]:
             p = c["predicted"]
             self.assertGreaterEqual(p["peak_reserved_bytes"], p["peak_allocated_bytes"])  # segments hold blocks
