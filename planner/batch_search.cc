@@ -94,4 +94,30 @@ int64_t search_max_batch(const std::function<bool(int64_t)>& fits, int64_t max_b
   return good;
 }
 
+int64_t search_max_batch_from(const std::function<bool(int64_t)>& fits, int64_t guess, int64_t max_batch) {
+  if (max_batch < 1) return 0;
+  guess = std::clamp<int64_t>(guess, 1, max_batch);
+  int64_t good = 0, bad = -1;
+  if (fits(guess)) {
+    good = guess;
+    for (int64_t step = 1; bad < 0; step *= 2) {  // gallop up
+      const int64_t probe = std::min(good + step, max_batch);
+      if (probe == good) return good;
+      if (fits(probe)) good = probe; else bad = probe;
+    }
+  } else {
+    bad = guess;
+    for (int64_t step = 1; good == 0; step *= 2) {  // gallop down
+      const int64_t probe = std::max<int64_t>(bad - step, 1);
+      if (probe == bad) return 0;  // bad is 1: nothing fits
+      if (fits(probe)) good = probe; else bad = probe;
+    }
+  }
+  while (bad - good > 1) {
+    const int64_t mid = good + (bad - good) / 2;
+    if (fits(mid)) good = mid; else bad = mid;
+  }
+  return good;
+}
+
 }  // namespace shardfit::planner

@@ -43,6 +43,12 @@ class AffineTrace {
 // Doubling then bisection: O(log b) calls.
 int64_t search_max_batch(const std::function<bool(int64_t)>& fits, int64_t max_batch);
 
+// The same answer for a monotone fits, searched from a guess (e.g. where an
+// affine fit of the peak meets the budget): gallops up from `guess` (+1, +2,
+// +4, ...) while it fits, or down while it does not, then bisects; two calls
+// when the guess is the answer.
+int64_t search_max_batch_from(const std::function<bool(int64_t)>& fits, int64_t guess, int64_t max_batch);
+
 // The largest b in [0, upper] with fits(b), when fits(upper + 1) is known to
 // be false (a bound from a cheaper model: the caching allocator never
 // reserves less than the exact allocator allocates). Steps down 1, 2, 4, ...

@@ -382,10 +382,27 @@ Plan build_plan(const PlanRequest& r) {
       sit = simulators.emplace(sim_key, std::make_unique<BatchSimulator>(trace, units)).first;
     BatchSimulator& sim = *sit->second;
     const bool cuda_allocator = r.profile.allocator == AllocatorKind::kCudaCaching;
-    auto simulate = [&](int64_t batch, bool cuda_model) {
+    // Each batch simulated once per allocator model: the search, the fit and
+    // the batch after it ask for some of the same.
+    std::map<std::pair<int64_t, bool>, StepSimResult> simulated_at;
+    auto simulate = [&](int64_t batch, bool cuda_model) -> const StepSimResult& {
+      auto it = simulated_at.find({batch, cuda_model});
+      if (it != simulated_at.end()) return it->second;
       AllocatorModel& alloc = cuda_model ? static_cast<AllocatorModel&>(cuda_alloc) : exact_alloc;
-      return sim.simulate(batch, s, alloc, no_timeline);
+      return simulated_at.emplace(std::make_pair(batch, cuda_model), sim.simulate(batch, s, alloc, no_timeline))
+          .first->second;
     };
+    // Where to start the search: where the exact allocator's peak, affine in
+    // the batch from 2 on (each storage is, batch_search.h; the peak, a max of
+    // them, may bend up), meets the budget.
+    int64_t guess = 1;
+    if (r.max_batch >= 3 && !simulate(2, false).oom) {
+      const StepSimResult& at2 = simulate(2, false);
+      const StepSimResult& at3 = simulate(3, false);
+      const int64_t slope = at3.peak_allocated_bytes - at2.peak_allocated_bytes;
+      const int64_t more = at3.oom || slope <= 0 ? 0 : (budget - at3.peak_allocated_bytes) / slope;
+      guess = at3.oom ? 2 : slope <= 0 || more >= r.max_batch ? r.max_batch : 3 + more;
+    }
 
     PlanCandidate pc;
     pc.candidate = c;
@@ -393,12 +410,13 @@ Plan build_plan(const PlanRequest& r) {
     // The exact allocator's answer bounds the caching allocator's from above
     // (reserved ≥ allocated) and costs a fraction: search with it, then step
     // down with the caching-allocator model only as far as it needs.
-    pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return !simulate(b, false).oom; }, r.max_batch);
+    pc.max_batch_per_gpu =
+        search_max_batch_from([&](int64_t b) { return !simulate(b, false).oom; }, guess, r.max_batch);
     if (cuda_allocator && pc.max_batch_per_gpu < r.max_batch)
       pc.max_batch_per_gpu =
           search_max_batch_below([&](int64_t b) { return !simulate(b, true).oom; }, pc.max_batch_per_gpu);
     const int64_t at = std::max<int64_t>(pc.max_batch_per_gpu, 1);
-    const StepSimResult fit = simulate(at, cuda_allocator);
+    const StepSimResult& fit = simulate(at, cuda_allocator);
     pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
     pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
     pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
@@ -406,7 +424,7 @@ Plan build_plan(const PlanRequest& r) {
     if (pc.max_batch_per_gpu >= r.max_batch) {
       pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
     } else {
-      const StepSimResult next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, cuda_allocator) : fit;
+      const StepSimResult& next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, cuda_allocator) : fit;
       pc.limit = std::string(category_name(next.oom_category)) + " in " + next.oom_label;
     }
     if (pc.max_batch_per_gpu > 0) {
