@@ -97,7 +97,15 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   if (r.optimizer != Optimizer::kAdamW || file->optimizer_steps.size() != 2)
     throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
                                 "steps (record it again with pytorch/trace_recorder.py)");
-  if (r.grad_accum != 1) throw std::invalid_argument("--stack pytorch: --grad-accum is not simulated yet");
+  if (r.grad_accum != 1 && r.ddp_bucket_view)
+    throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version (a no_sync "
+                                "micro-batch makes .grad tensors of its own that the synced one replaces by bucket "
+                                "views)");
+  if (r.grad_accum != 1)
+    for (const Candidate& c : candidates)
+      if (is_fsdp(c))
+        throw std::invalid_argument("--grad-accum with PyTorch FSDP (" + c.to_id() + "): not simulated in this "
+                                    "version (DDP and zero1 only)");
   // The traces a candidate replays, by kind ([0] fp32, [1] fp32 with the
   // blocks checkpointed, [2] the forward under autocast) and grads at
   // start: batch 1 exactly, 2 and 3 extended affinely.
@@ -145,6 +153,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     o.steps = std::min(r.steps, 2);
     o.zero_redundancy = c.sharding == Sharding::kZero1;
     o.grad_scaler = c.precision == Precision::kFp16;  // AMP's fp16 recipe: autocast + GradScaler
+    o.grad_accum = r.grad_accum;
     o.world_size = world;
     std::vector<StepSimResult> ranks;
     if (is_fsdp(c)) {
@@ -188,6 +197,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   plan.hardware.gpus_per_node = r.gpus_per_node;
   plan.hardware.nodes = r.nodes;
   plan.optimizer = "adamw";
+  plan.grad_accum = r.grad_accum;
   plan.objective = r.objective;
   for (const Candidate& c : candidates) {
     PlanCandidate pc;

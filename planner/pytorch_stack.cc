@@ -259,6 +259,12 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     throw std::invalid_argument("--stack pytorch: the trace file lacks PyTorch's step (no-grads traces and the "
                                 "optimizer's steps): record it again with pytorch/trace_recorder.py");
   if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
+  if (o.grad_accum < 1) throw std::invalid_argument("grad_accum must be at least 1");
+  // With gradient_as_bucket_view a no_sync micro-batch makes .grad tensors of
+  // its own, which the synced one then replaces by bucket views parameter by
+  // parameter: not modelled.
+  if (o.grad_accum > 1 && o.gradient_as_bucket_view)
+    throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version");
   StepSimResult out;
   Ledger ledger(allocator, &out);
   // Parameters one tensor each (as the module made them); a total alone
@@ -342,41 +348,53 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     // at the bucket's view, dropping the op's gradient right after
     // AccumulateGrad took it), each op's gradient is freed once accumulated:
     // the with-grads trace.
-    const bool grads_exist = !grads.empty();
-    const ModelTrace& fb = (o.gradient_as_bucket_view || grads_exist) ? *in.with_grads : *in.no_grads;
-    const bool ok = replay(fb, ledger, step, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads,
-                           &grads, [&] {
-                             // DDP.forward: in the second iteration the buckets are rebuilt
-                             // (Reducer::rebuild_buckets: sync_bucket_indices' four int32
-                             // tensors, then initialize_buckets frees the old buckets and
-                             // makes the new), then the buffers are broadcast.
-                             if (k == 2) {
-                               std::vector<int64_t> sync;
-                               for (int64_t b : ddp_rebuild_sync_tensors(numels, rebuilt.size())) {
-                                 sync.push_back(ledger.alloc(Category::kCommBuffers, b, step + "/forward"));
-                                 if (sync.back() < 0) return false;
+    // With --grad-accum N the loop runs N micro-batches under DDP.no_sync()
+    // but the last (distributed.py 1.13): the reducer expects no autograd
+    // hook (reducer.cpp autograd_hook returns at once), so .grad accumulates
+    // as without DDP, and only the last micro-batch's backward reduces; the
+    // buffers are broadcast before a forward only when the one before it
+    // synced (will_sync_module_buffers: require_forward_param_sync is set
+    // False by a no_sync forward), so before each step's first micro-batch.
+    for (int m = 1; m <= o.grad_accum; ++m) {
+      const std::string micro = o.grad_accum == 1 ? step : step + "." + std::to_string(m);
+      const bool grads_exist = !grads.empty();
+      const ModelTrace& fb = (o.gradient_as_bucket_view || grads_exist) ? *in.with_grads : *in.no_grads;
+      const bool ok = replay(fb, ledger, micro, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads,
+                             &grads, [&] {
+                               // DDP.forward: in the second iteration the buckets are rebuilt
+                               // (Reducer::rebuild_buckets, once the first synced backward has
+                               // recorded the gradients' order: sync_bucket_indices' four int32
+                               // tensors, then initialize_buckets frees the old buckets and
+                               // makes the new), then the buffers are broadcast.
+                               if (k == 2 && m == 1) {
+                                 std::vector<int64_t> sync;
+                                 for (int64_t b : ddp_rebuild_sync_tensors(numels, rebuilt.size())) {
+                                   sync.push_back(ledger.alloc(Category::kCommBuffers, b, micro + "/forward"));
+                                   if (sync.back() < 0) return false;
+                                 }
+                                 ledger.free_all(sync);
+                                 ledger.free_all(buckets);
+                                 for (int64_t b : rebuilt) {
+                                   buckets.push_back(ledger.alloc(Category::kCommBuffers, b, micro + "/forward"));
+                                   if (buckets.back() < 0) return false;
+                                 }
                                }
-                               ledger.free_all(sync);
-                               ledger.free_all(buckets);
-                               for (int64_t b : rebuilt) {
-                                 buckets.push_back(ledger.alloc(Category::kCommBuffers, b, step + "/forward"));
-                                 if (buckets.back() < 0) return false;
-                               }
-                             }
-                             return broadcast(ledger, buffer_flats, step + "/forward");
-                           },
-                           &outputs, [&] {
-                             ledger.free_all(previous_outputs);
-                             // scaler.scale(loss), first call: its scale and growth tracker
-                             // (an out of memory here stops the replay at its next allocation).
-                             if (o.grad_scaler && k == 1)
-                               for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
-                                 ledger.alloc(Category::kOptimizer, b, step + "/forward");
-                           });
-    if (!ok) return out;
-    previous_outputs.swap(outputs);
+                               return m > 1 || broadcast(ledger, buffer_flats, micro + "/forward");
+                             },
+                             &outputs, [&] {
+                               ledger.free_all(previous_outputs);
+                               // scaler.scale(loss), first call: its scale and growth tracker
+                               // (an out of memory here stops the replay at its next allocation).
+                               if (o.grad_scaler && k == 1 && m == 1)
+                                 for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
+                                   ledger.alloc(Category::kOptimizer, b, micro + "/forward");
+                             });
+      if (!ok) return out;
+      previous_outputs.swap(outputs);
+      if (m < o.grad_accum) ledger.point(micro + "/backward");
+    }
     if (o.gradient_as_bucket_view) grads.clear();  // views of the buckets (no storage of their own)
-    ledger.point(step + "/backward");
+    ledger.point((o.grad_accum == 1 ? step : step + "." + std::to_string(o.grad_accum)) + "/backward");
     // opt.step(): torch.optim.AdamW, traced: step 1 creates its state.
     const ModelTrace& opt = o.zero_redundancy ? (k == 1 ? zero_first : zero_later)
                                               : (k == 1 ? *in.optimizer_first : *in.optimizer_later);

@@ -66,6 +66,11 @@ struct PytorchDdpOptions {
   // unscale_'s tensors around the optimizer step (grad_scaler_step_bytes).
   // The traces carry `scaler.scale(loss).backward()` itself.
   bool grad_scaler = false;
+  // Micro-batches per optimizer step, all but the last under DDP.no_sync()
+  // (the loop: for each micro-batch, outputs = model(x); loss.backward();
+  // then opt.step()). Timeline points "stepK.M/forward", "stepK.M/backward"
+  // per micro-batch M when above 1. Not with gradient_as_bucket_view.
+  int grad_accum = 1;
 };
 
 // torch.cuda.amp.GradScaler (PyTorch 1.13, torch/cuda/amp/grad_scaler.py)

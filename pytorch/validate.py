@@ -13,6 +13,8 @@ model is built, as `shardfit run` counts its own ranks.
     --ckpt         every block under torch.utils.checkpoint (non-reentrant)
     --ckpt-reentrant  the same with use_reentrant=True (1.13's default)
     --bf16         forward under torch.autocast("cpu", torch.bfloat16)
+    --grad-accum N N micro-batches per optimizer step, all but the last under
+                   DDP.no_sync() (the gradients summed)
 
 Each step is the loop a PyTorch user writes (and the one `plan --stack
 pytorch` simulates): opt.zero_grad(set_to_none=True); x = a batch of token
@@ -25,6 +27,7 @@ object: the job and, per rank, "peak_allocated_bytes" and the timeline
 (points "init", "stepK/forward", "stepK/backward", "stepK/optimizer").
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -85,21 +88,27 @@ def train(args, rank, meter, torch, models):
     losses = []
     for step in range(1, args.steps + 1):
         opt.zero_grad(set_to_none=args.zero_grad == "none")
-        x = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
-        # `outputs = model(...)`: what the forward returned beside the loss
-        # (a Hugging Face-style model's logits, keys and values) is held until
-        # the next forward returns, as run_clm_no_trainer.py's loop held it.
-        if args.bf16:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                outputs = ddp(x)
-        else:
-            outputs = ddp(x)
-        loss = outputs[0] if isinstance(outputs, tuple) else outputs
-        meter.mark("step%d/forward" % step)
-        loss.backward()
-        losses.append(loss.item())
-        del loss, x
-        meter.mark("step%d/backward" % step)
+        for micro in range(1, args.grad_accum + 1):
+            # --grad-accum N: every micro-batch but the last under no_sync()
+            # (gradients summed: scale the learning rate, not the loss).
+            label = "step%d" % step if args.grad_accum == 1 else "step%d.%d" % (step, micro)
+            sync = contextlib.nullcontext() if micro == args.grad_accum else ddp.no_sync()
+            with sync:
+                x = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
+                # `outputs = model(...)`: what the forward returned beside the loss
+                # (a Hugging Face-style model's logits, keys and values) is held until
+                # the next forward returns, as run_clm_no_trainer.py's loop held it.
+                if args.bf16:
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        outputs = ddp(x)
+                else:
+                    outputs = ddp(x)
+                loss = outputs[0] if isinstance(outputs, tuple) else outputs
+                meter.mark(label + "/forward")
+                loss.backward()
+            losses.append(loss.item())
+            del loss, x
+            meter.mark(label + "/backward")
         opt.step()
         meter.mark("step%d/optimizer" % step)
     return {"rank": rank, "timeline": meter.timeline(), "losses": losses}
@@ -135,6 +144,7 @@ def run(args):
         raise SystemExit("validate.py: no rank reported (see the errors above)")
     return {"model": args.model, "wrap": args.wrap, "ckpt": args.ckpt, "bf16": args.bf16, "zero_grad": args.zero_grad,
             "nproc": args.nproc, "batch": args.batch, "seq_len": args.seq_len, "steps": args.steps,
+            "grad_accum": args.grad_accum,
             "ranks": ranks}
 
 
@@ -153,6 +163,8 @@ def parser():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step, all but the last under DDP.no_sync()")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--port", type=int, default=29541)
     p.add_argument("--budget", type=int, default=0,

@@ -199,6 +199,31 @@ TEST(PytorchDdp, GradScalerKeepsItsScaleAndUnscalesAroundTheStep) {
   EXPECT_EQ(c.timeline[2].allocated_bytes, simulate_pytorch_ddp(f.in, co).timeline[2].allocated_bytes + 2 * 512);
 }
 
+// --grad-accum 2: the first micro-batch under no_sync() keeps its gradient
+// as .grad (no-grads trace), the second accumulates into it (with-grads
+// trace) and reduces; one optimizer step after both.
+TEST(PytorchDdp, GradientAccumulationKeepsTheFirstMicroBatchsGradients) {
+  Fixture f;
+  PytorchDdpOptions o;
+  o.grad_accum = 2;
+  o.steps = 1;
+  const StepSimResult r = simulate_pytorch_ddp(f.in, o);
+  ASSERT_FALSE(r.oom);
+  ASSERT_EQ(r.timeline.size(), 6u);
+  EXPECT_EQ(r.timeline[1].label, "step1.1/forward");
+  EXPECT_EQ(r.timeline[2].label, "step1.1/backward");
+  EXPECT_EQ(r.timeline[2].allocated_bytes, 300);       // parameter, bucket, the kept gradient
+  EXPECT_EQ(r.timeline[3].label, "step1.2/forward");
+  EXPECT_EQ(r.timeline[3].allocated_bytes, 1300);
+  EXPECT_EQ(r.timeline[4].label, "step1.2/backward");
+  EXPECT_EQ(r.timeline[4].peak_allocated_bytes, 1700);  // + the op's gradient before it is added in
+  EXPECT_EQ(r.timeline[4].allocated_bytes, 300);
+  EXPECT_EQ(r.timeline[5].label, "step1/optimizer");
+  EXPECT_EQ(r.timeline[5].allocated_bytes, 500);
+  o.gradient_as_bucket_view = true;  // no_sync's own .grad tensors: not modelled
+  EXPECT_THROW(simulate_pytorch_ddp(f.in, o), std::invalid_argument);
+}
+
 TEST(PytorchDdp, ATraceFileWithoutPytorchsStepIsRefused) {
   Fixture f;
   f.in.no_grads = nullptr;

@@ -187,6 +187,26 @@ class TraceTest(unittest.TestCase):
                          ["ddp+ckpt/fp32/wrap=none", "ddp/bf16/wrap=none", "ddp/fp32/wrap=none",
                           "zero1+ckpt/fp32/wrap=none", "zero1/bf16/wrap=none", "zero1/fp32/wrap=none"])
 
+    def test_gradient_accumulation_is_per_micro_batch_and_refused_where_not_simulated(self):
+        def plan(*extra):
+            return subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--stack", "pytorch", "--device", "cpu",
+                                   "--gpus", "2", "--gpu-mem", "16MiB", "--strategies", "ddp/fp32/wrap=none", "--json"]
+                                  + list(extra), capture_output=True, text=True, timeout=300)
+        one, two = plan(), plan("--grad-accum", "2")
+        self.assertEqual(two.returncode, 0, two.stderr)
+        one, two = json.loads(one.stdout), json.loads(two.stdout)
+        self.assertEqual(two["grad_accum"], 2)
+        # The first micro-batch's gradients live through the second's forward:
+        # a micro-batch fits no more sequences than a step of one.
+        self.assertLessEqual(two["candidates"][0]["max_batch_per_gpu"], one["candidates"][0]["max_batch_per_gpu"])
+        phases = [p["phase"] for p in two["candidates"][0]["predicted"]["rank_timelines"][0]]
+        self.assertEqual(phases[1:6], ["step1.1/forward", "step1.1/backward", "step1.2/forward", "step1.2/backward",
+                                       "step1/optimizer"])
+        bad = plan("--grad-accum", "2", "--ddp-bucket-view")
+        self.assertEqual(bad.returncode, 2)
+        self.assertEqual(len(bad.stderr.strip().splitlines()), 1, bad.stderr)
+        self.assertIn("--grad-accum with --ddp-bucket-view", bad.stderr)
+
     def test_a_trace_for_cuda_plans_on_a_gpu_profile_and_not_on_the_cpu(self):
         cuda = os.path.join(self.tmp.name, "cuda.trace.json")
         out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
