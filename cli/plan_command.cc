@@ -20,6 +20,7 @@ struct PlanArgs {
   std::string trace;
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
+  bool ddp_static_graph = false;
   std::string zero_grad = "none";
   std::string checkpoint = "non-reentrant";
   int steps = 2;
@@ -51,6 +52,9 @@ int run(const PlanArgs& a) {
   if (a.ddp_bucket_view && r.stack != planner::Stack::kPytorch)
     throw BadInput("--ddp-bucket-view: a PyTorch DDP option; give --stack pytorch");
   r.ddp_bucket_view = a.ddp_bucket_view;
+  if (a.ddp_static_graph && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--ddp-static-graph: a PyTorch DDP option; give --stack pytorch");
+  r.ddp_static_graph = a.ddp_static_graph;
   if (a.zero_grad != "none" && a.zero_grad != "zero")
     throw BadInput("--zero-grad " + a.zero_grad + ": expected none (set_to_none=True) or zero (set_to_none=False)");
   if (a.zero_grad != "none" && r.stack != planner::Stack::kPytorch)
@@ -161,6 +165,8 @@ Command add_plan_command(CLI::App& app) {
       ->check(AtLeastOne);
   sub->add_flag("--ddp-bucket-view", a->ddp_bucket_view,
                 "--stack pytorch: DDP(gradient_as_bucket_view=True) (PyTorch's default is False)");
+  sub->add_flag("--ddp-static-graph", a->ddp_static_graph,
+                "--stack pytorch: DDP(static_graph=True) (PyTorch's default is False)");
   sub->add_option("--zero-grad", a->zero_grad,
                   "--stack pytorch: what the loop's opt.zero_grad() does: none (set_to_none=True, PyTorch 2.x's "
                   "default, the gradients dropped) or zero (set_to_none=False, PyTorch 1.x's default, zeroed in place)")

@@ -18,6 +18,13 @@ AffineTrace::AffineTrace(ModelTrace t1, const ModelTrace& t2) : base_(std::move(
                              " is not batch-affine at event " + std::to_string(i));
     bytes_per_batch_[i] = b.bytes - a.bytes;
   }
+  if (t2.output_tensor_bytes.size() != base_.output_tensor_bytes.size())
+    throw std::logic_error("trace of " + base_.model_name + " is not batch-affine: its forward returns " +
+                           std::to_string(base_.output_tensor_bytes.size()) + " tensors at batch " +
+                           std::to_string(base_.batch) + ", " + std::to_string(t2.output_tensor_bytes.size()) +
+                           " at " + std::to_string(t2.batch));
+  for (size_t i = 0; i < t2.output_tensor_bytes.size(); ++i)
+    output_bytes_per_batch_.push_back(t2.output_tensor_bytes[i] - base_.output_tensor_bytes[i]);
   forward_flops_per_batch_ = t2.forward_flops - base_.forward_flops;
   backward_flops_per_batch_ = t2.backward_flops - base_.backward_flops;
 }
@@ -30,6 +37,8 @@ ModelTrace AffineTrace::at(int64_t batch) const {
   ModelTrace t = base_;
   t.batch = batch;
   for (size_t i = 0; i < t.events.size(); ++i) t.events[i].bytes += steps * bytes_per_batch_[i];
+  for (size_t i = 0; i < t.output_tensor_bytes.size(); ++i)
+    t.output_tensor_bytes[i] += steps * output_bytes_per_batch_[i];
   t.forward_flops += steps * forward_flops_per_batch_;
   t.backward_flops += steps * backward_flops_per_batch_;
   return t;

@@ -35,6 +35,7 @@ class AffineTrace {
  private:
   ModelTrace base_;                       // batch k
   std::vector<int64_t> bytes_per_batch_;  // per event: bytes(2) − bytes(1)
+  std::vector<int64_t> output_bytes_per_batch_;  // the same per output tensor
   double forward_flops_per_batch_ = 0, backward_flops_per_batch_ = 0;
 };
 

@@ -78,6 +78,10 @@ struct ModelTrace {
   // forward returns. Allocated in the trace and never freed in it (their
   // frees, when the recorder dropped the output, are left out).
   std::vector<int64_t> kept_outputs;
+  // The bytes of each tensor the forward returned that has a grad_fn, in
+  // torch.utils._pytree.tree_flatten order: what DDP(static_graph=True)'s
+  // first iteration clones (distributed.py _DDPSink). Traces from Python.
+  std::vector<int64_t> output_tensor_bytes;
   // true: every parameter's .grad exists when the step starts, so
   // AccumulateGrad adds in place and the trace holds only transients (the
   // shardfit engine's flat gradient views; PyTorch from step 2 when zero_grad

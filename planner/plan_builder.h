@@ -27,6 +27,8 @@ struct PlanRequest {
   Stack stack = Stack::kShardfit;
   // --stack pytorch: DDP(gradient_as_bucket_view=True) (default False, as PyTorch's).
   bool ddp_bucket_view = false;
+  // --stack pytorch: DDP(static_graph=True) (default False).
+  bool ddp_static_graph = false;
   // --stack pytorch: opt.zero_grad(set_to_none=...): true drops the
   // gradients (PyTorch 2.x's default; `--zero-grad none`), false zeroes them
   // in place (PyTorch 1.x's default; `--zero-grad zero`).

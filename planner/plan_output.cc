@@ -153,6 +153,7 @@ Plan plan_from(const json& j, const std::string& origin) {
     if (plan.stack != "shardfit" && plan.stack != "pytorch") r.fail("stack", "must be \"shardfit\" or \"pytorch\"");
   }
   if (r.has("ddp_bucket_view")) plan.ddp_bucket_view = r.boolean("ddp_bucket_view");
+  if (r.has("ddp_static_graph")) plan.ddp_static_graph = r.boolean("ddp_static_graph");
   if (r.has("objective")) {
     std::string objective = r.text("objective");
     try {
@@ -313,6 +314,7 @@ void to_json(json& j, const Plan& plan) {
       {"objective", objective_name(plan.objective)},
       {"candidates", std::move(candidates)},
       {"chosen", plan.chosen.empty() ? json(nullptr) : json(plan.chosen)}};
+  if (plan.ddp_static_graph) j["ddp_static_graph"] = true;
 }
 
 void from_json(const json& j, Plan& plan) { plan = plan_from(j, "plan"); }
@@ -390,7 +392,11 @@ std::string format_plan_table(const Plan& plan, size_t top) {
   std::ostringstream out;
   const PlanHardware& hw = plan.hardware;
   if (plan.stack != "shardfit")
-    out << "stack " << plan.stack << (plan.ddp_bucket_view ? " (DDP gradient_as_bucket_view)" : " (DDP defaults)")
+    out << "stack " << plan.stack
+        << (plan.ddp_bucket_view && plan.ddp_static_graph ? " (DDP gradient_as_bucket_view, static_graph)"
+            : plan.ddp_bucket_view                        ? " (DDP gradient_as_bucket_view)"
+            : plan.ddp_static_graph                       ? " (DDP static_graph)"
+                                                          : " (DDP defaults)")
         << ": ";
   out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
       << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention)

@@ -108,6 +108,7 @@ struct Plan {
   // ddp_bucket_view says DDP's gradient_as_bucket_view). Absent = shardfit.
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
+  bool ddp_static_graph = false;  // extra, --stack pytorch: DDP(static_graph=True); written when true
   PlanModel model;
   PlanHardware hardware;
   std::string optimizer = "adamw";               // extra

@@ -101,6 +101,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version (a no_sync "
                                 "micro-batch makes .grad tensors of its own that the synced one replaces by bucket "
                                 "views)");
+  if (r.ddp_static_graph && r.grad_accum != 1)
+    throw std::invalid_argument("--ddp-static-graph with --grad-accum: PyTorch 1.13 cannot run it (its reducer "
+                                "asserts expect_autograd_hooks_ in the first no_sync backward: reducer.cpp, seen "
+                                "here)");
+  if (r.ddp_static_graph)
+    for (const Candidate& c : candidates)
+      if (is_fsdp(c))
+        throw std::invalid_argument("--ddp-static-graph with PyTorch FSDP (" + c.to_id() + "): a DDP option");
   if (r.grad_accum != 1)
     for (const Candidate& c : candidates)
       if (is_fsdp(c))
@@ -150,10 +158,13 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     o.budget_bytes = budget;
     o.cuda_caching = cuda && r.profile.allocator == AllocatorKind::kCudaCaching;
     if (cuda) o.overhead_bytes = r.profile.cublas_workspace_allocations;
-    o.steps = std::min(r.steps, 2);
+    // Step 2 is the steady state; with static_graph step 3 (step 2 starts
+    // with the first iteration's _DDPSink clones held as the outputs).
+    o.steps = std::min(r.steps, r.ddp_static_graph ? 3 : 2);
     o.zero_redundancy = c.sharding == Sharding::kZero1;
     o.grad_scaler = c.precision == Precision::kFp16;  // AMP's fp16 recipe: autocast + GradScaler
     o.grad_accum = r.grad_accum;
+    o.static_graph = r.ddp_static_graph;
     o.world_size = world;
     std::vector<StepSimResult> ranks;
     if (is_fsdp(c)) {
@@ -191,6 +202,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   Plan plan;
   plan.stack = "pytorch";
   plan.ddp_bucket_view = r.ddp_bucket_view;
+  plan.ddp_static_graph = r.ddp_static_graph;
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced"};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;

@@ -260,9 +260,15 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
                                 "optimizer's steps): record it again with pytorch/trace_recorder.py");
   if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
   if (o.grad_accum < 1) throw std::invalid_argument("grad_accum must be at least 1");
+  if (o.static_graph && in.no_grads->output_tensor_bytes.empty() && !in.no_grads->kept_outputs.empty())
+    throw std::invalid_argument("--ddp-static-graph: the trace file does not list the tensors the forward returns "
+                                "(DDP's first static-graph iteration clones them): record it again with "
+                                "pytorch/trace_recorder.py");
   // With gradient_as_bucket_view a no_sync micro-batch makes .grad tensors of
   // its own, which the synced one then replaces by bucket views parameter by
   // parameter: not modelled.
+  if (o.grad_accum > 1 && o.static_graph)
+    throw std::invalid_argument("--ddp-static-graph with --grad-accum: PyTorch 1.13 cannot run it");
   if (o.grad_accum > 1 && o.gradient_as_bucket_view)
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version");
   StepSimResult out;
@@ -303,6 +309,9 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   if (!broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init)) return out;
   std::vector<int64_t> buckets{ledger.alloc(Category::kCommBuffers, param_bytes, init)};
   if (buckets[0] < 0) return out;
+  if (o.static_graph)  // Reducer::set_static_graph -> initialize_local_used_map
+    for (int i = 0; i < 2; ++i)
+      if (ledger.alloc(Category::kCommBuffers, 4 * static_cast<int64_t>(numels.size()), init) < 0) return out;
   // Before every forward (DDP.forward -> _sync_buffers, broadcast_buffers=True
   // by default, in training): the buffers broadcast again from rank 0.
   const std::vector<int64_t> buffer_flats = broadcast_coalesced_flats(buffers, kDdpBroadcastBucketBytes);
@@ -358,7 +367,11 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     for (int m = 1; m <= o.grad_accum; ++m) {
       const std::string micro = o.grad_accum == 1 ? step : step + "." + std::to_string(m);
       const bool grads_exist = !grads.empty();
-      const ModelTrace& fb = (o.gradient_as_bucket_view || grads_exist) ? *in.with_grads : *in.no_grads;
+      // static_graph's first synced iteration: gradients reduced as the
+      // backward ends, so bucket views replace .grad only then.
+      const bool first_static = o.static_graph && k == 1 && m == o.grad_accum;
+      const bool views = o.gradient_as_bucket_view && !first_static;
+      const ModelTrace& fb = (views || grads_exist) ? *in.with_grads : *in.no_grads;
       const bool ok = replay(fb, ledger, micro, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads,
                              &grads, [&] {
                                // DDP.forward: in the second iteration the buckets are rebuilt
@@ -382,6 +395,15 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
                                return m > 1 || broadcast(ledger, buffer_flats, micro + "/forward");
                              },
                              &outputs, [&] {
+                               if (first_static) {
+                                 // _DDPSink: a clone of each returned tensor; the originals
+                                 // (what the loop would hold) go as DDP.forward returns.
+                                 std::vector<int64_t> clones;
+                                 for (int64_t b : fb.output_tensor_bytes)
+                                   clones.push_back(ledger.alloc(Category::kActivations, b, micro + "/forward"));
+                                 ledger.free_all(outputs);
+                                 outputs = std::move(clones);
+                               }
                                ledger.free_all(previous_outputs);
                                // scaler.scale(loss), first call: its scale and growth tracker
                                // (an out of memory here stops the replay at its next allocation).
@@ -391,6 +413,7 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
                              });
       if (!ok) return out;
       previous_outputs.swap(outputs);
+      if (first_static && o.gradient_as_bucket_view) ledger.free_all(grads);  // delay_all_reduce: now views
       if (m < o.grad_accum) ledger.point(micro + "/backward");
     }
     if (o.gradient_as_bucket_view) grads.clear();  // views of the buckets (no storage of their own)

@@ -71,6 +71,15 @@ struct PytorchDdpOptions {
   // then opt.step()). Timeline points "stepK.M/forward", "stepK.M/backward"
   // per micro-batch M when above 1. Not with gradient_as_bucket_view.
   int grad_accum = 1;
+  // DDP(static_graph=True) (distributed.py / reducer.cpp, 1.13): the
+  // reducer's local_used_map_ and local_used_map_dev_ (an int32 per
+  // parameter each, made by set_static_graph, kept); in the first synced
+  // iteration _DDPSink clones every tensor the forward returns
+  // (ModelTrace::output_tensor_bytes; the originals go as DDP.forward
+  // returns) and the gradients are reduced only as the backward ends
+  // (delay_all_reduce), so with gradient_as_bucket_view each op's gradient
+  // stays .grad until then.
+  bool static_graph = false;
 };
 
 // torch.cuda.amp.GradScaler (PyTorch 1.13, torch/cuda/amp/grad_scaler.py)

@@ -244,6 +244,7 @@ std::string trace_file_json(const TraceFile& f) {
                       {"op_names", t.op_names},
                       {"events", events_to_json(t)}});
     if (!t.kept_outputs.empty()) traces.back()["kept_outputs"] = t.kept_outputs;
+    if (!t.output_tensor_bytes.empty()) traces.back()["output_tensors"] = t.output_tensor_bytes;
     if (t.recompute_reentrant) traces.back()["checkpoint"] = "reentrant";
     if (t.autocast) traces.back()["autocast"] = true;
   }
@@ -342,6 +343,7 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
         if (state[id] != 1) r.fail("kept_outputs", "names storage " + std::to_string(id) + ", not one the trace allocates "
                                                    "and leaves live");
     }
+    if (r.has("output_tensors")) t.output_tensor_bytes = integers(r, "output_tensors", 0);
     if (r.has("checkpoint")) {
       const std::string kind = r.text("checkpoint");
       if (kind != "reentrant" && kind != "non_reentrant") r.fail("checkpoint", "must be reentrant or non_reentrant");

@@ -132,6 +132,19 @@ int shardfit_trace_outputs_dropped(int begin) {
   return 0;
 }
 
+// The bytes of each tensor with a grad_fn the forward of the trace begun last
+// returned (ModelTrace::output_tensor_bytes): a JSON list.
+int shardfit_trace_output_tensors(const char* bytes_json) {
+  if (!g_session) return fail("no trace is being recorded");
+  try {
+    for (const auto& b : nlohmann::json::parse(bytes_json ? bytes_json : "[]"))
+      g_session->trace.output_tensor_bytes.push_back(b.get<int64_t>());
+  } catch (const std::exception& e) {
+    return fail(std::string("output tensors: ") + e.what());
+  }
+  return 0;
+}
+
 // Ends the trace begun last (closing the backward of modules whose inputs
 // need no gradient) and keeps it for shardfit_trace_write.
 int shardfit_trace_end() {

@@ -65,6 +65,7 @@ def library():
         lib.shardfit_trace_begin.argtypes = [c, i64, i64, c, c, c, ctypes.c_int, ctypes.c_int]
         lib.shardfit_trace_last_peak.restype = i64
         lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int, c]
+        lib.shardfit_trace_output_tensors.argtypes = [c]
         for name in ("forward_begin", "forward_end", "backward_begin", "backward_end", "recompute_begin",
                      "recompute_end", "outputs_dropped"):
             getattr(lib, "shardfit_trace_" + name).argtypes = [ctypes.c_int]
@@ -301,6 +302,12 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
             out = model(*args)
         if autocast and fp32_outputs:
             out = outputs_to_fp32(out)  # outside the autocast region, as Accelerate's wrapper sits
+        # What DDP(static_graph=True) clones in its first iteration: each
+        # returned tensor with a grad_fn, flattened as DDP flattens them.
+        from torch.utils._pytree import tree_flatten
+        returned = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        lib.shardfit_trace_output_tensors(json.dumps([t.numel() * t.element_size() for t in returned]).encode())
+        del returned
         loss = split_loss(out)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise BadInput("--model: forward must return the loss, a scalar tensor, or a tuple or an object "

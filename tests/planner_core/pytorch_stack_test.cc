@@ -224,6 +224,40 @@ TEST(PytorchDdp, GradientAccumulationKeepsTheFirstMicroBatchsGradients) {
   EXPECT_THROW(simulate_pytorch_ddp(f.in, o), std::invalid_argument);
 }
 
+// DDP(static_graph=True): two int32 maps of the parameters at init; in the
+// first iteration _DDPSink clones what the forward returns (here a 40-byte
+// storage whose returned tensor is 30 bytes) and the original goes; with
+// bucket views the gradients stay .grad until the delayed all-reduce at the
+// backward's end.
+TEST(PytorchDdp, StaticGraphClonesTheFirstOutputsAndDelaysTheReduce) {
+  Fixture f;
+  for (ModelTrace* t : {&f.none, &f.with}) {
+    t->events.insert(t->events.begin() + 1, ev(MemEvent::kAlloc, Phase::kForward, 4, 40));
+    t->kept_outputs = {4};
+    t->output_tensor_bytes = {30};
+  }
+  PytorchDdpOptions plain_o, o;
+  plain_o.steps = o.steps = 3;
+  o.static_graph = true;
+  const StepSimResult plain = simulate_pytorch_ddp(f.in, plain_o);
+  const StepSimResult r = simulate_pytorch_ddp(f.in, o);
+  ASSERT_FALSE(r.oom);
+  ASSERT_EQ(r.timeline.size(), 10u);
+  EXPECT_EQ(r.timeline[0].allocated_bytes, plain.timeline[0].allocated_bytes + 8);  // local_used_map(_dev)
+  EXPECT_EQ(r.timeline[1].peak_allocated_bytes, plain.timeline[1].allocated_bytes + 8 + 30);  // clone beside original
+  EXPECT_EQ(r.timeline[1].allocated_bytes, plain.timeline[1].allocated_bytes + 8 - 10);       // then the original goes
+  EXPECT_EQ(r.timeline[7].allocated_bytes, plain.timeline[7].allocated_bytes + 8);  // step 3: steady again
+  EXPECT_EQ(r.timeline[8].peak_allocated_bytes, plain.timeline[8].peak_allocated_bytes + 8);
+  // Bucket views: step 1's gradients (100) held to the backward's end, then views.
+  o.gradient_as_bucket_view = true;
+  const StepSimResult bv = simulate_pytorch_ddp(f.in, o);
+  EXPECT_EQ(bv.timeline[2].peak_allocated_bytes, r.timeline[2].peak_allocated_bytes);
+  EXPECT_EQ(bv.timeline[2].allocated_bytes, r.timeline[2].allocated_bytes - 100);
+  // A trace that does not list the returned tensors cannot say what is cloned.
+  f.none.output_tensor_bytes.clear();
+  EXPECT_THROW(simulate_pytorch_ddp(f.in, o), std::invalid_argument);
+}
+
 TEST(PytorchDdp, ATraceFileWithoutPytorchsStepIsRefused) {
   Fixture f;
   f.in.no_grads = nullptr;

@@ -55,6 +55,16 @@ TEST(TraceFile, WhatIsWrittenReadsBackTheSame) {
   EXPECT_EQ(trace_file_json(g), trace_file_json(f));
 }
 
+TEST(TraceFile, TheReturnedTensorsReadBackAndANegativeSizeIsNamed) {
+  json j = json::parse(seed_text());
+  j["traces"][0]["output_tensors"] = {4, 96};
+  const TraceFile f = parse_trace_file(j.dump(), "toy");
+  EXPECT_EQ(f.traces[0].output_tensor_bytes, (std::vector<int64_t>{4, 96}));
+  EXPECT_EQ(trace_file_json(parse_trace_file(trace_file_json(f), "again")), trace_file_json(f));
+  j["traces"][0]["output_tensors"] = {4, -1};
+  EXPECT_NE(error_of(j.dump()).find("output_tensors"), std::string::npos) << error_of(j.dump());
+}
+
 TEST(TraceFile, BuffersAndZeroGradReadBackAndABadBufferIsNamed) {
   json j = json::parse(seed_text());
   j["modules"][1]["buffers"] = {{{"name", "lin.mask"}, {"shape", {4, 4}}, {"dtype", "uint8"}, {"bytes", 16}},
