@@ -37,6 +37,7 @@ struct PlanArgs {
   std::string objective = "throughput";
   int grad_accum = 1;
   int prefetch = 1;
+  bool async_reduce = false;
   std::string out;
   bool json = false;
   size_t top = 0;  // table rows; 0 = all
@@ -109,6 +110,10 @@ int run(const PlanArgs& a) {
   r.objective = planner::parse_objective(a.objective);
   r.grad_accum = a.grad_accum;
   r.prefetch = a.prefetch;
+  if (a.async_reduce && r.stack == planner::Stack::kPytorch)
+    throw BadInput("--async-reduce: shardfit's engine option (PyTorch's DDP and FSDP always reduce beside backward); "
+                   "drop it with --stack pytorch");
+  r.async_reduce = a.async_reduce;
 
   // A sweep of big models takes seconds to minutes: say where it is.
   ThrottledProgress progress;
@@ -203,9 +208,13 @@ Command add_plan_command(CLI::App& app) {
       ->check(AtLeastOne);
   sub->add_option("--prefetch", a->prefetch,
                   "Units gathered ahead of the one running (zero3/hybrid): N in backward (1 = FSDP's "
-                  "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); collectives stay synchronous")
+                  "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); gathers stay synchronous")
       ->capture_default_str()
       ->check(AtLeastOne);
+  sub->add_flag("--async-reduce", a->async_reduce,
+                "Gradients reduce beside the rest of backward, as FSDP2's and DDP's do: one reduce-scatter in "
+                "flight (its unsharded grad lives through the next unit's backward), DDP's all-reduces waited "
+                "for at backward's end (run it with the same flag, or run --plan)");
   sub->add_option("--out", a->out, "Write the plan JSON here");
   sub->add_flag("--json", a->json, "Print the plan JSON instead of the table");
   sub->add_option("--top", a->top,

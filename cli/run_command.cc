@@ -82,6 +82,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   o.candidate = job.candidate;
   o.grad_accum = job.grad_accum;
   o.prefetch = job.prefetch;
+  o.async_reduce = job.async_reduce;
   o.clip_grad_norm = a.clip_grad_norm;
   o.shard_group_size = shard_group_size;
   // One GPU per rank: cuda:LOCAL_RANK (torchrun and --nproc set it; 0 alone or loopback).
@@ -109,6 +110,7 @@ std::optional<planner::CandidatePrediction> predict(const Job& job, int world, i
     r.seq_len = job.seq_len;
     r.grad_accum = static_cast<int>(grad_accum);
     r.prefetch = job.prefetch;
+    r.async_reduce = job.async_reduce;
     r.profile = planner::load_profile(job.profile, profiles_dir());
     r.device_mem_bytes = job.budget_bytes;
     // A plan's topology: hybrid's shard group is a node; the others see one node of `world`.
@@ -176,6 +178,7 @@ reports::RunReport report_skeleton(const Job& job, int64_t params, int world, in
                 {"nodes", std::max(1, world / std::max(1, gpus_per_node))}};
   r.batch_per_gpu = job.batch;
   r.prefetch = job.prefetch;
+  r.async_reduce = job.async_reduce;
   r.world_size = world;
   r.backend = backend;
   r.device = job.device;
@@ -213,7 +216,8 @@ std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job,
           {"--seq-len", std::to_string(job.seq_len)}, {"--steps", std::to_string(a.steps)},
           {"--seed", std::to_string(a.seed)}, {"--data", a.data}, {"--device", a.device},
           {"--gpu-mem", std::to_string(job.budget_bytes)}, {"--lr", num(a.lr)}, {"--weight-decay", num(a.weight_decay)},
-          {"--grad-accum", std::to_string(job.grad_accum)}, {"--prefetch", std::to_string(job.prefetch)}, {"--clip-grad-norm", num(a.clip_grad_norm)},
+          {"--grad-accum", std::to_string(job.grad_accum)}, {"--prefetch", std::to_string(job.prefetch)},
+          {"--async-reduce", job.async_reduce ? "yes" : "no"}, {"--clip-grad-norm", num(a.clip_grad_norm)},
           {"--gpus-per-node", std::to_string(gpus_per_node)}, {"--save", a.save},
           {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume},
           {"--save-on-signal", a.save_on_signal ? "yes" : "no"}, {"--init", a.init}};
@@ -557,9 +561,12 @@ Command add_run_command(CLI::App& app) {
       ->check(AtLeastOne);
   auto* prefetch = sub->add_option("--prefetch", a->prefetch,
                                    "Units gathered ahead (zero3/hybrid): N in backward, N - 1 in forward (default 1, "
-                                   "or the plan's); collectives stay synchronous")
+                                   "or the plan's); gathers stay synchronous")
                        ->capture_default_str()
                        ->check(AtLeastOne);
+  sub->add_flag("--async-reduce", a->async_reduce,
+                "Reduce gradients beside the rest of backward (default off, or the plan's): one reduce-scatter "
+                "in flight as FSDP2 keeps, DDP's all-reduces waited for at backward's end");
   sub->add_option("--clip-grad-norm", a->clip_grad_norm,
                   "Clip the global gradient norm (across shards) to this value; 0 = off")
       ->capture_default_str()

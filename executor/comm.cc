@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -60,6 +61,26 @@ const char* collective_name(Collective c) {
     case Collective::kBarrier: return "barrier";
   }
   return "?";
+}
+
+namespace {
+// What the default *_async calls return: the work is already done.
+class CompletedCollective final : public PendingCollective {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::reduce_scatter_async(const at::Tensor& out_shard,
+                                                                      const at::Tensor& in_flat,
+                                                                      ReduceOp op) {
+  reduce_scatter(out_shard, in_flat, op);
+  return std::make_unique<CompletedCollective>();
+}
+
+std::unique_ptr<PendingCollective> Communicator::all_reduce_async(const at::Tensor& t, ReduceOp op) {
+  all_reduce(t, op);
+  return std::make_unique<CompletedCollective>();
 }
 
 namespace {
@@ -308,33 +329,38 @@ class GlooCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const at::Tensor& out_shard, const at::Tensor& in_flat, ReduceOp reduce) override {
+    reduce_scatter_async(out_shard, in_flat, reduce)->wait();
+  }
+
+  void all_reduce(const at::Tensor& t, ReduceOp reduce) override { all_reduce_async(t, reduce)->wait(); }
+
+  // c10d 1.13's Gloo has no reduce-scatter: the whole input is all-reduced
+  // in place (no allocation), and wait() keeps this rank's slice.
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const at::Tensor& out_shard, const at::Tensor& in_flat,
+                                                          ReduceOp reduce) override {
     const char* op = "reduce_scatter";
     check_pair(op, "in_flat", in_flat, "out_shard", out_shard, world_size());
     check_cpu(op, in_flat);
     check_avg_dtype(op, out_shard, reduce);
     const int64_t n = out_shard.numel();
     at::Tensor flat = in_flat.view({-1}), out = out_shard.view({-1});
-    if (world_size() > 1) {
-      // c10d 1.13's Gloo has no reduce-scatter: all-reduce the whole input in
-      // place (no allocation), then keep this rank's slice.
-      std::vector<at::Tensor> tensors{flat};
-      run(op, [&] { return pg_->allreduce(tensors); });
-    }
-    at::Tensor slice = flat.narrow(0, rank_ * n, n);
-    if (slice.data_ptr() != out.data_ptr()) out.copy_(slice);
-    if (reduce == ReduceOp::kAvg) scale_in_place(out, world_size(), true);
+    const int rank = rank_, world = world_size();
+    return issue(op, flat, [flat, out, n, rank, world, reduce] {
+      at::Tensor slice = flat.narrow(0, rank * n, n);
+      if (slice.data_ptr() != out.data_ptr()) out.copy_(slice);
+      if (reduce == ReduceOp::kAvg) scale_in_place(out, world, true);
+    });
   }
 
-  void all_reduce(const at::Tensor& t, ReduceOp reduce) override {
+  std::unique_ptr<PendingCollective> all_reduce_async(const at::Tensor& t, ReduceOp reduce) override {
     const char* op = "all_reduce";
     check_dense(op, "t", t);
     check_cpu(op, t);
     check_avg_dtype(op, t, reduce);
-    if (world_size() > 1) {
-      std::vector<at::Tensor> tensors{t};
-      run(op, [&] { return pg_->allreduce(tensors); });
-    }
-    if (reduce == ReduceOp::kAvg) scale_in_place(t, world_size(), true);
+    const int world = world_size();
+    return issue(op, t, [t, world, reduce] {
+      if (reduce == ReduceOp::kAvg) scale_in_place(t, world, true);
+    });
   }
 
   void broadcast(const at::Tensor& t, int root) override {
@@ -374,6 +400,62 @@ class GlooCommunicator final : public Communicator {
                              t.device().str() + " (use the nccl backend for CUDA)");
   }
 
+  // An all-reduce (sum) of `t` in place, in flight; `finish` runs on the
+  // caller's thread once it completed (a group of one has nothing to wait
+  // for and finishes at once).
+  class Pending final : public PendingCollective {
+   public:
+    Pending(GlooCommunicator* comm, const char* op, c10::intrusive_ptr<c10d::Work> work,
+            std::function<void()> finish)
+        : comm_(comm), op_(op), work_(std::move(work)), finish_(std::move(finish)) {}
+    ~Pending() override {
+      try {
+        if (finish_) wait();
+      } catch (const std::exception&) {
+        // wait() broke the communicator; its next call reports the failure.
+      }
+    }
+    void wait() override {
+      if (!finish_) return;
+      std::function<void()> finish = std::move(finish_);
+      finish_ = nullptr;
+      if (work_) comm_->wait_for(op_, work_);
+      work_.reset();
+      finish();
+    }
+
+   private:
+    GlooCommunicator* comm_;
+    const char* op_;
+    c10::intrusive_ptr<c10d::Work> work_;
+    std::function<void()> finish_;
+  };
+
+  std::unique_ptr<PendingCollective> issue(const char* op, const at::Tensor& t, std::function<void()> finish) {
+    throw_if_broken(op);
+    c10::intrusive_ptr<c10d::Work> work;
+    if (world_size() > 1) {
+      std::vector<at::Tensor> tensors{t};
+      try {
+        work = pg_->allreduce(tensors);
+      } catch (const std::exception& e) {
+        fail(error(op, error_text(e), true));
+      }
+    }
+    return std::make_unique<Pending>(this, op, std::move(work), std::move(finish));
+  }
+
+  // Waits for issued c10d work within the timeout.
+  void wait_for(const char* op, const c10::intrusive_ptr<c10d::Work>& work) {
+    try {
+      work->wait(world_->timeout);
+    } catch (const std::exception& e) {
+      const bool timed_out = !work->isCompleted();
+      fail(timed_out ? error(op, "did not complete within " + seconds_str(world_->timeout), false)
+                     : error(op, error_text(e), true));
+    }
+  }
+
   // Issues a c10d call and waits for it within the timeout.
   template <typename Issue>
   void run(const char* op, Issue&& issue) {
@@ -381,17 +463,17 @@ class GlooCommunicator final : public Communicator {
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = issue();
-      work->wait(world_->timeout);
     } catch (const std::exception& e) {
-      const bool timed_out = work && !work->isCompleted();
-      CommError err =
-          timed_out ? error(op, "did not complete within " + seconds_str(world_->timeout), false)
-                    : error(op, error_text(e), true);
-      broken_ = true;
-      first_error_ = err.what();
-      first_dead_ = err.dead_ranks();
-      throw err;
+      fail(error(op, error_text(e), true));
     }
+    wait_for(op, work);
+  }
+
+  [[noreturn]] void fail(CommError err) {
+    broken_ = true;
+    first_error_ = err.what();
+    first_dead_ = err.dead_ranks();
+    throw err;
   }
 
   void throw_if_broken(const char* op) const {

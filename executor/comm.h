@@ -150,6 +150,18 @@ struct CommOptions {
   GlooAllGather gloo_all_gather = GlooAllGather::kViaAllReduce;
 };
 
+// A collective in flight (Communicator's *_async calls). wait() returns once
+// its outputs hold the result, exactly as the synchronous call would have
+// left them, or throws the CommError the synchronous call would have thrown.
+// Until then the caller keeps its tensors alive and touches none of them.
+// Destroying one that was not waited for waits (and swallows the error: the
+// communicator is broken then and says so at its next call).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
 // One rank's view of a group. Collectives are synchronous: each returns
 // when its outputs hold the result (a future CUDA backend: when they may be
 // used on the caller's current stream). Every rank of the group must call
@@ -157,7 +169,8 @@ struct CommOptions {
 // must be contiguous and of one dtype; flat buffers are 1-D views or any
 // contiguous shape (they are treated as flat).
 //
-// One thread uses a communicator at a time. Under gloo, rank 0 hosts the
+// One thread uses a communicator at a time (its pending collectives
+// included). Under gloo, rank 0 hosts the
 // rendezvous store: it must not exit while others still create groups (end
 // a run with barrier()).
 //
@@ -192,6 +205,18 @@ class Communicator {
   virtual void all_reduce(const at::Tensor& t, ReduceOp op) = 0;
   // t := root's t (root is a rank of this group).
   virtual void broadcast(const at::Tensor& t, int root) = 0;
+
+  // reduce_scatter and all_reduce, issued without waiting: the work runs on
+  // the library's own threads (gloo: c10d's worker threads) while the caller
+  // computes, and completes at the handle's wait(). Overlapping the
+  // gradients' reduction with backward (schedule's --async-reduce) is what
+  // they are for. No extra memory: the same in-place reduction as the
+  // synchronous call. This default runs the synchronous call and returns a
+  // handle that has nothing left to wait for (loopback, and nccl today).
+  // Calls on one group complete in the order they were issued.
+  virtual std::unique_ptr<PendingCollective> reduce_scatter_async(const at::Tensor& out_shard,
+                                                                  const at::Tensor& in_flat, ReduceOp op);
+  virtual std::unique_ptr<PendingCollective> all_reduce_async(const at::Tensor& t, ReduceOp op);
   virtual void barrier() = 0;
 
   // A communicator over `ranks` (ranks of this group, ascending or not: the

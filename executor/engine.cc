@@ -116,7 +116,7 @@ Engine::Engine(const EngineOptions& o, Communicator& world)
   world_ = bridged_world_.get();
   const int n = world.world_size();
   traits_ = spec::decode_strategy(o.candidate, n, spec::shard_group_for(o.candidate.sharding, n, o.shard_group_size));
-  schedule_ = spec::Schedule(traits_, o.prefetch);
+  schedule_ = spec::Schedule(traits_, o.prefetch, o.async_reduce);
   compute_dtype_ = scalar_type(traits_.compute_dtype);
   if (compute_dtype_ == torch::kHalf) scaler_ = std::make_unique<DynamicLossScaler>();
 
@@ -244,6 +244,9 @@ void Engine::train_step(int64_t step, DataSource& data, double* loss_out) {
     // optimizer step.
     loss = torch::Tensor();
     batch = models::Batch();
+    // Reductions still in flight complete (the trace frees the batch and the
+    // loss before this too: the simulator's order).
+    run_hook(spec::Hook::kBackwardEnd, -1);
   }
   optimizer_step();
   mark(prefix_ + "optimizer");

@@ -64,6 +64,11 @@ struct EngineOptions : TrainOptions {
   // Units gathered ahead (--prefetch N, spec/schedule.h): N in backward,
   // N - 1 in forward; 1 = FSDP's default (BACKWARD_PRE only).
   int prefetch = 1;
+  // Gradients reduce beside the rest of backward (--async-reduce,
+  // spec/schedule.h's kWaitReduce): FSDP2's one reduce-scatter in flight,
+  // DDP's buckets waited for at backward's end. Off: each unit's reduction
+  // completes at its post-backward.
+  bool async_reduce = false;
   // Clip the global gradient norm (over every rank's shard) to this value,
   // as torch.nn.utils.clip_grad_norm_. 0 = off, the default: the single-rank
   // trainer does not clip, and the parity tests compare against it.

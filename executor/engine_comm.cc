@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <functional>
 
 #include <torch/torch.h>
 
@@ -50,6 +51,25 @@ class GlooBf16Bridge final : public Communicator {
     if (!bridged(t)) return inner_->all_reduce(t, op);
     reduce_in_place(t.view({-1}), op);
   }
+  // Unbridged: the inner call, in flight. bf16: one fp32 bounce of the
+  // whole tensor (host scratch, as above, but not chunked: it must live
+  // until wait()), all-reduced in flight and rounded back at wait().
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const at::Tensor& out_shard, const at::Tensor& in_flat,
+                                                          ReduceOp op) override {
+    const int64_t n = out_shard.numel();
+    if (!bridged(in_flat) || in_flat.numel() != n * world_size())
+      return inner_->reduce_scatter_async(out_shard, in_flat, op);
+    at::Tensor flat = in_flat.view({-1}), out = out_shard.view({-1});
+    const int rank = this->rank();
+    return bounced(flat, op, [flat, out, n, rank] {
+      at::Tensor slice = flat.narrow(0, rank * n, n);
+      if (slice.data_ptr() != out.data_ptr()) out.copy_(slice);
+    });
+  }
+  std::unique_ptr<PendingCollective> all_reduce_async(const at::Tensor& t, ReduceOp op) override {
+    if (!bridged(t)) return inner_->all_reduce_async(t, op);
+    return bounced(t.view({-1}), op, [] {});
+  }
   void broadcast(const at::Tensor& t, int root) override {
     if (!bridged(t)) return inner_->broadcast(t, root);
     inner_->broadcast(t.view({-1}).view(torch::kUInt8), root);
@@ -72,6 +92,35 @@ class GlooBf16Bridge final : public Communicator {
       inner_->all_reduce(bounce, op);
       chunk.copy_(bounce);
     }
+  }
+
+  class Bounced final : public PendingCollective {
+   public:
+    Bounced(at::Tensor flat, at::Tensor bounce, std::unique_ptr<PendingCollective> inner,
+            std::function<void()> finish)
+        : flat_(std::move(flat)), bounce_(std::move(bounce)), inner_(std::move(inner)), finish_(std::move(finish)) {}
+    void wait() override {
+      if (!inner_) return;
+      inner_->wait();
+      inner_.reset();
+      flat_.copy_(bounce_);
+      bounce_.reset();  // an untracked block: its free subtracts nothing
+      finish_();
+    }
+
+   private:
+    at::Tensor flat_, bounce_;
+    std::unique_ptr<PendingCollective> inner_;
+    std::function<void()> finish_;
+  };
+  std::unique_ptr<PendingCollective> bounced(const at::Tensor& flat, ReduceOp op, std::function<void()> finish) {
+    at::Tensor bounce;
+    {
+      ScopedUntracked scratch;
+      bounce = flat.to(torch::kFloat);
+    }
+    auto inner = inner_->all_reduce_async(bounce, op);
+    return std::make_unique<Bounced>(flat, std::move(bounce), std::move(inner), std::move(finish));
   }
 
   std::unique_ptr<Communicator> owned_;

@@ -60,10 +60,17 @@ void Engine::apply(spec::Op op, int u) {
       flat_[u]->alloc_unsharded_grad();
       return;
     case spec::Op::kReduceScatter:
-      flat_[u]->reduce_grad(*shard_group_, replicate_);
+      flat_[u]->launch_reduce_grad(*shard_group_, replicate_);
+      if (flat_[u]->reduce_in_flight()) in_flight_.push_back(u);
       return;
     case spec::Op::kAllReduce:
-      flat_[u]->reduce_grad(*world_, nullptr);
+      flat_[u]->launch_reduce_grad(*world_, nullptr);
+      if (flat_[u]->reduce_in_flight()) in_flight_.push_back(u);
+      return;
+    case spec::Op::kWaitReduce:
+      // Every unit's reduction in flight, in the order they were launched.
+      for (int v : in_flight_) flat_[v]->finish_reduce_grad();
+      in_flight_.clear();
       return;
     case spec::Op::kAllocFlatGrad:
       if (!flat_grad_.defined()) alloc_flat_grad();

@@ -120,6 +120,9 @@ class Engine final : public models::ModuleRunner {
   std::vector<int> open_;  // units whose backward began and has not ended, in begin order
   bool in_recompute_ = false;
   std::vector<std::unique_ptr<models::ScopedModuleRunner>> recompute_scopes_;
+  // Units whose gradient reduction is in flight, in launch order (the
+  // schedule's kWaitReduce finishes them).
+  std::vector<int> in_flight_;
   // Units in the order their forward first began: backward prefetch (FSDP's
   // BACKWARD_PRE) gathers, at a unit's backward begin, the unit before it.
   std::vector<int> forward_order_;

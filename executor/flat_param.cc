@@ -208,10 +208,50 @@ void FlatParam::attach_flat_grad(const torch::Tensor& flat_grad) {
 }
 
 void FlatParam::reduce_grad(Communicator& group, Communicator* replicate) {
+  launch_reduce_grad(group, replicate);
+  finish_reduce_grad();
+}
+
+// The launch allocates the reduction's output, as the simulator charges it
+// at kReduceScatter / kAllReduce; the rest waits for finish_reduce_grad.
+void FlatParam::launch_reduce_grad(Communicator& group, Communicator* replicate) {
+  if (pending_) throw std::logic_error("unit " + name_ + ": a gradient reduction is already in flight");
   torch::NoGradGuard no_grad;
   const int64_t s = layout_.shard_numel();
+  pending_replicate_ = replicate;
   if (!config_.sharded_params) {
-    group.all_reduce(flat_grad_, ReduceOp::kAvg);
+    pending_ = group.all_reduce_async(flat_grad_, ReduceOp::kAvg);
+    return;
+  }
+  if (!unsharded_grad_.defined()) return;  // no backward reached this unit
+  if (!mixed_ && !config_.offload) {
+    if (!shard_grad_.defined()) {
+      // fp32: the reduce-scatter output is the shard grad itself.
+      shard_grad_ = torch::empty({s}, dev_f32_);
+      reduce_out_ = shard_grad_;
+      reduce_adds_ = false;
+    } else {
+      // Another micro-batch: reduce into the input's own slot, then add.
+      reduce_out_ = unsharded_grad_.narrow(0, rank_ * s, s);
+      reduce_adds_ = true;
+    }
+  } else {
+    // mixed: a c*s output, upcast into the fp32 shard grad; offload: the
+    // output goes device-to-host (upcast there when mixed).
+    reduce_out_ = torch::empty({s}, dev_compute_);
+  }
+  pending_ = group.reduce_scatter_async(reduce_out_, unsharded_grad_, ReduceOp::kAvg);
+}
+
+void FlatParam::finish_reduce_grad() {
+  if (!pending_) return;
+  torch::NoGradGuard no_grad;
+  pending_->wait();
+  pending_.reset();
+  Communicator* replicate = pending_replicate_;
+  pending_replicate_ = nullptr;
+  const int64_t s = layout_.shard_numel();
+  if (!config_.sharded_params) {
     if (config_.offload) {
       // zero1+offload: this rank's slice goes device-to-host (and up to fp32).
       ScopedUntracked host;
@@ -220,36 +260,21 @@ void FlatParam::reduce_grad(Communicator& group, Communicator* replicate) {
     }
     return;
   }
-  if (!unsharded_grad_.defined()) return;  // no backward reached this unit
+  if (replicate) replicate->all_reduce(reduce_out_, ReduceOp::kAvg);
   if (!mixed_ && !config_.offload) {
-    if (!shard_grad_.defined()) {
-      // fp32: the reduce-scatter output is the shard grad itself.
-      shard_grad_ = torch::empty({s}, dev_f32_);
-      group.reduce_scatter(shard_grad_, unsharded_grad_, ReduceOp::kAvg);
-      if (replicate) replicate->all_reduce(shard_grad_, ReduceOp::kAvg);
-    } else {
-      // Another micro-batch: reduce into the input's own slot, then add.
-      torch::Tensor slot = unsharded_grad_.narrow(0, rank_ * s, s);
-      group.reduce_scatter(slot, unsharded_grad_, ReduceOp::kAvg);
-      if (replicate) replicate->all_reduce(slot, ReduceOp::kAvg);
-      shard_grad_.add_(slot);
-    }
+    if (reduce_adds_) shard_grad_.add_(reduce_out_);
+    reduce_out_ = torch::Tensor();
   } else {
-    // mixed: a c*s output, upcast into the fp32 shard grad; offload: the
-    // output goes device-to-host (upcast there when mixed).
-    torch::Tensor out = torch::empty({s}, dev_compute_);
-    group.reduce_scatter(out, unsharded_grad_, ReduceOp::kAvg);
-    if (replicate) replicate->all_reduce(out, ReduceOp::kAvg);
     std::optional<ScopedUntracked> host;
     if (config_.offload) host.emplace();
     if (!shard_grad_.defined()) {
       shard_grad_ = torch::empty({s}, config_.offload ? host_f32_ : dev_f32_);
-      shard_grad_.copy_(out);
+      shard_grad_.copy_(reduce_out_);
     } else {
-      add_into_fp32(shard_grad_, out);
+      add_into_fp32(shard_grad_, reduce_out_);
     }
     host.reset();
-    free_now(out);
+    free_now(reduce_out_);
   }
   for (auto& p : params_) p.mutable_grad().reset();
   free_now(unsharded_grad_);

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,17 @@ class FlatParam {
   // all-reduce (avg) the flat grad slice in place; zero1+offload then copies
   // this rank's slice to its host shard grad.
   void reduce_grad(Communicator& group, Communicator* replicate);
+  // reduce_grad in two halves, for a reduction that runs beside the rest of
+  // backward (spec/schedule.h: kReduceScatter / kAllReduce launch, and
+  // kWaitReduce finishes). The launch allocates the reduction's output (the
+  // fp32 shard grad, or the c*s output when mixed or offloaded) and issues
+  // it; nothing may touch this unit's grads until finish_reduce_grad, which
+  // waits for it and does the rest (upcast or host copy, the replicas'
+  // all-reduce, the unsharded grad freed). finish is a no-op when nothing is
+  // in flight; a second launch before it is a logic_error.
+  void launch_reduce_grad(Communicator& group, Communicator* replicate);
+  void finish_reduce_grad();
+  bool reduce_in_flight() const { return pending_ != nullptr; }
   // zero_grad(set_to_none=True) for shard grads; full-param strategies zero
   // their flat grad themselves (the engine owns it).
   void free_shard_grad();
@@ -183,6 +195,13 @@ class FlatParam {
   torch::Tensor gathered_;         // [P] on gathered_storage_: the all-gather output
   torch::Tensor unsharded_grad_;   // [P] compute dtype, pre- to post-backward
   torch::Tensor shard_grad_;       // fp32 [s], device or host, post-backward to zero_grad
+  // A reduction in flight (launch_reduce_grad to finish_reduce_grad): its
+  // handle, its output, whether that output is added into shard_grad_ (a
+  // later micro-batch), and the replicas' group it is all-reduced over next.
+  std::unique_ptr<PendingCollective> pending_;
+  torch::Tensor reduce_out_;
+  bool reduce_adds_ = false;
+  Communicator* pending_replicate_ = nullptr;
 
   // full params
   torch::Tensor full_;     // fp32 [P] master (ddp, zero1 without offload)

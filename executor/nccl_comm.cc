@@ -219,6 +219,17 @@ std::vector<std::vector<uint8_t>> group_rendezvous(NcclWorld& w, const std::stri
 
 // ---- the communicator -------------------------------------------------------
 
+// The Communicator-level handle of an issued NCCL collective: waiting is
+// the compute stream's wait on it (NcclWork::wait), the host goes on.
+class PendingWork final : public PendingCollective {
+ public:
+  explicit PendingWork(NcclWork work) : work_(std::move(work)) {}
+  void wait() override { work_.wait(); }
+
+ private:
+  NcclWork work_;
+};
+
 class NcclCommunicatorImpl final : public NcclCommunicator {
  public:
   // Joins the group `name` (unique within the world) as `rank` of `globals`.
@@ -344,7 +355,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     });
   }
 
-  NcclWork reduce_scatter_async(const at::Tensor& out_shard, const at::Tensor& in_flat, ReduceOp reduce) override {
+  NcclWork reduce_scatter_work(const at::Tensor& out_shard, const at::Tensor& in_flat, ReduceOp reduce) override {
     const char* op = "reduce_scatter";
     check_pair(op, "in_flat", in_flat, "out_shard", out_shard, world_size(), device());
     check_avg_dtype(op, out_shard, reduce);
@@ -358,7 +369,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     });
   }
 
-  NcclWork all_reduce_async(const at::Tensor& t, ReduceOp reduce) override {
+  NcclWork all_reduce_work(const at::Tensor& t, ReduceOp reduce) override {
     const char* op = "all_reduce";
     check_dense(op, "t", t, device());
     check_avg_dtype(op, t, reduce);
@@ -391,9 +402,16 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     all_gather_into_async(out_flat, in_shard).wait();
   }
   void reduce_scatter(const at::Tensor& out_shard, const at::Tensor& in_flat, ReduceOp reduce) override {
-    reduce_scatter_async(out_shard, in_flat, reduce).wait();
+    reduce_scatter_work(out_shard, in_flat, reduce).wait();
   }
-  void all_reduce(const at::Tensor& t, ReduceOp reduce) override { all_reduce_async(t, reduce).wait(); }
+  void all_reduce(const at::Tensor& t, ReduceOp reduce) override { all_reduce_work(t, reduce).wait(); }
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const at::Tensor& out_shard, const at::Tensor& in_flat,
+                                                          ReduceOp reduce) override {
+    return std::make_unique<PendingWork>(reduce_scatter_work(out_shard, in_flat, reduce));
+  }
+  std::unique_ptr<PendingCollective> all_reduce_async(const at::Tensor& t, ReduceOp reduce) override {
+    return std::make_unique<PendingWork>(all_reduce_work(t, reduce));
+  }
   void broadcast(const at::Tensor& t, int root) override { broadcast_async(t, root).wait(); }
 
   // A one-float all-reduce that the host waits for. The operand's value is

@@ -143,13 +143,15 @@ class NcclWork {
 
 // The nccl Communicator, with asynchronous variants of the collectives for
 // overlap (prefetching the next unit's all-gather while this one computes).
-// The synchronous Communicator calls are `*_async(...).wait()`.
+// The synchronous Communicator calls are `*_async(...).wait()` (`*_work` for
+// the two whose Communicator-level `*_async` returns a PendingCollective:
+// its wait() is the work's wait(), the compute stream's).
 class NcclCommunicator : public Communicator {
  public:
   virtual NcclWork all_gather_into_async(const at::Tensor& out_flat, const at::Tensor& in_shard) = 0;
-  virtual NcclWork reduce_scatter_async(const at::Tensor& out_shard, const at::Tensor& in_flat,
-                                        ReduceOp op) = 0;
-  virtual NcclWork all_reduce_async(const at::Tensor& t, ReduceOp op) = 0;
+  virtual NcclWork reduce_scatter_work(const at::Tensor& out_shard, const at::Tensor& in_flat,
+                                       ReduceOp op) = 0;
+  virtual NcclWork all_reduce_work(const at::Tensor& t, ReduceOp op) = 0;
   virtual NcclWork broadcast_async(const at::Tensor& t, int root) = 0;
 
   // The host waits for every collective issued so far (bounded by the

@@ -242,6 +242,7 @@ Strategy strategy_for(const Candidate& c, const PlanRequest& r) {
   s.shard_group_size = t.shard_group_size;
   s.grad_accum = r.grad_accum;
   s.prefetch = r.prefetch;
+  s.async_reduce = r.async_reduce;
   return s;
 }
 
@@ -318,6 +319,7 @@ Plan build_plan(const PlanRequest& r) {
   plan.objective = r.objective;
   plan.grad_accum = r.grad_accum;
   plan.prefetch = r.prefetch;
+  plan.async_reduce = r.async_reduce;
 
   const std::vector<ModuleNode> modules = file ? file->modules : models::module_table(r.model);
   std::map<std::string, UnitPartition> partitions;

@@ -63,6 +63,8 @@ struct PlanRequest {
   // Units gathered ahead in backward (forward: one fewer): --prefetch,
   // spec::Schedule. 1 = FSDP's default, BACKWARD_PRE.
   int prefetch = 1;
+  // Gradients reduced beside backward (--async-reduce, spec::Schedule).
+  bool async_reduce = false;
   // Called as the plan advances, from build_plan's worker threads but never
   // two at once: stage "trace" (one traced step of a distinct precision and
   // recompute set) or "simulate" (one candidate's batch search done), how

@@ -232,8 +232,10 @@ class StepReplay {
   bool apply(spec::Op op, int u);
   bool unshard(int u);
   void reshard(int u);
-  bool reduce_scatter(int u);
-  void all_reduce(int u);
+  bool launch_reduce_scatter(int u);
+  bool finish_reduce_scatter(int u);
+  void finish_all_reduce(int u);
+  bool wait_reduce();
   void free_shard_grad(int u);
   bool optimizer_step();
 
@@ -264,6 +266,7 @@ class StepReplay {
   bool forward_order_known_ = false;
   std::vector<ParamState> state_;
   std::vector<bool> shard_grad_live_;  // device or host, by strategy
+  std::vector<int> in_flight_;  // units whose reduction is launched, in launch order
   std::vector<bool> optimizer_state_live_;
   std::vector<uint8_t> id_category_;
   CategoryBytes category_bytes_{};
@@ -280,7 +283,7 @@ StepReplay::StepReplay(const StepSimulator& sim, const Strategy& strategy,
     : sim_(sim),
       strategy_(strategy),
       traits_(strategy.traits()),
-      schedule_(traits_, strategy.prefetch),
+      schedule_(traits_, strategy.prefetch, strategy.async_reduce),
       allocator_(allocator),
       options_(options),
       result_(result),
@@ -444,8 +447,10 @@ bool StepReplay::replay_trace() {
     }
   }
   // The forward/backward scope ends: whatever the trace left live (the loss)
-  // goes before the optimizer step.
+  // goes before the optimizer step; then the reductions still in flight
+  // complete (the engine's order).
   for (int64_t id : sim_.leftover_ids_) free(id);
+  if (!run_hook(spec::Hook::kBackwardEnd, -1)) return false;
   return true;
 }
 
@@ -486,10 +491,12 @@ bool StepReplay::apply(spec::Op op, int u) {
     case spec::Op::kAllocGrad:
       return alloc(unit_id(u, kUnshardedGrad), c_ * padded_[u], kComputeStream, Category::kGrads);
     case spec::Op::kReduceScatter:
-      return reduce_scatter(u);
+      return launch_reduce_scatter(u);
     case spec::Op::kAllReduce:
-      all_reduce(u);
+      in_flight_.push_back(u);  // in place: nothing to allocate
       return true;
+    case spec::Op::kWaitReduce:
+      return wait_reduce();
     case spec::Op::kAllocFlatGrad:
       // Created once, when the first backward starts, and kept for the run.
       if (flat_grad_live_) return true;
@@ -526,43 +533,63 @@ void StepReplay::reshard(int u) {
   state_[u] = ParamState::kSharded;
 }
 
-// Reduce-scatter the unsharded grad into this rank's fp32 shard grad, then
-// free the unsharded grad. A later micro-batch adds into the shard grad it
-// already has.
-bool StepReplay::reduce_scatter(int u) {
-  const int64_t shard_grad_bytes = kFp32Bytes * shard_[u];
+// Reduce-scatter, launched: its output is allocated now, the rest waits
+// for kWaitReduce. fp32: the output is the shard grad itself; once that
+// exists (a later micro-batch), the unsharded grad's own slot, added from
+// there. mixed: a c*s_u output upcast into (or added to) the fp32 shard
+// grad; offload: the output goes device-to-host (upcast there when mixed).
+bool StepReplay::launch_reduce_scatter(int u) {
   const bool accumulating = shard_grad_live_[u];
   if (!mixed_ && !traits_.offload) {
-    // fp32: the reduce-scatter output is the shard grad itself; once it
-    // exists, the output is the unsharded grad's own slot, added from there.
     if (!accumulating &&
-        !alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads))
+        !alloc(unit_id(u, kShardGrad), kFp32Bytes * shard_[u], kCommStream, Category::kGrads))
       return false;
+    shard_grad_live_[u] = true;
   } else {
-    // mixed: a c*s_u output upcast into (or added to) the fp32 shard grad;
-    // offload: the output goes device-to-host (upcast there when mixed).
     const Category out_category = mixed_ ? Category::kCommBuffers : Category::kGrads;
     if (!alloc(unit_id(u, kReduceScatterOut), c_ * shard_[u], kCommStream, out_category))
       return false;
+  }
+  in_flight_.push_back(u);
+  return true;
+}
+
+// ... and completed: the output into the shard grad, the unsharded grad freed.
+bool StepReplay::finish_reduce_scatter(int u) {
+  if (mixed_ || traits_.offload) {
     if (traits_.offload) {
-      if (!accumulating) host_alloc(shard_grad_bytes);
-    } else if (!accumulating &&
-               !alloc(unit_id(u, kShardGrad), shard_grad_bytes, kCommStream, Category::kGrads)) {
+      if (!shard_grad_live_[u]) host_alloc(kFp32Bytes * shard_[u]);
+    } else if (!shard_grad_live_[u] &&
+               !alloc(unit_id(u, kShardGrad), kFp32Bytes * shard_[u], kCommStream, Category::kGrads)) {
       return false;
     }
+    shard_grad_live_[u] = true;
     free(unit_id(u, kReduceScatterOut));
   }
-  shard_grad_live_[u] = true;
   free(unit_id(u, kUnshardedGrad));
   return true;
 }
 
 // ddp/zero1: the flat grad all-reduced in place (no allocation); zero1 +
 // offload then copies its own slice to a host fp32 grad, kept across steps.
-void StepReplay::all_reduce(int u) {
+void StepReplay::finish_all_reduce(int u) {
   if (!traits_.offload || shard_grad_live_[u]) return;
   host_alloc(kFp32Bytes * shard_[u]);
   shard_grad_live_[u] = true;
+}
+
+// Every reduction in flight completes, in launch order.
+bool StepReplay::wait_reduce() {
+  std::vector<int> units;
+  units.swap(in_flight_);
+  for (int u : units) {
+    if (sharded_params()) {
+      if (!finish_reduce_scatter(u)) return false;
+    } else {
+      finish_all_reduce(u);
+    }
+  }
+  return true;
 }
 
 // AdamW over one flat tensor at a time (the unit's full param for ddp, its

@@ -111,6 +111,10 @@ struct Strategy {
   // many (1 = FSDP's BackwardPrefetch.BACKWARD_PRE, its default; 0 = none),
   // in forward one fewer. Matters for zero3/hybrid only.
   int prefetch = 1;
+  // Gradients reduce beside the rest of backward (--async-reduce,
+  // spec::Schedule's kWaitReduce): a sharded unit's unsharded grad lives on
+  // through the next unit's backward.
+  bool async_reduce = false;
   // Micro-batches per optimizer step (the executor's --grad-accum): each
   // replays the whole trace and marks its forward/backward labels again.
   int grad_accum = 1;

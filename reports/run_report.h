@@ -52,6 +52,7 @@ struct RunReport {
   nlohmann::json hardware;  // {"profile", "device_mem_bytes", ...}
   int64_t batch_per_gpu = 0;
   int prefetch = 1;  // units gathered ahead (--prefetch; absent in older reports = 1)
+  bool async_reduce = false;  // gradients reduced beside backward (--async-reduce; absent in older reports = false)
   int world_size = 1;
   std::string backend;  // "gloo", "nccl", "loopback", "none" (one rank)
   std::string device;   // "cpu" or "cuda"

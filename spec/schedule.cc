@@ -27,11 +27,14 @@ const char* op_name(Op op) {
       return "zero-flat-grad";
     case Op::kFreeShardGrad:
       return "free-shard-grad";
+    case Op::kWaitReduce:
+      return "wait-reduce";
   }
   return "?";
 }
 
-Schedule::Schedule(const StrategyTraits& traits, int prefetch) : traits_(traits), prefetch_(prefetch) {
+Schedule::Schedule(const StrategyTraits& traits, int prefetch, bool async_reduce)
+    : traits_(traits), prefetch_(prefetch), async_reduce_(async_reduce) {
   if (prefetch < 0) throw std::invalid_argument("--prefetch " + std::to_string(prefetch) + ": must be at least 0");
   for (int h = 0; h < kNumHooks; ++h)
     for (int root = 0; root < 2; ++root)
@@ -68,9 +71,14 @@ std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
       if (sharded) return {Op::kGather};
       return {};
     case Hook::kPostBackward:
-      if (sharded) return {Op::kReduceScatter, Op::kReshard};
+      if (sharded && async_reduce_) return {Op::kWaitReduce, Op::kReduceScatter, Op::kReshard};
+      if (sharded) return {Op::kReduceScatter, Op::kWaitReduce, Op::kReshard};
       // ddp/zero1 reduce only on the last micro-batch (no_sync before it).
-      if (where.last_micro_batch) return {Op::kAllReduce};
+      if (!where.last_micro_batch) return {};
+      if (async_reduce_) return {Op::kAllReduce};
+      return {Op::kAllReduce, Op::kWaitReduce};
+    case Hook::kBackwardEnd:
+      if (async_reduce_) return {Op::kWaitReduce};
       return {};
   }
   return {};

@@ -33,6 +33,22 @@
 //   kAllReduce        ddp/zero1: the unit's slice of the flat grad averaged
 //                     in place, on the last micro-batch only (DDP's no_sync);
 //                     zero1+offload then copies this rank's slice to the host.
+//   kWaitReduce       every reduction launched so far completes: the shard
+//                     grad takes its result (the c*s output upcast into it,
+//                     or copied to the host), the unsharded grad is freed.
+// kReduceScatter and kAllReduce launch a reduction: its output (the fp32
+// shard grad 4*s_u, or a c*s_u output when mixed or offload) is allocated
+// then, and everything else happens at the next kWaitReduce. Synchronous
+// (the default), the wait follows the launch at once. With async_reduce
+// (--async-reduce) the reduction runs beside the rest of backward, as
+// FSDP2's and DDP's do: a sharded unit's post-backward first waits for the
+// reduction the previous unit launched (FSDP2 keeps one reduce-scatter in
+// flight: FSDPParamGroup.post_backward waits for comm_ctx.
+// reduce_scatter_state's event before foreach_reduce issues the next), so
+// that unit's unsharded grad stays allocated through this unit's backward;
+// DDP's buckets are all in flight at once and are waited for when backward
+// ends (reducer.cpp's finalize_backward), which costs nothing: they reduce
+// the flat grad in place.
 //   kAllocFlatGrad    ddp/zero1: one c*sum(P_u) flat grad buffer for every
 //                     unit (DDP's gradient_as_bucket_view), created when the
 //                     first backward starts and kept.
@@ -59,8 +75,10 @@ enum class Hook : uint8_t {
   kPreBackward,    // a unit's output gradient is ready (its first backward span)
   kRecompute,      // a unit's checkpointed forward re-runs inside backward
   kPostBackward,   // a unit's last backward span ends
+  kBackwardEnd,    // a micro-batch's backward is over (FSDP's root post-backward
+                   // final callback) and its loss and batch are freed
 };
-inline constexpr int kNumHooks = 7;
+inline constexpr int kNumHooks = 8;
 
 enum class Op : uint8_t {
   kGather,
@@ -73,6 +91,7 @@ enum class Op : uint8_t {
   kAllocFlatGrad,
   kZeroFlatGrad,
   kFreeShardGrad,
+  kWaitReduce,
 };
 const char* op_name(Op op);
 
@@ -89,9 +108,10 @@ class Schedule {
   // in backward N (1 = FSDP's BACKWARD_PRE, its default), in forward N - 1;
   // 0 = none. It matters for zero3/hybrid: zero2 keeps every unit gathered
   // from its forward through its backward anyway. Collectives are
-  // synchronous today, so a prefetch gathers early (FSDP's memory) without
-  // overlapping compute yet.
-  explicit Schedule(const StrategyTraits& traits, int prefetch = 1);
+  // synchronous, so a prefetch gathers early (FSDP's memory) without
+  // overlapping compute. `async_reduce`: gradients reduce beside backward
+  // (kWaitReduce above).
+  explicit Schedule(const StrategyTraits& traits, int prefetch = 1, bool async_reduce = false);
   Schedule() = default;  // no actions at all, until assigned
 
   // The actions of `hook` for a unit, in order. kZeroGrad and kBackwardStart
@@ -105,6 +125,7 @@ class Schedule {
 
   const StrategyTraits& traits() const { return traits_; }
   int prefetch() const { return prefetch_; }
+  bool async_reduce() const { return async_reduce_; }
 
   // Which units a prefetch action gathers, as positions in the order units
   // first ran forward (`count` of them known): the k-th (k = 1, 2, ...) the
@@ -123,6 +144,7 @@ class Schedule {
 
   StrategyTraits traits_;
   int prefetch_ = 1;
+  bool async_reduce_ = false;
   std::array<std::vector<Op>, kNumHooks * 4> table_;  // by hook, root, last micro-batch
 };
 

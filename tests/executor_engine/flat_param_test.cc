@@ -83,6 +83,33 @@ TEST(FlatParam, ReshardFreesStorageUnderLiveViewsAndUnshardRefillsIt) {
   EXPECT_EQ(f.state(), ParamState::kSharded);
 }
 
+// --async-reduce's two halves: the launch allocates the reduce-scatter's
+// output and keeps the unsharded grad (the collective still reads it); the
+// finish frees it. The simulator charges the same bytes at the same actions.
+TEST(FlatParam, ALaunchedReductionKeepsTheUnshardedGradUntilItFinishes) {
+  TrackingAllocator& meter = TrackingAllocator::cpu();
+  TwoParams p;
+  auto comm = loopback(1, 2);  // rank 1 of 2: s = 5 elements
+  FlatParam f("a", spec::FlatParamLayout(p.infos, 2), 1, sharded_fp32(), p.params);
+  f.unshard(*comm);
+  torch::Tensor loss = f.params()[0].sum() + f.params()[1].sum() * 3;
+  f.alloc_unsharded_grad();
+  loss.backward();
+  const int64_t before = meter.allocated_bytes();
+  f.launch_reduce_grad(*comm, nullptr);
+  EXPECT_TRUE(f.reduce_in_flight());
+  EXPECT_TRUE(f.has_unsharded_grad());
+  EXPECT_EQ(meter.allocated_bytes() - before, 5 * 4) << "the fp32 shard grad, the reduce-scatter's output";
+  EXPECT_THROW(f.launch_reduce_grad(*comm, nullptr), std::logic_error) << "one reduction per unit at a time";
+  f.finish_reduce_grad();
+  EXPECT_FALSE(f.reduce_in_flight());
+  EXPECT_FALSE(f.has_unsharded_grad());
+  EXPECT_EQ(meter.allocated_bytes() - before, 5 * 4 - 10 * 4) << "the unsharded grad freed";
+  // Loopback averages 2 identical ranks: rank 1's slice is elements 5..9.
+  EXPECT_TRUE(torch::equal(f.optimizer_grad(), torch::tensor({1.f, 3.f, 3.f, 3.f, 3.f})));
+  f.finish_reduce_grad();  // nothing in flight: nothing to do
+}
+
 TEST(FlatParam, MixedPrecisionGathersThroughAStagingCast) {
   TrackingAllocator& meter = TrackingAllocator::cpu();
   TwoParams p;

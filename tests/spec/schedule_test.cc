@@ -13,9 +13,9 @@ namespace shardfit::spec {
 namespace {
 
 std::string ops(const std::string& id, Hook hook, bool root = false, bool last_micro = true,
-                int prefetch = 1) {
+                int prefetch = 1, bool async_reduce = false) {
   const Candidate c = parse_candidate(id);
-  const Schedule s(decode_strategy(c, 4, shard_group_for(c.sharding, 4, 2)), prefetch);
+  const Schedule s(decode_strategy(c, 4, shard_group_for(c.sharding, 4, 2)), prefetch, async_reduce);
   std::string out;
   for (Op op : s.actions(hook, {root, last_micro})) out += std::string(out.empty() ? "" : " ") + op_name(op);
   return out;
@@ -28,7 +28,7 @@ TEST(Schedule, DdpAllReducesOnTheLastMicroBatchOnly) {
     EXPECT_EQ(ops(id, Hook::kPostForward), "");
     EXPECT_EQ(ops(id, Hook::kBackwardStart), "alloc-flat-grad");
     EXPECT_EQ(ops(id, Hook::kPreBackward), "");
-    EXPECT_EQ(ops(id, Hook::kPostBackward), "all-reduce");
+    EXPECT_EQ(ops(id, Hook::kPostBackward), "all-reduce wait-reduce");
     EXPECT_EQ(ops(id, Hook::kPostBackward, false, /*last_micro=*/false), "") << "no_sync";
     EXPECT_EQ(ops(id, Hook::kZeroGrad), "zero-flat-grad");
   }
@@ -38,8 +38,8 @@ TEST(Schedule, Zero2GathersOnceAndKeepsTheUnitThroughBackward) {
   EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPreForward), "gather");
   EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPostForward), "");
   EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPreBackward), "gather prefetch-backward alloc-grad");
-  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPostBackward), "reduce-scatter reshard");
-  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPostBackward, false, false), "reduce-scatter reshard")
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPostBackward), "reduce-scatter wait-reduce reshard");
+  EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kPostBackward, false, false), "reduce-scatter wait-reduce reshard")
       << "shard grads are reduced every micro-batch";
   EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kZeroGrad), "free-shard-grad");
   EXPECT_EQ(ops("zero2/fp32/wrap=block", Hook::kBackwardStart), "");
@@ -57,6 +57,28 @@ TEST(Schedule, Zero3AndHybridReshardAfterForwardButNotTheRoot) {
     EXPECT_EQ(ops(id, Hook::kPreBackward, false, true, 2), "gather prefetch-backward alloc-grad");
   }
   EXPECT_EQ(ops("ddp/fp32/wrap=block", Hook::kPreForward, false, true, 2), "") << "nothing to gather";
+}
+
+// --async-reduce: FSDP2 waits for the previous unit's reduce-scatter before
+// it issues the next, so one is in flight beside backward's compute; DDP's
+// all-reduces all run on and are waited for once backward is over.
+TEST(Schedule, AsyncReduceWaitsForThePreviousReductionOrAtBackwardsEnd) {
+  for (const char* id : {"zero2/fp32/wrap=block", "zero3+offload/bf16/wrap=block", "hybrid/fp32/wrap=block"}) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(ops(id, Hook::kPostBackward, false, true, 1, true), "wait-reduce reduce-scatter reshard");
+    EXPECT_EQ(ops(id, Hook::kPostBackward, false, false, 1, true), "wait-reduce reduce-scatter reshard");
+    EXPECT_EQ(ops(id, Hook::kBackwardEnd, false, true, 1, true), "wait-reduce");
+    EXPECT_EQ(ops(id, Hook::kBackwardEnd), "") << "synchronous: nothing is left in flight";
+  }
+  for (const char* id : {"ddp/bf16/wrap=block", "zero1+offload/fp32/wrap=block"}) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(ops(id, Hook::kPostBackward, false, true, 1, true), "all-reduce");
+    EXPECT_EQ(ops(id, Hook::kPostBackward, false, false, 1, true), "") << "no_sync";
+    EXPECT_EQ(ops(id, Hook::kBackwardEnd, false, true, 1, true), "wait-reduce");
+  }
+  EXPECT_EQ(ops("zero3/fp32/wrap=block", Hook::kPreBackward, false, true, 1, true),
+            "gather prefetch-backward alloc-grad")
+      << "gathers are what they were";
 }
 
 TEST(Schedule, PrefetchPositionsGoForwardOneShortAndBackwardFullDepth) {
