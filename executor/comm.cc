@@ -407,12 +407,17 @@ class GlooCommunicator final : public Communicator {
    public:
     Pending(GlooCommunicator* comm, const char* op, c10::intrusive_ptr<c10d::Work> work,
             std::function<void()> finish)
-        : comm_(comm), op_(op), work_(std::move(work)), finish_(std::move(finish)) {}
+        : comm_(comm), op_(op), timeout_(comm->world_->timeout), work_(std::move(work)),
+          finish_(std::move(finish)) {}
+    // Never waited for (an exception unwinds past it): the library may still
+    // write into the tensors, so wait for the work itself, bounded, touching
+    // neither the communicator (it may be gone) nor the result.
     ~Pending() override {
+      if (!finish_ || !work_) return;
       try {
-        if (finish_) wait();
+        work_->wait(timeout_);
       } catch (const std::exception&) {
-        // wait() broke the communicator; its next call reports the failure.
+        // The failure is the communicator's to report at its next call.
       }
     }
     void wait() override {
@@ -427,6 +432,7 @@ class GlooCommunicator final : public Communicator {
    private:
     GlooCommunicator* comm_;
     const char* op_;
+    std::chrono::milliseconds timeout_;
     c10::intrusive_ptr<c10d::Work> work_;
     std::function<void()> finish_;
   };

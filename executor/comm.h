@@ -154,8 +154,9 @@ struct CommOptions {
 // its outputs hold the result, exactly as the synchronous call would have
 // left them, or throws the CommError the synchronous call would have thrown.
 // Until then the caller keeps its tensors alive and touches none of them.
-// Destroying one that was not waited for waits (and swallows the error: the
-// communicator is broken then and says so at its next call).
+// Destroying one that was not waited for waits for the library to let go of
+// the tensors (bounded by the timeout, errors swallowed) and computes
+// nothing: the outputs are then unspecified.
 class PendingCollective {
  public:
   virtual ~PendingCollective() = default;

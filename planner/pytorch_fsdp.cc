@@ -52,11 +52,12 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   StepSimResult out;
   Ledger ledger(allocator, &out);
 
-  // The units: _recursive_wrap with size_based_auto_wrap_policy, the root
-  // wrapping what remains; a tied weight copied into each unit holding a
+  // The units: _recursive_wrap with the auto wrap policy, the root wrapping
+  // what remains; a tied weight copied into each unit holding a
   // registration of it (spec::TiedParams::kCopiedPerUnit).
-  const spec::UnitPartition part = spec::wrap_modules(
-      modules, spec::WrapPolicy{spec::WrapPolicy::Kind::kSize, o.min_num_params}, spec::TiedParams::kCopiedPerUnit);
+  if (o.wrap.kind == spec::WrapPolicy::Kind::kNone)
+    throw std::invalid_argument("--stack pytorch FSDP: wrap=none is not an auto wrap policy (wrap=size:N or block)");
+  const spec::UnitPartition part = spec::wrap_modules(modules, o.wrap, spec::TiedParams::kCopiedPerUnit);
   std::vector<FlatParam> units(part.units.size());
   std::unordered_map<int, int> unit_at;  // wrapped module -> unit
   std::vector<int64_t> forward_copy(part.units.size(), -1);  // NO_SHARD + offload: see unshard

@@ -28,7 +28,11 @@ struct PytorchFsdpOptions {
   // forward until the unit's backward is done).
   bool reshard_after_forward = true;
   bool offload_params = false;  // CPUOffload(offload_params=True): shards, grads and AdamW on the host
-  int64_t min_num_params = 100000000;  // size_based_auto_wrap_policy's default (1e8)
+  // auto_wrap_policy: size_based_auto_wrap_policy(min_num_params) (kSize;
+  // its default 1e8), or transformer_auto_wrap_policy with the trace's block
+  // class as transformer_layer_cls (kBlock: wrap.py wraps every instance and
+  // recurses everywhere else; the root wraps what remains).
+  spec::WrapPolicy wrap{spec::WrapPolicy::Kind::kSize, 100000000};
   // BackwardPrefetch: BACKWARD_PRE (gather the next unit when this unit's
   // backward starts), BACKWARD_POST (when it ends) or none.
   enum class Prefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };

@@ -24,7 +24,8 @@ namespace shardfit::planner {
 // simulated and the largest peak decides. On request (--strategies with the
 // full id), PyTorch FSDP (planner/pytorch_fsdp.h): zero2 (SHARD_GRAD_OP) and
 // zero3 (FULL_SHARD), +offload or not, fp32, wrap=size:N
-// (size_based_auto_wrap_policy), on CUDA profiles.
+// (size_based_auto_wrap_policy) or wrap=block (transformer_auto_wrap_policy
+// over the trace's block class), on CUDA profiles.
 Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem) {
   const TraceFile* file = r.trace_file.get();
   if (!file)
@@ -56,13 +57,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     const bool ddp_like = (want.sharding == Sharding::kDdp || want.sharding == Sharding::kZero1) && !want.offload &&
                           want.wrap == "none" &&
                           (want.precision == Precision::kFp32 || (want.precision == amp && !want.recompute));
-    const bool fsdp = is_fsdp(want) && !want.recompute && want.wrap.rfind("size:", 0) == 0 &&
-                      want.precision == Precision::kFp32;
+    const bool fsdp = is_fsdp(want) && !want.recompute &&
+                      (want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") && want.precision == Precision::kFp32;
     if (s.find('/') == std::string::npos || !(ddp_like || fsdp))
       throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
                                   "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or autocast (bf16 "
                                   "on a CPU, fp16 with GradScaler on CUDA), wrap=none, and FSDP as zero2 or "
-                                  "zero3[+offload]/fp32/wrap=size:N, only in this version");
+                                  "zero3[+offload]/fp32/wrap=size:N or wrap=block (transformer_auto_wrap_policy), "
+                                  "only in this version");
     if (want.precision == amp && !has_amp)
       throw std::invalid_argument("--strategies " + s + ": the trace file has no traces under torch.autocast(" +
                                   amp_name + ") (trace_recorder.py records them: bf16 for --target cpu, fp16 for "
@@ -70,6 +72,11 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     if (fsdp && !cuda)
       throw std::invalid_argument("--strategies " + s + ": PyTorch 1.13's FSDP runs on CUDA only: plan it with a "
                                   "CUDA --device and a trace recorded with --target cuda");
+    if (fsdp && want.wrap == "block" &&
+        std::none_of(file->modules.begin(), file->modules.end(), [](const ModuleNode& m) { return m.is_block; }))
+      throw std::invalid_argument("--strategies " + s + ": wrap=block is transformer_auto_wrap_policy over the "
+                                  "model's block class, and the trace file marks no module as a block (the "
+                                  "recorder marks instances of the model's block_class attribute)");
     if (fsdp) candidates.push_back(want);
   }
   for (const std::string& p : r.candidates.precisions)
@@ -172,7 +179,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       PytorchFsdpOptions f;
       f.reshard_after_forward = c.sharding == Sharding::kZero3;
       f.offload_params = c.offload;
-      f.min_num_params = WrapPolicy::parse(c.wrap).min_num_params;
+      f.wrap = WrapPolicy::parse(c.wrap);
       f.world_size = world;
       f.steps = o.steps;
       f.budget_bytes = budget;

@@ -78,11 +78,13 @@ struct Fixture {
     in.optimizer_param_steps = &per_param;
   }
   StepSimResult run(PytorchFsdpOptions o, int world = 2) {
-    o.min_num_params = 10;
+    if (o.wrap.kind == spec::WrapPolicy::Kind::kSize) o.wrap.min_num_params = 10;
     o.world_size = world;
     o.backward_prefetch = PytorchFsdpOptions::Prefetch::kNone;
     ExactAllocator a;
-    return simulate_pytorch_fsdp(in, modules(), o, a);
+    std::vector<ModuleNode> m = modules();
+    m[1].is_block = true;  // what transformer_auto_wrap_policy wraps here
+    return simulate_pytorch_fsdp(in, m, o, a);
   }
 };
 
@@ -112,6 +114,23 @@ TEST(PytorchFsdp, FullShardGathersEachUnitForItsForwardAndBackwardOnly) {
   // AdamW's exp_avg and exp_avg_sq per shard: 2 x 32.
   EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 128);
   EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 128);
+}
+
+// transformer_auto_wrap_policy({Linear}) makes the same two units as
+// min_num_params=10 here: the same step, byte for byte.
+TEST(PytorchFsdp, TransformerWrapPolicyWrapsEachBlock) {
+  Fixture f;
+  PytorchFsdpOptions by_size, by_block;
+  by_block.wrap = spec::WrapPolicy::parse("block");
+  const StepSimResult a = f.run(by_size), b = f.run(by_block);
+  ASSERT_EQ(a.timeline.size(), b.timeline.size());
+  for (size_t i = 0; i < a.timeline.size(); ++i) {
+    EXPECT_EQ(a.timeline[i].allocated_bytes, b.timeline[i].allocated_bytes) << a.timeline[i].label;
+    EXPECT_EQ(a.timeline[i].peak_allocated_bytes, b.timeline[i].peak_allocated_bytes) << a.timeline[i].label;
+  }
+  PytorchFsdpOptions none;
+  none.wrap = spec::WrapPolicy::parse("none");
+  EXPECT_THROW(f.run(none), std::invalid_argument);
 }
 
 TEST(PytorchFsdp, ShardGradOpKeepsTheGatheredUnitFromForwardToBackward) {
