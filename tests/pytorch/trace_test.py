@@ -246,6 +246,15 @@ class TraceTest(unittest.TestCase):
         for c in json.loads(out.stdout)["candidates"]:
             p = c["predicted"]
             self.assertGreaterEqual(p["peak_reserved_bytes"], p["peak_allocated_bytes"])  # segments hold blocks
+        # FSDP by transformer_auto_wrap_policy: each of the 2 blocks (the
+        # model's block_class) a unit, the root the rest.
+        out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
+                              "--gpus", "2", "--gpu-mem", "1GiB", "--strategies",
+                              "zero3/fp32/wrap=block,zero3/fp32/wrap=size:100000000", "--json"],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        units = {c["id"]: c["units"] for c in json.loads(out.stdout)["candidates"]}
+        self.assertEqual(units, {"zero3/fp32/wrap=block": 3, "zero3/fp32/wrap=size:100000000": 1})
         out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "cpu"],
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 2)
