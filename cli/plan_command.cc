@@ -38,6 +38,7 @@ struct PlanArgs {
   int grad_accum = 1;
   int prefetch = 1;
   bool async_reduce = false;
+  bool async_gather = false;
   std::string out;
   bool json = false;
   size_t top = 0;  // table rows; 0 = all
@@ -114,6 +115,10 @@ int run(const PlanArgs& a) {
     throw BadInput("--async-reduce: shardfit's engine option (PyTorch's DDP and FSDP always reduce beside backward); "
                    "drop it with --stack pytorch");
   r.async_reduce = a.async_reduce;
+  if (a.async_gather && r.stack == planner::Stack::kPytorch)
+    throw BadInput("--async-gather: shardfit's engine option (PyTorch's FSDP always prefetches beside compute); "
+                   "drop it with --stack pytorch");
+  r.async_gather = a.async_gather;
 
   // A sweep of big models takes seconds to minutes: say where it is.
   ThrottledProgress progress;
@@ -215,6 +220,10 @@ Command add_plan_command(CLI::App& app) {
                 "Gradients reduce beside the rest of backward, as FSDP2's and DDP's do: one reduce-scatter in "
                 "flight (its unsharded grad lives through the next unit's backward), DDP's all-reduces waited "
                 "for at backward's end (run it with the same flag, or run --plan)");
+  sub->add_flag("--async-gather", a->async_gather,
+                "Prefetched all-gathers (--prefetch) run beside compute, as FSDP's do, waited for where the unit "
+                "runs; a staged gather's copy (mixed, offload) lives until then (run it with the same flag, or "
+                "run --plan)");
   sub->add_option("--out", a->out, "Write the plan JSON here");
   sub->add_flag("--json", a->json, "Print the plan JSON instead of the table");
   sub->add_option("--top", a->top,

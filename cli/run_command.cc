@@ -83,6 +83,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   o.grad_accum = job.grad_accum;
   o.prefetch = job.prefetch;
   o.async_reduce = job.async_reduce;
+  o.async_gather = job.async_gather;
   o.clip_grad_norm = a.clip_grad_norm;
   o.shard_group_size = shard_group_size;
   // One GPU per rank: cuda:LOCAL_RANK (torchrun and --nproc set it; 0 alone or loopback).
@@ -111,6 +112,7 @@ std::optional<planner::CandidatePrediction> predict(const Job& job, int world, i
     r.grad_accum = static_cast<int>(grad_accum);
     r.prefetch = job.prefetch;
     r.async_reduce = job.async_reduce;
+    r.async_gather = job.async_gather;
     r.profile = planner::load_profile(job.profile, profiles_dir());
     r.device_mem_bytes = job.budget_bytes;
     // A plan's topology: hybrid's shard group is a node; the others see one node of `world`.
@@ -179,6 +181,7 @@ reports::RunReport report_skeleton(const Job& job, int64_t params, int world, in
   r.batch_per_gpu = job.batch;
   r.prefetch = job.prefetch;
   r.async_reduce = job.async_reduce;
+  r.async_gather = job.async_gather;
   r.world_size = world;
   r.backend = backend;
   r.device = job.device;
@@ -217,7 +220,8 @@ std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job,
           {"--seed", std::to_string(a.seed)}, {"--data", a.data}, {"--device", a.device},
           {"--gpu-mem", std::to_string(job.budget_bytes)}, {"--lr", num(a.lr)}, {"--weight-decay", num(a.weight_decay)},
           {"--grad-accum", std::to_string(job.grad_accum)}, {"--prefetch", std::to_string(job.prefetch)},
-          {"--async-reduce", job.async_reduce ? "yes" : "no"}, {"--clip-grad-norm", num(a.clip_grad_norm)},
+          {"--async-reduce", job.async_reduce ? "yes" : "no"}, {"--async-gather", job.async_gather ? "yes" : "no"},
+          {"--clip-grad-norm", num(a.clip_grad_norm)},
           {"--gpus-per-node", std::to_string(gpus_per_node)}, {"--save", a.save},
           {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume},
           {"--save-on-signal", a.save_on_signal ? "yes" : "no"}, {"--init", a.init}};
@@ -567,6 +571,9 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--async-reduce", a->async_reduce,
                 "Reduce gradients beside the rest of backward (default off, or the plan's): one reduce-scatter "
                 "in flight as FSDP2 keeps, DDP's all-reduces waited for at backward's end");
+  sub->add_flag("--async-gather", a->async_gather,
+                "Run prefetched all-gathers beside compute (default off, or the plan's), waited for where the "
+                "unit runs");
   sub->add_option("--clip-grad-norm", a->clip_grad_norm,
                   "Clip the global gradient norm (across shards) to this value; 0 = off")
       ->capture_default_str()

@@ -41,6 +41,7 @@ Job resolve_job(const RunArgs& a) {
     job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
     job.prefetch = a.prefetch_given ? a.prefetch : plan.prefetch;
     job.async_reduce = a.async_reduce || plan.async_reduce;
+    job.async_gather = a.async_gather || plan.async_gather;
     if (!a.model.empty() && a.model != plan.model.name)
       throw BadInput("--model " + a.model + ": the plan " + a.plan + " is for " + plan.model.name);
     if (!a.batch_given && c->max_batch_per_gpu < 1)
@@ -60,6 +61,7 @@ Job resolve_job(const RunArgs& a) {
     job.grad_accum = a.grad_accum;
     job.prefetch = a.prefetch;
     job.async_reduce = a.async_reduce;
+    job.async_gather = a.async_gather;
   }
   job.model = models::resolve_model(model_name);
   if (!a.loss.empty()) job.loss = a.loss;

@@ -39,6 +39,7 @@ struct RunArgs {
   int64_t grad_accum = 1;
   int prefetch = 1;
   bool async_reduce = false;
+  bool async_gather = false;
   double clip_grad_norm = 0;
   bool reference_trainer = false;
   bool oom_ok = false;  // an out-of-memory run exits 0 (validate's max+1 runs), not 4
@@ -71,6 +72,7 @@ struct Job {
   int64_t grad_accum = 1;      // --grad-accum, else the plan's
   int prefetch = 1;            // --prefetch, else the plan's
   bool async_reduce = false;   // --async-reduce, or the plan's
+  bool async_gather = false;   // --async-gather, or the plan's
   int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
   int plan_gpus_per_node = 0;  // the plan's GPUs per node
   std::string device = "cpu";   // --device

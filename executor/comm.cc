@@ -78,6 +78,12 @@ std::unique_ptr<PendingCollective> Communicator::reduce_scatter_async(const at::
   return std::make_unique<CompletedCollective>();
 }
 
+std::unique_ptr<PendingCollective> Communicator::all_gather_into_async(const at::Tensor& out_flat,
+                                                                       const at::Tensor& in_shard) {
+  all_gather_into(out_flat, in_shard);
+  return std::make_unique<CompletedCollective>();
+}
+
 std::unique_ptr<PendingCollective> Communicator::all_reduce_async(const at::Tensor& t, ReduceOp op) {
   all_reduce(t, op);
   return std::make_unique<CompletedCollective>();
@@ -303,6 +309,27 @@ class GlooCommunicator final : public Communicator {
   int world_size() const override { return static_cast<int>(global_ranks_.size()); }
   const std::vector<int>& global_ranks() const override { return global_ranks_; }
 
+  std::unique_ptr<PendingCollective> all_gather_into_async(const at::Tensor& out_flat,
+                                                           const at::Tensor& in_shard) override {
+    if (world_->all_gather_algo != GlooAllGather::kViaAllReduce)
+      return Communicator::all_gather_into_async(out_flat, in_shard);  // completes here
+    const char* op = "all_gather_into";
+    check_pair(op, "out_flat", out_flat, "in_shard", in_shard, world_size());
+    check_cpu(op, out_flat);
+    const int64_t n = in_shard.numel();
+    at::Tensor out = out_flat.view({-1}), in = in_shard.view({-1});
+    if (world_size() == 1) {
+      place_shard(op, out, in, out);
+      return issue(op, out, [] {});
+    }
+    // Zeros everywhere but this rank's slot, then sum: every slot ends up
+    // holding its owner's shard exactly. No allocation.
+    place_shard(op, out.narrow(0, rank_ * n, n), in, out);
+    if (rank_ > 0) out.narrow(0, 0, rank_ * n).zero_();
+    if (rank_ + 1 < world_size()) out.narrow(0, (rank_ + 1) * n, (world_size() - rank_ - 1) * n).zero_();
+    return issue(op, out, [] {});
+  }
+
   void all_gather_into(const at::Tensor& out_flat, const at::Tensor& in_shard) override {
     const char* op = "all_gather_into";
     check_pair(op, "out_flat", out_flat, "in_shard", in_shard, world_size());
@@ -311,13 +338,7 @@ class GlooCommunicator final : public Communicator {
     at::Tensor out = out_flat.view({-1}), in = in_shard.view({-1});
     if (world_size() == 1) return place_shard(op, out, in, out);
     if (world_->all_gather_algo == GlooAllGather::kViaAllReduce) {
-      // Zeros everywhere but this rank's slot, then sum: every slot ends up
-      // holding its owner's shard exactly. No allocation.
-      place_shard(op, out.narrow(0, rank_ * n, n), in, out);
-      if (rank_ > 0) out.narrow(0, 0, rank_ * n).zero_();
-      if (rank_ + 1 < world_size()) out.narrow(0, (rank_ + 1) * n, (world_size() - rank_ - 1) * n).zero_();
-      std::vector<at::Tensor> tensors{out};
-      run(op, [&] { return pg_->allreduce(tensors); });
+      all_gather_into_async(out_flat, in_shard)->wait();
     } else {
       // c10d gathers into a flat temporary of out's size, then copies it
       // into these views.

@@ -217,6 +217,12 @@ class Communicator {
   // Calls on one group complete in the order they were issued.
   virtual std::unique_ptr<PendingCollective> reduce_scatter_async(const at::Tensor& out_shard,
                                                                   const at::Tensor& in_flat, ReduceOp op);
+  // all_gather_into in flight, for a prefetched gather (--async-gather).
+  // gloo: with GlooAllGather::kViaAllReduce only (the allgather algorithm's
+  // flat temporary would be allocated on a worker thread, at a moment the
+  // meter cannot predict: that one completes before returning).
+  virtual std::unique_ptr<PendingCollective> all_gather_into_async(const at::Tensor& out_flat,
+                                                                   const at::Tensor& in_shard);
   virtual std::unique_ptr<PendingCollective> all_reduce_async(const at::Tensor& t, ReduceOp op);
   virtual void barrier() = 0;
 

@@ -116,7 +116,7 @@ Engine::Engine(const EngineOptions& o, Communicator& world)
   world_ = bridged_world_.get();
   const int n = world.world_size();
   traits_ = spec::decode_strategy(o.candidate, n, spec::shard_group_for(o.candidate.sharding, n, o.shard_group_size));
-  schedule_ = spec::Schedule(traits_, o.prefetch, o.async_reduce);
+  schedule_ = spec::Schedule(traits_, o.prefetch, o.async_reduce, o.async_gather);
   compute_dtype_ = scalar_type(traits_.compute_dtype);
   if (compute_dtype_ == torch::kHalf) scaler_ = std::make_unique<DynamicLossScaler>();
 

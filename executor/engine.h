@@ -69,6 +69,9 @@ struct EngineOptions : TrainOptions {
   // DDP's buckets waited for at backward's end. Off: each unit's reduction
   // completes at its post-backward.
   bool async_reduce = false;
+  // Prefetched all-gathers run beside compute (--async-gather), waited for
+  // at the unit's own gather; their staging copies live until then.
+  bool async_gather = false;
   // Clip the global gradient norm (over every rank's shard) to this value,
   // as torch.nn.utils.clip_grad_norm_. 0 = off, the default: the single-rank
   // trainer does not clip, and the parity tests compare against it.

@@ -66,6 +66,11 @@ class GlooBf16Bridge final : public Communicator {
       if (slice.data_ptr() != out.data_ptr()) out.copy_(slice);
     });
   }
+  std::unique_ptr<PendingCollective> all_gather_into_async(const at::Tensor& out_flat,
+                                                           const at::Tensor& in_shard) override {
+    if (!bridged(out_flat)) return inner_->all_gather_into_async(out_flat, in_shard);
+    return inner_->all_gather_into_async(out_flat.view(torch::kUInt8), in_shard.view(torch::kUInt8));
+  }
   std::unique_ptr<PendingCollective> all_reduce_async(const at::Tensor& t, ReduceOp op) override {
     if (!bridged(t)) return inner_->all_reduce_async(t, op);
     return bounced(t.view({-1}), op, [] {});

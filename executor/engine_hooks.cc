@@ -52,8 +52,14 @@ void Engine::apply(spec::Op op, int u) {
       if (it == forward_order_.end()) return;
       const int pos = static_cast<int>(it - forward_order_.begin());
       const int count = static_cast<int>(forward_order_.size());
-      for (int k = 1, at; (at = schedule_.prefetch_position(op, pos, k, count)) >= 0; ++k)
-        flat_[forward_order_[at]]->unshard(*shard_group_);  // nothing when UNSHARDED
+      for (int k = 1, at; (at = schedule_.prefetch_position(op, pos, k, count)) >= 0; ++k) {
+        FlatParam& next = *flat_[forward_order_[at]];  // nothing when UNSHARDED
+        if (schedule_.async_gather()) {
+          next.launch_unshard(*shard_group_);  // its own kGather waits
+        } else {
+          next.unshard(*shard_group_);
+        }
+      }
       return;
     }
     case spec::Op::kAllocGrad:

@@ -166,23 +166,35 @@ void FlatParam::free_storage() {
 }
 
 void FlatParam::unshard(Communicator& shard_group) {
+  if (gather_) return finish_unshard();
+  launch_unshard(shard_group);
+  finish_unshard();
+}
+
+void FlatParam::launch_unshard(Communicator& shard_group) {
   if (!config_.sharded_params || state_ == ParamState::kUnsharded) return;
   torch::NoGradGuard no_grad;
   // Cast (mixed) or host-to-device copy (offload) into a c*s staging buffer
   // that feeds the all-gather and dies with it.
-  torch::Tensor staging;
   if (staged_gather()) {
-    staging = torch::empty({layout_.shard_numel()}, dev_compute_);
-    staging.copy_(shard_);
+    staging_ = torch::empty({layout_.shard_numel()}, dev_compute_);
+    staging_.copy_(shard_);
   }
   alloc_storage();
-  shard_group.all_gather_into(gathered_, staging.defined() ? staging : shard_);
-  free_now(staging);
-  state_ = ParamState::kUnsharded;  // SHARDED -> UNSHARDED
+  gather_ = shard_group.all_gather_into_async(gathered_, staging_.defined() ? staging_ : shard_);
+  state_ = ParamState::kUnsharded;  // SHARDED -> UNSHARDED (once gather_ is done)
+}
+
+void FlatParam::finish_unshard() {
+  if (!gather_) return;
+  gather_->wait();
+  gather_.reset();
+  free_now(staging_);
 }
 
 void FlatParam::reshard() {
   if (!config_.sharded_params || state_ == ParamState::kSharded) return;
+  finish_unshard();  // a prefetched gather nobody waited for
   free_storage();
   state_ = ParamState::kSharded;  // UNSHARDED -> SHARDED: the shard was never gone
 }

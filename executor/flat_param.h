@@ -103,6 +103,14 @@ class FlatParam {
   // when it must be cast or comes from the host) into a fresh allocation of
   // the gathered storage. No-op when UNSHARDED.
   void unshard(Communicator& shard_group);
+  // unshard in two halves, for a prefetched gather that runs beside compute
+  // (--async-gather): the launch allocates the staging copy and the gathered
+  // storage and issues the all-gather; finish (or unshard, or reshard)
+  // waits for it and frees the staging copy. The parameters may not be read
+  // in between.
+  void launch_unshard(Communicator& shard_group);
+  void finish_unshard();
+  bool gather_in_flight() const { return gather_ != nullptr; }
   // UNSHARDED -> SHARDED: free the gathered storage; the shard was never
   // gone. No-op when SHARDED.
   void reshard();
@@ -193,6 +201,8 @@ class FlatParam {
   torch::Tensor shard_;            // fp32 [s], device or host: the master
   c10::Storage gathered_storage_;  // c*P bytes when UNSHARDED, 0 when SHARDED
   torch::Tensor gathered_;         // [P] on gathered_storage_: the all-gather output
+  std::unique_ptr<PendingCollective> gather_;  // launch_unshard to finish_unshard
+  torch::Tensor staging_;          // [s] compute dtype: what gather_ reads (mixed, offload)
   torch::Tensor unsharded_grad_;   // [P] compute dtype, pre- to post-backward
   torch::Tensor shard_grad_;       // fp32 [s], device or host, post-backward to zero_grad
   // A reduction in flight (launch_reduce_grad to finish_reduce_grad): its

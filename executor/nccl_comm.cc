@@ -342,7 +342,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
 
   // ---- asynchronous collectives ----
 
-  NcclWork all_gather_into_async(const at::Tensor& out_flat, const at::Tensor& in_shard) override {
+  NcclWork all_gather_into_work(const at::Tensor& out_flat, const at::Tensor& in_shard) override {
     const char* op = "all_gather_into";
     check_pair(op, "out_flat", out_flat, "in_shard", in_shard, world_size(), device());
     check_shard_placement(op, out_flat, in_shard, rank_);
@@ -399,7 +399,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   // ---- the Communicator interface: asynchronous, then the compute stream waits
 
   void all_gather_into(const at::Tensor& out_flat, const at::Tensor& in_shard) override {
-    all_gather_into_async(out_flat, in_shard).wait();
+    all_gather_into_work(out_flat, in_shard).wait();
   }
   void reduce_scatter(const at::Tensor& out_shard, const at::Tensor& in_flat, ReduceOp reduce) override {
     reduce_scatter_work(out_shard, in_flat, reduce).wait();
@@ -411,6 +411,10 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
   std::unique_ptr<PendingCollective> all_reduce_async(const at::Tensor& t, ReduceOp reduce) override {
     return std::make_unique<PendingWork>(all_reduce_work(t, reduce));
+  }
+  std::unique_ptr<PendingCollective> all_gather_into_async(const at::Tensor& out_flat,
+                                                           const at::Tensor& in_shard) override {
+    return std::make_unique<PendingWork>(all_gather_into_work(out_flat, in_shard));
   }
   void broadcast(const at::Tensor& t, int root) override { broadcast_async(t, root).wait(); }
 

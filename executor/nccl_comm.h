@@ -143,12 +143,12 @@ class NcclWork {
 
 // The nccl Communicator, with asynchronous variants of the collectives for
 // overlap (prefetching the next unit's all-gather while this one computes).
-// The synchronous Communicator calls are `*_async(...).wait()` (`*_work` for
-// the two whose Communicator-level `*_async` returns a PendingCollective:
-// its wait() is the work's wait(), the compute stream's).
+// The synchronous Communicator calls are `*_work(...).wait()` (`*_async` for
+// broadcast); the Communicator-level `*_async` calls return a
+// PendingCollective whose wait() is the work's wait(), the compute stream's.
 class NcclCommunicator : public Communicator {
  public:
-  virtual NcclWork all_gather_into_async(const at::Tensor& out_flat, const at::Tensor& in_shard) = 0;
+  virtual NcclWork all_gather_into_work(const at::Tensor& out_flat, const at::Tensor& in_shard) = 0;
   virtual NcclWork reduce_scatter_work(const at::Tensor& out_shard, const at::Tensor& in_flat,
                                        ReduceOp op) = 0;
   virtual NcclWork all_reduce_work(const at::Tensor& t, ReduceOp op) = 0;

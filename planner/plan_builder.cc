@@ -243,6 +243,7 @@ Strategy strategy_for(const Candidate& c, const PlanRequest& r) {
   s.grad_accum = r.grad_accum;
   s.prefetch = r.prefetch;
   s.async_reduce = r.async_reduce;
+  s.async_gather = r.async_gather;
   return s;
 }
 
@@ -320,6 +321,7 @@ Plan build_plan(const PlanRequest& r) {
   plan.grad_accum = r.grad_accum;
   plan.prefetch = r.prefetch;
   plan.async_reduce = r.async_reduce;
+  plan.async_gather = r.async_gather;
 
   const std::vector<ModuleNode> modules = file ? file->modules : models::module_table(r.model);
   std::map<std::string, UnitPartition> partitions;

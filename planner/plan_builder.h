@@ -65,6 +65,8 @@ struct PlanRequest {
   int prefetch = 1;
   // Gradients reduced beside backward (--async-reduce, spec::Schedule).
   bool async_reduce = false;
+  // Prefetched gathers beside compute (--async-gather, spec::Schedule).
+  bool async_gather = false;
   // Called as the plan advances, from build_plan's worker threads but never
   // two at once: stage "trace" (one traced step of a distinct precision and
   // recompute set) or "simulate" (one candidate's batch search done), how

@@ -149,6 +149,7 @@ Plan plan_from(const json& j, const std::string& origin) {
   if (r.has("grad_accum")) plan.grad_accum = static_cast<int>(r.integer("grad_accum", 1));
   if (r.has("prefetch")) plan.prefetch = static_cast<int>(r.integer("prefetch", 1));
   if (r.has("async_reduce")) plan.async_reduce = r.boolean("async_reduce");
+  if (r.has("async_gather")) plan.async_gather = r.boolean("async_gather");
   if (r.has("stack")) {
     plan.stack = r.text("stack");
     if (plan.stack != "shardfit" && plan.stack != "pytorch") r.fail("stack", "must be \"shardfit\" or \"pytorch\"");
@@ -317,6 +318,7 @@ void to_json(json& j, const Plan& plan) {
       {"chosen", plan.chosen.empty() ? json(nullptr) : json(plan.chosen)}};
   if (plan.ddp_static_graph) j["ddp_static_graph"] = true;
   if (plan.async_reduce) j["async_reduce"] = true;
+  if (plan.async_gather) j["async_gather"] = true;
 }
 
 void from_json(const json& j, Plan& plan) { plan = plan_from(j, "plan"); }
@@ -403,7 +405,8 @@ std::string format_plan_table(const Plan& plan, size_t top) {
   out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
       << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention)
       << (plan.prefetch == 1 ? "" : ", prefetch " + std::to_string(plan.prefetch))
-      << (plan.async_reduce ? ", async reduce" : "") << ", " << hw.world_size() << " GPU"
+      << (plan.async_reduce ? ", async reduce" : "") << (plan.async_gather ? ", async gather" : "") << ", "
+      << hw.world_size() << " GPU"
       << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
   if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";
   out << ", usable memory "

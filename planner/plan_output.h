@@ -115,6 +115,7 @@ struct Plan {
   int grad_accum = 1;  // extra: micro-batches per optimizer step; max batch is per micro-batch
   int prefetch = 1;    // extra: units gathered ahead (spec::Schedule); absent in older plans = 1
   bool async_reduce = false;  // extra: gradients reduced beside backward; written when true
+  bool async_gather = false;  // extra: prefetched gathers beside compute; written when true
   Objective objective = Objective::kThroughput;  // extra
   std::vector<PlanCandidate> candidates;
   std::string chosen;  // a candidate id; "" (JSON null) when nothing fits

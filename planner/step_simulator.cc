@@ -230,7 +230,8 @@ class StepReplay {
   // The schedule's actions for a unit's hook, or (u < 0) the step's.
   bool run_hook(spec::Hook hook, int u);
   bool apply(spec::Op op, int u);
-  bool unshard(int u);
+  bool unshard(int u, bool wait = true);
+  void finish_unshard(int u);
   void reshard(int u);
   bool launch_reduce_scatter(int u);
   bool finish_reduce_scatter(int u);
@@ -267,6 +268,7 @@ class StepReplay {
   std::vector<ParamState> state_;
   std::vector<bool> shard_grad_live_;  // device or host, by strategy
   std::vector<int> in_flight_;  // units whose reduction is launched, in launch order
+  std::vector<bool> gather_in_flight_;  // prefetched (async_gather), not yet waited for
   std::vector<bool> optimizer_state_live_;
   std::vector<uint8_t> id_category_;
   CategoryBytes category_bytes_{};
@@ -283,7 +285,7 @@ StepReplay::StepReplay(const StepSimulator& sim, const Strategy& strategy,
     : sim_(sim),
       strategy_(strategy),
       traits_(strategy.traits()),
-      schedule_(traits_, strategy.prefetch, strategy.async_reduce),
+      schedule_(traits_, strategy.prefetch, strategy.async_reduce, strategy.async_gather),
       allocator_(allocator),
       options_(options),
       result_(result),
@@ -302,6 +304,7 @@ StepReplay::StepReplay(const StepSimulator& sim, const Strategy& strategy,
   }
   state_.assign(num_units_, ParamState::kSharded);
   shard_grad_live_.assign(num_units_, false);
+  gather_in_flight_.assign(num_units_, false);
   optimizer_state_live_.assign(num_units_, false);
   id_category_.assign(overhead_id_ + options.overhead_bytes.size(), 0);
 }
@@ -472,7 +475,9 @@ bool StepReplay::run_hook(spec::Hook hook, int u) {
 bool StepReplay::apply(spec::Op op, int u) {
   switch (op) {
     case spec::Op::kGather:
-      return state_[u] == ParamState::kUnsharded || unshard(u);
+      if (state_[u] == ParamState::kSharded) return unshard(u);
+      finish_unshard(u);  // a prefetch in flight: wait for it
+      return true;
     case spec::Op::kReshard:
       if (state_[u] == ParamState::kUnsharded) reshard(u);
       return true;
@@ -484,7 +489,7 @@ bool StepReplay::apply(spec::Op op, int u) {
       if (pos < 0 || (op == spec::Op::kPrefetchForward && !forward_order_known_)) return true;
       for (int k = 1, at; (at = schedule_.prefetch_position(op, pos, k, sim_.num_run_forward_)) >= 0; ++k) {
         const int next = sim_.forward_order_[at];
-        if (state_[next] == ParamState::kSharded && !unshard(next)) return false;
+        if (state_[next] == ParamState::kSharded && !unshard(next, !schedule_.async_gather())) return false;
       }
       return true;
     }
@@ -514,21 +519,30 @@ bool StepReplay::apply(spec::Op op, int u) {
 // SHARDED -> UNSHARDED: all-gather the unit's flat param. The input is the
 // fp32 shard itself, unless it must first be cast to c bytes (mixed) or
 // copied from the host (offload): then a c*s_u staging buffer feeds the
-// gather and is freed once it is done.
-bool StepReplay::unshard(int u) {
+// gather and is freed once it is done, now or (`wait` false: a prefetch in
+// flight) at finish_unshard.
+bool StepReplay::unshard(int u, bool wait) {
   const bool staged = traits_.staged_gather();
   if (staged &&
       !alloc(unit_id(u, kGatherStaging), c_ * shard_[u], kCommStream, Category::kTemporaries)) {
     return false;
   }
   if (!alloc(unit_id(u, kUnsharded), c_ * padded_[u], kCommStream, Category::kParams)) return false;
-  if (staged) free(unit_id(u, kGatherStaging));
   state_[u] = ParamState::kUnsharded;
+  gather_in_flight_[u] = true;
+  if (wait) finish_unshard(u);
   return true;
+}
+
+void StepReplay::finish_unshard(int u) {
+  if (!gather_in_flight_[u]) return;
+  gather_in_flight_[u] = false;
+  free(unit_id(u, kGatherStaging));  // nothing when the gather was not staged
 }
 
 // UNSHARDED -> SHARDED: drop the gathered buffer; the shard was never gone.
 void StepReplay::reshard(int u) {
+  finish_unshard(u);  // a prefetch nobody waited for
   free(unit_id(u, kUnsharded));
   state_[u] = ParamState::kSharded;
 }

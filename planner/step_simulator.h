@@ -115,6 +115,9 @@ struct Strategy {
   // spec::Schedule's kWaitReduce): a sharded unit's unsharded grad lives on
   // through the next unit's backward.
   bool async_reduce = false;
+  // Prefetched gathers run beside compute (--async-gather): a staged
+  // gather's c*s_u copy lives until the unit's own kGather.
+  bool async_gather = false;
   // Micro-batches per optimizer step (the executor's --grad-accum): each
   // replays the whole trace and marks its forward/backward labels again.
   int grad_accum = 1;

@@ -53,6 +53,7 @@ struct RunReport {
   int64_t batch_per_gpu = 0;
   int prefetch = 1;  // units gathered ahead (--prefetch; absent in older reports = 1)
   bool async_reduce = false;  // gradients reduced beside backward (--async-reduce; absent in older reports = false)
+  bool async_gather = false;  // prefetched gathers beside compute (--async-gather; absent in older reports = false)
   int world_size = 1;
   std::string backend;  // "gloo", "nccl", "loopback", "none" (one rank)
   std::string device;   // "cpu" or "cuda"

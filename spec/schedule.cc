@@ -33,8 +33,8 @@ const char* op_name(Op op) {
   return "?";
 }
 
-Schedule::Schedule(const StrategyTraits& traits, int prefetch, bool async_reduce)
-    : traits_(traits), prefetch_(prefetch), async_reduce_(async_reduce) {
+Schedule::Schedule(const StrategyTraits& traits, int prefetch, bool async_reduce, bool async_gather)
+    : traits_(traits), prefetch_(prefetch), async_reduce_(async_reduce), async_gather_(async_gather) {
   if (prefetch < 0) throw std::invalid_argument("--prefetch " + std::to_string(prefetch) + ": must be at least 0");
   for (int h = 0; h < kNumHooks; ++h)
     for (int root = 0; root < 2; ++root)

@@ -15,7 +15,10 @@
 // and c the compute dtype's bytes, the actions are:
 //   kGather           SHARDED -> UNSHARDED: a c*s_u staging copy of the shard
 //                     when the gather is staged (mixed or offload), then an
-//                     all-gather into c*P_u; nothing when already UNSHARDED.
+//                     all-gather into c*P_u, the staging copy freed once it
+//                     is done; when already UNSHARDED, nothing, or (a
+//                     prefetch in flight, async_gather) its wait and the
+//                     staging copy freed.
 //   kReshard          UNSHARDED -> SHARDED: the gathered storage freed.
 //   kPrefetchForward  kGather for the next prefetch - 1 units in forward
 //                     order (FSDP's forward_prefetch), once a forward has
@@ -111,7 +114,12 @@ class Schedule {
   // synchronous, so a prefetch gathers early (FSDP's memory) without
   // overlapping compute. `async_reduce`: gradients reduce beside backward
   // (kWaitReduce above).
-  explicit Schedule(const StrategyTraits& traits, int prefetch = 1, bool async_reduce = false);
+  // `async_gather`: a prefetched unit's all-gather runs beside compute and
+  // is waited for at that unit's own kGather (--async-gather); its staging
+  // copy (mixed, offload) lives until then. A unit's own gather, when
+  // nothing prefetched it, is always waited for at once: it is needed now.
+  explicit Schedule(const StrategyTraits& traits, int prefetch = 1, bool async_reduce = false,
+                    bool async_gather = false);
   Schedule() = default;  // no actions at all, until assigned
 
   // The actions of `hook` for a unit, in order. kZeroGrad and kBackwardStart
@@ -126,6 +134,7 @@ class Schedule {
   const StrategyTraits& traits() const { return traits_; }
   int prefetch() const { return prefetch_; }
   bool async_reduce() const { return async_reduce_; }
+  bool async_gather() const { return async_gather_; }
 
   // Which units a prefetch action gathers, as positions in the order units
   // first ran forward (`count` of them known): the k-th (k = 1, 2, ...) the
@@ -145,6 +154,7 @@ class Schedule {
   StrategyTraits traits_;
   int prefetch_ = 1;
   bool async_reduce_ = false;
+  bool async_gather_ = false;
   std::array<std::vector<Op>, kNumHooks * 4> table_;  // by hook, root, last micro-batch
 };
 

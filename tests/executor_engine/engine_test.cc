@@ -238,9 +238,10 @@ TEST(EngineParity, GradientAccumulation) {
   }
 }
 
-// --async-reduce changes when a reduction completes, not what it computes:
-// the same gloo ring sums the same gradients, so every loss is bit-identical
-// to the synchronous run's, and the planner predicts its (larger) peaks.
+// --async-reduce and --async-gather change when a collective completes, not
+// what it computes: the same gloo ring sums the same gradients and gathers
+// the same shards, so every loss is bit-identical to the synchronous run's,
+// and the planner predicts the peaks.
 TEST(EngineParity, AsyncReduceTrainsBitIdenticalLosses) {
   const std::string model = model_config("gpt2");
   for (const ParityCase& c : std::vector<ParityCase>{{"zero3/fp32/wrap=size:2000", 3},
@@ -260,6 +261,13 @@ TEST(EngineParity, AsyncReduceTrainsBitIdenticalLosses) {
     EXPECT_TRUE(async["run"]["async_reduce"].get<bool>());
     EXPECT_EQ(losses(async), losses(sync));
     expect_peaks_predicted(async, c.strategy + " --async-reduce");
+    if (c.strategy.rfind("ddp", 0) == 0 || c.strategy.rfind("zero1", 0) == 0) continue;  // nothing to gather
+    args.insert(args.end(), {"--async-gather", "--prefetch", "2"});
+    const json overlapped = run_report(args);
+    ASSERT_FALSE(overlapped.is_null());
+    EXPECT_TRUE(overlapped["run"]["async_gather"].get<bool>());
+    EXPECT_EQ(losses(overlapped), losses(sync));
+    expect_peaks_predicted(overlapped, c.strategy + " --async-reduce --async-gather --prefetch 2");
   }
 }
 

@@ -110,6 +110,28 @@ TEST(FlatParam, ALaunchedReductionKeepsTheUnshardedGradUntilItFinishes) {
   f.finish_reduce_grad();  // nothing in flight: nothing to do
 }
 
+// --async-gather's halves: a prefetched gather allocates the staging cast
+// and the gathered storage at launch and frees the staging copy when it is
+// waited for (unshard does, as the unit's own gather).
+TEST(FlatParam, APrefetchedGatherKeepsItsStagingCopyUntilWaitedFor) {
+  TrackingAllocator& meter = TrackingAllocator::cpu();
+  TwoParams p;
+  auto comm = loopback(0, 2);  // s = 5, P = 10
+  FlatParamConfig c = sharded_fp32();
+  c.compute_dtype = torch::kBFloat16;
+  FlatParam f("a", spec::FlatParamLayout(p.infos, 2), 0, c, p.params);
+  const int64_t before = meter.allocated_bytes();
+  f.launch_unshard(*comm);
+  EXPECT_TRUE(f.gather_in_flight());
+  EXPECT_EQ(f.state(), ParamState::kUnsharded);
+  EXPECT_EQ(meter.allocated_bytes() - before, 5 * 2 + 10 * 2) << "the bf16 staging shard and the gathered buffer";
+  f.unshard(*comm);  // the unit's own gather: waits, allocates nothing more
+  EXPECT_FALSE(f.gather_in_flight());
+  EXPECT_EQ(meter.allocated_bytes() - before, 10 * 2) << "the staging copy freed";
+  f.reshard();
+  EXPECT_EQ(meter.allocated_bytes(), before);
+}
+
 TEST(FlatParam, MixedPrecisionGathersThroughAStagingCast) {
   TrackingAllocator& meter = TrackingAllocator::cpu();
   TwoParams p;

@@ -264,7 +264,7 @@ TEST(NcclGpu, AsyncWorkOverlapsAndTheComputeStreamWaitsForIt) {
   at::Tensor in = torch::arange(1 << 20, on_gpu());
   at::Tensor out = torch::zeros({1 << 20}, on_gpu());
   block_compute_stream(&hold_ms);
-  NcclWork w = c->all_gather_into_async(out, in);
+  NcclWork w = c->all_gather_into_work(out, in);
   // Issued after the compute stream's queue: not finished while it sleeps.
   EXPECT_FALSE(w.completed());
   w.wait();  // the compute stream waits; the host does not
@@ -282,11 +282,11 @@ TEST(NcclGpu, AtMostTwoAllGathersInFlight) {
   c->synchronize();
   block_compute_stream(&hold_ms);
   std::vector<NcclWork> works;
-  works.push_back(c->all_gather_into_async(outs[0], in));
-  works.push_back(c->all_gather_into_async(outs[1], in));
+  works.push_back(c->all_gather_into_work(outs[0], in));
+  works.push_back(c->all_gather_into_work(outs[1], in));
   EXPECT_EQ(c->in_flight_all_gathers(), 2);
   const auto t0 = std::chrono::steady_clock::now();
-  works.push_back(c->all_gather_into_async(outs[2], in));  // blocks until the first finishes
+  works.push_back(c->all_gather_into_work(outs[2], in));  // blocks until the first finishes
   const auto blocked = std::chrono::steady_clock::now() - t0;
   EXPECT_LE(c->in_flight_all_gathers(), 2);
   // The first could not finish before the compute stream's 400 ms hold:
