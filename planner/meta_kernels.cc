@@ -63,9 +63,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_native_layer_norm_backward(
 
 std::tuple<at::Tensor, at::Tensor> meta_native_dropout(const at::Tensor& input, double,
                                                        c10::optional<bool>) {
-  if (g_target_cuda) {  // one fused kernel: output, then the byte mask
-    auto out = at::empty(input.sizes(), input.options());
-    return {out, at::empty(input.sizes(), input.options().dtype(at::kBool))};
+  if (g_target_cuda) {  // one fused kernel (cuda/Dropout.cu dropout_cuda): the bool mask, then the output
+    auto mask = at::empty(input.sizes(), input.options().dtype(at::kBool));
+    return {at::empty(input.sizes(), input.options()), mask};
   }
   // CPU (1.13 native_dropout_cpu): the byte mask, a bernoulli noise tensor in
   // the input's dtype, the output = input * noise * scale; the noise is freed

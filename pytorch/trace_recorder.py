@@ -112,6 +112,40 @@ def on_meta():
         yield
 
 
+@contextlib.contextmanager
+def cuda_dropout():
+    """Dropout as a CUDA tensor runs it. at::dropout (ATen/native/Dropout.cpp,
+    1.12 and 1.13) takes the fused kernel, native_dropout, only when
+    is_fused_kernel_acceptable(input, p): a CUDA (XPU, lazy) tensor, 0 < p < 1,
+    numel > 0. A meta tensor is none of those, so on its own the trace would
+    follow the CPU path (_dropout_impl: an input-dtype noise tensor, kept by
+    the product's backward). Inside, F.dropout and torch.dropout call
+    native_dropout where CUDA would: its output and a bool mask, the mask
+    what backward keeps (planner/meta_kernels.cc allocates them as CUDA's
+    dropout_cuda does)."""
+    import torch
+    import torch.nn.functional as F
+
+    functional, builtin = F.dropout, torch.dropout
+
+    def fused(input, p, train):
+        return train and 0 < p < 1 and input.numel() > 0
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not inplace and fused(input, p, training):
+            return torch.native_dropout(input, p, True)[0]
+        return functional(input, p, training, inplace)
+
+    def dropout_builtin(input, p, train):
+        return torch.native_dropout(input, p, True)[0] if fused(input, p, train) else builtin(input, p, train)
+
+    F.dropout, torch.dropout = dropout, dropout_builtin
+    try:
+        yield
+    finally:
+        F.dropout, torch.dropout = functional, builtin
+
+
 def module_table(model, block_class=None):
     """shardfit.trace/1's module table: named_modules() order, each module's
     own parameters (a tied parameter once, under its first owner; a later
@@ -294,46 +328,50 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
     region = (AutocastEmulation({"bf16": torch.bfloat16, "fp16": torch.float16}[autocast],
                                 "cuda" if target_cuda else "cpu") if autocast
               else contextlib.nullcontext())
+    # CUDA's dropout for the forward and for what a checkpointed unit's
+    # backward recomputes.
+    kernels = cuda_dropout() if target_cuda else contextlib.nullcontext()
     try:
-        args = input_fn(batch, seq_len, "meta")
-        if not isinstance(args, tuple):
-            args = (args,)
-        with region:
-            out = model(*args)
-        if autocast and fp32_outputs:
-            out = outputs_to_fp32(out)  # outside the autocast region, as Accelerate's wrapper sits
-        # What DDP(static_graph=True) clones in its first iteration: each
-        # returned tensor with a grad_fn, flattened as DDP flattens them.
-        from torch.utils._pytree import tree_flatten
-        returned = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        lib.shardfit_trace_output_tensors(json.dumps([t.numel() * t.element_size() for t in returned]).encode())
-        del returned
-        loss = split_loss(out)
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise BadInput("--model: forward must return the loss, a scalar tensor, or a tuple or an object "
-                           "with .loss whose loss is one (got %s)"
-                           % (type(loss).__name__ if not isinstance(loss, torch.Tensor)
-                              else "shape %s" % list(loss.shape)))
-        lib.shardfit_trace_backward_phase()
-        if checkpointed:
-            checkpointed.in_backward = True
-        try:
-            if scale is not None:
-                scaled = loss * scale
-                scaled.backward()
-                del scaled
-            else:
-                loss.backward()
-        finally:
+        with kernels:
+            args = input_fn(batch, seq_len, "meta")
+            if not isinstance(args, tuple):
+                args = (args,)
+            with region:
+                out = model(*args)
+            if autocast and fp32_outputs:
+                out = outputs_to_fp32(out)  # outside the autocast region, as Accelerate's wrapper sits
+            # What DDP(static_graph=True) clones in its first iteration: each
+            # returned tensor with a grad_fn, flattened as DDP flattens them.
+            from torch.utils._pytree import tree_flatten
+            returned = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+            lib.shardfit_trace_output_tensors(json.dumps([t.numel() * t.element_size() for t in returned]).encode())
+            del returned
+            loss = split_loss(out)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise BadInput("--model: forward must return the loss, a scalar tensor, or a tuple or an object "
+                               "with .loss whose loss is one (got %s)"
+                               % (type(loss).__name__ if not isinstance(loss, torch.Tensor)
+                                  else "shape %s" % list(loss.shape)))
+            lib.shardfit_trace_backward_phase()
             if checkpointed:
-                checkpointed.in_backward = False
-        # What the forward returned (the loss too), dropped here, is what a
-        # loop holding it (`outputs = model(...)`) keeps until its next
-        # forward returns.
-        lib.shardfit_trace_outputs_dropped(1)
-        del out, loss
-        lib.shardfit_trace_outputs_dropped(0)
-        del args
+                checkpointed.in_backward = True
+            try:
+                if scale is not None:
+                    scaled = loss * scale
+                    scaled.backward()
+                    del scaled
+                else:
+                    loss.backward()
+            finally:
+                if checkpointed:
+                    checkpointed.in_backward = False
+            # What the forward returned (the loss too), dropped here, is what a
+            # loop holding it (`outputs = model(...)`) keeps until its next
+            # forward returns.
+            lib.shardfit_trace_outputs_dropped(1)
+            del out, loss
+            lib.shardfit_trace_outputs_dropped(0)
+            del args
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the user's forward raises on meta tensors)

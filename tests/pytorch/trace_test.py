@@ -218,6 +218,19 @@ class TraceTest(unittest.TestCase):
         # Under CUDA's autocast: fp16 (with GradScaler's scaled backward), never bf16.
         self.assertEqual({t["dtype"] for t in traced["traces"] if t.get("autocast")}, {"fp16"})
 
+        def dropout_allocs(trace_file_json):  # what the first attention dropout allocates, batch 1, fp32
+            mods = [m["path"] for m in trace_file_json["modules"]]
+            t = next(t for t in trace_file_json["traces"] if t["batch"] == 1 and t["grads"] == "none"
+                     and not t.get("autocast") and not t.get("checkpoint"))
+            where = mods.index("transformer.h.0.attn.attn_dropout")
+            return [e[4] for e in t["events"] if e[0] == "alloc" and e[1] == "forward" and e[2] == where]
+        # CUDA's dropout (at::dropout takes native_dropout for a CUDA tensor):
+        # the bool mask (4 heads x 64 x 64 bytes), then the fp32 output. The
+        # CPU's: a float noise tensor, its scale (div_'s wrapped scalars) and
+        # the product.
+        self.assertEqual(dropout_allocs(traced), [16384, 65536])
+        self.assertEqual(dropout_allocs(self.hf_file), [65536, 8, 4, 65536])
+
         def kept(trace_file):  # the bytes of what batch 1's fp16 forward returned, which the loop holds
             with open(trace_file) as fh:
                 t = next(t for t in json.load(fh)["traces"]
