@@ -262,6 +262,9 @@ StepTimeInputs time_inputs(const Candidate& c, const PlanRequest& r, const UnitP
   ti.shard_group_size = t.collective_group_size;
   ti.nodes = r.nodes;
   ti.optimizer_states = t.optimizer_states;
+  ti.prefetch = r.prefetch;
+  ti.async_reduce = r.async_reduce;
+  ti.async_gather = r.async_gather;
   return ti;
 }
 

@@ -88,17 +88,35 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   // at its slowest hop.
   const double world_ring_per_s = in.nodes > 1 ? std::min(intra_per_s, inter_per_s) : intra_per_s;
 
+  // What the schedule overlaps (spec/schedule.h): a reduction runs beside
+  // the rest of backward only with async_reduce; a gather beside compute
+  // only when a prefetch launched it with async_gather (backward prefetches
+  // `prefetch` units, forward prefetch - 1). Otherwise each collective is
+  // waited for where it is issued and adds its whole time to the step.
+  const bool hide_reductions = in.async_reduce;
+  const bool hide_backward_gathers = in.async_gather;  // backward prefetches prefetch >= 1 units
+  const bool hide_forward_gathers = in.async_gather && in.prefetch >= 2;
+  // `total` of which all but `last` can hide behind compute when `hide`.
+  auto split = [](double total_s, double last_s, bool hide) {
+    return hide ? PhaseComm{total_s - last_s, last_s} : PhaseComm{0, total_s};
+  };
+  auto add = [](PhaseComm a, const PhaseComm& b) {
+    a.overlappable_s += b.overlappable_s;
+    a.exposed_s += b.exposed_s;
+    return a;
+  };
+
   PhaseComm fwd, bwd;
   double post_step_comm_s = 0;
   int optimizer_shard_ranks = 1;  // the optimizer updates model / this many
   int gather_passes = 0;          // param gathers per step (for offload copies)
   if (!traits.shard_grads) {
-    // ddp, zero1: the flat grads all-reduced in buckets.
+    // ddp, zero1: each unit's flat grad all-reduced after its backward; the
+    // first forward unit's, the last to start, has nothing left to hide behind.
     const double grad_bytes = model_numel * elem_bytes;
-    const double last_bucket_bytes = std::min(grad_bytes, static_cast<double>(kDdpBucketBytes));
     const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s;
-    const double exposed_s = all_reduce_bytes_per_rank(last_bucket_bytes, n) / world_ring_per_s;
-    bwd = {total_s - exposed_s, exposed_s};
+    const double last_s = all_reduce_bytes_per_rank(first_unit_numel * elem_bytes, n) / world_ring_per_s;
+    bwd = split(total_s, last_s, hide_reductions);
     t.intra_node_comm_bytes = all_reduce_bytes_per_rank(grad_bytes, n);
     if (traits.all_gather_params_after_step()) {
       // zero1: every rank updated a shard of the fp32 params; all ranks need all.
@@ -120,14 +138,15 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
     auto ring_s = [&](double numel) {
       return all_gather_bytes_per_rank(numel * elem_bytes, g) / ring_per_s;
     };
-    fwd = {ring_s(model_numel) - ring_s(first_unit_numel), ring_s(first_unit_numel)};
+    // Forward: nothing runs before the first unit's gather.
+    fwd = split(ring_s(model_numel), ring_s(first_unit_numel), hide_forward_gathers);
     const bool regather = traits.reshard_after_forward;  // zero2 keeps params for backward
     const int backward_collectives = regather ? 2 : 1;   // (AG +) RS
-    // Exposed in backward: the last reduce-scatter (first forward unit's)
-    // and, when params are re-gathered, the first backward unit's gather.
-    const double bwd_exposed_s =
-        ring_s(first_unit_numel) + (regather ? ring_s(last_unit_numel) : 0.0);
-    bwd = {backward_collectives * ring_s(model_numel) - bwd_exposed_s, bwd_exposed_s};
+    // Backward: the last reduce-scatter (the first forward unit's) and, when
+    // params are re-gathered, the first backward unit's gather (the last
+    // forward unit's) have nothing to hide behind.
+    bwd = split(ring_s(model_numel), ring_s(first_unit_numel), hide_reductions);
+    if (regather) bwd = add(bwd, split(ring_s(model_numel), ring_s(last_unit_numel), hide_backward_gathers));
     t.intra_node_comm_bytes =
         (1 + backward_collectives) * all_gather_bytes_per_rank(model_numel * elem_bytes, g);
     if (hybrid && in.nodes > 1) {
@@ -136,8 +155,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
       auto inter_s = [&](double numel) {
         return all_reduce_bytes_per_rank(numel / g * elem_bytes, in.nodes) / inter_per_s;
       };
-      bwd.overlappable_s += inter_s(model_numel) - inter_s(first_unit_numel);
-      bwd.exposed_s += inter_s(first_unit_numel);
+      bwd = add(bwd, split(inter_s(model_numel), inter_s(first_unit_numel), hide_reductions));
       t.inter_node_comm_bytes = all_reduce_bytes_per_rank(model_numel / g * elem_bytes, in.nodes);
     }
     optimizer_shard_ranks = g;

@@ -9,8 +9,8 @@
 //    the FLOP count leaves out (elementwise ops, launches).
 //  - Communication, per rank, ring algorithms over n ranks: an all-gather or
 //    reduce-scatter of M bytes moves (n−1)/n·M, an all-reduce 2(n−1)/n·M.
-//      ddp    all-reduce of grads, bucketed (25 MiB, DDP's default) during
-//             backward.
+//      ddp    all-reduce of each unit's grads after its backward (the
+//             engine reduces per wrap unit, not in DDP's 25 MiB buckets).
 //      zero1  the same, plus an all-gather of the updated fp32 params after
 //             the optimizer step.
 //      zero2  all-gather of params in forward (kept through backward),
@@ -22,14 +22,18 @@
 //    Params travel in the compute dtype, grads are reduced in it (SPEC: mixed
 //    precision reduces in low precision). Rates: the GPU link inside a node;
 //    a ring that spans nodes runs at the slower of GPU and inter-node link.
-//  - Overlap, per phase: phase time = max(compute, overlappable comm) +
-//    exposed comm. Exposed = what nothing can hide: in forward the first
-//    unit's all-gather (there is no earlier compute to prefetch behind); in
-//    backward the last reduce-scatter or all-reduce (the first unit's, or
-//    DDP's last bucket) and, for zero3/hybrid, the re-gather of the first
-//    unit backward runs (the last forward unit); after the step, zero1's
-//    param all-gather. With one unit (wrap=none) everything is exposed, as
-//    it really is.
+//  - Overlap, per phase, as the schedule runs it (spec/schedule.h; the
+//    inputs' prefetch, async_reduce, async_gather): phase time = max(compute,
+//    overlappable comm) + exposed comm. Synchronous collectives (the
+//    default) are all exposed: each is waited for where it is issued.
+//    With async_reduce the reductions (reduce-scatter, all-reduce, hybrid's
+//    inter-node all-reduce) overlap backward but the last (the first forward
+//    unit's); with async_gather the prefetched gathers overlap compute:
+//    backward's but the first backward unit's (the last forward unit's),
+//    forward's but the first unit's only with prefetch >= 2 (forward
+//    prefetches prefetch - 1 units). After the step, zero1's param
+//    all-gather is exposed. With one unit (wrap=none) everything is exposed,
+//    as it really is.
 //  - Offload (fully exposed, a conservative simplification): host→device copy
 //    of the rank's fp32 param shard once per gather pass (zero3/hybrid: 2,
 //    zero1/zero2: 1) and device→host copy of its fp32 grad shard, over the
@@ -58,10 +62,6 @@
 
 namespace shardfit::planner {
 
-// DDP's default bucket_cap_mb: the last bucket's all-reduce cannot overlap
-// backward.
-constexpr int64_t kDdpBucketBytes = int64_t{25} << 20;
-
 struct StepTimeInputs {
   Candidate candidate;        // sharding, offload, precision (wrap and ckpt
                               // act through the two fields below)
@@ -78,6 +78,11 @@ struct StepTimeInputs {
                              // hybrid: GPUs per node, ddp: ignored)
   int nodes = 1;
   int optimizer_states = 2;  // fp32 states per param: AdamW 2, SGD 0
+  // The schedule's overlap (spec::Schedule's, --prefetch, --async-reduce,
+  // --async-gather): what the engine runs beside compute.
+  int prefetch = 1;
+  bool async_reduce = false;
+  bool async_gather = false;
 };
 
 struct StepTime {

@@ -53,17 +53,38 @@ TEST(TimeModelTest, DdpByHand) {
   EXPECT_DOUBLE_EQ(t.forward_compute_s, 2);
   EXPECT_DOUBLE_EQ(t.backward_compute_s, 4);
   // All-reduce of 2e8 grad bytes over 2 ranks: 2·(1/2)·2e8 = 2e8 bytes at
-  // 10e9 × 0.5 = 5e9 B/s = 0.04 s; all but the last 25 MiB bucket hides
-  // behind the 4 s of backward; that bucket, 26214400 B, takes 0.00524288 s.
+  // 10e9 × 0.5 = 5e9 B/s = 0.04 s, after the one unit's backward: nothing
+  // is left to hide it behind, reduced asynchronously or not.
   EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 2e8);
   EXPECT_DOUBLE_EQ(t.comm_s, 0.04);
-  EXPECT_NEAR(t.exposed_comm_s, 0.00524288, 1e-12);
+  EXPECT_NEAR(t.exposed_comm_s, 0.04, 1e-12);
+  in.async_reduce = true;
+  EXPECT_NEAR(estimate_step_time(in, fake_device()).exposed_comm_s, 0.04, 1e-12);
   // AdamW on device: 5e7 × 4 B × (3 + 2·2) = 1.4e9 B at 100e9 × 0.5 = 0.028 s.
   EXPECT_DOUBLE_EQ(t.optimizer_s, 0.028);
   EXPECT_DOUBLE_EQ(t.offload_s, 0);
-  EXPECT_NEAR(t.step_time_s, 2 + 4 + 0.00524288 + 0.028, 1e-12);
+  EXPECT_NEAR(t.step_time_s, 2 + 4 + 0.04 + 0.028, 1e-12);
   // Global tokens: 4 × 128 × 2 ranks per step.
   EXPECT_NEAR(t.tokens_per_s, 1024 / t.step_time_s, 1e-9);
+}
+
+TEST(TimeModelTest, DdpAsyncReduceHidesAllButTheFirstUnitsAllReduce) {
+  StepTimeInputs in;
+  in.candidate = parse_candidate("ddp/fp32/wrap=block");
+  in.forward_flops = 1e12;   // 2 s
+  in.backward_flops = 2e12;  // 4 s: hides any all-reduce in flight
+  in.unit_padded_numel = {10'000'000, 40'000'000};
+  in.world_size = in.shard_group_size = 2;
+  // Synchronous (the default): each unit's all-reduce is waited for after its
+  // backward; the whole 0.04 s of DdpByHand's 2e8 bytes shows.
+  EXPECT_NEAR(estimate_step_time(in, fake_device()).exposed_comm_s, 0.04, 1e-12);
+  // --async-reduce: in flight until backward ends; the first unit's, 4e7 B
+  // at 5e9 B/s, starts last and shows.
+  in.async_reduce = true;
+  const StepTime t = estimate_step_time(in, fake_device());
+  EXPECT_DOUBLE_EQ(t.comm_s, 0.04);
+  EXPECT_NEAR(t.exposed_comm_s, 0.008, 1e-12);
+  EXPECT_NEAR(t.step_time_s, 2 + 4 + 0.008 + 0.028, 1e-12);
 }
 
 TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
@@ -76,6 +97,11 @@ TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
   in.seq_len = 1000;
   in.world_size = 4;
   in.shard_group_size = 4;
+  // Synchronous collectives (the default): all 3 × 0.015 s show.
+  EXPECT_NEAR(estimate_step_time(in, fake_device()).exposed_comm_s, 0.045, 1e-12);
+  // --prefetch 2 --async-reduce --async-gather: FSDP's overlap.
+  in.prefetch = 2;
+  in.async_reduce = in.async_gather = true;
   StepTime t = estimate_step_time(in, fake_device());
 
   // One gather of the model in fp16: (3/4)·5e7·2 B = 7.5e7 B / 5e9 = 0.015 s;
@@ -85,6 +111,11 @@ TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
   EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 3 * 7.5e7);
   EXPECT_NEAR(t.comm_s, 0.045, 1e-12);
   EXPECT_NEAR(t.exposed_comm_s, 0.012, 1e-12);
+  // --prefetch 1: forward prefetches nothing (prefetch - 1 units), so every
+  // forward gather shows: 0.015 s in place of 0.003 s.
+  in.prefetch = 1;
+  EXPECT_NEAR(estimate_step_time(in, fake_device()).exposed_comm_s, 0.015 + 0.006 + 0.003, 1e-12);
+  in.prefetch = 2;
   // Offload: shard = 1.25e7 params; 2 param copies in + 1 grad copy out, fp32:
   // 3 × 5e7 B = 1.5e8 B at 2e9 × 0.5 = 0.15 s. CPU AdamW: 1.25e7 × 28 B =
   // 3.5e8 B at 10e9 × 0.5 = 0.07 s.
@@ -104,6 +135,8 @@ TEST(TimeModelTest, HybridAddsAnInterNodeAllReduceOfTheShard) {
   in.world_size = 4;
   in.shard_group_size = 2;
   in.nodes = 2;
+  in.prefetch = 2;
+  in.async_reduce = in.async_gather = true;
   StepTime t = estimate_step_time(in, fake_device());
   // Inside a node (2 ranks): (1/2)·5e7·4 B = 1e8 B per collective, 3 of them.
   EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 3e8);
@@ -155,6 +188,10 @@ StepTime gpt2_large_on_titans(const std::string& id, int64_t batch = 8) {
   in.seq_len = 128;
   in.world_size = 2;
   in.shard_group_size = 2;
+  // With everything that can overlap overlapped (--prefetch 2
+  // --async-reduce --async-gather), as FSDP runs: what ranks strategies.
+  in.prefetch = 2;
+  in.async_reduce = in.async_gather = true;
   return estimate_step_time(in, titan);
 }
 
@@ -248,11 +285,11 @@ TEST(TimeModelAccumTest, DdpReducesOnTheLastMicroBatchOnly) {
   EXPECT_DOUBLE_EQ(t.forward_compute_s, 6);
   EXPECT_DOUBLE_EQ(t.backward_compute_s, 12);
   // One all-reduce per step, as without accumulation (time_model_test's
-  // DdpByHand): 2e8 B, 0.04 s, of which the last bucket's 0.00524288 s shows.
+  // DdpByHand): 2e8 B, 0.04 s, all of it shown.
   EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 2e8);
   EXPECT_DOUBLE_EQ(t.comm_s, 0.04);
-  EXPECT_NEAR(t.exposed_comm_s, 0.00524288, 1e-12);
-  EXPECT_NEAR(t.step_time_s, 6 + 12 + 0.00524288 + 0.028, 1e-12);
+  EXPECT_NEAR(t.exposed_comm_s, 0.04, 1e-12);
+  EXPECT_NEAR(t.step_time_s, 6 + 12 + 0.04 + 0.028, 1e-12);
   // 4 sequences x 3 micro-batches x 128 tokens x 2 ranks.
   EXPECT_NEAR(t.tokens_per_s, 3072 / t.step_time_s, 1e-9);
 }
@@ -268,6 +305,8 @@ TEST(TimeModelAccumTest, Zero3OffloadCommunicatesEveryMicroBatch) {
   in.world_size = 4;
   in.shard_group_size = 4;
   in.grad_accum = 2;
+  in.prefetch = 2;
+  in.async_reduce = in.async_gather = true;
   const StepTime t = estimate_step_time(in, fake_device());
   // Per micro-batch as in time_model_test's Zero3OffloadMixedPrecisionByHand:
   // 3 collectives of 7.5e7 B (0.045 s, 0.012 s exposed), forward 1.003 s,
