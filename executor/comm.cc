@@ -52,6 +52,12 @@ Backend parse_backend(const std::string& name) {
   throw std::invalid_argument("--backend " + name + ": unknown backend (choose gloo, nccl or loopback)");
 }
 
+void keep_rank_slice(const at::Tensor& flat, const at::Tensor& out, int rank) {
+  const int64_t n = out.numel();
+  at::Tensor slice = flat.view({-1}).narrow(0, rank * n, n);
+  if (slice.data_ptr() != out.data_ptr()) out.view({-1}).copy_(slice);
+}
+
 const char* collective_name(Collective c) {
   switch (c) {
     case Collective::kAllGatherInto: return "all_gather_into";
@@ -208,11 +214,8 @@ class LoopbackCommunicator final : public Communicator {
     const char* op = "reduce_scatter";
     check_pair(op, "in_flat", in_flat, "out_shard", out_shard, world_size());
     check_avg_dtype(op, out_shard, reduce);
-    const int64_t n = out_shard.numel();
-    at::Tensor out = out_shard.view({-1});
-    at::Tensor slice = in_flat.view({-1}).narrow(0, rank_ * n, n);
-    if (slice.data_ptr() != out.data_ptr()) out.copy_(slice);
-    if (reduce == ReduceOp::kSum) scale_in_place(out, world_size(), false);  // N identical contributions
+    keep_rank_slice(in_flat, out_shard, rank_);
+    if (reduce == ReduceOp::kSum) scale_in_place(out_shard.view({-1}), world_size(), false);  // N identical contributions
   }
 
   void all_reduce(const at::Tensor& t, ReduceOp reduce) override {
@@ -331,22 +334,21 @@ class GlooCommunicator final : public Communicator {
   }
 
   void all_gather_into(const at::Tensor& out_flat, const at::Tensor& in_shard) override {
+    // Via all-reduce: the asynchronous call (it checks the arguments), waited for.
+    if (world_->all_gather_algo == GlooAllGather::kViaAllReduce)
+      return all_gather_into_async(out_flat, in_shard)->wait();
     const char* op = "all_gather_into";
     check_pair(op, "out_flat", out_flat, "in_shard", in_shard, world_size());
     check_cpu(op, out_flat);
     const int64_t n = in_shard.numel();
     at::Tensor out = out_flat.view({-1}), in = in_shard.view({-1});
     if (world_size() == 1) return place_shard(op, out, in, out);
-    if (world_->all_gather_algo == GlooAllGather::kViaAllReduce) {
-      all_gather_into_async(out_flat, in_shard)->wait();
-    } else {
-      // c10d gathers into a flat temporary of out's size, then copies it
-      // into these views.
-      std::vector<std::vector<at::Tensor>> outputs(1);
-      for (int r = 0; r < world_size(); ++r) outputs[0].push_back(out.narrow(0, r * n, n));
-      std::vector<at::Tensor> inputs{in};
-      run(op, [&] { return pg_->allgather(outputs, inputs); });
-    }
+    // c10d gathers into a flat temporary of out's size, then copies it into
+    // these views.
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < world_size(); ++r) outputs[0].push_back(out.narrow(0, r * n, n));
+    std::vector<at::Tensor> inputs{in};
+    run(op, [&] { return pg_->allgather(outputs, inputs); });
   }
 
   void reduce_scatter(const at::Tensor& out_shard, const at::Tensor& in_flat, ReduceOp reduce) override {
@@ -363,12 +365,10 @@ class GlooCommunicator final : public Communicator {
     check_pair(op, "in_flat", in_flat, "out_shard", out_shard, world_size());
     check_cpu(op, in_flat);
     check_avg_dtype(op, out_shard, reduce);
-    const int64_t n = out_shard.numel();
     at::Tensor flat = in_flat.view({-1}), out = out_shard.view({-1});
     const int rank = rank_, world = world_size();
-    return issue(op, flat, [flat, out, n, rank, world, reduce] {
-      at::Tensor slice = flat.narrow(0, rank * n, n);
-      if (slice.data_ptr() != out.data_ptr()) out.copy_(slice);
+    return issue(op, flat, [flat, out, rank, world, reduce] {
+      keep_rank_slice(flat, out, rank);
       if (reduce == ReduceOp::kAvg) scale_in_place(out, world, true);
     });
   }

@@ -242,6 +242,11 @@ class Communicator {
 // fails or times out (naming the ranks that never arrived).
 std::unique_ptr<Communicator> make_communicator(const CommOptions& options);
 
+// A reduce-scatter's result, for backends that reduce the whole flat input:
+// this rank's slice of `flat` (out's numel each) copied into `out`; nothing
+// to copy when `out` is that slice already.
+void keep_rank_slice(const at::Tensor& flat, const at::Tensor& out, int rank);
+
 // Hybrid sharding: ranks are cut into "nodes" of shard_group_size
 // consecutive ranks. `shard` is this rank's node; `replicate` holds the
 // ranks with this rank's position in every node. E.g. world 4, size 2:

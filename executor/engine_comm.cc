@@ -44,8 +44,7 @@ class GlooBf16Bridge final : public Communicator {
     if (in_flat.numel() != n * world_size())
       return inner_->reduce_scatter(out_shard, in_flat, op);  // let the inner check explain
     reduce_in_place(in_flat.view({-1}), op);
-    at::Tensor slice = in_flat.view({-1}).narrow(0, rank() * n, n);
-    if (slice.data_ptr() != out_shard.data_ptr()) out_shard.view({-1}).copy_(slice);
+    keep_rank_slice(in_flat, out_shard, rank());
   }
   void all_reduce(const at::Tensor& t, ReduceOp op) override {
     if (!bridged(t)) return inner_->all_reduce(t, op);
@@ -61,10 +60,7 @@ class GlooBf16Bridge final : public Communicator {
       return inner_->reduce_scatter_async(out_shard, in_flat, op);
     at::Tensor flat = in_flat.view({-1}), out = out_shard.view({-1});
     const int rank = this->rank();
-    return bounced(flat, op, [flat, out, n, rank] {
-      at::Tensor slice = flat.narrow(0, rank * n, n);
-      if (slice.data_ptr() != out.data_ptr()) out.copy_(slice);
-    });
+    return bounced(flat, op, [flat, out, rank] { keep_rank_slice(flat, out, rank); });
   }
   std::unique_ptr<PendingCollective> all_gather_into_async(const at::Tensor& out_flat,
                                                            const at::Tensor& in_shard) override {

@@ -166,8 +166,7 @@ void FlatParam::free_storage() {
 }
 
 void FlatParam::unshard(Communicator& shard_group) {
-  if (gather_) return finish_unshard();
-  launch_unshard(shard_group);
+  launch_unshard(shard_group);  // a no-op when a prefetch already launched it
   finish_unshard();
 }
 

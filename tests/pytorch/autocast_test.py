@@ -5,18 +5,10 @@ under torch.autocast("cpu", torch.bfloat16) and once under the emulation
 does nothing), dispatch the same ops with the same dtypes, casts included,
 forward and backward; and where the real one raises (bert-tiny's MLM head:
 layer_norm of a bf16 input with fp32 weights), so does the emulation."""
-import os
-import sys
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "pytorch"))
-try:
-    import torch  # noqa: E402
-except ImportError:
-    print("skipped: this python3 (%s) cannot import torch: install Debian's python3-torch "
-          "(scripts/install-deps)" % sys.executable)
-    sys.exit(77)
+import torch_required  # noqa: F401 (the skip without torch, pytorch/ on the path)
+import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import models  # noqa: E402
 from autocast_emulation import AutocastEmulation  # noqa: E402

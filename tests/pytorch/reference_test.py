@@ -11,13 +11,7 @@ import subprocess
 import sys
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-try:
-    import torch  # noqa: F401
-except ImportError:
-    print("skipped: this python3 (%s) cannot import torch: install Debian's python3-torch "
-          "(scripts/install-deps)" % sys.executable)
-    sys.exit(77)
+from torch_required import ROOT  # noqa: E402 (the skip without torch, pytorch/ on the path)
 TABLES = os.environ.get("SHARDFIT_REFERENCE", os.path.join(ROOT, "..", "shared", "reference", "seed-tables.json"))
 if not os.path.isfile(TABLES):
     print("skipped: the reference tables are not at %s (the project's ../shared/reference/, or "

@@ -8,14 +8,8 @@ import sys
 import tempfile
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "pytorch"))
-try:
-    import torch  # noqa: E402
-except ImportError:
-    print("skipped: this python3 (%s) cannot import torch: install Debian's python3-torch "
-          "(scripts/install-deps)" % sys.executable)
-    sys.exit(77)
+from torch_required import ROOT  # noqa: E402 (the skip without torch, pytorch/ on the path)
+import torch  # noqa: E402
 import models  # noqa: E402
 import shardfit_meter  # noqa: E402
 import trace_recorder as tr  # noqa: E402
