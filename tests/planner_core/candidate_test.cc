@@ -9,19 +9,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "tests/support/error_of.h"
+
 namespace shardfit::planner {
 namespace {
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected std::invalid_argument";
-  return "";
-}
+using test_support::error_of;
 
 std::set<std::string> ids(const std::vector<Candidate>& candidates) {
   std::set<std::string> out;

@@ -10,21 +10,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "tests/support/error_of.h"
+
 namespace shardfit::planner {
 namespace {
 
 using nlohmann::json;
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected std::invalid_argument";
-  return "";
-}
+using test_support::error_of;
 
 PlanCandidate make(const std::string& id, int64_t max_batch, double tokens_per_s,
                    const std::string& limit) {

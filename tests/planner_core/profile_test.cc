@@ -12,23 +12,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "tests/support/error_of.h"
+
 namespace shardfit::planner {
 namespace {
 
 const std::string kProfilesDir = std::string(SHARDFIT_SOURCE_DIR) + "/profiles";
 
-// The message of the std::invalid_argument `fn` throws; fails the test if it
-// throws nothing.
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected std::invalid_argument";
-  return "";
-}
+using test_support::error_of;
 
 std::string write_temp(const std::string& name, const std::string& text) {
   std::string path = testing::TempDir() + "/" + name;
