@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "executor/checkpoint_format.h"
 #include "executor/checkpoint_io.h"
 #include "executor/tracking_allocator.h"
 #include "models/model.h"
@@ -19,10 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// safetensors' format (huggingface/safetensors, README "Format"): an 8-byte
-// little-endian header length N, N bytes of JSON {name: {dtype, shape,
-// data_offsets: [begin, end)}} (plus an optional "__metadata__"), then the
-// data section the offsets are relative to.
+// A tensor of a safetensors file (huggingface/safetensors, README "Format":
+// an 8-byte little-endian header length N, N bytes of JSON {name: {dtype,
+// shape, data_offsets}}, then the data), with absolute file offsets.
 struct StoredTensor {
   fs::path file;
   std::string dtype;
@@ -34,50 +34,14 @@ struct StoredTensor {
   throw std::invalid_argument(p.string() + ": " + what);
 }
 
-// safetensors rejects headers above 100 MB (safetensors/src/tensor.rs MAX_HEADER_SIZE).
-constexpr uint64_t kMaxHeader = 100'000'000;
-
+// The header read by the one safetensors parser (checkpoint_format.cc's,
+// which tests/fuzz feeds): offsets tiling the data section, dtypes known.
 std::map<std::string, StoredTensor> read_header(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) bad(file, "cannot read file");
-  std::error_code ec;
-  const uint64_t size = fs::file_size(file, ec);
-  if (ec || size < 8) bad(file, "too short for a safetensors header");
-  unsigned char len_bytes[8];
-  in.read(reinterpret_cast<char*>(len_bytes), 8);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
-  if (n > kMaxHeader || 8 + n > size)
-    bad(file, "header length " + std::to_string(n) + " does not fit the file");
-  std::string text(n, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) bad(file, "header is not a JSON object");
-  const int64_t data_start = static_cast<int64_t>(8 + n);
+  const ckpt::ReadFile f(file);
+  const ckpt::SafetensorsHeader h = ckpt::read_safetensors_header(f);
   std::map<std::string, StoredTensor> out;
-  for (const auto& item : j.items()) {
-    if (item.key() == "__metadata__") continue;
-    const auto& v = item.value();
-    const std::string where = "tensor '" + item.key() + "'";
-    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
-        !v["shape"].is_array() || !v.contains("data_offsets") || !v["data_offsets"].is_array() ||
-        v["data_offsets"].size() != 2)
-      bad(file, where + ": needs dtype, shape and data_offsets");
-    StoredTensor t;
-    t.file = file;
-    t.dtype = v["dtype"].get<std::string>();
-    for (const auto& d : v["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) bad(file, where + ": bad shape");
-      t.shape.push_back(d.get<int64_t>());
-    }
-    for (const auto& o : v["data_offsets"])
-      if (!o.is_number_unsigned()) bad(file, where + ": bad data_offsets");
-    t.begin = data_start + v["data_offsets"][0].get<int64_t>();
-    t.end = data_start + v["data_offsets"][1].get<int64_t>();
-    if (t.begin > t.end || t.end > static_cast<int64_t>(size))
-      bad(file, where + ": data_offsets outside the file");
-    out.emplace(item.key(), std::move(t));
-  }
+  for (const ckpt::TensorEntry& e : h.tensors)
+    out.emplace(e.name, StoredTensor{file, e.dtype->name, e.shape, h.data_start + e.begin, h.data_start + e.end});
   return out;
 }
 

@@ -99,6 +99,25 @@ void write(const fs::path& path, const json& header, const std::string& data) {
   std::ofstream(path, std::ios::binary) << len << h << data;
 }
 
+// A well-formed file as another tool would write it: `header`'s tensors,
+// each one's bytes taken from `data` at its offsets there, renumbered to tile
+// the data section (safetensors allows no gap or overlap), and no shardfit
+// checksums in __metadata__.
+void write_tiled(const fs::path& path, json header, const std::string& data) {
+  std::vector<std::pair<size_t, std::string>> order;  // (old begin, name)
+  for (const auto& item : header.items())
+    if (item.key() != "__metadata__") order.emplace_back(item.value()["data_offsets"][0].get<size_t>(), item.key());
+  std::sort(order.begin(), order.end());
+  std::string tiled;
+  for (const auto& [begin, name] : order) {
+    const size_t end = header[name]["data_offsets"][1].get<size_t>();
+    header[name]["data_offsets"] = {tiled.size(), tiled.size() + (end - begin)};
+    tiled += data.substr(begin, end - begin);
+  }
+  header["__metadata__"] = {{"format", "pt"}};
+  write(path, header, tiled);
+}
+
 TEST(HfInit, ExportInitExportIsTheSameBytes) {
   const fs::path dir = test_dir();
   for (const char* model : {"llama-tiny", "qwen-tiny", "gpt2-tiny", "bert-tiny"}) {
@@ -267,7 +286,7 @@ TEST(HfInit, BadCheckpointsAreExitTwoNamingTheTensor) {
                             const std::string& what) {
     SCOPED_TRACE(what);
     const fs::path bad = dir / (what + ".safetensors");
-    write(bad, header, st.data);
+    write_tiled(bad, header, st.data);
     const Result r = shardfit(dir, {"run", "--model", "llama-tiny", "--steps", "1", "--batch", "1",
                                     "--seq-len", "16", "--init", bad.string()});
     EXPECT_EQ(r.exit_code, 2) << r.err;
