@@ -23,6 +23,7 @@ struct PlanArgs {
   bool ddp_static_graph = false;
   std::string zero_grad = "none";
   std::string checkpoint = "non-reentrant";
+  std::string fsdp_backward_prefetch = "pre";
   int steps = 2;
   int64_t seq_len = 128;
   std::string loss = "full";
@@ -67,6 +68,15 @@ int run(const PlanArgs& a) {
   if (a.checkpoint != "non-reentrant" && r.stack != planner::Stack::kPytorch)
     throw BadInput("--checkpoint: torch.utils.checkpoint's kind; give --stack pytorch");
   r.ckpt_reentrant = a.checkpoint == "reentrant";
+  const std::string& bp = a.fsdp_backward_prefetch;
+  if (bp != "pre" && bp != "post" && bp != "none")
+    throw BadInput("--fsdp-backward-prefetch " + bp + ": expected pre (BACKWARD_PRE), post (BACKWARD_POST) or none");
+  if (bp != "pre" && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--fsdp-backward-prefetch: a PyTorch FSDP option; give --stack pytorch (shardfit's engine "
+                   "prefetches by --prefetch)");
+  r.fsdp_backward_prefetch = bp == "post"   ? planner::FsdpBackwardPrefetch::kBackwardPost
+                             : bp == "none" ? planner::FsdpBackwardPrefetch::kNone
+                                            : planner::FsdpBackwardPrefetch::kBackwardPre;
   if (!r.zero_grad_set_to_none && r.ddp_bucket_view)
     throw BadInput("--zero-grad zero with --ddp-bucket-view: not simulated yet (the gradients, views of DDP's first "
                    "buckets, keep them alive while the second forward rebuilds them; measured, not yet modelled)");
@@ -180,6 +190,11 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--zero-grad", a->zero_grad,
                   "--stack pytorch: what the loop's opt.zero_grad() does: none (set_to_none=True, PyTorch 2.x's "
                   "default, the gradients dropped) or zero (set_to_none=False, PyTorch 1.x's default, zeroed in place)")
+      ->capture_default_str();
+  sub->add_option("--fsdp-backward-prefetch", a->fsdp_backward_prefetch,
+                  "--stack pytorch, FSDP candidates: FSDP(backward_prefetch=...): pre (BACKWARD_PRE: the next "
+                  "unit gathered when a unit's backward starts; Accelerate's default), post (BACKWARD_POST: when "
+                  "its gradient is ready) or none")
       ->capture_default_str();
   sub->add_option("--checkpoint", a->checkpoint,
                   "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False) "

@@ -14,6 +14,7 @@
 #include "planner/candidate.h"
 #include "planner/plan_output.h"
 #include "planner/profile.h"
+#include "planner/pytorch_stack.h"
 #include "planner/step_simulator.h"
 #include "planner/trace_file.h"
 
@@ -37,6 +38,8 @@ struct PlanRequest {
   // use_reentrant=True (`--checkpoint reentrant`, 1.13's default) instead of
   // False (`--checkpoint non-reentrant`, the default here).
   bool ckpt_reentrant = false;
+  // --stack pytorch, FSDP candidates: BackwardPrefetch (`--fsdp-backward-prefetch`).
+  FsdpBackwardPrefetch fsdp_backward_prefetch = FsdpBackwardPrefetch::kBackwardPre;
   // --stack pytorch: the training steps the job runs. 2 or more: a job's
   // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
   // during its forward).

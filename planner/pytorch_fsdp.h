@@ -35,7 +35,7 @@ struct PytorchFsdpOptions {
   spec::WrapPolicy wrap{spec::WrapPolicy::Kind::kSize, 100000000};
   // BackwardPrefetch: BACKWARD_PRE (gather the next unit when this unit's
   // backward starts), BACKWARD_POST (when it ends) or none.
-  enum class Prefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
+  using Prefetch = FsdpBackwardPrefetch;
   Prefetch backward_prefetch = Prefetch::kBackwardPre;
   int world_size = 2;
   int steps = 2;

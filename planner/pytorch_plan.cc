@@ -185,6 +185,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.budget_bytes = budget;
       f.overhead_bytes = o.overhead_bytes;
       f.zero_grad_set_to_none = o.zero_grad_set_to_none;
+      f.backward_prefetch = r.fsdp_backward_prefetch;
       CudaCachingAllocatorModel a(budget);
       ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
       return ranks;

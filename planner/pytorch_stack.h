@@ -26,6 +26,10 @@
 
 namespace shardfit::planner {
 
+// FullyShardedDataParallel(backward_prefetch=...) (`plan --stack pytorch
+// --fsdp-backward-prefetch`): BACKWARD_PRE, BACKWARD_POST or None.
+enum class FsdpBackwardPrefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
+
 struct PytorchDdpInputs {
   // One batch's forward + backward: grads_at_start false (the default
   // gradient mode) and true (gradient_as_bucket_view: see the .cc).

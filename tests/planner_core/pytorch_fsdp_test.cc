@@ -178,6 +178,73 @@ TEST(PytorchFsdp, OneRankRunsAsNoShard) {
   EXPECT_EQ(at(r, "step2/optimizer").allocated_bytes, 64);
 }
 
+// BackwardPrefetch on three units (the root, then two Linears of 12
+// elements run in that order: each a 24 B shard, 48 B gathered). In
+// backward lin2 runs first; BACKWARD_PRE gathers lin1 as lin2's backward
+// starts (its 48 B live through lin2's gradients), BACKWARD_POST once lin2's
+// gradient is flat, none only at lin1's own pre-backward hook.
+TEST(PytorchFsdp, BackwardPrefetchGathersTheNextUnitEarly) {
+  constexpr auto F = Phase::kForward, B = Phase::kBackward;
+  std::vector<ModuleNode> m(3);
+  m[0].type = "Net";
+  m[0].children = {1, 2};
+  m[0].params = {ParamInfo{"ln", {4}, 4}};
+  for (int i : {1, 2}) {
+    m[i].path = "lin" + std::to_string(i);
+    m[i].type = "Linear";
+    m[i].parent = 0;
+    m[i].params = {ParamInfo{m[i].path + ".w", {10}, 10}, ParamInfo{m[i].path + ".b", {2}, 2}};
+  }
+  // Forward: 100 B in the root, 40 B in each Linear, an 8 B loss; backward:
+  // each Linear's two gradients (40 B, 8 B), the root's (16 B).
+  ModelTrace t;
+  t.grads_at_start = false;
+  t.events = {ev(MemEvent::kModuleBegin, F, 0), ev(MemEvent::kAlloc, F, 0, 1, 100),
+              ev(MemEvent::kModuleBegin, F, 1), ev(MemEvent::kAlloc, F, 1, 2, 40),
+              ev(MemEvent::kModuleEnd, F, 1),   ev(MemEvent::kModuleBegin, F, 2),
+              ev(MemEvent::kAlloc, F, 2, 3, 40), ev(MemEvent::kModuleEnd, F, 2),
+              ev(MemEvent::kAlloc, F, 0, 4, 8), ev(MemEvent::kModuleEnd, F, 0),
+              ev(MemEvent::kFree, B, 0, 4),     ev(MemEvent::kModuleBegin, B, 2),
+              ev(MemEvent::kAlloc, B, 2, 5, 40), ev(MemEvent::kAlloc, B, 2, 6, 8),
+              ev(MemEvent::kFree, B, 2, 3),     ev(MemEvent::kModuleEnd, B, 2),
+              ev(MemEvent::kModuleBegin, B, 1), ev(MemEvent::kAlloc, B, 1, 7, 40),
+              ev(MemEvent::kAlloc, B, 1, 8, 8), ev(MemEvent::kFree, B, 1, 2),
+              ev(MemEvent::kModuleEnd, B, 1),   ev(MemEvent::kAlloc, B, 0, 9, 16),
+              ev(MemEvent::kFree, B, 0, 1)};
+  std::vector<ModelTrace> per_param;
+  for (int i = 0; i < 5; ++i) {
+    per_param.push_back(adamw(true));
+    per_param.push_back(adamw(false));
+  }
+  PytorchDdpInputs in;
+  in.no_grads = &t;
+  in.param_numels = {10, 2, 10, 2, 4};
+  in.optimizer_param_steps = &per_param;
+  auto backward_peak = [&](PytorchFsdpOptions::Prefetch prefetch) {
+    PytorchFsdpOptions o;
+    o.wrap.min_num_params = 10;
+    o.backward_prefetch = prefetch;
+    ExactAllocator a;
+    const StepSimResult r = simulate_pytorch_fsdp(in, m, o, a);
+    EXPECT_FALSE(r.oom);
+    return at(r, "step1/backward").peak_allocated_bytes;
+  };
+  // Forward leaves the 56 B of shards, the root's 16 B gathered, 100 + 40 +
+  // 40 B of activations: 252 B once the loss is freed.
+  // none: lin2 gathered (300), its gradients (348), its activation freed
+  // (308), its flat gradient (356); the gradients and lin2 go (260), its
+  // padded gradient and reduced shard come and the padding goes (284, the
+  // flat gradient in flight). lin1 gathered (332), its gradients (380), its
+  // activation freed (340), its flat gradient (388): the peak.
+  EXPECT_EQ(backward_peak(PytorchFsdpOptions::Prefetch::kNone), 388);
+  // BACKWARD_PRE: lin1's 48 B from lin2's pre-backward on: 356 + 48 = 404.
+  EXPECT_EQ(backward_peak(PytorchFsdpOptions::Prefetch::kBackwardPre), 404);
+  // BACKWARD_POST: lin1 gathered in lin2's post-backward hook once lin2 is
+  // resharded (260 + 48), under its padded gradient and shard (380): lin1's
+  // own flat gradient is the peak again, 388.
+  EXPECT_EQ(backward_peak(PytorchFsdpOptions::Prefetch::kBackwardPost), 388);
+}
+
 TEST(PytorchFsdp, ShardsArePaddedToTheFirstChunk) {
   EXPECT_EQ(fsdp_shard_numel(12, 2), 6);
   EXPECT_EQ(fsdp_shard_numel(13, 2), 7);

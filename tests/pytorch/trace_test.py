@@ -267,6 +267,19 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         self.assertIn("recorded for CUDA's kernels", out.stderr)
+        # FSDP's backward_prefetch: a PyTorch FSDP option, one of three values.
+        for extra, message in ((["--stack", "pytorch", "--fsdp-backward-prefetch", "sideways"],
+                                "--fsdp-backward-prefetch sideways: expected pre"),
+                               (["--fsdp-backward-prefetch", "post"], "give --stack pytorch")):
+            out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--device", "titan-rtx-24gb"] + extra,
+                                 capture_output=True, text=True, timeout=120)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+            self.assertIn(message, out.stderr)
+        out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
+                              "--gpus", "2", "--gpu-mem", "1GiB", "--fsdp-backward-prefetch", "none", "--strategies",
+                              "zero3/fp32/wrap=block", "--json"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
 
     def test_bad_input_is_one_line_and_exit_2(self):
         out = subprocess.run([sys.executable, RECORDER, "--model", "no_such_module:build", "--seq-len", "8",
