@@ -21,6 +21,7 @@ struct PlanArgs {
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
   bool ddp_static_graph = false;
+  double ddp_bucket_cap_mb = 25;
   std::string zero_grad = "none";
   std::string checkpoint = "non-reentrant";
   std::string fsdp_backward_prefetch = "pre";
@@ -58,6 +59,12 @@ int run(const PlanArgs& a) {
   if (a.ddp_static_graph && r.stack != planner::Stack::kPytorch)
     throw BadInput("--ddp-static-graph: a PyTorch DDP option; give --stack pytorch");
   r.ddp_static_graph = a.ddp_static_graph;
+  if (!(a.ddp_bucket_cap_mb > 0) || a.ddp_bucket_cap_mb > 1e6)
+    throw BadInput("--ddp-bucket-cap-mb " + std::to_string(a.ddp_bucket_cap_mb) + ": must be above 0 (MB, at most 1e6)");
+  if (a.ddp_bucket_cap_mb != 25 && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--ddp-bucket-cap-mb: a PyTorch DDP option; give --stack pytorch (shardfit's engine reduces per "
+                   "wrap unit: choose the units with wrap=size:N)");
+  r.ddp_bucket_cap_bytes = static_cast<int64_t>(a.ddp_bucket_cap_mb * 1024 * 1024);  // as DDP converts it
   if (a.zero_grad != "none" && a.zero_grad != "zero")
     throw BadInput("--zero-grad " + a.zero_grad + ": expected none (set_to_none=True) or zero (set_to_none=False)");
   if (a.zero_grad != "none" && r.stack != planner::Stack::kPytorch)
@@ -185,6 +192,10 @@ Command add_plan_command(CLI::App& app) {
       ->check(AtLeastOne);
   sub->add_flag("--ddp-bucket-view", a->ddp_bucket_view,
                 "--stack pytorch: DDP(gradient_as_bucket_view=True) (PyTorch's default is False)");
+  sub->add_option("--ddp-bucket-cap-mb", a->ddp_bucket_cap_mb,
+                  "--stack pytorch: DDP(bucket_cap_mb=...), the size of the buckets DDP rebuilds after its first "
+                  "iteration (the first one stays 1 MiB)")
+      ->capture_default_str();
   sub->add_flag("--ddp-static-graph", a->ddp_static_graph,
                 "--stack pytorch: DDP(static_graph=True) (PyTorch's default is False)");
   sub->add_option("--zero-grad", a->zero_grad,

@@ -30,6 +30,8 @@ struct PlanRequest {
   bool ddp_bucket_view = false;
   // --stack pytorch: DDP(static_graph=True) (default False).
   bool ddp_static_graph = false;
+  // --stack pytorch: DDP(bucket_cap_mb=...) in bytes (`--ddp-bucket-cap-mb`).
+  int64_t ddp_bucket_cap_bytes = kDdpBucketCapBytes;
   // --stack pytorch: opt.zero_grad(set_to_none=...): true drops the
   // gradients (PyTorch 2.x's default; `--zero-grad none`), false zeroes them
   // in place (PyTorch 1.x's default; `--zero-grad zero`).

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "planner/batch_search.h"
 #include "planner/plan_builder.h"
 #include "planner/pytorch_fsdp.h"
@@ -45,7 +47,41 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   const DType amp_dtype = cuda ? DType::kF16 : DType::kBF16;
   const Precision amp = cuda ? Precision::kFp16 : Precision::kBf16;
   const std::string amp_name = spec::precision_name(amp);
-  const bool has_amp = file->find(amp_dtype, {}, 1, false, false, /*autocast=*/true) != nullptr;
+  bool has_amp = file->find(amp_dtype, {}, 1, false, false, /*autocast=*/true) != nullptr;
+  // The traces a candidate replays, by kind ([0] fp32, [1] fp32 with the
+  // blocks checkpointed, [2] the forward under autocast) and grads at
+  // start: batch 1 exactly, 2 and 3 extended affinely.
+  const ModelTrace* at1[3][2] = {};
+  std::unique_ptr<AffineTrace> affine[3][2];
+  // Autocast traces whose sizes are not affine in the batch (a CPU bf16
+  // matmul's oneDNN scratchpad follows the shapes' blocking, not the batch):
+  // no autocast candidates, said once; fp32 plans as before.
+  std::string amp_not_affine;
+  for (int k = 0; k < 3; ++k) {
+    if ((k == 1 && !has_ckpt) || (k == 2 && !has_amp)) continue;
+    const DType dtype = k == 2 ? amp_dtype : DType::kF32;
+    for (int g = 0; g < 2; ++g) {
+      const std::vector<int> rec = k == 1 ? blocks : std::vector<int>{};
+      const ModelTrace* t[4] = {};
+      for (int b = 1; b <= 3; ++b) t[b] = file->find(dtype, rec, b, g == 1, r.ckpt_reentrant && k == 1, k == 2);
+      if (!t[1] || !t[2] || !t[3])
+        throw std::invalid_argument(std::string("--stack pytorch: the trace file has no ") +
+                                    (k == 2 ? "autocast(" + amp_name + ")" : std::string("fp32")) + " trace" +
+                                    (k == 1 ? " with the blocks checkpointed" : "") + " with grads " +
+                                    (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
+      at1[k][g] = t[1];
+      if (k < 2) {
+        affine[k][g] = std::make_unique<AffineTrace>(*t[2], *t[3]);
+        continue;
+      }
+      try {
+        affine[k][g] = std::make_unique<AffineTrace>(*t[2], *t[3]);
+      } catch (const std::logic_error& e) {
+        amp_not_affine = e.what();
+      }
+    }
+  }
+  if (!amp_not_affine.empty()) has_amp = false;  // said once the candidates are known (below)
   if (r.ckpt_reentrant && !blocks.empty() && !has_ckpt)
     throw std::invalid_argument("--checkpoint reentrant: the trace file has no traces with use_reentrant=True (record "
                                 "it again with pytorch/trace_recorder.py)");
@@ -66,9 +102,13 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                   "zero3[+offload]/fp32/wrap=size:N or wrap=block (transformer_auto_wrap_policy), "
                                   "only in this version");
     if (want.precision == amp && !has_amp)
-      throw std::invalid_argument("--strategies " + s + ": the trace file has no traces under torch.autocast(" +
-                                  amp_name + ") (trace_recorder.py records them: bf16 for --target cpu, fp16 for "
-                                  "--target cuda)");
+      throw std::invalid_argument(
+          "--strategies " + s +
+          (amp_not_affine.empty()
+               ? ": the trace file has no traces under torch.autocast(" + amp_name +
+                     ") (trace_recorder.py records them: bf16 for --target cpu, fp16 for --target cuda)"
+               : ": its autocast traces are not batch-affine, so it cannot be planned in this version (" +
+                     amp_not_affine + ")"));
     if (fsdp && !cuda)
       throw std::invalid_argument("--strategies " + s + ": PyTorch 1.13's FSDP runs on CUDA only: plan it with a "
                                   "CUDA --device and a trace recorded with --target cuda");
@@ -108,6 +148,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version (a no_sync "
                                 "micro-batch makes .grad tensors of its own that the synced one replaces by bucket "
                                 "views)");
+  if (!amp_not_affine.empty())
+    spdlog::warn("--stack pytorch: no {} candidates: the autocast traces are not batch-affine ({})", amp_name,
+                 amp_not_affine);
   if (r.ddp_static_graph && r.grad_accum != 1)
     throw std::invalid_argument("--ddp-static-graph with --grad-accum: PyTorch 1.13 cannot run it (its reducer "
                                 "asserts expect_autograd_hooks_ in the first no_sync backward: reducer.cpp, seen "
@@ -121,27 +164,6 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       if (is_fsdp(c))
         throw std::invalid_argument("--grad-accum with PyTorch FSDP (" + c.to_id() + "): not simulated in this "
                                     "version (DDP and zero1 only)");
-  // The traces a candidate replays, by kind ([0] fp32, [1] fp32 with the
-  // blocks checkpointed, [2] the forward under autocast) and grads at
-  // start: batch 1 exactly, 2 and 3 extended affinely.
-  const ModelTrace* at1[3][2] = {};
-  std::unique_ptr<AffineTrace> affine[3][2];
-  for (int k = 0; k < 3; ++k) {
-    if ((k == 1 && !has_ckpt) || (k == 2 && !has_amp)) continue;
-    const DType dtype = k == 2 ? amp_dtype : DType::kF32;
-    for (int g = 0; g < 2; ++g) {
-      const std::vector<int> rec = k == 1 ? blocks : std::vector<int>{};
-      const ModelTrace* t[4] = {};
-      for (int b = 1; b <= 3; ++b) t[b] = file->find(dtype, rec, b, g == 1, r.ckpt_reentrant && k == 1, k == 2);
-      if (!t[1] || !t[2] || !t[3])
-        throw std::invalid_argument(std::string("--stack pytorch: the trace file has no ") +
-                                    (k == 2 ? "autocast(" + amp_name + ")" : std::string("fp32")) + " trace" +
-                                    (k == 1 ? " with the blocks checkpointed" : "") + " with grads " +
-                                    (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
-      at1[k][g] = t[1];
-      affine[k][g] = std::make_unique<AffineTrace>(*t[2], *t[3]);
-    }
-  }
   const int world = r.gpus_per_node * r.nodes;
   PytorchDdpInputs in;
   in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
@@ -161,6 +183,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     at.with_grads = &with;
     PytorchDdpOptions o;
     o.gradient_as_bucket_view = r.ddp_bucket_view;
+    o.bucket_cap_bytes = r.ddp_bucket_cap_bytes;
     o.zero_grad_set_to_none = r.zero_grad_set_to_none;
     o.budget_bytes = budget;
     o.cuda_caching = cuda && r.profile.allocator == AllocatorKind::kCudaCaching;

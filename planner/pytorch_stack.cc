@@ -123,13 +123,13 @@ std::vector<int64_t> broadcast_coalesced_flats(const std::vector<CoalescedTensor
   return flats;
 }
 
-std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& param_numels) {
-  constexpr int64_t kFirstBucketBytes = 1LL << 20, kBucketBytes = 25LL << 20;
+std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& param_numels, int64_t bucket_cap_bytes) {
+  constexpr int64_t kFirstBucketBytes = 1LL << 20;  // dist._DEFAULT_FIRST_BUCKET_BYTES
   std::vector<int64_t> buckets;
   int64_t open = 0;
   for (auto it = param_numels.rbegin(); it != param_numels.rend(); ++it) {
     open += 4 * *it;
-    if (open >= (buckets.empty() ? kFirstBucketBytes : kBucketBytes)) {
+    if (open >= (buckets.empty() ? kFirstBucketBytes : bucket_cap_bytes)) {
       buckets.push_back(open);
       open = 0;
     }
@@ -144,9 +144,10 @@ std::vector<int64_t> ddp_rebuild_sync_tensors(const std::vector<int64_t>& param_
   return {indices, indices, sizes, sizes};
 }
 
-int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels) {
+int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels, int64_t bucket_cap_bytes) {
   int64_t total = 0;
-  for (int64_t b : ddp_rebuild_sync_tensors(param_numels, ddp_bucket_bytes(param_numels).size())) total += b;
+  for (int64_t b : ddp_rebuild_sync_tensors(param_numels, ddp_bucket_bytes(param_numels, bucket_cap_bytes).size()))
+    total += b;
   return total;
 }
 
@@ -331,7 +332,7 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     zero_later = compose_optimizer_step(*in.optimizer_param_steps, part, false);
   }
 
-  const std::vector<int64_t> rebuilt = ddp_bucket_bytes(numels);
+  const std::vector<int64_t> rebuilt = ddp_bucket_bytes(numels, o.bucket_cap_bytes);
   std::vector<int64_t> grads;  // .grad storages outside the buckets (the default mode)
   // What the previous forward returned beside the loss, held by the loop's
   // `outputs` until the next forward returns (none when it returns the loss).

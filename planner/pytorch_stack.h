@@ -30,6 +30,10 @@ namespace shardfit::planner {
 // --fsdp-backward-prefetch`): BACKWARD_PRE, BACKWARD_POST or None.
 enum class FsdpBackwardPrefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
 
+// DistributedDataParallel's default bucket_cap_mb (25, distributed.py), in
+// bytes as it converts it: int(bucket_cap_mb * 1024 * 1024).
+inline constexpr int64_t kDdpBucketCapBytes = 25LL << 20;
+
 struct PytorchDdpInputs {
   // One batch's forward + backward: grads_at_start false (the default
   // gradient mode) and true (gradient_as_bucket_view: see the .cc).
@@ -50,6 +54,9 @@ struct PytorchDdpInputs {
 
 struct PytorchDdpOptions {
   bool gradient_as_bucket_view = false;  // DDP(gradient_as_bucket_view=...), default False
+  // DDP(bucket_cap_mb=...) in bytes: the rebuilt buckets' size (the first
+  // iteration's one bucket and the 1 MiB first bucket do not depend on it).
+  int64_t bucket_cap_bytes = kDdpBucketCapBytes;
   // torch.distributed.optim.ZeroRedundancyOptimizer(AdamW) instead of AdamW:
   // this rank's optimizer holds its partition of the parameters only.
   bool zero_redundancy = false;
@@ -138,10 +145,13 @@ std::vector<int64_t> broadcast_coalesced_flats(const std::vector<CoalescedTensor
 // parameters in the order their gradients became ready (taken as the
 // reverse of parameters()), cut at dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB)
 // for the first and bucket_cap_mb (25 MiB) after (distributed.py).
-int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels);
+int64_t ddp_rebuild_sync_bytes(const std::vector<int64_t>& param_numels, int64_t bucket_cap_bytes = kDdpBucketCapBytes);
 std::vector<int64_t> ddp_rebuild_sync_tensors(const std::vector<int64_t>& param_numels, size_t buckets);
-// The rebuilt buckets' bytes, in the order they are made.
-std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& param_numels);
+// The rebuilt buckets' bytes, in the order they are made (after the 1 MiB
+// first bucket, each closed once it holds bucket_cap_bytes:
+// DDP(bucket_cap_mb=...) as int(bucket_cap_mb * 1024 * 1024)).
+std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& param_numels,
+                                      int64_t bucket_cap_bytes = kDdpBucketCapBytes);
 inline constexpr int kBroadcastMaxInFlight = 2;       // comm.cpp: max_in_flight
 inline constexpr int64_t kDdpBroadcastBucketBytes = 250LL << 20;  // distributed.py: broadcast_bucket_size
 

@@ -47,6 +47,9 @@ import torch.nn.functional as F
 # The shapes of shardfit's built-in test sizes (`shardfit models`).
 CONFIGS = {
     "gpt2-tiny": dict(family="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=128),
+    # gpt2-tiny with a 4096-token vocabulary: 370,432 parameters, 1.5 MB, more than DDP's 1 MiB
+    # first bucket, so that the buckets it rebuilds at a small bucket_cap_mb are several.
+    "gpt2-tiny-wide": dict(family="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=4096, n_positions=128),
     # bert-tiny's shapes (hidden 64, 2 layers, 4 heads, intermediate 256; 145,984 parameters: no pooler).
     "bert-tiny": dict(family="bert", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=256, vocab_size=512, max_position_embeddings=128, type_vocab_size=2,

@@ -76,7 +76,8 @@ def train(args, rank, meter, torch, models):
     if args.ckpt or args.ckpt_reentrant:
         checkpoint_blocks(torch, model, reentrant=args.ckpt_reentrant)
     ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=(args.wrap == "ddp-bv"),
-                                                    static_graph=args.static_graph)
+                                                    static_graph=args.static_graph,
+                                                    bucket_cap_mb=args.bucket_cap_mb)
     if args.wrap == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=6e-4,
@@ -165,6 +166,7 @@ def parser():
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP(bucket_cap_mb=...), PyTorch's default 25")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step, all but the last under DDP.no_sync()")
     p.add_argument("--seed", type=int, default=1234)

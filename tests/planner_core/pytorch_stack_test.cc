@@ -145,6 +145,19 @@ TEST(PytorchDdp, RebuildingTheBucketsSyncsTheirIndices) {
   EXPECT_EQ(ddp_rebuild_sync_bytes({300000, 300000}), 2 * 4 * 3 + 2 * 4 * 2);
 }
 
+// DDP(bucket_cap_mb=...): after the 1 MiB first bucket, each rebuilt bucket
+// closes once it holds at least the cap, in gradient-ready order (the
+// reverse of parameters()). Five 400 kB parameters: first bucket 1.2 MB
+// (three), then at 25 MiB one of 0.8 MB, at 0.5 MiB the same (the fourth's
+// 400 kB is under it, the fifth's takes it over), at 0.25 MiB one each.
+TEST(PytorchDdp, TheBucketCapSizesTheRebuiltBuckets) {
+  const std::vector<int64_t> numels(5, 100000);
+  EXPECT_EQ(ddp_bucket_bytes(numels), (std::vector<int64_t>{1200000, 800000}));
+  EXPECT_EQ(ddp_bucket_bytes(numels, int64_t{1} << 19), (std::vector<int64_t>{1200000, 800000}));
+  EXPECT_EQ(ddp_bucket_bytes(numels, int64_t{1} << 18), (std::vector<int64_t>{1200000, 400000, 400000}));
+  EXPECT_EQ(ddp_rebuild_sync_bytes(numels, int64_t{1} << 18), 2 * 4 * 6 + 2 * 4 * 3);
+}
+
 // On a CUDA profile the same step runs through the caching allocator's
 // model: every storage a block of at least 512 bytes (the 100-byte
 // parameter, its bucket, ...), segments reserved from the device.

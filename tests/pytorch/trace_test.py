@@ -267,10 +267,12 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         self.assertIn("recorded for CUDA's kernels", out.stderr)
-        # FSDP's backward_prefetch: a PyTorch FSDP option, one of three values.
+        # FSDP's backward_prefetch and DDP's bucket_cap_mb: PyTorch options.
         for extra, message in ((["--stack", "pytorch", "--fsdp-backward-prefetch", "sideways"],
                                 "--fsdp-backward-prefetch sideways: expected pre"),
-                               (["--fsdp-backward-prefetch", "post"], "give --stack pytorch")):
+                               (["--fsdp-backward-prefetch", "post"], "give --stack pytorch"),
+                               (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "must be above 0"),
+                               (["--ddp-bucket-cap-mb", "5"], "give --stack pytorch")):
             out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--device", "titan-rtx-24gb"] + extra,
                                  capture_output=True, text=True, timeout=120)
             self.assertEqual(out.returncode, 2, out.stderr)
@@ -280,6 +282,26 @@ class TraceTest(unittest.TestCase):
                               "--gpus", "2", "--gpu-mem", "1GiB", "--fsdp-backward-prefetch", "none", "--strategies",
                               "zero3/fp32/wrap=block", "--json"], capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
+        out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
+                              "--gpus", "2", "--gpu-mem", "1GiB", "--ddp-bucket-cap-mb", "0.5", "--strategies",
+                              "ddp/fp32/wrap=none", "--json"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+
+    def test_autocast_traces_that_are_not_batch_affine_leave_the_fp32_plan(self):
+        # gpt2-tiny-wide's CPU bf16 matmuls: the oneDNN scratchpad follows the
+        # shapes' blocking, so batch 3's is smaller than batch 2's. The fp32
+        # candidates plan; the bf16 ones are named as not plannable.
+        path, _ = self.record("gpt2-tiny-wide")
+        out = subprocess.run([SHARDFIT, "plan", "--trace", path, "--stack", "pytorch", "--device", "cpu", "--gpus", "2",
+                              "--gpu-mem", "64MiB", "--json"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("no bf16 candidates: the autocast traces are not batch-affine", out.stderr)
+        self.assertEqual({c["precision"] for c in json.loads(out.stdout)["candidates"]}, {"fp32"})
+        out = subprocess.run([SHARDFIT, "plan", "--trace", path, "--stack", "pytorch", "--device", "cpu", "--gpus", "2",
+                              "--strategies", "ddp/bf16/wrap=none"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("its autocast traces are not batch-affine", out.stderr)
 
     def test_bad_input_is_one_line_and_exit_2(self):
         out = subprocess.run([sys.executable, RECORDER, "--model", "no_such_module:build", "--seq-len", "8",
