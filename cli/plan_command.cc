@@ -21,7 +21,7 @@ struct PlanArgs {
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
   bool ddp_static_graph = false;
-  double ddp_bucket_cap_mb = 25;
+  double ddp_bucket_cap_mb = planner::kDdpBucketCapBytes / (1024.0 * 1024);
   std::string zero_grad = "none";
   std::string checkpoint = "non-reentrant";
   std::string fsdp_backward_prefetch = "pre";
@@ -61,10 +61,10 @@ int run(const PlanArgs& a) {
   r.ddp_static_graph = a.ddp_static_graph;
   if (!(a.ddp_bucket_cap_mb > 0) || a.ddp_bucket_cap_mb > 1e6)
     throw BadInput("--ddp-bucket-cap-mb " + std::to_string(a.ddp_bucket_cap_mb) + ": must be above 0 (MB, at most 1e6)");
-  if (a.ddp_bucket_cap_mb != 25 && r.stack != planner::Stack::kPytorch)
+  r.ddp_bucket_cap_bytes = static_cast<int64_t>(a.ddp_bucket_cap_mb * 1024 * 1024);  // as DDP converts it
+  if (r.ddp_bucket_cap_bytes != planner::kDdpBucketCapBytes && r.stack != planner::Stack::kPytorch)
     throw BadInput("--ddp-bucket-cap-mb: a PyTorch DDP option; give --stack pytorch (shardfit's engine reduces per "
                    "wrap unit: choose the units with wrap=size:N)");
-  r.ddp_bucket_cap_bytes = static_cast<int64_t>(a.ddp_bucket_cap_mb * 1024 * 1024);  // as DDP converts it
   if (a.zero_grad != "none" && a.zero_grad != "zero")
     throw BadInput("--zero-grad " + a.zero_grad + ": expected none (set_to_none=True) or zero (set_to_none=False)");
   if (a.zero_grad != "none" && r.stack != planner::Stack::kPytorch)

@@ -70,13 +70,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                     (k == 1 ? " with the blocks checkpointed" : "") + " with grads " +
                                     (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
       at1[k][g] = t[1];
-      if (k < 2) {
-        affine[k][g] = std::make_unique<AffineTrace>(*t[2], *t[3]);
-        continue;
-      }
       try {
         affine[k][g] = std::make_unique<AffineTrace>(*t[2], *t[3]);
       } catch (const std::logic_error& e) {
+        if (k < 2) throw;  // fp32 traces must be affine
         amp_not_affine = e.what();
       }
     }
@@ -148,9 +145,6 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version (a no_sync "
                                 "micro-batch makes .grad tensors of its own that the synced one replaces by bucket "
                                 "views)");
-  if (!amp_not_affine.empty())
-    spdlog::warn("--stack pytorch: no {} candidates: the autocast traces are not batch-affine ({})", amp_name,
-                 amp_not_affine);
   if (r.ddp_static_graph && r.grad_accum != 1)
     throw std::invalid_argument("--ddp-static-graph with --grad-accum: PyTorch 1.13 cannot run it (its reducer "
                                 "asserts expect_autograd_hooks_ in the first no_sync backward: reducer.cpp, seen "
@@ -164,6 +158,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       if (is_fsdp(c))
         throw std::invalid_argument("--grad-accum with PyTorch FSDP (" + c.to_id() + "): not simulated in this "
                                     "version (DDP and zero1 only)");
+  // Every input checked: a bad one stays one line.
+  if (!amp_not_affine.empty())
+    spdlog::warn("--stack pytorch: no {} candidates: the autocast traces are not batch-affine ({})", amp_name,
+                 amp_not_affine);
   const int world = r.gpus_per_node * r.nodes;
   PytorchDdpInputs in;
   in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
