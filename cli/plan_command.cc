@@ -21,6 +21,7 @@ struct PlanArgs {
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
   bool ddp_static_graph = false;
+  bool single_gpu_unwrapped = false;
   double ddp_bucket_cap_mb = planner::kDdpBucketCapBytes / (1024.0 * 1024);
   std::string zero_grad = "none";
   std::string checkpoint = "non-reentrant";
@@ -59,6 +60,9 @@ int run(const PlanArgs& a) {
   if (a.ddp_static_graph && r.stack != planner::Stack::kPytorch)
     throw BadInput("--ddp-static-graph: a PyTorch DDP option; give --stack pytorch");
   r.ddp_static_graph = a.ddp_static_graph;
+  if (a.single_gpu_unwrapped && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--single-gpu-unwrapped: how a PyTorch job runs on one GPU; give --stack pytorch");
+  r.single_gpu_unwrapped = a.single_gpu_unwrapped;
   if (!(a.ddp_bucket_cap_mb > 0) || a.ddp_bucket_cap_mb > 1e6)
     throw BadInput("--ddp-bucket-cap-mb " + std::to_string(a.ddp_bucket_cap_mb) + ": must be above 0 (MB, at most 1e6)");
   r.ddp_bucket_cap_bytes = static_cast<int64_t>(a.ddp_bucket_cap_mb * 1024 * 1024);  // as DDP converts it
@@ -198,6 +202,10 @@ Command add_plan_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--ddp-static-graph", a->ddp_static_graph,
                 "--stack pytorch: DDP(static_graph=True) (PyTorch's default is False)");
+  sub->add_flag("--single-gpu-unwrapped", a->single_gpu_unwrapped,
+                "--stack pytorch, --gpus 1: the ddp candidates' model is not wrapped in DDP (no buckets, no "
+                "broadcasts), as Accelerate and the Hugging Face Trainer run a one-process job; without it, "
+                "DistributedDataParallel on a world of one, as a torchrun script builds it");
   sub->add_option("--zero-grad", a->zero_grad,
                   "--stack pytorch: what the loop's opt.zero_grad() does: none (set_to_none=True, PyTorch 2.x's "
                   "default, the gradients dropped) or zero (set_to_none=False, PyTorch 1.x's default, zeroed in place)")

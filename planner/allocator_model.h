@@ -41,6 +41,10 @@ class AllocatorModel {
   // What `id` costs in allocated_bytes() (0 when not live): the requested
   // bytes for the exact model, the block size for the caching model.
   virtual int64_t charged_bytes(int64_t id) const = 0;
+  // The size an out-of-memory error names for a request of `bytes` (what
+  // PyTorch's "Tried to allocate" prints): the request itself, or for the
+  // caching allocator the segment it would reserve.
+  virtual int64_t allocation_size(int64_t bytes) const { return bytes; }
 
   int64_t budget_bytes() const { return budget_bytes_; }
   // Bytes handed out to live ids, as the allocator counts them.
@@ -100,6 +104,9 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
   void free(int64_t id) override;
   void reset() override;
   int64_t charged_bytes(int64_t id) const override;
+  // CUDACachingAllocator.cpp malloc(): the OOM message formats alloc_size,
+  // get_allocation_size(round_size(bytes)).
+  int64_t allocation_size(int64_t bytes) const override { return segment_size(round_size(bytes)); }
 
   // The rules, exposed for tests and for callers that size buffers.
   static int64_t round_size(int64_t bytes);

@@ -35,6 +35,16 @@ MemoryBreakdown to_breakdown(const CategoryBytes& c) {
   return b;
 }
 
+void set_limit(PlanCandidate& pc, const StepSimResult& stop, int64_t batch) {
+  pc.limit = std::string(category_name(stop.oom_category)) + " in " + stop.oom_label;
+  pc.oom = PlanCandidate::Oom{batch,
+                              stop.oom_label,
+                              stop.oom_request_bytes,
+                              stop.oom_allocation_bytes,
+                              stop.oom_allocated_bytes,
+                              stop.oom_reserved_bytes};
+}
+
 namespace {
 
 
@@ -432,7 +442,7 @@ Plan build_plan(const PlanRequest& r) {
       pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
     } else {
       const StepSimResult& next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, cuda_allocator) : fit;
-      pc.limit = std::string(category_name(next.oom_category)) + " in " + next.oom_label;
+      set_limit(pc, next, pc.max_batch_per_gpu + 1);
     }
     if (pc.max_batch_per_gpu > 0) {
       StepTimeInputs ti = time_inputs(c, r, units, sim.forward_order(), pc.max_batch_per_gpu);

@@ -30,6 +30,10 @@ struct PlanRequest {
   bool ddp_bucket_view = false;
   // --stack pytorch: DDP(static_graph=True) (default False).
   bool ddp_static_graph = false;
+  // --stack pytorch, one GPU: the ddp candidates' model runs unwrapped, as
+  // Accelerate and the Hugging Face Trainer leave a one-process job
+  // (`--single-gpu-unwrapped`; PytorchDdpOptions::wrapped).
+  bool single_gpu_unwrapped = false;
   // --stack pytorch: DDP(bucket_cap_mb=...) in bytes (`--ddp-bucket-cap-mb`).
   int64_t ddp_bucket_cap_bytes = kDdpBucketCapBytes;
   // --stack pytorch: opt.zero_grad(set_to_none=...): true drops the
@@ -90,6 +94,9 @@ Plan build_plan(const PlanRequest& request);
 // simulator's per-class bytes as a plan's breakdown.
 Plan build_pytorch_plan(const PlanRequest& request, int64_t budget_bytes, int64_t device_mem_bytes);
 MemoryBreakdown to_breakdown(const CategoryBytes& bytes);
+// A candidate's `limit` and `oom` from the simulation of `batch`, its first
+// batch that does not fit.
+void set_limit(PlanCandidate& pc, const StepSimResult& stop, int64_t batch);
 
 // One candidate at one (micro-)batch, simulated with its timeline: what
 // `run` reports beside its measurements. `request.candidates` is ignored.

@@ -119,6 +119,17 @@ PlanCandidate candidate_from(const FieldReader& r) {
   pc.max_batch_per_gpu = r.integer("max_batch_per_gpu", 0);
   pc.predicted = prediction_from(r.object("predicted"));
   pc.limit = r.text("limit");
+  if (r.has("oom")) {
+    const FieldReader o = r.object("oom");
+    PlanCandidate::Oom oom;
+    oom.batch = o.integer("batch", 1);
+    oom.at = o.text("at");
+    oom.request_bytes = o.integer("request_bytes", 0);
+    oom.allocation_bytes = o.integer("allocation_bytes", 0);
+    oom.allocated_bytes = o.integer("allocated_bytes", 0);
+    oom.reserved_bytes = o.integer("reserved_bytes", 0);
+    pc.oom = oom;
+  }
   pc.units = static_cast<int>(r.optional_integer("units", 0));
   return pc;
 }
@@ -156,6 +167,17 @@ Plan plan_from(const json& j, const std::string& origin) {
   }
   if (r.has("ddp_bucket_view")) plan.ddp_bucket_view = r.boolean("ddp_bucket_view");
   if (r.has("ddp_static_graph")) plan.ddp_static_graph = r.boolean("ddp_static_graph");
+  if (r.has("single_gpu_unwrapped")) plan.single_gpu_unwrapped = r.boolean("single_gpu_unwrapped");
+  if (r.has("pytorch_job")) {
+    const FieldReader p = r.object("pytorch_job");
+    Plan::PytorchJob job;
+    job.zero_grad = p.text("zero_grad");
+    job.checkpoint = p.text("checkpoint");
+    job.ddp_bucket_cap_bytes = p.integer("ddp_bucket_cap_bytes", 1);
+    job.fsdp_backward_prefetch = p.text("fsdp_backward_prefetch");
+    job.steps = static_cast<int>(p.integer("steps", 1));
+    plan.pytorch_job = job;
+  }
   if (r.has("objective")) {
     std::string objective = r.text("objective");
     try {
@@ -278,6 +300,13 @@ void to_json(json& j, const PlanCandidate& c) {
                {"optimizer", p.optimizer_s}}}}},
            {"limit", c.limit},
            {"units", c.units}};
+  if (c.oom)
+    j["oom"] = {{"batch", c.oom->batch},
+                {"at", c.oom->at},
+                {"request_bytes", c.oom->request_bytes},
+                {"allocation_bytes", c.oom->allocation_bytes},
+                {"allocated_bytes", c.oom->allocated_bytes},
+                {"reserved_bytes", c.oom->reserved_bytes}};
   if (!p.rank_peak_allocated_bytes.empty()) j["predicted"]["rank_peak_allocated_bytes"] = p.rank_peak_allocated_bytes;
   if (!p.rank_timelines.empty()) {
     json timelines = json::array();
@@ -317,6 +346,13 @@ void to_json(json& j, const Plan& plan) {
       {"candidates", std::move(candidates)},
       {"chosen", plan.chosen.empty() ? json(nullptr) : json(plan.chosen)}};
   if (plan.ddp_static_graph) j["ddp_static_graph"] = true;
+  if (plan.single_gpu_unwrapped) j["single_gpu_unwrapped"] = true;
+  if (plan.pytorch_job)
+    j["pytorch_job"] = {{"zero_grad", plan.pytorch_job->zero_grad},
+                        {"checkpoint", plan.pytorch_job->checkpoint},
+                        {"ddp_bucket_cap_bytes", plan.pytorch_job->ddp_bucket_cap_bytes},
+                        {"fsdp_backward_prefetch", plan.pytorch_job->fsdp_backward_prefetch},
+                        {"steps", plan.pytorch_job->steps}};
   if (plan.async_reduce) j["async_reduce"] = true;
   if (plan.async_gather) j["async_gather"] = true;
 }

@@ -74,6 +74,20 @@ struct PlanCandidate {
   // What stops max+1: the memory class and where in the step, e.g.
   // "activations in step2/backward/transformer.h.35".
   std::string limit;
+  // extra: the allocation that fails batch max+1 (batch 1 when none fits),
+  // as PyTorch's out-of-memory error reports it: "Tried to allocate
+  // <allocation_bytes> (...; <allocated_bytes> already allocated; ...;
+  // <reserved_bytes> reserved in total by PyTorch)". Absent when the search
+  // reached its cap.
+  struct Oom {
+    int64_t batch = 0;
+    std::string at;             // the phase, as in `limit`
+    int64_t request_bytes = 0;  // the tensor's bytes
+    int64_t allocation_bytes = 0;
+    int64_t allocated_bytes = 0;
+    int64_t reserved_bytes = 0;
+  };
+  std::optional<Oom> oom;
   int units = 0;  // extra: wrapped units (FSDP instances); 0 = unknown
   std::string id() const { return candidate.to_id(); }
 };
@@ -109,6 +123,20 @@ struct Plan {
   std::string stack = "shardfit";
   bool ddp_bucket_view = false;
   bool ddp_static_graph = false;  // extra, --stack pytorch: DDP(static_graph=True); written when true
+  // extra, --stack pytorch: a one-GPU job's ddp candidates run the model
+  // unwrapped (--single-gpu-unwrapped); written when true
+  bool single_gpu_unwrapped = false;
+  // extra, --stack pytorch: the rest of the job the plan assumed, as plan's
+  // options of the same names say it; written with stack "pytorch" (absent
+  // in older plans: then not known).
+  struct PytorchJob {
+    std::string zero_grad;               // "none" (set_to_none=True) or "zero"
+    std::string checkpoint;              // the +ckpt candidates': "non-reentrant" or "reentrant"
+    int64_t ddp_bucket_cap_bytes = 0;    // DDP(bucket_cap_mb=...) in bytes
+    std::string fsdp_backward_prefetch;  // "pre", "post" or "none"
+    int steps = 0;                       // training steps simulated (2: the steady state)
+  };
+  std::optional<PytorchJob> pytorch_job;
   PlanModel model;
   PlanHardware hardware;
   std::string optimizer = "adamw";               // extra

@@ -33,6 +33,9 @@ class Ledger {
       out_->oom_label = label;
       out_->oom_category = c;
       out_->oom_request_bytes = bytes;
+      out_->oom_allocation_bytes = a_.allocation_size(bytes);
+      out_->oom_allocated_bytes = a_.allocated_bytes();
+      out_->oom_reserved_bytes = a_.reserved_bytes();
       return -1;
     }
     category_.push_back(c);

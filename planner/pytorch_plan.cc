@@ -158,6 +158,13 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       if (is_fsdp(c))
         throw std::invalid_argument("--grad-accum with PyTorch FSDP (" + c.to_id() + "): not simulated in this "
                                     "version (DDP and zero1 only)");
+  if (r.single_gpu_unwrapped) {
+    if (r.gpus_per_node * r.nodes != 1)
+      throw std::invalid_argument("--single-gpu-unwrapped: a one-process job's option (--gpus 1, --nodes 1)");
+    if (r.ddp_bucket_view || r.ddp_static_graph)
+      throw std::invalid_argument("--single-gpu-unwrapped with --ddp-bucket-view or --ddp-static-graph: DDP's "
+                                  "options, and the model is not in DDP");
+  }
   // Every input checked: a bad one stays one line.
   if (!amp_not_affine.empty())
     spdlog::warn("--stack pytorch: no {} candidates: the autocast traces are not batch-affine ({})", amp_name,
@@ -194,6 +201,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     o.grad_accum = r.grad_accum;
     o.static_graph = r.ddp_static_graph;
     o.world_size = world;
+    o.wrapped = !(r.single_gpu_unwrapped && c.sharding == Sharding::kDdp);
     std::vector<StepSimResult> ranks;
     if (is_fsdp(c)) {
       // Every rank alike (the padded shards are one size).
@@ -232,6 +240,13 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   plan.stack = "pytorch";
   plan.ddp_bucket_view = r.ddp_bucket_view;
   plan.ddp_static_graph = r.ddp_static_graph;
+  plan.single_gpu_unwrapped = r.single_gpu_unwrapped;
+  plan.pytorch_job = Plan::PytorchJob{r.zero_grad_set_to_none ? "none" : "zero",
+                                      r.ckpt_reentrant ? "reentrant" : "non-reentrant", r.ddp_bucket_cap_bytes,
+                                      r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kBackwardPost ? "post"
+                                      : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
+                                                                                                       : "pre",
+                                      r.steps};
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced"};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
@@ -265,8 +280,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
     } else {
       const auto next = pc.max_batch_per_gpu > 0 ? simulate(c, pc.max_batch_per_gpu + 1) : at_fit;
-      const StepSimResult& stop = worst(next);
-      pc.limit = std::string(category_name(stop.oom_category)) + " in " + stop.oom_label;
+      set_limit(pc, worst(next), pc.max_batch_per_gpu + 1);
     }
     plan.candidates.push_back(pc);
   }

@@ -268,6 +268,9 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   // With gradient_as_bucket_view a no_sync micro-batch makes .grad tensors of
   // its own, which the synced one then replaces by bucket views parameter by
   // parameter: not modelled.
+  if (!o.wrapped && (o.world_size != 1 || o.static_graph || o.gradient_as_bucket_view || o.zero_redundancy))
+    throw std::invalid_argument(
+        "an unwrapped model runs on one GPU, without DDP's or ZeroRedundancyOptimizer's options");
   if (o.grad_accum > 1 && o.static_graph)
     throw std::invalid_argument("--ddp-static-graph with --grad-accum: PyTorch 1.13 cannot run it");
   if (o.grad_accum > 1 && o.gradient_as_bucket_view)
@@ -307,15 +310,19 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   for (const auto& b : buffers)
     if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
   states.insert(states.end(), buffers.begin(), buffers.end());
-  if (!broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init)) return out;
-  std::vector<int64_t> buckets{ledger.alloc(Category::kCommBuffers, param_bytes, init)};
-  if (buckets[0] < 0) return out;
+  std::vector<int64_t> buckets;
+  if (o.wrapped) {
+    if (!broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init)) return out;
+    buckets.push_back(ledger.alloc(Category::kCommBuffers, param_bytes, init));
+    if (buckets[0] < 0) return out;
+  }
   if (o.static_graph)  // Reducer::set_static_graph -> initialize_local_used_map
     for (int i = 0; i < 2; ++i)
       if (ledger.alloc(Category::kCommBuffers, 4 * static_cast<int64_t>(numels.size()), init) < 0) return out;
   // Before every forward (DDP.forward -> _sync_buffers, broadcast_buffers=True
   // by default, in training): the buffers broadcast again from rank 0.
-  const std::vector<int64_t> buffer_flats = broadcast_coalesced_flats(buffers, kDdpBroadcastBucketBytes);
+  const std::vector<int64_t> buffer_flats =
+      o.wrapped ? broadcast_coalesced_flats(buffers, kDdpBroadcastBucketBytes) : std::vector<int64_t>{};
   ledger.point(init);
 
   // ZeroRedundancyOptimizer: this rank's local AdamW holds its partition only
@@ -380,7 +387,7 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
                                // recorded the gradients' order: sync_bucket_indices' four int32
                                // tensors, then initialize_buckets frees the old buckets and
                                // makes the new), then the buffers are broadcast.
-                               if (k == 2 && m == 1) {
+                               if (o.wrapped && k == 2 && m == 1) {
                                  std::vector<int64_t> sync;
                                  for (int64_t b : ddp_rebuild_sync_tensors(numels, rebuilt.size())) {
                                    sync.push_back(ledger.alloc(Category::kCommBuffers, b, micro + "/forward"));

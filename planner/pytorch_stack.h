@@ -91,6 +91,13 @@ struct PytorchDdpOptions {
   // (delay_all_reduce), so with gradient_as_bucket_view each op's gradient
   // stays .grad until then.
   bool static_graph = false;
+  // False: the model runs unwrapped, as Accelerate (accelerator.py
+  // prepare_model wraps in DDP only for DistributedType.MULTI_GPU) and the
+  // Hugging Face Trainer leave a one-process job: no Reducer buckets, no
+  // parameter or buffer broadcasts; AdamW and the loop as with DDP. Only on a
+  // world of one, and not with the DDP options above (static_graph,
+  // gradient_as_bucket_view, zero_redundancy).
+  bool wrapped = true;
 };
 
 // torch.cuda.amp.GradScaler (PyTorch 1.13, torch/cuda/amp/grad_scaler.py)

@@ -315,6 +315,9 @@ bool StepReplay::alloc(int64_t id, int64_t bytes, int stream, Category category)
     result_->oom_label = sim_.labels_[label_];
     result_->oom_category = category;
     result_->oom_request_bytes = bytes;
+    result_->oom_allocation_bytes = allocator_.allocation_size(bytes);
+    result_->oom_allocated_bytes = allocator_.allocated_bytes();
+    result_->oom_reserved_bytes = allocator_.reserved_bytes();
     return false;
   }
   id_category_[id] = static_cast<uint8_t>(category);

@@ -151,6 +151,12 @@ struct StepSimResult {
   std::string oom_label;                           // phase of the failed allocation
   Category oom_category = Category::kActivations;  // what it was for
   int64_t oom_request_bytes = 0;
+  // At the failed allocation, what PyTorch's OOM message reports: the size
+  // it tried to allocate (AllocatorModel::allocation_size), and the
+  // allocated and reserved bytes then.
+  int64_t oom_allocation_bytes = 0;
+  int64_t oom_allocated_bytes = 0;
+  int64_t oom_reserved_bytes = 0;
   int64_t peak_host_bytes = 0;          // offload: host-resident shards, grads, state
   // A point after each phase (its peak_allocated_bytes, the meter's per
   // mark, is where a phase's transient peak shows); empty if not recorded.

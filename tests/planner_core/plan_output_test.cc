@@ -81,7 +81,15 @@ TEST(PlanOutputTest, RoundTrips) {
   Plan plan = sample_plan();
   plan.objective = Objective::kBatch;
   plan.grad_accum = 4;  // `run --plan` and `validate` train with the plan's accumulation
+  // What stopped a candidate, as PyTorch's OOM message would say it, and a
+  // --stack pytorch plan's assumptions of the job.
+  plan.candidates[5].oom = PlanCandidate::Oom{1, "init", 1000, 2 << 20, 5 << 20, 20 << 20};
+  plan.stack = "pytorch";
+  plan.single_gpu_unwrapped = true;
+  plan.pytorch_job = Plan::PytorchJob{"zero", "reentrant", 5 << 20, "post", 3};
   std::string text = plan_to_json_text(plan);
+  EXPECT_EQ(json::parse(text)["candidates"][5]["oom"]["allocation_bytes"], 2 << 20);
+  EXPECT_EQ(json::parse(text)["pytorch_job"]["zero_grad"], "zero");
   Plan back = parse_plan(text);
   EXPECT_EQ(back.grad_accum, 4);
   EXPECT_EQ(plan_to_json_text(back), text);
@@ -89,6 +97,11 @@ TEST(PlanOutputTest, RoundTrips) {
   EXPECT_EQ(back.candidates[0].predicted.peak_allocated_bytes, (int64_t{21} << 30) + 123);
   EXPECT_EQ(back.candidates[4].predicted.peak_host_bytes, 22000);
   EXPECT_EQ(back.objective, Objective::kBatch);
+  ASSERT_TRUE(back.candidates[5].oom && back.pytorch_job);
+  EXPECT_EQ(back.candidates[5].oom->reserved_bytes, 20 << 20);
+  EXPECT_FALSE(back.candidates[0].oom);
+  EXPECT_EQ(back.pytorch_job->fsdp_backward_prefetch, "post");
+  EXPECT_TRUE(back.single_gpu_unwrapped);
 
   // Through a file, and through nlohmann's ADL.
   std::string path = testing::TempDir() + "/plan.json";

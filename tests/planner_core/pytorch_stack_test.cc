@@ -132,6 +132,31 @@ TEST(PytorchDdp, BuffersAreBroadcastAtInitAndBeforeEveryForward) {
   EXPECT_EQ(r.timeline[1].peak_allocated_bytes, 264 + 8 + 60);
 }
 
+// A one-process job Accelerate leaves unwrapped (PytorchDdpOptions::wrapped
+// false): the same model and loop without DDP's buckets and broadcasts.
+TEST(PytorchDdp, AnUnwrappedModelHasNoBucketsAndNoBroadcasts) {
+  Fixture f;
+  f.in.param_numels = {25};
+  f.in.buffers = {{"a", {30}, "uint8", 30}, {"b", {30}, "uint8", 30}};
+  PytorchDdpOptions o;
+  o.wrapped = false;
+  const StepSimResult r = simulate_pytorch_ddp(f.in, o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(r.timeline[0].peak_allocated_bytes, 100 + 60);  // parameters and buffers: no flats, no buckets
+  EXPECT_EQ(r.timeline[1].peak_allocated_bytes, 160 + 1000);  // step 1's forward: no buffer broadcast
+  EXPECT_EQ(r.peak_allocated_bytes, 1800 - 100 + 60);  // the wrapped peak (DefaultMode...) less its buckets
+  EXPECT_EQ(r.peak_breakdown_bytes[static_cast<int>(Category::kCommBuffers)], 0);
+  // DDP's options, or more than one GPU, need the wrapper.
+  for (auto set : {+[](PytorchDdpOptions& x) { x.world_size = 2; },
+                   +[](PytorchDdpOptions& x) { x.static_graph = true; },
+                   +[](PytorchDdpOptions& x) { x.gradient_as_bucket_view = true; },
+                   +[](PytorchDdpOptions& x) { x.zero_redundancy = true; }}) {
+    PytorchDdpOptions bad = o;
+    set(bad);
+    EXPECT_THROW(simulate_pytorch_ddp(f.in, bad), std::invalid_argument);
+  }
+}
+
 // Reducer::sync_bucket_indices when the buckets are rebuilt (step 2): two
 // int32 tensors of parameters + 1 and two of buckets. gpt2-tiny (28
 // parameters, one bucket): 240 bytes, as measured around

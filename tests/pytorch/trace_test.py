@@ -244,7 +244,7 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(kept(accelerate), [4] + [16384] * 4 + [131072])
         out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
-                              "--gpus", "2", "--gpu-mem", "1GiB", "--zero-grad", "zero", "--json"],
+                              "--gpus", "2", "--gpu-mem", "2GiB", "--zero-grad", "zero", "--json"],
                              capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(sorted(c["id"] for c in json.loads(out.stdout)["candidates"]),
@@ -256,7 +256,7 @@ class TraceTest(unittest.TestCase):
         # FSDP by transformer_auto_wrap_policy: each of the 2 blocks (the
         # model's block_class) a unit, the root the rest.
         out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
-                              "--gpus", "2", "--gpu-mem", "1GiB", "--strategies",
+                              "--gpus", "2", "--gpu-mem", "2GiB", "--strategies",
                               "zero3/fp32/wrap=block,zero3/fp32/wrap=size:100000000", "--json"],
                              capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
@@ -272,26 +272,41 @@ class TraceTest(unittest.TestCase):
                                 "--fsdp-backward-prefetch sideways: expected pre"),
                                (["--fsdp-backward-prefetch", "post"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "must be above 0"),
-                               (["--ddp-bucket-cap-mb", "5"], "give --stack pytorch")):
+                               (["--ddp-bucket-cap-mb", "5"], "give --stack pytorch"),
+                               (["--single-gpu-unwrapped"], "give --stack pytorch"),
+                               (["--stack", "pytorch", "--gpus", "2", "--single-gpu-unwrapped"],
+                                "--single-gpu-unwrapped: a one-process job's option")):
             out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--device", "titan-rtx-24gb"] + extra,
                                  capture_output=True, text=True, timeout=120)
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
             self.assertIn(message, out.stderr)
         out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
-                              "--gpus", "2", "--gpu-mem", "1GiB", "--fsdp-backward-prefetch", "none", "--strategies",
+                              "--gpus", "2", "--gpu-mem", "2GiB", "--fsdp-backward-prefetch", "none", "--strategies",
                               "zero3/fp32/wrap=block", "--json"], capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
         out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--stack", "pytorch", "--device", "titan-rtx-24gb",
-                              "--gpus", "2", "--gpu-mem", "1GiB", "--ddp-bucket-cap-mb", "0.5", "--strategies",
+                              "--gpus", "2", "--gpu-mem", "2GiB", "--ddp-bucket-cap-mb", "0.5", "--strategies",
                               "ddp/fp32/wrap=none", "--json"], capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
 
     def test_autocast_traces_that_are_not_batch_affine_leave_the_fp32_plan(self):
-        # gpt2-tiny-wide's CPU bf16 matmuls: the oneDNN scratchpad follows the
-        # shapes' blocking, so batch 3's is smaller than batch 2's. The fp32
-        # candidates plan; the bf16 ones are named as not plannable.
-        path, _ = self.record("gpt2-tiny-wide")
+        # gpt2-tiny-wide's CPU bf16 matmuls: where oneDNN's scratchpad follows
+        # the shapes' blocking (it does on some CPUs, not on others: the ISA
+        # decides), batch 3's can be smaller than batch 2's (batches 2 and 3
+        # make the affine fit; batch 1 is planned as traced). So that the
+        # check does not depend on this machine's CPU, batch 3's autocast
+        # traces get such a scratchpad here: their first allocation of over
+        # 1 KiB 512 bytes smaller than batch 2's. The fp32 candidates plan;
+        # the bf16 ones are named as not plannable.
+        path, f = self.record("gpt2-tiny-wide")
+        for t in f["traces"]:
+            if t.get("autocast") and t["batch"] == 3:
+                t2 = next(u for u in f["traces"] if u.get("autocast") and u["batch"] == 2 and u["grads"] == t["grads"])
+                i = next(i for i, e in enumerate(t2["events"]) if e[0] == "alloc" and e[4] > 1024)
+                t["events"][i][4] = t2["events"][i][4] - 512
+        with open(path, "w") as fh:
+            json.dump(f, fh)
         out = subprocess.run([SHARDFIT, "plan", "--trace", path, "--stack", "pytorch", "--device", "cpu", "--gpus", "2",
                               "--gpu-mem", "64MiB", "--json"], capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
