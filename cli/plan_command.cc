@@ -131,15 +131,15 @@ int run(const PlanArgs& a) {
   r.optimizer = a.optimizer == "adamw" ? planner::Optimizer::kAdamW : planner::Optimizer::kSgd;
   r.objective = planner::parse_objective(a.objective);
   r.grad_accum = a.grad_accum;
-  r.prefetch = a.prefetch;
+  r.schedule.prefetch = a.prefetch;
   if (a.async_reduce && r.stack == planner::Stack::kPytorch)
     throw BadInput("--async-reduce: shardfit's engine option (PyTorch's DDP and FSDP always reduce beside backward); "
                    "drop it with --stack pytorch");
-  r.async_reduce = a.async_reduce;
+  r.schedule.async_reduce = a.async_reduce;
   if (a.async_gather && r.stack == planner::Stack::kPytorch)
     throw BadInput("--async-gather: shardfit's engine option (PyTorch's FSDP always prefetches beside compute); "
                    "drop it with --stack pytorch");
-  r.async_gather = a.async_gather;
+  r.schedule.async_gather = a.async_gather;
 
   // A sweep of big models takes seconds to minutes: say where it is.
   ThrottledProgress progress;

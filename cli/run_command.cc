@@ -81,9 +81,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
   static_cast<executor::TrainOptions&>(o) = train_options(a, job);
   o.candidate = job.candidate;
   o.grad_accum = job.grad_accum;
-  o.prefetch = job.prefetch;
-  o.async_reduce = job.async_reduce;
-  o.async_gather = job.async_gather;
+  o.schedule = job.schedule;
   o.clip_grad_norm = a.clip_grad_norm;
   o.shard_group_size = shard_group_size;
   // One GPU per rank: cuda:LOCAL_RANK (torchrun and --nproc set it; 0 alone or loopback).
@@ -110,9 +108,7 @@ std::optional<planner::CandidatePrediction> predict(const Job& job, int world, i
     r.model = job.model;
     r.seq_len = job.seq_len;
     r.grad_accum = static_cast<int>(grad_accum);
-    r.prefetch = job.prefetch;
-    r.async_reduce = job.async_reduce;
-    r.async_gather = job.async_gather;
+    r.schedule = job.schedule;
     r.profile = planner::load_profile(job.profile, profiles_dir());
     r.device_mem_bytes = job.budget_bytes;
     // A plan's topology: hybrid's shard group is a node; the others see one node of `world`.
@@ -179,9 +175,7 @@ reports::RunReport report_skeleton(const Job& job, int64_t params, int world, in
                 {"gpus_per_node", gpus_per_node},
                 {"nodes", std::max(1, world / std::max(1, gpus_per_node))}};
   r.batch_per_gpu = job.batch;
-  r.prefetch = job.prefetch;
-  r.async_reduce = job.async_reduce;
-  r.async_gather = job.async_gather;
+  r.schedule = job.schedule;
   r.world_size = world;
   r.backend = backend;
   r.device = job.device;
@@ -219,8 +213,8 @@ std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job,
           {"--seq-len", std::to_string(job.seq_len)}, {"--steps", std::to_string(a.steps)},
           {"--seed", std::to_string(a.seed)}, {"--data", a.data}, {"--device", a.device},
           {"--gpu-mem", std::to_string(job.budget_bytes)}, {"--lr", num(a.lr)}, {"--weight-decay", num(a.weight_decay)},
-          {"--grad-accum", std::to_string(job.grad_accum)}, {"--prefetch", std::to_string(job.prefetch)},
-          {"--async-reduce", job.async_reduce ? "yes" : "no"}, {"--async-gather", job.async_gather ? "yes" : "no"},
+          {"--grad-accum", std::to_string(job.grad_accum)}, {"--prefetch", std::to_string(job.schedule.prefetch)},
+          {"--async-reduce", job.schedule.async_reduce ? "yes" : "no"}, {"--async-gather", job.schedule.async_gather ? "yes" : "no"},
           {"--clip-grad-norm", num(a.clip_grad_norm)},
           {"--gpus-per-node", std::to_string(gpus_per_node)}, {"--save", a.save},
           {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume},

@@ -39,9 +39,9 @@ Job resolve_job(const RunArgs& a) {
       throw BadInput("--strategy " + a.strategy + ": conflicts with --plan's candidate " + c->id());
     // The plan's max batch is per micro-batch of its accumulation.
     job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
-    job.prefetch = a.prefetch_given ? a.prefetch : plan.prefetch;
-    job.async_reduce = a.async_reduce || plan.async_reduce;
-    job.async_gather = a.async_gather || plan.async_gather;
+    job.schedule.prefetch = a.prefetch_given ? a.prefetch : plan.schedule.prefetch;
+    job.schedule.async_reduce = a.async_reduce || plan.schedule.async_reduce;
+    job.schedule.async_gather = a.async_gather || plan.schedule.async_gather;
     if (!a.model.empty() && a.model != plan.model.name)
       throw BadInput("--model " + a.model + ": the plan " + a.plan + " is for " + plan.model.name);
     if (!a.batch_given && c->max_batch_per_gpu < 1)
@@ -59,9 +59,7 @@ Job resolve_job(const RunArgs& a) {
     if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
     job.batch = a.batch;
     job.grad_accum = a.grad_accum;
-    job.prefetch = a.prefetch;
-    job.async_reduce = a.async_reduce;
-    job.async_gather = a.async_gather;
+    job.schedule = {a.prefetch, a.async_reduce, a.async_gather};
   }
   job.model = models::resolve_model(model_name);
   if (!a.loss.empty()) job.loss = a.loss;

@@ -11,6 +11,7 @@
 #include "executor/adamw.h"
 #include "models/model_config.h"
 #include "planner/candidate.h"
+#include "spec/schedule.h"
 
 namespace shardfit::cli {
 
@@ -70,9 +71,7 @@ struct Job {
   std::string attention = "eager";  // --attention, else the plan's
   int64_t budget_bytes = 0;
   int64_t grad_accum = 1;      // --grad-accum, else the plan's
-  int prefetch = 1;            // --prefetch, else the plan's
-  bool async_reduce = false;   // --async-reduce, or the plan's
-  bool async_gather = false;   // --async-gather, or the plan's
+  spec::ScheduleOptions schedule;  // --prefetch, else the plan's; --async-*, or the plan's
   int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
   int plan_gpus_per_node = 0;  // the plan's GPUs per node
   std::string device = "cpu";   // --device

@@ -70,7 +70,8 @@ void check_engine_options(const EngineOptions& o, int world_size) {
   if (o.steps < 1) throw std::invalid_argument("--steps " + std::to_string(o.steps) + ": must be at least 1");
   if (o.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(o.grad_accum) + ": must be at least 1");
-  if (o.prefetch < 1) throw std::invalid_argument("--prefetch " + std::to_string(o.prefetch) + ": must be at least 1");
+  if (o.schedule.prefetch < 1)
+    throw std::invalid_argument("--prefetch " + std::to_string(o.schedule.prefetch) + ": must be at least 1");
   models::check_seq_len(m, o.seq_len);
   if (o.stop_requested && o.checkpoint.save_dir.empty())
     throw std::invalid_argument("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
@@ -116,7 +117,7 @@ Engine::Engine(const EngineOptions& o, Communicator& world)
   world_ = bridged_world_.get();
   const int n = world.world_size();
   traits_ = spec::decode_strategy(o.candidate, n, spec::shard_group_for(o.candidate.sharding, n, o.shard_group_size));
-  schedule_ = spec::Schedule(traits_, o.prefetch, o.async_reduce, o.async_gather);
+  schedule_ = spec::Schedule(traits_, o.schedule);
   compute_dtype_ = scalar_type(traits_.compute_dtype);
   if (compute_dtype_ == torch::kHalf) scaler_ = std::make_unique<DynamicLossScaler>();
 

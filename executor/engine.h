@@ -51,6 +51,7 @@
 #include "executor/trainer.h"
 #include "models/model_config.h"
 #include "spec/candidate.h"
+#include "spec/schedule.h"
 
 namespace shardfit::executor {
 
@@ -61,17 +62,11 @@ namespace shardfit::executor {
 struct EngineOptions : TrainOptions {
   spec::Candidate candidate;
   int64_t grad_accum = 1;  // micro-batches per optimizer step
-  // Units gathered ahead (--prefetch N, spec/schedule.h): N in backward,
-  // N - 1 in forward; 1 = FSDP's default (BACKWARD_PRE only).
-  int prefetch = 1;
-  // Gradients reduce beside the rest of backward (--async-reduce,
-  // spec/schedule.h's kWaitReduce): FSDP2's one reduce-scatter in flight,
-  // DDP's buckets waited for at backward's end. Off: each unit's reduction
-  // completes at its post-backward.
-  bool async_reduce = false;
-  // Prefetched all-gathers run beside compute (--async-gather), waited for
-  // at the unit's own gather; their staging copies live until then.
-  bool async_gather = false;
+  // --prefetch N (N in backward, N - 1 in forward), --async-reduce (FSDP2's
+  // one reduce-scatter in flight, DDP's reductions waited for at backward's
+  // end; off: each unit's completes at its post-backward), --async-gather
+  // (prefetched all-gathers beside compute): spec::ScheduleOptions.
+  spec::ScheduleOptions schedule;
   // Clip the global gradient norm (over every rank's shard) to this value,
   // as torch.nn.utils.clip_grad_norm_. 0 = off, the default: the single-rank
   // trainer does not clip, and the parity tests compare against it.

@@ -79,7 +79,7 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
   kwargs["backward_prefetch"] = "BACKWARD_PRE";
   // --prefetch 2: a unit ahead in forward too (FSDP1 prefetches one unit
   // each way; deeper backward prefetch is FSDP2's set_modules_to_backward_prefetch).
-  kwargs["forward_prefetch"] = plan.prefetch >= 2;
+  kwargs["forward_prefetch"] = plan.schedule.prefetch >= 2;
   kwargs["limit_all_gathers"] = true;
 
   LaunchConfig out;
@@ -120,7 +120,7 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
   fsdp["fsdp_offload_params"] = c.offload;
   fsdp["fsdp_backward_prefetch"] = "BACKWARD_PRE";
   fsdp["fsdp_activation_checkpointing"] = c.recompute;
-  fsdp["fsdp_forward_prefetch"] = plan.prefetch >= 2;
+  fsdp["fsdp_forward_prefetch"] = plan.schedule.prefetch >= 2;
   fsdp["fsdp_sync_module_states"] = true;
   fsdp["fsdp_use_orig_params"] = true;
   fsdp["fsdp_state_dict_type"] = "SHARDED_STATE_DICT";

@@ -251,9 +251,7 @@ Strategy strategy_for(const Candidate& c, const PlanRequest& r) {
   s.world_size = world;
   s.shard_group_size = t.shard_group_size;
   s.grad_accum = r.grad_accum;
-  s.prefetch = r.prefetch;
-  s.async_reduce = r.async_reduce;
-  s.async_gather = r.async_gather;
+  s.schedule = r.schedule;
   return s;
 }
 
@@ -272,9 +270,7 @@ StepTimeInputs time_inputs(const Candidate& c, const PlanRequest& r, const UnitP
   ti.shard_group_size = t.collective_group_size;
   ti.nodes = r.nodes;
   ti.optimizer_states = t.optimizer_states;
-  ti.prefetch = r.prefetch;
-  ti.async_reduce = r.async_reduce;
-  ti.async_gather = r.async_gather;
+  ti.schedule = r.schedule;
   return ti;
 }
 
@@ -285,7 +281,8 @@ Plan build_plan(const PlanRequest& r) {
   if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
   if (r.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(r.grad_accum) + ": must be at least 1");
-  if (r.prefetch < 1) throw std::invalid_argument("--prefetch " + std::to_string(r.prefetch) + ": must be at least 1");
+  if (r.schedule.prefetch < 1)
+    throw std::invalid_argument("--prefetch " + std::to_string(r.schedule.prefetch) + ": must be at least 1");
   const TraceFile* file = r.trace_file.get();
   if (file) {
     if (r.seq_len != file->seq_len)
@@ -332,9 +329,7 @@ Plan build_plan(const PlanRequest& r) {
   plan.optimizer = r.optimizer == Optimizer::kAdamW ? "adamw" : "sgd";
   plan.objective = r.objective;
   plan.grad_accum = r.grad_accum;
-  plan.prefetch = r.prefetch;
-  plan.async_reduce = r.async_reduce;
-  plan.async_gather = r.async_gather;
+  plan.schedule = r.schedule;
 
   const std::vector<ModuleNode> modules = file ? file->modules : models::module_table(r.model);
   std::map<std::string, UnitPartition> partitions;

@@ -69,13 +69,8 @@ struct PlanRequest {
   // micro-batch. zero2/3/hybrid then hold their fp32 shard grads through
   // every micro-batch after the first, so their max batch can only shrink.
   int grad_accum = 1;
-  // Units gathered ahead in backward (forward: one fewer): --prefetch,
-  // spec::Schedule. 1 = FSDP's default, BACKWARD_PRE.
-  int prefetch = 1;
-  // Gradients reduced beside backward (--async-reduce, spec::Schedule).
-  bool async_reduce = false;
-  // Prefetched gathers beside compute (--async-gather, spec::Schedule).
-  bool async_gather = false;
+  // --prefetch, --async-reduce, --async-gather (spec::ScheduleOptions).
+  spec::ScheduleOptions schedule;
   // Called as the plan advances, from build_plan's worker threads but never
   // two at once: stage "trace" (one traced step of a distinct precision and
   // recompute set) or "simulate" (one candidate's batch search done), how

@@ -158,9 +158,9 @@ Plan plan_from(const json& j, const std::string& origin) {
 
   if (r.has("optimizer")) plan.optimizer = r.text("optimizer");
   if (r.has("grad_accum")) plan.grad_accum = static_cast<int>(r.integer("grad_accum", 1));
-  if (r.has("prefetch")) plan.prefetch = static_cast<int>(r.integer("prefetch", 1));
-  if (r.has("async_reduce")) plan.async_reduce = r.boolean("async_reduce");
-  if (r.has("async_gather")) plan.async_gather = r.boolean("async_gather");
+  if (r.has("prefetch")) plan.schedule.prefetch = static_cast<int>(r.integer("prefetch", 1));
+  if (r.has("async_reduce")) plan.schedule.async_reduce = r.boolean("async_reduce");
+  if (r.has("async_gather")) plan.schedule.async_gather = r.boolean("async_gather");
   if (r.has("stack")) {
     plan.stack = r.text("stack");
     if (plan.stack != "shardfit" && plan.stack != "pytorch") r.fail("stack", "must be \"shardfit\" or \"pytorch\"");
@@ -339,7 +339,7 @@ void to_json(json& j, const Plan& plan) {
         {"nodes", plan.hardware.nodes}}},
       {"optimizer", plan.optimizer},
       {"grad_accum", plan.grad_accum},
-      {"prefetch", plan.prefetch},
+      {"prefetch", plan.schedule.prefetch},
       {"stack", plan.stack},
       {"ddp_bucket_view", plan.ddp_bucket_view},
       {"objective", objective_name(plan.objective)},
@@ -353,8 +353,8 @@ void to_json(json& j, const Plan& plan) {
                         {"ddp_bucket_cap_bytes", plan.pytorch_job->ddp_bucket_cap_bytes},
                         {"fsdp_backward_prefetch", plan.pytorch_job->fsdp_backward_prefetch},
                         {"steps", plan.pytorch_job->steps}};
-  if (plan.async_reduce) j["async_reduce"] = true;
-  if (plan.async_gather) j["async_gather"] = true;
+  if (plan.schedule.async_reduce) j["async_reduce"] = true;
+  if (plan.schedule.async_gather) j["async_gather"] = true;
 }
 
 void from_json(const json& j, Plan& plan) { plan = plan_from(j, "plan"); }
@@ -440,8 +440,8 @@ std::string format_plan_table(const Plan& plan, size_t top) {
         << ": ";
   out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
       << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention)
-      << (plan.prefetch == 1 ? "" : ", prefetch " + std::to_string(plan.prefetch))
-      << (plan.async_reduce ? ", async reduce" : "") << (plan.async_gather ? ", async gather" : "") << ", "
+      << (plan.schedule.prefetch == 1 ? "" : ", prefetch " + std::to_string(plan.schedule.prefetch))
+      << (plan.schedule.async_reduce ? ", async reduce" : "") << (plan.schedule.async_gather ? ", async gather" : "") << ", "
       << hw.world_size() << " GPU"
       << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
   if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "planner/candidate.h"
+#include "spec/schedule.h"
 
 namespace shardfit::planner {
 
@@ -141,9 +142,9 @@ struct Plan {
   PlanHardware hardware;
   std::string optimizer = "adamw";               // extra
   int grad_accum = 1;  // extra: micro-batches per optimizer step; max batch is per micro-batch
-  int prefetch = 1;    // extra: units gathered ahead (spec::Schedule); absent in older plans = 1
-  bool async_reduce = false;  // extra: gradients reduced beside backward; written when true
-  bool async_gather = false;  // extra: prefetched gathers beside compute; written when true
+  // extra: "prefetch" (units gathered ahead; absent in older plans = 1),
+  // "async_reduce" and "async_gather" (written when true).
+  spec::ScheduleOptions schedule;
   Objective objective = Objective::kThroughput;  // extra
   std::vector<PlanCandidate> candidates;
   std::string chosen;  // a candidate id; "" (JSON null) when nothing fits

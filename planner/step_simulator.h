@@ -57,6 +57,7 @@
 #include "planner/allocator_model.h"
 #include "planner/candidate.h"  // Sharding, sharding_name()
 #include "planner/model_trace.h"
+#include "spec/schedule.h"
 #include "spec/strategy.h"
 #include "spec/timeline.h"
 #include "spec/wrap_policy.h"
@@ -107,17 +108,8 @@ struct Strategy {
   // Ranks a flat parameter is sharded over: world_size for zero1/2/3, GPUs
   // per node for hybrid; ignored for ddp.
   int shard_group_size = 1;
-  // Units gathered ahead (--prefetch, spec::Schedule): in backward this
-  // many (1 = FSDP's BackwardPrefetch.BACKWARD_PRE, its default; 0 = none),
-  // in forward one fewer. Matters for zero3/hybrid only.
-  int prefetch = 1;
-  // Gradients reduce beside the rest of backward (--async-reduce,
-  // spec::Schedule's kWaitReduce): a sharded unit's unsharded grad lives on
-  // through the next unit's backward.
-  bool async_reduce = false;
-  // Prefetched gathers run beside compute (--async-gather): a staged
-  // gather's c*s_u copy lives until the unit's own kGather.
-  bool async_gather = false;
+  // --prefetch, --async-reduce, --async-gather (spec::ScheduleOptions).
+  spec::ScheduleOptions schedule;
   // Micro-batches per optimizer step (the executor's --grad-accum): each
   // replays the whole trace and marks its forward/backward labels again.
   int grad_accum = 1;

@@ -93,9 +93,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   // only when a prefetch launched it with async_gather (backward prefetches
   // `prefetch` units, forward prefetch - 1). Otherwise each collective is
   // waited for where it is issued and adds its whole time to the step.
-  const bool hide_reductions = in.async_reduce;
-  const bool hide_backward_gathers = in.async_gather;  // backward prefetches prefetch >= 1 units
-  const bool hide_forward_gathers = in.async_gather && in.prefetch >= 2;
+  const bool hide_reductions = in.schedule.async_reduce;
+  const bool hide_backward_gathers = in.schedule.async_gather;  // backward prefetches prefetch >= 1 units
+  const bool hide_forward_gathers = in.schedule.async_gather && in.schedule.prefetch >= 2;
   // `total` of which all but `last` can hide behind compute when `hide`.
   auto split = [](double total_s, double last_s, bool hide) {
     return hide ? PhaseComm{total_s - last_s, last_s} : PhaseComm{0, total_s};

@@ -58,6 +58,7 @@
 
 #include "planner/candidate.h"
 #include "planner/profile.h"
+#include "spec/schedule.h"
 #include "spec/strategy.h"
 
 namespace shardfit::planner {
@@ -78,11 +79,9 @@ struct StepTimeInputs {
                              // hybrid: GPUs per node, ddp: ignored)
   int nodes = 1;
   int optimizer_states = 2;  // fp32 states per param: AdamW 2, SGD 0
-  // The schedule's overlap (spec::Schedule's, --prefetch, --async-reduce,
-  // --async-gather): what the engine runs beside compute.
-  int prefetch = 1;
-  bool async_reduce = false;
-  bool async_gather = false;
+  // The schedule's overlap (--prefetch, --async-reduce, --async-gather):
+  // what the engine runs beside compute.
+  spec::ScheduleOptions schedule;
 };
 
 struct StepTime {

@@ -119,9 +119,9 @@ nlohmann::json to_json(const RunReport& r) {
           {"hardware", r.hardware},
           {"run",
            {{"batch_per_gpu", r.batch_per_gpu},
-            {"prefetch", r.prefetch},
-            {"async_reduce", r.async_reduce},
-            {"async_gather", r.async_gather},
+            {"prefetch", r.schedule.prefetch},
+            {"async_reduce", r.schedule.async_reduce},
+            {"async_gather", r.schedule.async_gather},
             {"world_size", r.world_size},
             {"backend", r.backend},
             {"device", r.device},
@@ -164,9 +164,9 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   const std::string w = origin + ": run";
   r.batch_per_gpu = get<int64_t>(run, "batch_per_gpu", w);
   r.world_size = get<int>(run, "world_size", w);
-  if (run.contains("prefetch")) r.prefetch = get<int>(run, "prefetch", w);
-  if (run.contains("async_reduce")) r.async_reduce = get<bool>(run, "async_reduce", w);
-  if (run.contains("async_gather")) r.async_gather = get<bool>(run, "async_gather", w);
+  if (run.contains("prefetch")) r.schedule.prefetch = get<int>(run, "prefetch", w);
+  if (run.contains("async_reduce")) r.schedule.async_reduce = get<bool>(run, "async_reduce", w);
+  if (run.contains("async_gather")) r.schedule.async_gather = get<bool>(run, "async_gather", w);
   r.backend = get<std::string>(run, "backend", w);
   r.device = get<std::string>(run, "device", w);
   r.steps = get<int64_t>(run, "steps", w);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "reports/machine.h"
+#include "spec/schedule.h"
 #include "spec/timeline.h"
 
 namespace shardfit::reports {
@@ -51,9 +52,9 @@ struct RunReport {
   nlohmann::json model;     // {"name", "params", "seq_len"}
   nlohmann::json hardware;  // {"profile", "device_mem_bytes", ...}
   int64_t batch_per_gpu = 0;
-  int prefetch = 1;  // units gathered ahead (--prefetch; absent in older reports = 1)
-  bool async_reduce = false;  // gradients reduced beside backward (--async-reduce; absent in older reports = false)
-  bool async_gather = false;  // prefetched gathers beside compute (--async-gather; absent in older reports = false)
+  // --prefetch, --async-reduce, --async-gather; absent in older reports:
+  // 1, false, false.
+  spec::ScheduleOptions schedule;
   int world_size = 1;
   std::string backend;  // "gloo", "nccl", "loopback", "none" (one rank)
   std::string device;   // "cpu" or "cuda"

@@ -33,9 +33,9 @@ const char* op_name(Op op) {
   return "?";
 }
 
-Schedule::Schedule(const StrategyTraits& traits, int prefetch, bool async_reduce, bool async_gather)
-    : traits_(traits), prefetch_(prefetch), async_reduce_(async_reduce), async_gather_(async_gather) {
-  if (prefetch < 0) throw std::invalid_argument("--prefetch " + std::to_string(prefetch) + ": must be at least 0");
+Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options) : traits_(traits), options_(options) {
+  if (options.prefetch < 0)
+    throw std::invalid_argument("--prefetch " + std::to_string(options.prefetch) + ": must be at least 0");
   for (int h = 0; h < kNumHooks; ++h)
     for (int root = 0; root < 2; ++root)
       for (int last = 0; last < 2; ++last)
@@ -51,7 +51,7 @@ std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
     case Hook::kPreForward:
       // zero2 and the zero3 root are still gathered from an earlier call:
       // kGather is then nothing.
-      if (sharded && prefetch_ >= 2) return {Op::kGather, Op::kPrefetchForward};
+      if (sharded && options_.prefetch >= 2) return {Op::kGather, Op::kPrefetchForward};
       if (sharded) return {Op::kGather};
       return {};
     case Hook::kPostForward:
@@ -65,20 +65,20 @@ std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
       return {Op::kAllocFlatGrad};
     case Hook::kPreBackward:
       if (!sharded) return {};
-      if (prefetch_ >= 1) return {Op::kGather, Op::kPrefetchBackward, Op::kAllocGrad};
+      if (options_.prefetch >= 1) return {Op::kGather, Op::kPrefetchBackward, Op::kAllocGrad};
       return {Op::kGather, Op::kAllocGrad};
     case Hook::kRecompute:
       if (sharded) return {Op::kGather};
       return {};
     case Hook::kPostBackward:
-      if (sharded && async_reduce_) return {Op::kWaitReduce, Op::kReduceScatter, Op::kReshard};
+      if (sharded && options_.async_reduce) return {Op::kWaitReduce, Op::kReduceScatter, Op::kReshard};
       if (sharded) return {Op::kReduceScatter, Op::kWaitReduce, Op::kReshard};
       // ddp/zero1 reduce only on the last micro-batch (no_sync before it).
       if (!where.last_micro_batch) return {};
-      if (async_reduce_) return {Op::kAllReduce};
+      if (options_.async_reduce) return {Op::kAllReduce};
       return {Op::kAllReduce, Op::kWaitReduce};
     case Hook::kBackwardEnd:
-      if (async_reduce_) return {Op::kWaitReduce};
+      if (options_.async_reduce) return {Op::kWaitReduce};
       return {};
   }
   return {};

@@ -104,22 +104,29 @@ struct HookContext {
   bool last_micro_batch = true;  // the step's last micro-batch (gradient accumulation)
 };
 
+// How a strategy's collectives are scheduled beyond what its traits say:
+// plan's and run's --prefetch, --async-reduce and --async-gather, carried
+// together from the command line to both interpreters and the time model.
+struct ScheduleOptions {
+  // Units gathered ahead of the one that runs: in backward this many (1 =
+  // FSDP's BACKWARD_PRE, its default), in forward one fewer; 0 = none.
+  // Matters for zero3/hybrid: zero2 keeps every unit gathered from its
+  // forward through its backward anyway.
+  int prefetch = 1;
+  // Gradients reduce beside the rest of backward (kWaitReduce above).
+  bool async_reduce = false;
+  // A prefetched unit's all-gather runs beside compute, waited for at that
+  // unit's own kGather; its staging copy (mixed, offload) lives until then.
+  bool async_gather = false;
+};
+
 // The schedule of one strategy.
 class Schedule {
  public:
-  // `prefetch`: units gathered ahead of the one that runs (--prefetch N):
-  // in backward N (1 = FSDP's BACKWARD_PRE, its default), in forward N - 1;
-  // 0 = none. It matters for zero3/hybrid: zero2 keeps every unit gathered
-  // from its forward through its backward anyway. Collectives are
-  // synchronous, so a prefetch gathers early (FSDP's memory) without
-  // overlapping compute. `async_reduce`: gradients reduce beside backward
-  // (kWaitReduce above).
-  // `async_gather`: a prefetched unit's all-gather runs beside compute and
-  // is waited for at that unit's own kGather (--async-gather); its staging
-  // copy (mixed, offload) lives until then. A unit's own gather, when
-  // nothing prefetched it, is always waited for at once: it is needed now.
-  explicit Schedule(const StrategyTraits& traits, int prefetch = 1, bool async_reduce = false,
-                    bool async_gather = false);
+  // Without async_gather a prefetch gathers early (FSDP's memory) without
+  // overlapping compute. A unit's own gather, when nothing prefetched it,
+  // is always waited for at once: it is needed now.
+  explicit Schedule(const StrategyTraits& traits, const ScheduleOptions& options = {});
   Schedule() = default;  // no actions at all, until assigned
 
   // The actions of `hook` for a unit, in order. kZeroGrad and kBackwardStart
@@ -132,9 +139,10 @@ class Schedule {
   }
 
   const StrategyTraits& traits() const { return traits_; }
-  int prefetch() const { return prefetch_; }
-  bool async_reduce() const { return async_reduce_; }
-  bool async_gather() const { return async_gather_; }
+  const ScheduleOptions& options() const { return options_; }
+  int prefetch() const { return options_.prefetch; }
+  bool async_reduce() const { return options_.async_reduce; }
+  bool async_gather() const { return options_.async_gather; }
 
   // Which units a prefetch action gathers, as positions in the order units
   // first ran forward (`count` of them known): the k-th (k = 1, 2, ...) the
@@ -143,7 +151,7 @@ class Schedule {
   // that ran forward just before run backward next), prefetch deep.
   int prefetch_position(Op op, int pos, int k, int count) const {
     const bool forward = op == Op::kPrefetchForward;
-    if (k > (forward ? prefetch_ - 1 : prefetch_)) return -1;
+    if (k > (forward ? options_.prefetch - 1 : options_.prefetch)) return -1;
     const int at = forward ? pos + k : pos - k;
     return at >= 0 && at < count ? at : -1;
   }
@@ -152,9 +160,7 @@ class Schedule {
   std::vector<Op> build(Hook hook, const HookContext& where) const;
 
   StrategyTraits traits_;
-  int prefetch_ = 1;
-  bool async_reduce_ = false;
-  bool async_gather_ = false;
+  ScheduleOptions options_;
   std::array<std::vector<Op>, kNumHooks * 4> table_;  // by hook, root, last micro-batch
 };
 

@@ -78,7 +78,7 @@ TEST(LaunchConfig, FsdpKwargsHaveTheConstructorsNamesAndTypes) {
 
 TEST(LaunchConfig, PrefetchTwoPrefetchesInForwardToo) {
   Plan plan = plan_with("zero3/bf16/wrap=block", 8);
-  plan.prefetch = 2;
+  plan.schedule.prefetch = 2;
   EXPECT_EQ(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block")
                 .settings["fsdp_kwargs"]["forward_prefetch"],
             true);

@@ -155,7 +155,7 @@ SimRun simulate(Sharding sharding, DType dtype = DType::kF32, bool offload = fal
   s.compute_dtype = dtype;
   s.world_size = 2;
   s.shard_group_size = 2;
-  s.prefetch = prefetch;
+  s.schedule.prefetch = prefetch;
   ExactAllocator allocator(budget);
   return SimRun{StepSimulator(trace, units).simulate(s, allocator)};
 }

@@ -58,7 +58,7 @@ TEST(TimeModelTest, DdpByHand) {
   EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 2e8);
   EXPECT_DOUBLE_EQ(t.comm_s, 0.04);
   EXPECT_NEAR(t.exposed_comm_s, 0.04, 1e-12);
-  in.async_reduce = true;
+  in.schedule.async_reduce = true;
   EXPECT_NEAR(estimate_step_time(in, fake_device()).exposed_comm_s, 0.04, 1e-12);
   // AdamW on device: 5e7 × 4 B × (3 + 2·2) = 1.4e9 B at 100e9 × 0.5 = 0.028 s.
   EXPECT_DOUBLE_EQ(t.optimizer_s, 0.028);
@@ -80,7 +80,7 @@ TEST(TimeModelTest, DdpAsyncReduceHidesAllButTheFirstUnitsAllReduce) {
   EXPECT_NEAR(estimate_step_time(in, fake_device()).exposed_comm_s, 0.04, 1e-12);
   // --async-reduce: in flight until backward ends; the first unit's, 4e7 B
   // at 5e9 B/s, starts last and shows.
-  in.async_reduce = true;
+  in.schedule.async_reduce = true;
   const StepTime t = estimate_step_time(in, fake_device());
   EXPECT_DOUBLE_EQ(t.comm_s, 0.04);
   EXPECT_NEAR(t.exposed_comm_s, 0.008, 1e-12);
@@ -100,8 +100,8 @@ TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
   // Synchronous collectives (the default): all 3 × 0.015 s show.
   EXPECT_NEAR(estimate_step_time(in, fake_device()).exposed_comm_s, 0.045, 1e-12);
   // --prefetch 2 --async-reduce --async-gather: FSDP's overlap.
-  in.prefetch = 2;
-  in.async_reduce = in.async_gather = true;
+  in.schedule.prefetch = 2;
+  in.schedule.async_reduce = in.schedule.async_gather = true;
   StepTime t = estimate_step_time(in, fake_device());
 
   // One gather of the model in fp16: (3/4)·5e7·2 B = 7.5e7 B / 5e9 = 0.015 s;
@@ -113,9 +113,9 @@ TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
   EXPECT_NEAR(t.exposed_comm_s, 0.012, 1e-12);
   // --prefetch 1: forward prefetches nothing (prefetch - 1 units), so every
   // forward gather shows: 0.015 s in place of 0.003 s.
-  in.prefetch = 1;
+  in.schedule.prefetch = 1;
   EXPECT_NEAR(estimate_step_time(in, fake_device()).exposed_comm_s, 0.015 + 0.006 + 0.003, 1e-12);
-  in.prefetch = 2;
+  in.schedule.prefetch = 2;
   // Offload: shard = 1.25e7 params; 2 param copies in + 1 grad copy out, fp32:
   // 3 × 5e7 B = 1.5e8 B at 2e9 × 0.5 = 0.15 s. CPU AdamW: 1.25e7 × 28 B =
   // 3.5e8 B at 10e9 × 0.5 = 0.07 s.
@@ -135,8 +135,8 @@ TEST(TimeModelTest, HybridAddsAnInterNodeAllReduceOfTheShard) {
   in.world_size = 4;
   in.shard_group_size = 2;
   in.nodes = 2;
-  in.prefetch = 2;
-  in.async_reduce = in.async_gather = true;
+  in.schedule.prefetch = 2;
+  in.schedule.async_reduce = in.schedule.async_gather = true;
   StepTime t = estimate_step_time(in, fake_device());
   // Inside a node (2 ranks): (1/2)·5e7·4 B = 1e8 B per collective, 3 of them.
   EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 3e8);
@@ -190,8 +190,8 @@ StepTime gpt2_large_on_titans(const std::string& id, int64_t batch = 8) {
   in.shard_group_size = 2;
   // With everything that can overlap overlapped (--prefetch 2
   // --async-reduce --async-gather), as FSDP runs: what ranks strategies.
-  in.prefetch = 2;
-  in.async_reduce = in.async_gather = true;
+  in.schedule.prefetch = 2;
+  in.schedule.async_reduce = in.schedule.async_gather = true;
   return estimate_step_time(in, titan);
 }
 
@@ -305,8 +305,8 @@ TEST(TimeModelAccumTest, Zero3OffloadCommunicatesEveryMicroBatch) {
   in.world_size = 4;
   in.shard_group_size = 4;
   in.grad_accum = 2;
-  in.prefetch = 2;
-  in.async_reduce = in.async_gather = true;
+  in.schedule.prefetch = 2;
+  in.schedule.async_reduce = in.schedule.async_gather = true;
   const StepTime t = estimate_step_time(in, fake_device());
   // Per micro-batch as in time_model_test's Zero3OffloadMixedPrecisionByHand:
   // 3 collectives of 7.5e7 B (0.045 s, 0.012 s exposed), forward 1.003 s,

@@ -15,7 +15,7 @@ namespace {
 std::string ops(const std::string& id, Hook hook, bool root = false, bool last_micro = true,
                 int prefetch = 1, bool async_reduce = false) {
   const Candidate c = parse_candidate(id);
-  const Schedule s(decode_strategy(c, 4, shard_group_for(c.sharding, 4, 2)), prefetch, async_reduce);
+  const Schedule s(decode_strategy(c, 4, shard_group_for(c.sharding, 4, 2)), ScheduleOptions{prefetch, async_reduce});
   std::string out;
   for (Op op : s.actions(hook, {root, last_micro})) out += std::string(out.empty() ? "" : " ") + op_name(op);
   return out;
@@ -82,7 +82,7 @@ TEST(Schedule, AsyncReduceWaitsForThePreviousReductionOrAtBackwardsEnd) {
 }
 
 TEST(Schedule, PrefetchPositionsGoForwardOneShortAndBackwardFullDepth) {
-  const Schedule s(decode_strategy(parse_candidate("zero3/fp32/wrap=block"), 2, 2), 2);
+  const Schedule s(decode_strategy(parse_candidate("zero3/fp32/wrap=block"), 2, 2), ScheduleOptions{2});
   // Five units ran forward; the one at position 2.
   EXPECT_EQ(s.prefetch_position(Op::kPrefetchForward, 2, 1, 5), 3);
   EXPECT_EQ(s.prefetch_position(Op::kPrefetchForward, 2, 2, 5), -1) << "N - 1 = 1 deep";
