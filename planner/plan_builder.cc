@@ -324,6 +324,7 @@ Plan build_plan(const PlanRequest& r) {
                   models::attention_name(r.model)};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
+  if (device_mem > 0 && budget < device_mem) plan.hardware.allocator_budget_bytes = budget;
   plan.hardware.gpus_per_node = r.gpus_per_node;
   plan.hardware.nodes = r.nodes;
   plan.optimizer = r.optimizer == Optimizer::kAdamW ? "adamw" : "sgd";

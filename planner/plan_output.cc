@@ -153,6 +153,7 @@ Plan plan_from(const json& j, const std::string& origin) {
   FieldReader hw = r.object("hardware");
   plan.hardware.profile = hw.text("profile");
   plan.hardware.device_mem_bytes = hw.integer("device_mem_bytes", 0);
+  plan.hardware.allocator_budget_bytes = hw.optional_integer("allocator_budget_bytes", 0);
   plan.hardware.gpus_per_node = static_cast<int>(hw.integer("gpus_per_node", 1));
   plan.hardware.nodes = static_cast<int>(hw.integer("nodes", 1));
 
@@ -346,6 +347,8 @@ void to_json(json& j, const Plan& plan) {
       {"candidates", std::move(candidates)},
       {"chosen", plan.chosen.empty() ? json(nullptr) : json(plan.chosen)}};
   if (plan.ddp_static_graph) j["ddp_static_graph"] = true;
+  if (plan.hardware.allocator_budget_bytes > 0)
+    j["hardware"]["allocator_budget_bytes"] = plan.hardware.allocator_budget_bytes;
   if (plan.single_gpu_unwrapped) j["single_gpu_unwrapped"] = true;
   if (plan.pytorch_job)
     j["pytorch_job"] = {{"zero_grad", plan.pytorch_job->zero_grad},
@@ -445,9 +448,12 @@ std::string format_plan_table(const Plan& plan, size_t top) {
       << hw.world_size() << " GPU"
       << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
   if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";
-  out << ", usable memory "
-      << (hw.device_mem_bytes > 0 ? format_size(hw.device_mem_bytes) : std::string("unlimited"))
-      << " per GPU\n";
+  out << (hw.allocator_budget_bytes > 0 ? ", memory " : ", usable memory ")
+      << (hw.device_mem_bytes > 0 ? format_size(hw.device_mem_bytes) : std::string("unlimited")) << " per GPU";
+  if (hw.allocator_budget_bytes > 0)
+    out << ", " << format_size(hw.allocator_budget_bytes)
+        << " of it the allocator's (the rest the profile's fixed overheads)";
+  out << "\n";
   for (const auto& row : cells) {
     std::string line;
     for (size_t k = 0; k < row.size(); ++k) {

@@ -106,6 +106,10 @@ struct PlanHardware {
   int64_t device_mem_bytes = 0;  // the budget planned against (after --gpu-mem)
   int gpus_per_node = 1;
   int nodes = 1;
+  // extra: what of it the allocator may hold, after the profile's fixed
+  // overheads outside it (a CUDA context, NCCL's buffers); written when
+  // smaller than device_mem_bytes (0 = the same, or unknown)
+  int64_t allocator_budget_bytes = 0;
   int world_size() const { return gpus_per_node * nodes; }
 };
 

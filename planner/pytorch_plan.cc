@@ -250,6 +250,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced"};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
+  if (device_mem > 0 && budget < device_mem) plan.hardware.allocator_budget_bytes = budget;
   plan.hardware.gpus_per_node = r.gpus_per_node;
   plan.hardware.nodes = r.nodes;
   plan.optimizer = "adamw";

@@ -87,6 +87,7 @@ TEST(PlanOutputTest, RoundTrips) {
   plan.stack = "pytorch";
   plan.single_gpu_unwrapped = true;
   plan.pytorch_job = Plan::PytorchJob{"zero", "reentrant", 5 << 20, "post", 3};
+  plan.hardware.allocator_budget_bytes = int64_t{22} << 30;
   std::string text = plan_to_json_text(plan);
   EXPECT_EQ(json::parse(text)["candidates"][5]["oom"]["allocation_bytes"], 2 << 20);
   EXPECT_EQ(json::parse(text)["pytorch_job"]["zero_grad"], "zero");
@@ -102,6 +103,7 @@ TEST(PlanOutputTest, RoundTrips) {
   EXPECT_FALSE(back.candidates[0].oom);
   EXPECT_EQ(back.pytorch_job->fsdp_backward_prefetch, "post");
   EXPECT_TRUE(back.single_gpu_unwrapped);
+  EXPECT_EQ(back.hardware.allocator_budget_bytes, int64_t{22} << 30);
 
   // Through a file, and through nlohmann's ADL.
   std::string path = testing::TempDir() + "/plan.json";
@@ -228,6 +230,12 @@ TEST(PlanOutputTest, TableListsEveryCandidateAndMarksTheChosen) {
   EXPECT_NE(lines[0].find("seq len 128"), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find("2 GPUs x titan-rtx-24gb"), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find("23.65 GiB"), std::string::npos) << lines[0];
+  // A CUDA profile's fixed overheads leave the allocator less: the header
+  // says how much.
+  plan.hardware.allocator_budget_bytes = int64_t{22} << 30;
+  const std::string with_budget = format_plan_table(plan);
+  EXPECT_NE(with_budget.find("memory 23.65 GiB per GPU, 22.00 GiB of it the allocator's"), std::string::npos)
+      << with_budget;
   for (const PlanCandidate& c : plan.candidates)
     EXPECT_NE(table.find(c.id()), std::string::npos) << c.id();
   // Sorted by max batch, then tokens/s: offload (22) first, the unfit last.
