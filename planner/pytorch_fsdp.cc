@@ -49,6 +49,13 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   // parameter whole and unpadded, never gathered; its gradient all-reduced in
   // place and kept as .grad.
   const bool no_shard = W == 1;
+  // MixedPrecision: the element size of what FSDP gathers, computes with and
+  // reduces (param_dtype = reduce_dtype); 4 without it.
+  const bool mixed = o.mixed_precision != DType::kF32;
+  const int64_t low = dtype_bytes(o.mixed_precision);
+  if (mixed && no_shard)
+    throw std::invalid_argument("--stack pytorch FSDP: MixedPrecision on one GPU (NO_SHARD) is not simulated in this "
+                                "version");
   StepSimResult out;
   Ledger ledger(allocator, &out);
 
@@ -74,7 +81,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     for (const std::string& name : modules[m].borrowed_params)
       if (const spec::ParamOwner o = spec::param_owner(modules, name);
           o.param && part.module_unit[o.module] != part.module_unit[m])
-        split_tie_bytes[o.module] = 4 * o.param->numel;
+        split_tie_bytes[o.module] = low * o.param->numel;
 
   // AdamW over the flat shards, in parameters() order (the units' pre-order,
   // as part.units is): each unit's step is a traced parameter's step resized
@@ -102,8 +109,11 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   const std::string init = "init";
   for (int64_t b : o.overhead_bytes)
     if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
-  for (const auto& b : in.buffers)
-    if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
+  std::vector<int64_t> buffer_ids;
+  for (const auto& b : in.buffers) {
+    buffer_ids.push_back(ledger.alloc(Category::kParams, b.bytes, init));
+    if (buffer_ids.back() < 0) return out;
+  }
   for (auto& u : units)
     if (!o.offload_params && u.numel > 0 && ledger.alloc(Category::kParams, 4 * u.shard, init) < 0) return out;
   ledger.point(init);
@@ -119,12 +129,20 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       oom = oom || id < 0;
       return id;
     };
-    // _unshard: with offload_params the shard is first copied to the GPU
-    // (pre_unshard's _flat_param_to, on the pre-all-gather stream) and
-    // dropped once gathered; the padded unsharded FlatParameter is
-    // allocated on the all-gather stream (_alloc_padded_unsharded_flat_param).
+    // _unshard (also for a unit already gathered: a prefetched one, the
+    // root, SHARD_GRAD_OP's in backward). On the pre-all-gather stream,
+    // flat_param.py's pre_unshard, a no-op only for a gathered unit whose
+    // shard is on the GPU: with MixedPrecision the low-precision shard
+    // (_use_low_precision_shard: _mp_shard, copied from the fp32 shard, itself
+    // first copied to the GPU under offload_params and dropped with the
+    // statement); else, under offload_params, the shard copied to the GPU
+    // (_flat_param_to), dropped once flat_param points at the gathered one.
+    // On the all-gather stream, unless gathered, the padded unsharded
+    // FlatParameter (_alloc_padded_unsharded_flat_param, param_dtype); then
+    // post_unshard frees _mp_shard.
     auto unshard = [&](FlatParam& u) {
-      if (u.unsharded >= 0 || u.numel == 0) return;
+      if (u.numel == 0) return;
+      if (u.unsharded >= 0 && (no_shard || !o.offload_params)) return;
       if (no_shard) {
         // Nothing to gather; with offload_params, pre_unshard copies the
         // flat parameter to the GPU (`flat_param.data = flat_param.to(
@@ -135,9 +153,16 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         if (o.offload_params) u.unsharded = alloc(Category::kParams, 4 * u.numel, kPreAllGatherStream);
         return;
       }
-      const int64_t copy = o.offload_params ? alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream) : -1;
-      u.unsharded = alloc(Category::kParams, 4 * u.shard * W, kAllGatherStream);
+      int64_t copy = -1, mp_shard = -1;
+      if (mixed) {
+        mp_shard = alloc(Category::kParams, low * u.shard, kPreAllGatherStream);
+        if (o.offload_params) ledger.free(alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream));
+      } else if (o.offload_params) {
+        copy = alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream);
+      }
+      if (u.unsharded < 0) u.unsharded = alloc(Category::kParams, low * u.shard * W, kAllGatherStream);
       ledger.free(copy);
+      ledger.free(mp_shard);
     };
     auto reshard = [&](FlatParam& u) {
       ledger.free(u.unsharded);
@@ -174,12 +199,15 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // padded (F.pad: a copy of world x shard) and reduce-scattered into a new
     // shard (torch.zeros_like(chunks[0])), kept as _saved_grad_shard, or
     // added into it (steps after the first, grads kept by zero_grad) and
-    // dropped.
+    // dropped. With MixedPrecision the flat gradient, the padded copy and the
+    // reduced shard are param_dtype (reduce_dtype the same: no cast before
+    // the reduce-scatter), and _cast_grad_to_param_dtype makes the shard fp32
+    // (`output.to(param.dtype)`), the low-precision one dropped.
     auto post_backward = [&](int ui) {
       FlatParam& u = units[ui];
       if (u.backward_done || u.numel == 0) return;
       u.backward_done = true;
-      const int64_t flat = alloc(Category::kGrads, 4 * u.numel, kFsdpComputeStream);
+      const int64_t flat = alloc(Category::kGrads, low * u.numel, kFsdpComputeStream);
       ledger.free_all(u.param_grads);
       reshard(u);
       if (no_shard) {
@@ -196,8 +224,13 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       }
       if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui);
       ledger.free(in_flight_grad);
-      const int64_t padded = alloc(Category::kCommBuffers, 4 * u.shard * W, kPostBackwardStream);
-      const int64_t shard = alloc(Category::kGrads, 4 * u.shard, kPostBackwardStream);
+      const int64_t padded = alloc(Category::kCommBuffers, low * u.shard * W, kPostBackwardStream);
+      int64_t shard = alloc(Category::kGrads, low * u.shard, kPostBackwardStream);
+      if (mixed) {
+        const int64_t fp32 = alloc(Category::kGrads, 4 * u.shard, kPostBackwardStream);
+        ledger.free(shard);
+        shard = fp32;
+      }
       if (u.grad_shard >= 0) {
         ledger.free(shard);
       } else {
@@ -215,6 +248,17 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         u.grad_shard = -1;
       }
     for (auto& u : units) u.needs_pre_backward = u.prefetched = u.backward_done = false;
+    // buffer_dtype: the root's lazy init (_cast_buffers, in the first
+    // forward) casts each floating buffer, the old one dropped as the cast
+    // replaces it (setattr); the others stay as they are.
+    for (size_t i = 0; mixed && k == 1 && i < in.buffers.size(); ++i) {
+      const BufferInfo& b = in.buffers[i];
+      if (!spec::is_floating_dtype(b.dtype)) continue;
+      const int64_t cast = alloc(Category::kParams, b.bytes / spec::dtype_element_size(b.dtype) * low,
+                                 kFsdpComputeStream);
+      ledger.free(buffer_ids[i]);
+      buffer_ids[i] = cast;
+    }
 
     const ModelTrace& t = *in.no_grads;
     std::unordered_set<int64_t> freed_in_trace, kept_output(t.kept_outputs.begin(), t.kept_outputs.end());

@@ -4,6 +4,7 @@
 // fully_sharded_data_parallel.py and flat_param.py, is what each rule below
 // cites), wrapping by size_based_auto_wrap_policy(min_num_params),
 // FULL_SHARD or SHARD_GRAD_OP, CPUOffload(offload_params) or not, with
+// MixedPrecision(param_dtype = reduce_dtype = buffer_dtype) or not, with
 // torch.optim.AdamW over the flat parameters, in the loop
 //     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
 // on CUDA ranks (1.13's FSDP runs only there), through the CUDA caching
@@ -37,6 +38,13 @@ struct PytorchFsdpOptions {
   // backward starts), BACKWARD_POST (when it ends) or none.
   using Prefetch = FsdpBackwardPrefetch;
   Prefetch backward_prefetch = Prefetch::kBackwardPre;
+  // MixedPrecision(param_dtype=d, reduce_dtype=d, buffer_dtype=d), or none
+  // (kF32). With one, the traces are the model's cast to d (trace_recorder.py
+  // --param-dtype): FSDP computes with the gathered low-precision flat
+  // parameter, so activations and the parameters' gradients are d; the
+  // shards, the reduced gradient shards and AdamW stay fp32. Sharded
+  // strategies only (a world of 2 or more).
+  DType mixed_precision = DType::kF32;
   int world_size = 2;
   int steps = 2;
   int64_t budget_bytes = kUnlimitedBytes;

@@ -25,9 +25,11 @@ namespace shardfit::planner {
 // zero1's ranks differ (each its own partition's state): every rank is
 // simulated and the largest peak decides. On request (--strategies with the
 // full id), PyTorch FSDP (planner/pytorch_fsdp.h): zero2 (SHARD_GRAD_OP) and
-// zero3 (FULL_SHARD), +offload or not, fp32, wrap=size:N
+// zero3 (FULL_SHARD), +offload or not, wrap=size:N
 // (size_based_auto_wrap_policy) or wrap=block (transformer_auto_wrap_policy
-// over the trace's block class), on CUDA profiles.
+// over the trace's block class), on CUDA profiles; fp32, or bf16 as
+// MixedPrecision(param_dtype=reduce_dtype=buffer_dtype=torch.bfloat16) from
+// the trace file's traces of the model cast to bf16 (--param-dtype bf16).
 Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem) {
   const TraceFile* file = r.trace_file.get();
   if (!file)
@@ -48,32 +50,39 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   const Precision amp = cuda ? Precision::kFp16 : Precision::kBf16;
   const std::string amp_name = spec::precision_name(amp);
   bool has_amp = file->find(amp_dtype, {}, 1, false, false, /*autocast=*/true) != nullptr;
+  // Traces of the model cast to bf16, not under autocast (CUDA targets
+  // only): what FSDP's MixedPrecision(param_dtype=torch.bfloat16) computes.
+  const bool has_mixed = cuda && file->find(DType::kBF16, {}, 1, false, false, /*autocast=*/false) != nullptr;
   // The traces a candidate replays, by kind ([0] fp32, [1] fp32 with the
-  // blocks checkpointed, [2] the forward under autocast) and grads at
-  // start: batch 1 exactly, 2 and 3 extended affinely.
-  const ModelTrace* at1[3][2] = {};
-  std::unique_ptr<AffineTrace> affine[3][2];
+  // blocks checkpointed, [2] the forward under autocast, [3] the model in
+  // bf16) and grads at start: batch 1 exactly, 2 and 3 extended affinely.
+  constexpr int kMixed = 3;
+  const ModelTrace* at1[4][2] = {};
+  std::unique_ptr<AffineTrace> affine[4][2];
   // Autocast traces whose sizes are not affine in the batch (a CPU bf16
   // matmul's oneDNN scratchpad follows the shapes' blocking, not the batch):
   // no autocast candidates, said once; fp32 plans as before.
   std::string amp_not_affine;
-  for (int k = 0; k < 3; ++k) {
-    if ((k == 1 && !has_ckpt) || (k == 2 && !has_amp)) continue;
-    const DType dtype = k == 2 ? amp_dtype : DType::kF32;
+  for (int k = 0; k < 4; ++k) {
+    if ((k == 1 && !has_ckpt) || (k == 2 && !has_amp) || (k == kMixed && !has_mixed)) continue;
+    const DType dtype = k == 2 ? amp_dtype : k == kMixed ? DType::kBF16 : DType::kF32;
     for (int g = 0; g < 2; ++g) {
       const std::vector<int> rec = k == 1 ? blocks : std::vector<int>{};
       const ModelTrace* t[4] = {};
       for (int b = 1; b <= 3; ++b) t[b] = file->find(dtype, rec, b, g == 1, r.ckpt_reentrant && k == 1, k == 2);
       if (!t[1] || !t[2] || !t[3])
         throw std::invalid_argument(std::string("--stack pytorch: the trace file has no ") +
-                                    (k == 2 ? "autocast(" + amp_name + ")" : std::string("fp32")) + " trace" +
+                                    (k == 2         ? "autocast(" + amp_name + ")"
+                                     : k == kMixed ? std::string("bf16 (the model cast)")
+                                                   : std::string("fp32")) +
+                                    " trace" +
                                     (k == 1 ? " with the blocks checkpointed" : "") + " with grads " +
                                     (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
       at1[k][g] = t[1];
       try {
         affine[k][g] = std::make_unique<AffineTrace>(*t[2], *t[3]);
       } catch (const std::logic_error& e) {
-        if (k < 2) throw;  // fp32 traces must be affine
+        if (k != 2) throw;  // fp32 and the cast model's traces must be affine
         amp_not_affine = e.what();
       }
     }
@@ -91,14 +100,15 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                           want.wrap == "none" &&
                           (want.precision == Precision::kFp32 || (want.precision == amp && !want.recompute));
     const bool fsdp = is_fsdp(want) && !want.recompute &&
-                      (want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") && want.precision == Precision::kFp32;
+                      (want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") &&
+                      (want.precision == Precision::kFp32 || want.precision == Precision::kBf16);
     if (s.find('/') == std::string::npos || !(ddp_like || fsdp))
       throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
                                   "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or autocast (bf16 "
                                   "on a CPU, fp16 with GradScaler on CUDA), wrap=none, and FSDP as zero2 or "
-                                  "zero3[+offload]/fp32/wrap=size:N or wrap=block (transformer_auto_wrap_policy), "
-                                  "only in this version");
-    if (want.precision == amp && !has_amp)
+                                  "zero3[+offload]/fp32 or bf16 (MixedPrecision)/wrap=size:N or wrap=block "
+                                  "(transformer_auto_wrap_policy), only in this version");
+    if (!fsdp && want.precision == amp && !has_amp)
       throw std::invalid_argument(
           "--strategies " + s +
           (amp_not_affine.empty()
@@ -109,6 +119,18 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     if (fsdp && !cuda)
       throw std::invalid_argument("--strategies " + s + ": PyTorch 1.13's FSDP runs on CUDA only: plan it with a "
                                   "CUDA --device and a trace recorded with --target cuda");
+    if (fsdp && want.precision == Precision::kBf16) {
+      if (!r.profile.supports(DType::kBF16))
+        throw std::invalid_argument("--strategies " + s + ": " + r.profile.name + " has no bf16 (FSDP's "
+                                    "MixedPrecision(param_dtype=torch.bfloat16) needs it)");
+      if (!has_mixed)
+        throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision(param_dtype=torch.bfloat16) needs "
+                                    "the model's traces in bf16: record the trace file with trace_recorder.py "
+                                    "--target cuda --param-dtype bf16");
+      if (r.gpus_per_node * r.nodes == 1)
+        throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision on one GPU (NO_SHARD) is not "
+                                    "simulated in this version");
+    }
     if (fsdp && want.wrap == "block" &&
         std::none_of(file->modules.begin(), file->modules.end(), [](const ModuleNode& m) { return m.is_block; }))
       throw std::invalid_argument("--strategies " + s + ": wrap=block is transformer_auto_wrap_policy over the "
@@ -180,7 +202,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   in.optimizer_param_steps = &file->optimizer_param_steps;
   // Every rank's result at `batch` (one when the ranks are alike).
   auto simulate = [&](const Candidate& c, int64_t batch) {
-    const int k = c.precision == amp ? 2 : c.recompute ? 1 : 0;
+    const int k = is_fsdp(c) && c.precision == Precision::kBf16 ? kMixed
+                  : c.precision == amp                             ? 2
+                  : c.recompute                                    ? 1
+                                                                   : 0;
     const ModelTrace none = batch == 1 ? *at1[k][0] : affine[k][0]->at(batch);
     const ModelTrace with = batch == 1 ? *at1[k][1] : affine[k][1]->at(batch);
     PytorchDdpInputs at = in;
@@ -215,6 +240,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.overhead_bytes = o.overhead_bytes;
       f.zero_grad_set_to_none = o.zero_grad_set_to_none;
       f.backward_prefetch = r.fsdp_backward_prefetch;
+      f.mixed_precision = c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
       CudaCachingAllocatorModel a(budget);
       ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
       return ranks;

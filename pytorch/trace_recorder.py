@@ -29,7 +29,11 @@ zero_grad(set_to_none=True): AccumulateGrad keeps the gradient an op made).
 Then the same under torch.autocast, emulated (autocast_emulation.py): bf16
 with 1.13's CPU lists for a CPU target; fp16 with 1.13's CUDA lists and
 torch.cuda.amp.GradScaler's scaled backward for a CUDA one (--fp32-outputs:
-the forward's outputs converted to fp32 as Accelerate does). Then two steps
+the forward's outputs converted to fp32 as Accelerate does). With
+--param-dtype bf16 (a CUDA target), the same again with the model cast to
+bf16, as FSDP's MixedPrecision(param_dtype=torch.bfloat16) runs it: its
+forward computes with the gathered bf16 flat parameter, buffers cast to
+buffer_dtype, floating inputs to param_dtype. Then two steps
 of torch.optim.AdamW on the meta parameters: its lazily made
 state and its for-loop temporaries, recorded from PyTorch's own code.
 
@@ -295,7 +299,7 @@ def outputs_to_fp32(out):
 
 
 def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accumulate", target_cuda=False,
-                checkpointed=None, autocast=None, fp32_outputs=False):
+                checkpointed=None, autocast=None, fp32_outputs=False, param_dtype=None):
     """Records one forward + loss + backward at `batch` into the library's list.
     grads "accumulate": every .grad exists (zeros) when it starts; "none": none
     does (PyTorch's first step, or after zero_grad(set_to_none=True)).
@@ -307,7 +311,10 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
     times the scale (a 1-element fp32 tensor, grad_scaler.py `outputs *
     self._scale`), that product's backward, then the product dropped.
     `fp32_outputs`: under autocast, the forward's outputs are converted to
-    fp32 as it returns (outputs_to_fp32, Accelerate's wrapper)."""
+    fp32 as it returns (outputs_to_fp32, Accelerate's wrapper).
+    `param_dtype` ("bf16"): the model is already cast to it (FSDP's
+    MixedPrecision); floating inputs are cast too, as FSDP's root casts them
+    (_cast_fp_inputs_to_dtype), and the trace is recorded as that dtype's."""
     import torch
     from autocast_emulation import AutocastEmulation
     for p in model.parameters():
@@ -316,7 +323,7 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
     # the simulator allocates it and the growth tracker in step 1).
     scale = torch.full((1,), 65536.0, device="meta") if autocast == "fp16" else None
     recompute = json.dumps(checkpointed.indices if checkpointed else [])
-    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, (autocast or "fp32").encode(),
+    rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, (autocast or param_dtype or "fp32").encode(),
                                   recompute.encode(), grads.encode(), 1 if target_cuda else 0,
                                   torch.get_num_threads())
     if rc != 0:
@@ -336,6 +343,10 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
             args = input_fn(batch, seq_len, "meta")
             if not isinstance(args, tuple):
                 args = (args,)
+            if param_dtype:
+                low = {"bf16": torch.bfloat16}[param_dtype]
+                args = tuple(a.to(low) if isinstance(a, torch.Tensor) and torch.is_floating_point(a) else a
+                             for a in args)
             with region:
                 out = model(*args)
             if autocast and fp32_outputs:
@@ -437,7 +448,7 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
 
 
 def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,
-           fp32_outputs=False):
+           fp32_outputs=False, param_dtype=None):
     import torch
     lib = library()
     factory = resolve(model_spec, "model")
@@ -499,6 +510,17 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         except BadInput as e:
             lib.shardfit_trace_forget_autocast()
             print("trace_recorder.py: no traces under torch.autocast(%s): %s" % (precision, e), file=sys.stderr)
+        # The model cast to param_dtype, as FSDP's MixedPrecision computes
+        # (parameters and floating buffers; the gradients follow), then back.
+        if param_dtype:
+            model.to({"bf16": torch.bfloat16}[param_dtype])
+            try:
+                for grads in ("accumulate", "none"):
+                    for b in batches:
+                        trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda,
+                                    param_dtype=param_dtype)
+            finally:
+                model.to(torch.float32)
     finally:
         for h in handles:
             h.remove()
@@ -523,12 +545,19 @@ def main():
     p.add_argument("--fp32-outputs", action="store_true",
                    help="under autocast, convert the forward's fp16/bf16 outputs to fp32 as it returns, as Hugging "
                         "Face Accelerate's mixed precision does (convert_outputs_to_fp32)")
+    p.add_argument("--param-dtype", choices=["bf16"],
+                   help="also trace the model cast to this dtype, as PyTorch FSDP's MixedPrecision(param_dtype=..., "
+                        "reduce_dtype=..., buffer_dtype=...) runs it (plan's zero2/zero3 bf16 candidates; --target "
+                        "cuda only: 1.13's FSDP runs on CUDA)")
     a = p.parse_args()
     try:
         if a.seq_len < 1:
             raise BadInput("--seq-len %d: must be at least 1" % a.seq_len)
+        if a.param_dtype and a.target != "cuda":
+            raise BadInput("--param-dtype %s: FSDP's MixedPrecision, traced for CUDA only (--target cuda): "
+                           "PyTorch 1.13's FSDP runs on CUDA" % a.param_dtype)
         record(a.model, a.input, a.seq_len, a.out, a.name, target_cuda=a.target == "cuda",
-               fp32_outputs=a.fp32_outputs)
+               fp32_outputs=a.fp32_outputs, param_dtype=a.param_dtype)
     except BadInput as e:
         print("trace_recorder: %s" % e, file=sys.stderr)
         sys.exit(2)

@@ -38,6 +38,11 @@ inline int64_t dtype_element_size(const std::string& dtype) {
   return 0;
 }
 
+// torch.is_floating_point for a dtype name (as BufferInfo::dtype).
+inline bool is_floating_dtype(const std::string& dtype) {
+  return dtype == "float16" || dtype == "bfloat16" || dtype == "float32" || dtype == "float64";
+}
+
 struct ModuleNode {
   std::string path;  // "" for the root, else e.g. "transformer.h.0.attn"
   std::string type;  // e.g. "GPT2Block"

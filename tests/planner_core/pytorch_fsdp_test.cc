@@ -38,9 +38,10 @@ std::vector<ModuleNode> modules() {
 }
 
 // Forward: 100 B in the root, 40 B in lin, an 8 B loss. Backward: lin's two
-// gradients (40 B, 8 B) kept by AccumulateGrad (the no-grads trace), the
-// root's (16 B) after lin's backward has ended.
-ModelTrace step() {
+// gradients (10 and 2 elements of `grad_bytes`: 40 B, 8 B in fp32) kept by
+// AccumulateGrad (the no-grads trace), the root's (4 elements) after lin's
+// backward has ended.
+ModelTrace step(int64_t grad_bytes = 4) {
   constexpr auto F = Phase::kForward, B = Phase::kBackward;
   ModelTrace t;
   t.grads_at_start = false;
@@ -48,9 +49,9 @@ ModelTrace step() {
               ev(MemEvent::kModuleBegin, F, 1), ev(MemEvent::kAlloc, F, 1, 2, 40),
               ev(MemEvent::kModuleEnd, F, 1),   ev(MemEvent::kAlloc, F, 0, 3, 8),
               ev(MemEvent::kModuleEnd, F, 0),   ev(MemEvent::kFree, B, 0, 3),
-              ev(MemEvent::kModuleBegin, B, 1), ev(MemEvent::kAlloc, B, 1, 4, 40),
-              ev(MemEvent::kAlloc, B, 1, 5, 8), ev(MemEvent::kFree, B, 1, 2),
-              ev(MemEvent::kModuleEnd, B, 1),   ev(MemEvent::kAlloc, B, 0, 6, 16),
+              ev(MemEvent::kModuleBegin, B, 1), ev(MemEvent::kAlloc, B, 1, 4, 10 * grad_bytes),
+              ev(MemEvent::kAlloc, B, 1, 5, 2 * grad_bytes), ev(MemEvent::kFree, B, 1, 2),
+              ev(MemEvent::kModuleEnd, B, 1),   ev(MemEvent::kAlloc, B, 0, 6, 4 * grad_bytes),
               ev(MemEvent::kFree, B, 0, 1)};
   return t;
 }
@@ -243,6 +244,52 @@ TEST(PytorchFsdp, BackwardPrefetchGathersTheNextUnitEarly) {
   // resharded (260 + 48), under its padded gradient and shard (380): lin1's
   // own flat gradient is the peak again, 388.
   EXPECT_EQ(backward_peak(PytorchFsdpOptions::Prefetch::kBackwardPost), 388);
+}
+
+// MixedPrecision(param_dtype = reduce_dtype = buffer_dtype = bf16), FULL_SHARD
+// on 2 ranks, over the model's bf16 trace (its gradients 2 B an element),
+// with a float32 buffer of 5 elements (20 B) and a uint8 one (3 B).
+TEST(PytorchFsdp, MixedPrecisionGathersAndReducesInBf16AndKeepsFp32Shards) {
+  Fixture f;
+  f.trace = step(2);
+  f.in.buffers = {BufferInfo{"mask", {5}, "float32", 20}, BufferInfo{"idx", {3}, "uint8", 3}};
+  PytorchFsdpOptions o;
+  o.zero_grad_set_to_none = false;
+  o.mixed_precision = DType::kBF16;
+  StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  // The fp32 shards (8 + 24) and both buffers.
+  EXPECT_EQ(at(r, "init").allocated_bytes, 32 + 23);
+  // Forward: the float buffer cast to bf16 (10, the 20 B one dropped: 45);
+  // each unit's bf16 shard made, gathered into bf16 and dropped: the root
+  // 4 + 8 (57), kept; 100 B (153); lin 12 + 24 (189, then 177); 40 B (217,
+  // the peak); lin freed (193); the loss (201).
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 217);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 201);
+  // Backward: the loss goes (193); lin's bf16 shard and gathered flat (12 +
+  // 24, 217 once the shard is dropped), its bf16 gradients 20 + 4: 241, the
+  // peak. Each unit's flat gradient, padded copy and reduced shard are
+  // bf16, the shard then cast to fp32; left: the fp32 shards (32), the
+  // buffers (13) and the fp32 reduced gradient shards (24 + 8).
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 241);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 32 + 13 + 32);
+  // AdamW over the fp32 shards: exp_avg and exp_avg_sq, 2 x 32.
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 77 + 64);
+  EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 141);
+  // With offload_params: each unit's fp32 shard copied up (the root's 8,
+  // lin's 24) only to be cast into the bf16 one, and dropped with it.
+  o.offload_params = true;
+  r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 23);
+  // 13 of buffers, the root's 8 gathered, 148 of activations; lin's peak
+  // (its bf16 shard, the fp32 copy, then gathered 24 once the copy is gone)
+  // 185 with its activation.
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 13 + 8 + 148);
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 185);
+  // One rank (NO_SHARD) with MixedPrecision is refused, not guessed.
+  o.offload_params = false;
+  EXPECT_THROW(f.run(o, 1), std::invalid_argument);
 }
 
 TEST(PytorchFsdp, ShardsArePaddedToTheFirstChunk) {

@@ -290,6 +290,56 @@ class TraceTest(unittest.TestCase):
                               "ddp/fp32/wrap=none", "--json"], capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
 
+    def test_fsdp_mixed_precision_plans_from_the_model_traced_in_bf16(self):
+        """--param-dtype bf16: the model cast to bf16, as FSDP's
+        MixedPrecision(param_dtype=torch.bfloat16) computes; plan's zero3/bf16
+        candidates replay it (planner/pytorch_fsdp.cc)."""
+        mixed = os.path.join(self.tmp.name, "cuda-mixed.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
+                              "--target", "cuda", "--param-dtype", "bf16", "--out", mixed],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(mixed) as fh:
+            traced = json.load(fh)
+        cast = [t for t in traced["traces"] if t["dtype"] == "bf16" and not t.get("autocast")]
+        self.assertEqual(sorted((t["batch"], t["grads"]) for t in cast),
+                         [(b, g) for b in (1, 2, 3) for g in ("accumulate", "none")])
+
+        def kept_grads(dtype):  # what a batch-1 step with no .grad at its start leaves: the gradients
+            t = next(t for t in traced["traces"] if t["dtype"] == dtype and not t.get("autocast")
+                     and t["batch"] == 1 and t["grads"] == "none" and not t.get("checkpoint"))
+            return replay_peak(t["events"])[1]
+        # Each gradient is its bf16 parameter's: half of fp32's, byte for byte.
+        self.assertEqual(2 * kept_grads("bf16"), kept_grads("fp32"))
+
+        def plan(strategies, device="a100-40gb", trace=mixed):
+            return subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", device,
+                                   "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", strategies, "--json"],
+                                  capture_output=True, text=True, timeout=300)
+        out = plan("zero3/fp32/wrap=block,zero3/bf16/wrap=block")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        batch = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
+        # Activations and the gathered units in bf16: more sequences fit.
+        self.assertGreater(batch["zero3/bf16/wrap=block"], batch["zero3/fp32/wrap=block"])
+        # The same file without the cast model's traces, as recorded without --param-dtype.
+        fp32_only = os.path.join(self.tmp.name, "cuda-fp32-only.trace.json")
+        with open(fp32_only, "w") as fh:
+            json.dump(dict(traced, traces=[t for t in traced["traces"] if t not in cast]), fh)
+        for strategies, device, trace, message in (
+                ("zero3/bf16/wrap=block", "titan-rtx-24gb", mixed, "titan-rtx-24gb has no bf16"),
+                ("zero3/bf16/wrap=block", "a100-40gb", self.hf_trace, "recorded for the CPU's kernels"),
+                ("zero2/bf16/wrap=size:1000", "a100-40gb", fp32_only, "--param-dtype bf16")):
+            out = plan(strategies, device, trace)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+            self.assertIn(message, out.stderr)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
+                              "--param-dtype", "bf16", "--out", os.path.join(self.tmp.name, "cpu-mixed.json")],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("--param-dtype bf16: FSDP's MixedPrecision, traced for CUDA only", out.stderr)
+
     def test_autocast_traces_that_are_not_batch_affine_leave_the_fp32_plan(self):
         # gpt2-tiny-wide's CPU bf16 matmuls: where oneDNN's scratchpad follows
         # the shapes' blocking (it does on some CPUs, not on others: the ISA
