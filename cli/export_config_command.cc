@@ -50,7 +50,9 @@ int run(const Args& a) {
   if (!c) throw BadInput("--candidate " + id + ": not in " + a.plan);
   planner::LaunchConfig config;
   try {
-    config = planner::export_launch_config(plan, *c, format, block_class_of(plan.model.name));
+    const std::string block_class =
+        plan.model.block_class.empty() ? block_class_of(plan.model.name) : plan.model.block_class;
+    config = planner::export_launch_config(plan, *c, format, block_class);
   } catch (const std::invalid_argument& e) {
     throw BadInput(std::string("--format ") + a.format + ": " + e.what());
   }

@@ -297,7 +297,8 @@ LaunchConfig export_launch_config(const Plan& plan, const PlanCandidate& candida
                                  "' does not fit batch 1 in the plan: nothing to launch");
   if (format != LaunchFormat::kDeepSpeed && wrap.kind == "block" && block_class.empty())
     throw std::invalid_argument("wrap=block needs the model's transformer block class, and '" +
-                                plan.model.name + "' is not a model shardfit knows");
+                                plan.model.name + "' is not a model shardfit knows (nor a plan from a trace that "
+                                "marks its blocks)");
   switch (format) {
     case LaunchFormat::kFsdp:
       return fsdp(plan, candidate, wrap, block_class);

@@ -318,7 +318,7 @@ Plan build_plan(const PlanRequest& r) {
 
   Plan plan;
   if (file)  // the loss and the attention are whatever the traced forward does
-    plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced"};
+    plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
   else
     plan.model = {r.model.name, r.model.param_count(), r.seq_len, models::loss_name(r.model),
                   models::attention_name(r.model)};

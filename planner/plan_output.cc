@@ -147,6 +147,7 @@ Plan plan_from(const json& j, const std::string& origin) {
   plan.model.seq_len = model.integer("seq_len", 1);
   if (j["model"].contains("loss")) plan.model.loss = model.text("loss");
   if (j["model"].contains("attention")) plan.model.attention = model.text("attention");
+  if (j["model"].contains("block_class")) plan.model.block_class = model.text("block_class");
   if (plan.model.attention != "eager" && plan.model.attention != "flash" && plan.model.attention != "traced")
     model.fail("attention", "must be \"eager\", \"flash\" or \"traced\" (a model planned from --trace)");
 
@@ -350,6 +351,7 @@ void to_json(json& j, const Plan& plan) {
   if (plan.hardware.allocator_budget_bytes > 0)
     j["hardware"]["allocator_budget_bytes"] = plan.hardware.allocator_budget_bytes;
   if (plan.single_gpu_unwrapped) j["single_gpu_unwrapped"] = true;
+  if (!plan.model.block_class.empty()) j["model"]["block_class"] = plan.model.block_class;
   if (plan.pytorch_job)
     j["pytorch_job"] = {{"zero_grad", plan.pytorch_job->zero_grad},
                         {"checkpoint", plan.pytorch_job->checkpoint},

@@ -99,6 +99,10 @@ struct PlanModel {
   int64_t seq_len = 0;
   std::string loss = "full";  // extra: "full" or "chunked:N" (--loss), every candidate's
   std::string attention = "eager";  // extra: "eager" or "flash" (--attention), every candidate's
+  // A model planned from --trace: its transformer block's class (the
+  // module type the trace marks as a block), what export-config's wrap=block
+  // names as transformer_layer_cls; "" for a built-in (models/ knows it).
+  std::string block_class = "";
 };
 
 struct PlanHardware {

@@ -273,7 +273,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
                                       r.steps};
-  plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced"};
+  plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
   if (device_mem > 0 && budget < device_mem) plan.hardware.allocator_budget_bytes = budget;

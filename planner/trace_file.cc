@@ -144,6 +144,12 @@ std::vector<int64_t> TraceFile::param_numels() const {
   return out;
 }
 
+std::string TraceFile::block_class() const {
+  for (const auto& m : modules)
+    if (m.is_block) return m.type;
+  return "";
+}
+
 std::vector<BufferInfo> TraceFile::buffers() const {
   std::vector<BufferInfo> out;
   for (const auto& m : modules) out.insert(out.end(), m.buffers.begin(), m.buffers.end());

@@ -54,6 +54,9 @@ struct TraceFile {
   std::vector<std::vector<int>> recompute_sets() const;
   // The dtypes of the traces not under autocast (a model held in them).
   std::vector<DType> dtypes() const;
+  // The type of the modules marked as blocks (the recorder's block_class),
+  // "" when none is.
+  std::string block_class() const;
 };
 
 // The file's JSON text.

@@ -321,6 +321,18 @@ class TraceTest(unittest.TestCase):
         batch = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
         # Activations and the gathered units in bf16: more sequences fit.
         self.assertGreater(batch["zero3/bf16/wrap=block"], batch["zero3/fp32/wrap=block"])
+        # The plan names the traced block class, so the FSDP kwargs can wrap by it.
+        plan_file = os.path.join(self.tmp.name, "mixed.plan.json")
+        with open(plan_file, "w") as fh:
+            fh.write(out.stdout)
+        self.assertEqual(json.loads(out.stdout)["model"]["block_class"], "HF2022Block")  # pytorch/models.py's
+        out = subprocess.run([SHARDFIT, "export-config", "--plan", plan_file, "--candidate", "zero3/bf16/wrap=block",
+                              "--format", "fsdp"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        kwargs = json.loads(out.stdout)["fsdp_kwargs"]
+        self.assertEqual(kwargs["auto_wrap_policy"]["transformer_layer_cls"], ["HF2022Block"])
+        self.assertEqual(kwargs["mixed_precision"], {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16",
+                                                     "buffer_dtype": "bfloat16"})
         # The same file without the cast model's traces, as recorded without --param-dtype.
         fp32_only = os.path.join(self.tmp.name, "cuda-fp32-only.trace.json")
         with open(fp32_only, "w") as fh:
