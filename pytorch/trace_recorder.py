@@ -471,13 +471,18 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
     table, index = module_table(model, block)
     modules_json = json.dumps(table)
     handles = install_hooks(model, index, lib)
-    try:
-        # "accumulate": shardfit's engine (flat gradient views) and PyTorch
-        # when zero_grad keeps the grads; "none": PyTorch's first step and
-        # zero_grad(set_to_none=True) (plan --stack pytorch).
+
+    def trace_batches(**kind):
+        """Batches 1, 2 and 3 (`batches`) with every .grad present
+        ("accumulate": shardfit's engine, flat gradient views; PyTorch when
+        zero_grad keeps the grads) and with none ("none": PyTorch's first step
+        and zero_grad(set_to_none=True), plan --stack pytorch); `kind`:
+        trace_batch's checkpointed, autocast, fp32_outputs or param_dtype."""
         for grads in ("accumulate", "none"):
             for b in batches:
-                trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda)
+                trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda, **kind)
+    try:
+        trace_batches()
         # The same with every block under torch.utils.checkpoint (the +ckpt
         # candidates; blocks are what a plan recomputes without wrap units).
         blocks = {m: index[id(m)] for m in model.modules() if block is not None and isinstance(m, block)}
@@ -488,10 +493,7 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
             if use_cache is not None:
                 model.use_cache = False  # as Hugging Face's models do under gradient checkpointing
             try:
-                for grads in ("accumulate", "none"):
-                    for b in batches:
-                        trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda,
-                                    checkpointed=ckpt)
+                trace_batches(checkpointed=ckpt)
             finally:
                 ckpt.restore()
                 if use_cache is not None:
@@ -503,10 +505,7 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         # plans have no bf16 / fp16 candidates.
         precision = "fp16" if target_cuda else "bf16"
         try:
-            for grads in ("accumulate", "none"):
-                for b in batches:
-                    trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda,
-                                autocast=precision, fp32_outputs=fp32_outputs)
+            trace_batches(autocast=precision, fp32_outputs=fp32_outputs)
         except BadInput as e:
             lib.shardfit_trace_forget_autocast()
             print("trace_recorder.py: no traces under torch.autocast(%s): %s" % (precision, e), file=sys.stderr)
@@ -515,10 +514,7 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         if param_dtype:
             model.to({"bf16": torch.bfloat16}[param_dtype])
             try:
-                for grads in ("accumulate", "none"):
-                    for b in batches:
-                        trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda,
-                                    param_dtype=param_dtype)
+                trace_batches(param_dtype=param_dtype)
             finally:
                 model.to(torch.float32)
     finally:
