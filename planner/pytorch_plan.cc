@@ -2,6 +2,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -9,11 +11,58 @@
 #include "planner/plan_builder.h"
 #include "planner/pytorch_fsdp.h"
 #include "planner/pytorch_stack.h"
+#include "planner/time_model.h"
 #include "planner/trace.h"
 #include "spec/recompute.h"
 #include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
+namespace {
+
+// One step's time by the time model (planner/time_model.h) as PyTorch's own
+// stack overlaps it, at `flops` (forward, backward) for `batch`. DDP
+// launches each bucket's all-reduce once its last gradient is ready
+// (reducer.cpp mark_variable_ready), beside the rest of backward: its
+// "units" are the rebuilt buckets (ddp_bucket_bytes, made in the order the
+// gradients come, the reverse of parameters(): reversed here, so that the
+// last one reduced, with nothing left to hide behind, is the time model's
+// first unit), their gradients fp32 (autocast casts inside the forward
+// only). ZeroRedundancyOptimizer broadcasts the updated partitions after the
+// step (zero1's all-gather). FSDP (1.13) reduce-scatters on its post-backward
+// stream beside backward and, with BACKWARD_PRE or BACKWARD_POST, gathers the
+// next unit ahead of its backward (prefetch 1); forward_prefetch is off, so
+// the forward's gathers are waited for.
+StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const TraceFile& file, int world,
+                           std::pair<double, double> flops, int64_t batch) {
+  StepTimeInputs ti;
+  ti.candidate = c;
+  std::tie(ti.forward_flops, ti.backward_flops) = flops;
+  ti.batch = batch;
+  ti.seq_len = r.seq_len;
+  ti.grad_accum = r.grad_accum;
+  ti.world_size = world;
+  ti.shard_group_size = world;
+  ti.nodes = r.nodes;
+  ti.optimizer_states = 2;  // AdamW: exp_avg, exp_avg_sq
+  ti.schedule.async_reduce = true;
+  if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3) {
+    ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
+    const spec::UnitPartition part =
+        spec::wrap_modules(file.modules, WrapPolicy::parse(c.wrap), spec::TiedParams::kCopiedPerUnit);
+    for (const auto& u : part.units) ti.unit_padded_numel.push_back(fsdp_shard_numel(u.numel, world) * world);
+  } else {
+    ti.fp32_grads = true;
+    if (r.single_gpu_unwrapped) {
+      ti.unit_padded_numel.push_back(file.param_count());  // no DDP: nothing reduced
+    } else {
+      const std::vector<int64_t> buckets = ddp_bucket_bytes(file.param_numels(), r.ddp_bucket_cap_bytes);
+      for (auto b = buckets.rbegin(); b != buckets.rend(); ++b) ti.unit_padded_numel.push_back(*b / 4);
+    }
+  }
+  return estimate_step_time(ti, r.profile);
+}
+
+}  // namespace
 
 // `--stack pytorch`: PyTorch's DDP with torch.optim.AdamW, or with
 // ZeroRedundancyOptimizer(AdamW) (zero1), replayed from the trace file's
@@ -200,12 +249,16 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   in.buffers = file->buffers();
   if (!file->optimizer_zero_grad.events.empty()) in.zero_grad = &file->optimizer_zero_grad;
   in.optimizer_param_steps = &file->optimizer_param_steps;
+  // The traces a candidate replays (at1 / affine's first index).
+  auto kind_of = [&](const Candidate& c) {
+    return is_fsdp(c) && c.precision == Precision::kBf16 ? kMixed
+           : c.precision == amp                           ? 2
+           : c.recompute                                  ? 1
+                                                          : 0;
+  };
   // Every rank's result at `batch` (one when the ranks are alike).
   auto simulate = [&](const Candidate& c, int64_t batch) {
-    const int k = is_fsdp(c) && c.precision == Precision::kBf16 ? kMixed
-                  : c.precision == amp                             ? 2
-                  : c.recompute                                    ? 1
-                                                                   : 0;
+    const int k = kind_of(c);
     const ModelTrace none = batch == 1 ? *at1[k][0] : affine[k][0]->at(batch);
     const ModelTrace with = batch == 1 ? *at1[k][1] : affine[k][1]->at(batch);
     PytorchDdpInputs at = in;
@@ -308,6 +361,20 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     } else {
       const auto next = pc.max_batch_per_gpu > 0 ? simulate(c, pc.max_batch_per_gpu + 1) : at_fit;
       set_limit(pc, worst(next), pc.max_batch_per_gpu + 1);
+    }
+    if (pc.max_batch_per_gpu > 0) {
+      const int k = kind_of(c);
+      const auto flops = pc.max_batch_per_gpu == 1
+                             ? std::make_pair(at1[k][0]->forward_flops, at1[k][0]->backward_flops)
+                             : affine[k][0]->flops_at(pc.max_batch_per_gpu);
+      const StepTime st = pytorch_step_time(c, r, *file, world, flops, pc.max_batch_per_gpu);
+      pc.predicted.step_time_s = st.step_time_s;
+      pc.predicted.tokens_per_s = st.tokens_per_s;
+      pc.predicted.compute_s = st.compute_s;
+      pc.predicted.comm_s = st.comm_s;
+      pc.predicted.exposed_comm_s = st.exposed_comm_s;
+      pc.predicted.offload_s = st.offload_s;
+      pc.predicted.optimizer_s = st.optimizer_s;
     }
     plan.candidates.push_back(pc);
   }

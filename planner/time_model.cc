@@ -113,9 +113,10 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   if (!traits.shard_grads) {
     // ddp, zero1: each unit's flat grad all-reduced after its backward; the
     // first forward unit's, the last to start, has nothing left to hide behind.
-    const double grad_bytes = model_numel * elem_bytes;
+    const double grad_elem_bytes = in.fp32_grads ? kMasterBytes : elem_bytes;
+    const double grad_bytes = model_numel * grad_elem_bytes;
     const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s;
-    const double last_s = all_reduce_bytes_per_rank(first_unit_numel * elem_bytes, n) / world_ring_per_s;
+    const double last_s = all_reduce_bytes_per_rank(first_unit_numel * grad_elem_bytes, n) / world_ring_per_s;
     bwd = split(total_s, last_s, hide_reductions);
     t.intra_node_comm_bytes = all_reduce_bytes_per_rank(grad_bytes, n);
     if (traits.all_gather_params_after_step()) {

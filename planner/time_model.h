@@ -20,7 +20,8 @@
 //      hybrid zero3 inside a node (shard group), plus an all-reduce of each
 //             grad shard across nodes over the inter-node link.
 //    Params travel in the compute dtype, grads are reduced in it (SPEC: mixed
-//    precision reduces in low precision). Rates: the GPU link inside a node;
+//    precision reduces in low precision; PyTorch's autocast keeps fp32
+//    gradients: fp32_grads). Rates: the GPU link inside a node;
 //    a ring that spans nodes runs at the slower of GPU and inter-node link.
 //  - Overlap, per phase, as the schedule runs it (spec/schedule.h; the
 //    inputs' prefetch, async_reduce, async_gather): phase time = max(compute,
@@ -79,6 +80,9 @@ struct StepTimeInputs {
                              // hybrid: GPUs per node, ddp: ignored)
   int nodes = 1;
   int optimizer_states = 2;  // fp32 states per param: AdamW 2, SGD 0
+  // ddp/zero1 under PyTorch's autocast (AMP): the parameters, so their
+  // gradients and DDP's all-reduce, stay fp32 whatever the compute dtype.
+  bool fp32_grads = false;
   // The schedule's overlap (--prefetch, --async-reduce, --async-gather):
   // what the engine runs beside compute.
   spec::ScheduleOptions schedule;

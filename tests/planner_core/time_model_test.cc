@@ -68,6 +68,24 @@ TEST(TimeModelTest, DdpByHand) {
   EXPECT_NEAR(t.tokens_per_s, 1024 / t.step_time_s, 1e-9);
 }
 
+// PyTorch's autocast (AMP) computes in fp16 but keeps fp32 parameters, so
+// DDP all-reduces fp32 gradients: fp32_grads doubles the fp16 bytes.
+TEST(TimeModelTest, AutocastKeepsFp32GradientsForDdp) {
+  StepTimeInputs in;
+  in.candidate = parse_candidate("ddp/fp16/wrap=none");
+  in.forward_flops = 1e12;  // / (8e12 × 0.25) = 0.5 s
+  in.unit_padded_numel = {50'000'000};
+  in.world_size = 2;
+  in.shard_group_size = 2;
+  // fp16 gradients: 2·(1/2)·1e8 B = 1e8 B at 5e9 B/s = 0.02 s.
+  EXPECT_DOUBLE_EQ(estimate_step_time(in, fake_device()).intra_node_comm_bytes, 1e8);
+  in.fp32_grads = true;
+  const StepTime t = estimate_step_time(in, fake_device());
+  EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 2e8);
+  EXPECT_DOUBLE_EQ(t.comm_s, 0.04);
+  EXPECT_DOUBLE_EQ(t.forward_compute_s, 0.5);
+}
+
 TEST(TimeModelTest, DdpAsyncReduceHidesAllButTheFirstUnitsAllReduce) {
   StepTimeInputs in;
   in.candidate = parse_candidate("ddp/fp32/wrap=block");

@@ -321,6 +321,16 @@ class TraceTest(unittest.TestCase):
         batch = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
         # Activations and the gathered units in bf16: more sequences fit.
         self.assertGreater(batch["zero3/bf16/wrap=block"], batch["zero3/fp32/wrap=block"])
+        # Each candidate's step timed as PyTorch overlaps it (planner/pytorch_plan.cc),
+        # and the plan chooses the most tokens/s (the default objective).
+        candidates = json.loads(out.stdout)["candidates"]
+        for c in candidates:
+            p = c["predicted"]
+            self.assertGreater(p["step_time_s"], 0, c["id"])
+            self.assertAlmostEqual(p["tokens_per_s"], c["max_batch_per_gpu"] * 64 * 2 / p["step_time_s"],
+                                   delta=1e-6 * p["tokens_per_s"])
+        self.assertEqual(json.loads(out.stdout)["chosen"],
+                         max(candidates, key=lambda c: c["predicted"]["tokens_per_s"])["id"])
         # The plan names the traced block class, so the FSDP kwargs can wrap by it.
         plan_file = os.path.join(self.tmp.name, "mixed.plan.json")
         with open(plan_file, "w") as fh:
