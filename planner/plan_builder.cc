@@ -312,7 +312,10 @@ Plan build_plan(const PlanRequest& r) {
       if (std::find(traced.begin(), traced.end(), compute_dtype(x)) != traced.end()) kept.push_back(x);
     copts.supported_precisions = kept;
   }
-  copts.device_name = r.profile.name + (model.flash_attention ? " with --attention flash" : "");
+  copts.device_name = r.profile.name + (model.flash_attention ? " with --attention flash" : "") +
+                      (file ? " with this trace file (a precision needs its traces: bf16 on a CUDA target from "
+                              "trace_recorder.py --param-dtype bf16)"
+                            : "");
   copts.nodes = r.nodes;
   std::vector<Candidate> candidates = enumerate_candidates(copts);
 

@@ -355,6 +355,16 @@ class TraceTest(unittest.TestCase):
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
             self.assertIn(message, out.stderr)
+        # shardfit's own engine holds a bf16 model so too: --stack shardfit plans bf16 from the same traces.
+        out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--device", "a100-40gb", "--gpus", "2",
+                              "--gpu-mem", "2GiB", "--strategies", "zero3/bf16/wrap=block", "--json"],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertGreater(json.loads(out.stdout)["candidates"][0]["max_batch_per_gpu"], batch["zero3/fp32/wrap=block"])
+        out = subprocess.run([SHARDFIT, "plan", "--trace", fp32_only, "--device", "a100-40gb", "--gpus", "2",
+                              "--strategies", "zero3/bf16/wrap=block"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("a precision needs its traces", out.stderr)
         out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
                               "--param-dtype", "bf16", "--out", os.path.join(self.tmp.name, "cpu-mixed.json")],
                              capture_output=True, text=True, timeout=300)
