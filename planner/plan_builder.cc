@@ -35,6 +35,16 @@ MemoryBreakdown to_breakdown(const CategoryBytes& c) {
   return b;
 }
 
+void set_step_time(PlanCandidate& pc, const StepTime& st) {
+  pc.predicted.step_time_s = st.step_time_s;
+  pc.predicted.tokens_per_s = st.tokens_per_s;
+  pc.predicted.compute_s = st.compute_s;
+  pc.predicted.comm_s = st.comm_s;
+  pc.predicted.exposed_comm_s = st.exposed_comm_s;
+  pc.predicted.offload_s = st.offload_s;
+  pc.predicted.optimizer_s = st.optimizer_s;
+}
+
 void set_limit(PlanCandidate& pc, const StepSimResult& stop, int64_t batch) {
   pc.limit = std::string(category_name(stop.oom_category)) + " in " + stop.oom_label;
   pc.oom = PlanCandidate::Oom{batch,
@@ -446,14 +456,7 @@ Plan build_plan(const PlanRequest& r) {
     if (pc.max_batch_per_gpu > 0) {
       StepTimeInputs ti = time_inputs(c, r, units, sim.forward_order(), pc.max_batch_per_gpu);
       std::tie(ti.forward_flops, ti.backward_flops) = trace.flops_at(pc.max_batch_per_gpu);
-      const StepTime st = estimate_step_time(ti, r.profile);
-      pc.predicted.step_time_s = st.step_time_s;
-      pc.predicted.tokens_per_s = st.tokens_per_s;
-      pc.predicted.compute_s = st.compute_s;
-      pc.predicted.comm_s = st.comm_s;
-      pc.predicted.exposed_comm_s = st.exposed_comm_s;
-      pc.predicted.offload_s = st.offload_s;
-      pc.predicted.optimizer_s = st.optimizer_s;
+      set_step_time(pc, estimate_step_time(ti, r.profile));
     }
     plan.candidates[ci] = std::move(pc);
     const std::lock_guard<std::mutex> lock(mu);

@@ -16,6 +16,7 @@
 #include "planner/profile.h"
 #include "planner/pytorch_stack.h"
 #include "planner/step_simulator.h"
+#include "planner/time_model.h"
 #include "planner/trace_file.h"
 
 namespace shardfit::planner {
@@ -92,6 +93,8 @@ MemoryBreakdown to_breakdown(const CategoryBytes& bytes);
 // A candidate's `limit` and `oom` from the simulation of `batch`, its first
 // batch that does not fit.
 void set_limit(PlanCandidate& pc, const StepSimResult& stop, int64_t batch);
+// A candidate's predicted step time and its parts, from the time model.
+void set_step_time(PlanCandidate& pc, const StepTime& st);
 
 // One candidate at one (micro-)batch, simulated with its timeline: what
 // `run` reports beside its measurements. `request.candidates` is ignored.

@@ -363,18 +363,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       set_limit(pc, worst(next), pc.max_batch_per_gpu + 1);
     }
     if (pc.max_batch_per_gpu > 0) {
-      const int k = kind_of(c);
-      const auto flops = pc.max_batch_per_gpu == 1
-                             ? std::make_pair(at1[k][0]->forward_flops, at1[k][0]->backward_flops)
-                             : affine[k][0]->flops_at(pc.max_batch_per_gpu);
-      const StepTime st = pytorch_step_time(c, r, *file, world, flops, pc.max_batch_per_gpu);
-      pc.predicted.step_time_s = st.step_time_s;
-      pc.predicted.tokens_per_s = st.tokens_per_s;
-      pc.predicted.compute_s = st.compute_s;
-      pc.predicted.comm_s = st.comm_s;
-      pc.predicted.exposed_comm_s = st.exposed_comm_s;
-      pc.predicted.offload_s = st.offload_s;
-      pc.predicted.optimizer_s = st.optimizer_s;
+      // FLOPs are linear in the batch: the affine trace gives them at any batch.
+      const auto flops = affine[kind_of(c)][0]->flops_at(pc.max_batch_per_gpu);
+      set_step_time(pc, pytorch_step_time(c, r, *file, world, flops, pc.max_batch_per_gpu));
     }
     plan.candidates.push_back(pc);
   }
