@@ -7,6 +7,10 @@
 //       threads one of N ranks gets (as `run --nproc N` gives each rank);
 //   memory_bytes_per_s (and host memory, host link: the same DRAM)  an
 //       out-of-place add of 64 MiB fp32 tensors (3 × 64 MiB moved);
+//   measured_kernels  what the time model times a step op by op with
+//       (planner/time_model.h): each dtype's matmul rate on a grid of shapes
+//       (m, n, k in 16..1024), and one small kernel's dispatch overhead;
+//   gpu_link.latency_s  a gloo all-reduce of one element, the same way;
 //   gpu_link.bytes_per_s  a gloo all-reduce of 16 MiB fp32 among max(N, 2)
 //       ranks (threads of this process over loopback TCP), counted as the
 //       time model counts a ring all-reduce: 2(n−1)/n × 16 MiB per rank; the
@@ -19,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <fstream>
 #include <thread>
 
@@ -79,6 +84,90 @@ Rate matmul_rate(torch::Dtype dtype) {
   return {flops / s, d};
 }
 
+// Seconds of one call of `op`, the median of samples of >= 1 ms each (a
+// small kernel runs many times per sample, so the clock's resolution and
+// its own cost stay out).
+template <typename Op>
+double seconds_per_call(Op&& op) {
+  op();
+  const auto t0 = Clock::now();
+  op();
+  const double once = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int calls = static_cast<int>(std::clamp(1e-3 / std::max(once, 1e-9), 1.0, 100000.0));
+  return median_seconds([&] { for (int i = 0; i < calls; ++i) op(); }, 0.02) / calls;
+}
+
+// The grid of matrix products the time model interpolates in
+// (MeasuredKernels): every (m, n, k) of these sizes, m x k times k x n.
+const std::vector<int64_t> kGemmDims = {16, 64, 256, 1024};
+
+std::vector<double> matmul_grid_rates(torch::Dtype dtype) {
+  std::vector<double> rates;
+  for (int64_t m : kGemmDims)
+    for (int64_t n : kGemmDims)
+      for (int64_t k : kGemmDims) {
+        auto a = torch::randn({m, k}).to(dtype), b = torch::randn({k, n}).to(dtype), c = torch::empty({m, n}, dtype);
+        const double s = seconds_per_call([&] { torch::mm_out(c, a, b); });
+        rates.push_back(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s);
+      }
+  return rates;
+}
+
+// What the time model charges each op beside its bytes: a chain of small
+// multiplications recorded by autograd, then its backward, divided by the
+// ops the trace recorder counts for it (PhaseWork::ops): per link a mul
+// kernel in forward, and in backward a MulBackward0 node and its mul kernel.
+double op_overhead_seconds() {
+  constexpr int kLinks = 200;
+  auto x = torch::randn({64}, torch::requires_grad());
+  const double s = seconds_per_call([&] {
+    at::Tensor y = x;
+    for (int i = 0; i < kLinks; ++i) y = y * 1.0001;
+    y.backward(torch::ones_like(y));
+  });
+  return s / (3.0 * kLinks);
+}
+
+// The compute-bound kernels a transformer step runs (random numbers,
+// transcendentals, row reductions), each timed on 2^20 fp32 elements (a
+// 1024 x 1024 matrix), in bytes moved per second as the trace recorder
+// counts them: its tensor inputs plus its outputs (KernelWork). The step's
+// other kernels (adds, copies, casts) run at the memory bandwidth.
+std::vector<std::pair<std::string, double>> kernel_rates() {
+  constexpr int64_t kRows = 1024, kCols = 1024;
+  constexpr double N = static_cast<double>(kRows * kCols), F = 4 * N;  // elements, fp32 bytes
+  auto x = torch::randn({kRows, kCols}), g = torch::randn({kRows, kCols}), y = torch::softmax(x, -1);
+  auto w = torch::ones({kCols}), b = torch::zeros({kCols});
+  auto [ln_out, mean, rstd] = at::native_layer_norm(x, {kCols}, w, b, 1e-5);
+  auto [drop_out, mask] = at::native_dropout(x, 0.1, true);
+  const double row_stats = 2.0 * kRows * 4;  // layer norm's mean and rstd
+  struct Bench {
+    const char* op;
+    double bytes;
+    std::function<void()> run;
+  };
+  const std::vector<Bench> benches = {
+      {"aten::native_dropout", F + F + N, [&] { at::native_dropout(x, 0.1, true); }},
+      {"aten::native_dropout_backward", F + N + F, [&] { at::native_dropout_backward(g, mask, 1 / 0.9); }},
+      {"aten::bernoulli_", F, [&] { drop_out.bernoulli_(0.9); }},
+      {"aten::gelu", 2 * F, [&] { at::gelu(x, "tanh"); }},
+      {"aten::gelu_backward", 3 * F, [&] { at::gelu_backward(g, x, "tanh"); }},
+      {"aten::tanh", 2 * F, [&] { at::tanh(x); }},
+      {"aten::tanh_backward", 3 * F, [&] { at::tanh_backward(g, y); }},
+      {"aten::exp", 2 * F, [&] { at::exp(x); }},
+      {"aten::_softmax", 2 * F, [&] { at::_softmax(x, -1, false); }},
+      {"aten::_softmax_backward_data", 3 * F, [&] { at::_softmax_backward_data(g, y, -1, at::kFloat); }},
+      {"aten::_log_softmax", 2 * F, [&] { at::_log_softmax(x, -1, false); }},
+      {"aten::_log_softmax_backward_data", 3 * F, [&] { at::_log_softmax_backward_data(g, y, -1, at::kFloat); }},
+      {"aten::native_layer_norm", 2 * F + row_stats, [&] { at::native_layer_norm(x, {kCols}, w, b, 1e-5); }},
+      {"aten::native_layer_norm_backward", 3 * F + row_stats + F,
+       [&] { at::native_layer_norm_backward(g, x, {kCols}, mean, rstd, w, b, {true, true, true}); }},
+  };
+  std::vector<std::pair<std::string, double>> out;
+  for (const Bench& bench : benches) out.emplace_back(bench.op, bench.bytes / seconds_per_call(bench.run));
+  return out;
+}
+
 Rate memory_rate() {
   const int64_t n = int64_t{16} << 20;  // 64 MiB of fp32
   auto a = torch::rand({n}), b = torch::rand({n}), c = torch::empty({n});
@@ -88,8 +177,9 @@ Rate memory_rate() {
   return {3.0 * static_cast<double>(n) * 4.0 / s, d};
 }
 
-Rate all_reduce_rate(int ranks, int threads_per_rank) {
-  const int64_t numel = int64_t{4} << 20;  // 16 MiB of fp32
+// Median seconds of a gloo all-reduce of `numel` fp32 among `ranks` threads
+// of this process over loopback TCP (the slowest rank's).
+double all_reduce_seconds(int ranks, int threads_per_rank, int64_t numel) {
   const int port = executor::pick_free_port();
   std::vector<double> seconds(static_cast<size_t>(ranks), 0);
   std::vector<std::string> errors(static_cast<size_t>(ranks));
@@ -115,12 +205,20 @@ Rate all_reduce_rate(int ranks, int threads_per_rank) {
   for (auto& th : pool) th.join();
   for (const auto& e : errors)
     if (!e.empty()) throw EnvironmentFailure("calibrate: the gloo all-reduce failed: " + e);
-  const double s = *std::max_element(seconds.begin(), seconds.end());
+  return *std::max_element(seconds.begin(), seconds.end());
+}
+
+// The rate beyond the fixed `latency_s` (the time model adds both).
+Rate all_reduce_rate(int ranks, int threads_per_rank, double latency_s) {
+  const int64_t numel = int64_t{4} << 20;  // 16 MiB of fp32
+  const double s = all_reduce_seconds(ranks, threads_per_rank, numel);
   const double bytes = planner::all_reduce_bytes_per_rank(static_cast<double>(numel) * 4.0, ranks);
-  char d[128];
-  std::snprintf(d, sizeof d, "gloo all-reduce of 16 MiB fp32 among %d ranks over loopback TCP, median %.2f ms",
-                ranks, s * 1e3);
-  return {bytes / s, d};
+  char d[160];
+  std::snprintf(d, sizeof d,
+                "gloo all-reduce of 16 MiB fp32 among %d ranks over loopback TCP, median %.2f ms less the "
+                "latency %.3f ms",
+                ranks, s * 1e3, latency_s * 1e3);
+  return {bytes / std::max(s - latency_s, s / 2), d};
 }
 
 std::string today() {
@@ -175,6 +273,7 @@ Command add_calibrate_command(CLI::App& app) {
                                       std::to_string(threads) + " intra-op thread(s) per rank: ";
             std::fprintf(stderr, "calibrate: %s, %d thread(s) per rank\n", m.cpu_model.c_str(), threads);
             auto& src = p["sources"];
+            nlohmann::json kernels = nlohmann::json::object();
             const std::pair<const char*, torch::Dtype> dtypes[] = {
                 {"fp32", torch::kFloat}, {"bf16", torch::kBFloat16}, {"fp16", torch::kHalf}};
             for (const auto& [key, dtype] : dtypes) {
@@ -192,7 +291,30 @@ Command add_calibrate_command(CLI::App& app) {
               p["peak_flops_per_s"][key] = r.per_s;
               src[std::string("peak_flops_per_s.") + key] = where + r.detail;
               std::fprintf(stderr, "calibrate: %s matmul %.1f GFLOP/s (%s)\n", key, r.per_s / 1e9, r.detail.c_str());
+              const std::vector<double> grid = matmul_grid_rates(dtype);
+              kernels["matmul_flops_per_s"][key] = grid;
+              src[std::string("measured_kernels.matmul_flops_per_s.") + key] =
+                  where + "torch::mm_out on every matmul_dims cube point, median of >= 1 ms samples";
+              std::fprintf(stderr, "calibrate: %s matmul grid %.1f (16^3) to %.1f (1024^3) GFLOP/s\n", key,
+                           grid.front() / 1e9, grid.back() / 1e9);
             }
+            kernels["matmul_dims"] = kGemmDims;
+            src["measured_kernels.matmul_dims"] =
+                "the sizes of the grid calibrate measures (m, n and k each), chosen to span a step's products "
+                "from attention heads to hidden sizes; beyond 1024 the rate is taken as 1024's";
+            kernels["op_overhead_s"] = op_overhead_seconds();
+            src["measured_kernels.op_overhead_s"] =
+                where + "a chain of 200 y = y * c on 64 fp32 elements under autograd and its backward, "
+                        "over the 600 ops the recorder counts for it, median of >= 1 ms samples";
+            std::fprintf(stderr, "calibrate: op overhead %.2f us\n", kernels["op_overhead_s"].get<double>() * 1e6);
+            for (const auto& [op, rate] : kernel_rates()) {
+              kernels["kernel_bytes_per_s"][op] = rate;
+              src["measured_kernels.kernel_bytes_per_s." + op] =
+                  where + op + " on 1024 x 1024 fp32, bytes as the trace counts them (inputs and outputs), "
+                  "median of >= 1 ms samples";
+              std::fprintf(stderr, "calibrate: %s %.2f GB/s\n", op.c_str(), rate / 1e9);
+            }
+            p["measured_kernels"] = kernels;
             const Rate mem = memory_rate();
             for (const char* key : {"memory_bytes_per_s", "host_memory_bytes_per_s"}) {
               p[key] = mem.per_s;
@@ -202,9 +324,15 @@ Command add_calibrate_command(CLI::App& app) {
             src["host_link.bytes_per_s"] = where + mem.detail + " (host and device are the same memory)";
             std::fprintf(stderr, "calibrate: memory %.2f GB/s (%s)\n", mem.per_s / 1e9, mem.detail.c_str());
             const int ranks = std::max(2, a->nproc);
-            const Rate link = all_reduce_rate(ranks, std::max(1, static_cast<int>(cores) / ranks));
+            const int link_threads = std::max(1, static_cast<int>(cores) / ranks);
+            const double latency = all_reduce_seconds(ranks, link_threads, 1);
+            const Rate link = all_reduce_rate(ranks, link_threads, latency);
             p["gpu_link"]["bytes_per_s"] = link.per_s;
             src["gpu_link.bytes_per_s"] = where + link.detail + ", bytes as the time model counts a ring all-reduce";
+            p["gpu_link"]["latency_s"] = latency;
+            src["gpu_link.latency_s"] = where + "gloo all-reduce of one fp32 among " + std::to_string(ranks) +
+                                        " ranks over loopback TCP, median";
+            std::fprintf(stderr, "calibrate: gloo latency %.1f us\n", latency * 1e6);
             p["efficiency"]["collective"] = 1.0;
             src["efficiency.collective"] = "1: gpu_link.bytes_per_s is the rate gloo achieved, measured as above";
             std::fprintf(stderr, "calibrate: gloo all-reduce %.2f GB/s per rank (%s)\n", link.per_s / 1e9,

@@ -1,8 +1,33 @@
 #include "planner/batch_search.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace shardfit::planner {
+namespace {
+
+// `a` moved `steps` batches along the line through a (batch k) and b (k+1):
+// every matrix product's dimensions and each kernel's bytes are affine in
+// the batch, the op counts constant. Empty when the two do not pair up.
+PhaseWork affine_work(const PhaseWork& a, const PhaseWork& b, int64_t steps) {
+  if (a.gemms.size() != b.gemms.size() || a.kernels.size() != b.kernels.size() || a.nodes != b.nodes) return {};
+  PhaseWork w = a;
+  for (size_t i = 0; i < w.kernels.size(); ++i) {
+    const KernelWork& y = b.kernels[i];
+    KernelWork& x = w.kernels[i];
+    if (x.op != y.op || x.calls != y.calls) return {};
+    x.bytes = std::max(0.0, x.bytes + static_cast<double>(steps) * (y.bytes - x.bytes));
+  }
+  for (size_t i = 0; i < w.gemms.size(); ++i) {
+    auto dim = [&](int64_t x, int64_t y) { return std::max<int64_t>(0, x + steps * (y - x)); };
+    const GemmShape& y = b.gemms[i];
+    GemmShape& g = w.gemms[i];
+    g = {dim(g.count, y.count), dim(g.m, y.m), dim(g.n, y.n), dim(g.k, y.k)};
+  }
+  return w;
+}
+
+}  // namespace
 
 AffineTrace::AffineTrace(ModelTrace t1, const ModelTrace& t2) : base_(std::move(t1)) {
   if (t2.batch != base_.batch + 1 || base_.events.size() != t2.events.size())
@@ -25,6 +50,8 @@ AffineTrace::AffineTrace(ModelTrace t1, const ModelTrace& t2) : base_(std::move(
                            " at " + std::to_string(t2.batch));
   for (size_t i = 0; i < t2.output_tensor_bytes.size(); ++i)
     output_bytes_per_batch_.push_back(t2.output_tensor_bytes[i] - base_.output_tensor_bytes[i]);
+  next_forward_work_ = t2.forward_work;
+  next_backward_work_ = t2.backward_work;
   forward_flops_per_batch_ = t2.forward_flops - base_.forward_flops;
   backward_flops_per_batch_ = t2.backward_flops - base_.backward_flops;
 }
@@ -41,7 +68,14 @@ ModelTrace AffineTrace::at(int64_t batch) const {
     t.output_tensor_bytes[i] += steps * output_bytes_per_batch_[i];
   t.forward_flops += steps * forward_flops_per_batch_;
   t.backward_flops += steps * backward_flops_per_batch_;
+  std::tie(t.forward_work, t.backward_work) = work_at(batch);
   return t;
+}
+
+std::pair<PhaseWork, PhaseWork> AffineTrace::work_at(int64_t batch) const {
+  const int64_t steps = batch - base_.batch;
+  return {affine_work(base_.forward_work, next_forward_work_, steps),
+          affine_work(base_.backward_work, next_backward_work_, steps)};
 }
 
 std::pair<double, double> AffineTrace::flops_at(int64_t batch) const {

@@ -31,12 +31,16 @@ class AffineTrace {
   // Forward and backward FLOPs at any batch >= 1: FLOPs are linear in the
   // batch, so unlike the bytes they extrapolate below k too.
   std::pair<double, double> flops_at(int64_t batch) const;
+  // Forward and backward PhaseWork at any batch >= 1, on the same line
+  // (each empty where the two traces' ops do not pair up one to one).
+  std::pair<PhaseWork, PhaseWork> work_at(int64_t batch) const;
 
  private:
   ModelTrace base_;                       // batch k
   std::vector<int64_t> bytes_per_batch_;  // per event: bytes(2) − bytes(1)
   std::vector<int64_t> output_bytes_per_batch_;  // the same per output tensor
   double forward_flops_per_batch_ = 0, backward_flops_per_batch_ = 0;
+  PhaseWork next_forward_work_, next_backward_work_;  // batch k+1's
 };
 
 // The largest b in [0, max_batch] with fits(b) true, assuming fits is

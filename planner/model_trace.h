@@ -54,6 +54,50 @@ struct MemEvent {
   int op = -1;          // index into ModelTrace::op_names; -1 when none
 };
 
+// The work of one phase as the time model counts it (planner/time_model.h),
+// recorded by the op observer beside the FLOPs: every matrix product's shape,
+// and what the other leaf ops (the kernels) move, by op.
+//  - A matrix product: `count` independent (m x k)(k x n) products (bmm's
+//    batch; 1 for mm/addmm), 2·count·m·n·k FLOPs.
+//  - A kernel: a leaf op that is not a matrix product nor a view
+//    (trace_recorder.cc's list); its bytes are its tensor inputs plus what
+//    it allocated, the memory it reads and writes as a roofline counts it.
+//  - nodes: autograd nodes run. Each node and kernel is a dispatch: the
+//    per-op overhead that dominates a step of small tensors.
+struct GemmShape {
+  int64_t count = 1, m = 0, n = 0, k = 0;
+  double flops() const {
+    return 2.0 * static_cast<double>(count) * static_cast<double>(m) * static_cast<double>(n) *
+           static_cast<double>(k);
+  }
+  bool operator==(const GemmShape& o) const { return count == o.count && m == o.m && n == o.n && k == o.k; }
+};
+
+struct KernelWork {
+  std::string op;  // "aten::tanh"
+  int64_t calls = 0;
+  double bytes = 0;  // over all calls
+};
+
+struct PhaseWork {
+  std::vector<GemmShape> gemms;     // in execution order
+  std::vector<KernelWork> kernels;  // one per op name, sorted by name
+  int64_t nodes = 0;
+  int64_t ops() const {
+    int64_t n = nodes;
+    for (const auto& k : kernels) n += k.calls;
+    return n;
+  }
+  bool empty() const { return gemms.empty() && kernels.empty() && nodes == 0; }
+  void add_kernel(const std::string& op, double bytes) {
+    auto it = kernels.begin();
+    while (it != kernels.end() && it->op < op) ++it;
+    if (it == kernels.end() || it->op != op) it = kernels.insert(it, KernelWork{op, 0, 0});
+    ++it->calls;
+    it->bytes += bytes;
+  }
+};
+
 // Module begin/end events in the backward phase come from identity autograd
 // nodes on each module's output (begin) and input (end), i.e. they bracket
 // exactly the autograd work of that module, as FSDP's pre/post-backward
@@ -94,6 +138,9 @@ struct ModelTrace {
   std::vector<std::string> op_names;
   double forward_flops = 0;    // multiply-adds × 2 of matmul-like ops in forward
   double backward_flops = 0;   // same, in backward (and recompute)
+  // The same phases' work by op (PhaseWork); empty when ops were not recorded
+  // (TraceOptions::record_ops) or the trace file predates the field.
+  PhaseWork forward_work, backward_work;
   int64_t param_numel() const {
     int64_t n = 0;
     for (const auto& m : modules)

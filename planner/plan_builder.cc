@@ -110,6 +110,12 @@ class BatchTraces {
     const ModelTrace t = exact_at(batch);
     return {t.forward_flops, t.backward_flops};
   }
+  // The same phases' work by op (PhaseWork), for the time model.
+  std::pair<PhaseWork, PhaseWork> work_at(int64_t batch) const {
+    if (affine_) return affine_->work_at(batch);
+    const ModelTrace t = exact_at(batch);
+    return {t.forward_work, t.backward_work};
+  }
   ModelTrace exact_at(int64_t batch) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = exact_cache_.find(batch);
@@ -209,18 +215,12 @@ class TraceSource {
         return trace_step(model, ob);
       });
     }
-    // FLOPs are proportional to the batch (every matmul's rows or batch
-    // dimension are sequences x something: TraceTest.FlopsAreProportional-
-    // ToTheBatch), so batch 3's give batch 2's, exactly (integers in a
-    // double), and batch 2 is traced without the op observer.
+    // Batches 2 and 3 with the op observer: the time model's matrix
+    // product shapes (PhaseWork) are affine in the batch, not proportional.
     o.batch = 2;
-    o.record_ops = false;
     ModelTrace t2 = trace_step(model_, o);
     o.batch = 3;
-    o.record_ops = true;
     ModelTrace t3 = trace_step(model_, o);
-    t2.forward_flops = t3.forward_flops / 3 * 2;
-    t2.backward_flops = t3.backward_flops / 3 * 2;
     return std::make_unique<BatchTraces>(std::move(t1), std::move(t2), t3);
   }
 
@@ -281,6 +281,8 @@ StepTimeInputs time_inputs(const Candidate& c, const PlanRequest& r, const UnitP
   ti.nodes = r.nodes;
   ti.optimizer_states = t.optimizer_states;
   ti.schedule = r.schedule;
+  // CPU ranks run Gloo (executor/comm.h's GlooAllGather::kViaAllReduce, the default).
+  ti.gathers_via_all_reduce = r.profile.kind == DeviceKind::kCpu;
   return ti;
 }
 
@@ -456,6 +458,7 @@ Plan build_plan(const PlanRequest& r) {
     if (pc.max_batch_per_gpu > 0) {
       StepTimeInputs ti = time_inputs(c, r, units, sim.forward_order(), pc.max_batch_per_gpu);
       std::tie(ti.forward_flops, ti.backward_flops) = trace.flops_at(pc.max_batch_per_gpu);
+      std::tie(ti.forward_work, ti.backward_work) = trace.work_at(pc.max_batch_per_gpu);
       set_step_time(pc, estimate_step_time(ti, r.profile));
     }
     plan.candidates[ci] = std::move(pc);
@@ -563,6 +566,8 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
     StepTimeInputs ti = time_inputs(c, r, units, sim.forward_order(), batch);
     ti.forward_flops = trace.forward_flops;
     ti.backward_flops = trace.backward_flops;
+    ti.forward_work = trace.forward_work;
+    ti.backward_work = trace.backward_work;
     const StepTime st = estimate_step_time(ti, r.profile);
     out.step_time_s = st.step_time_s;
     out.tokens_per_s = st.tokens_per_s;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -168,6 +169,34 @@ double DeviceProfile::flops_efficiency(DType dtype) const {
   return 0;
 }
 
+double MeasuredKernels::matmul_rate(DType dtype, const GemmShape& g) const {
+  const std::vector<double>& rates = matmul_flops_per_s.at(dtype);
+  const size_t n = matmul_dims.size();
+  // Where `x` falls on the grid: the cell below and the weight of the one above.
+  auto locate = [&](int64_t x) -> std::pair<size_t, double> {
+    if (x <= matmul_dims.front() || n == 1) return {0, 0.0};
+    if (x >= matmul_dims.back()) return {n - 2, 1.0};
+    size_t i = 0;
+    while (matmul_dims[i + 1] < x) ++i;
+    const double lo = std::log(static_cast<double>(matmul_dims[i]));
+    const double hi = std::log(static_cast<double>(matmul_dims[i + 1]));
+    return {i, (std::log(static_cast<double>(x)) - lo) / (hi - lo)};
+  };
+  const auto [im, wm] = locate(g.m);
+  const auto [in, wn] = locate(g.n);
+  const auto [ik, wk] = locate(g.k);
+  double log_rate = 0;
+  for (size_t a = 0; a < 2; ++a)
+    for (size_t b = 0; b < 2; ++b)
+      for (size_t c = 0; c < 2; ++c) {
+        const double w = (a ? wm : 1 - wm) * (b ? wn : 1 - wn) * (c ? wk : 1 - wk);
+        if (w == 0) continue;
+        const size_t at = ((std::min(im + a, n - 1) * n) + std::min(in + b, n - 1)) * n + std::min(ik + c, n - 1);
+        log_rate += w * std::log(rates[at]);
+      }
+  return std::exp(log_rate);
+}
+
 int64_t DeviceProfile::allocator_budget_bytes(int64_t device_mem_bytes, int world_size) const {
   if (device_mem_bytes == 0) return 0;  // unlimited stays unlimited
   // NCCL only opens a communicator (and its buffers) with a peer to talk to.
@@ -239,7 +268,7 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
   p.bf16_flops_per_s = r.optional_number("peak_flops_per_s.bf16");
 
   p.memory_bytes_per_s = r.number("memory_bytes_per_s");
-  p.gpu_link = {r.text("gpu_link.kind"), r.number("gpu_link.bytes_per_s")};
+  p.gpu_link = {r.text("gpu_link.kind"), r.number("gpu_link.bytes_per_s"), r.optional_number("gpu_link.latency_s")};
   p.host_link = {r.text("host_link.kind"), r.number("host_link.bytes_per_s")};
   p.inter_node_link = {r.text("inter_node_link.kind"), r.number("inter_node_link.bytes_per_s")};
   p.host_memory_bytes_per_s = r.number("host_memory_bytes_per_s");
@@ -263,6 +292,51 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
   e.host_link = r.fraction("efficiency.host_link");
   e.memory = r.fraction("efficiency.memory");
   e.host_memory = r.fraction("efficiency.host_memory");
+
+  if (r.find("measured_kernels")) {
+    MeasuredKernels& k = p.measured_kernels;
+    k.op_overhead_s = r.number("measured_kernels.op_overhead_s");
+    if (k.op_overhead_s <= 0) r.fail("measured_kernels.op_overhead_s", "must be > 0");
+    const std::string dims_field = "measured_kernels.matmul_dims";
+    const json& dims = r.need(dims_field);
+    if (!dims.is_array() || dims.empty()) r.fail(dims_field, "must be a list of sizes");
+    for (const json& d : dims) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 1 ||
+          (!k.matmul_dims.empty() && d.get<int64_t>() <= k.matmul_dims.back()))
+        r.fail(dims_field, "must be a list of ascending whole numbers >= 1");
+      k.matmul_dims.push_back(d.get<int64_t>());
+    }
+    const size_t cells = k.matmul_dims.size() * k.matmul_dims.size() * k.matmul_dims.size();
+    const json& rates = r.need("measured_kernels.matmul_flops_per_s");
+    if (!rates.is_object() || rates.empty())
+      r.fail("measured_kernels.matmul_flops_per_s", "must be an object of dtype: rates");
+    for (auto it = rates.begin(); it != rates.end(); ++it) {
+      const std::string field = "measured_kernels.matmul_flops_per_s." + it.key();
+      const std::optional<DType> dtype = it.key() == "fp32"   ? std::optional<DType>(DType::kF32)
+                                         : it.key() == "bf16" ? std::optional<DType>(DType::kBF16)
+                                         : it.key() == "fp16" ? std::optional<DType>(DType::kF16)
+                                                              : std::nullopt;
+      if (!dtype) r.fail(field, "names no dtype (fp32, bf16 or fp16)");
+      if (!it->is_array() || it->size() != cells)
+        r.fail(field, "must be a list of " + std::to_string(cells) + " rates (matmul_dims cubed)");
+      std::vector<double>& out = k.matmul_flops_per_s[*dtype];
+      for (const json& v : *it) {
+        if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+          r.fail(field, "must be a list of rates > 0");
+        out.push_back(v.get<double>());
+      }
+      if (!p.supports(*dtype)) r.fail(field, "is given but peak_flops_per_s." + it.key() + " is not");
+    }
+    if (const json* rates = r.find("measured_kernels.kernel_bytes_per_s")) {
+      if (!rates->is_object()) r.fail("measured_kernels.kernel_bytes_per_s", "must be an object of op: rate");
+      for (auto it = rates->begin(); it != rates->end(); ++it) {
+        const std::string field = "measured_kernels.kernel_bytes_per_s." + it.key();
+        if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>()))
+          r.fail(field, "must be a rate > 0");
+        k.kernel_bytes_per_s[it.key()] = it->get<double>();
+      }
+    }
+  }
 
   const json& sources = r.need("sources");
   if (!sources.is_object()) r.fail("sources", "must be an object");

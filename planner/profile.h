@@ -31,6 +31,9 @@ enum class AllocatorKind : uint8_t { kCudaCaching, kExact };
 struct LinkSpec {
   std::string kind;  // e.g. "PCIe 3.0 x16", "NVLink 3 via NVSwitch"
   double bytes_per_s = 0;
+  // A collective's fixed cost whatever its size (measured by `shardfit
+  // calibrate`: gloo's round trips over loopback); 0 where not measured.
+  double latency_s = 0;
 };
 
 // Fractions of the peak rates that real training reaches. All estimates
@@ -43,6 +46,26 @@ struct ProfileEfficiency {
   double host_link = 0;    // of the host link rate, for offload copies
   double memory = 0;       // of device memory bandwidth, for the optimizer step
   double host_memory = 0;  // of host memory bandwidth, for a CPU optimizer step
+};
+
+// Kernel rates measured on this machine by `shardfit calibrate`; datasheet
+// profiles have none. With them the time model times a step op by op
+// (planner/time_model.h) instead of dividing its FLOPs by one rate.
+struct MeasuredKernels {
+  double op_overhead_s = 0;  // one small kernel's dispatch, start to end
+  // A grid of matrix products, every (m, n, k) with each in `matmul_dims`
+  // (ascending); per dtype its rates, m-major: [(im·D + in)·D + ik].
+  std::vector<int64_t> matmul_dims;
+  std::map<DType, std::vector<double>> matmul_flops_per_s;
+  // Compute-bound kernels (random numbers, transcendentals, reductions) by
+  // op name: the bytes they read and write per second, as the trace counts
+  // them (KernelWork). Every other kernel runs at memory_bytes_per_s.
+  std::map<std::string, double> kernel_bytes_per_s;
+  bool times(DType dtype) const { return matmul_flops_per_s.count(dtype) > 0; }
+  // The rate of one (m x k)(k x n) product: the grid's, interpolated
+  // linearly in log(rate) over log(m), log(n), log(k), each clamped to the
+  // grid (a product beyond it runs at its edge's rate).
+  double matmul_rate(DType dtype, const GemmShape& g) const;
 };
 
 struct DeviceProfile {
@@ -88,6 +111,7 @@ struct DeviceProfile {
   LinkSpec inter_node_link;            // between nodes, per GPU (an assumption)
   double host_memory_bytes_per_s = 0;  // host DRAM, for the CPU optimizer step
   ProfileEfficiency efficiency;
+  MeasuredKernels measured_kernels;  // "measured_kernels", when calibrated
 
   // Dotted field path ("peak_flops_per_s.fp16") -> where the number came from.
   std::map<std::string, std::string> sources;

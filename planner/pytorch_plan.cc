@@ -33,10 +33,12 @@ namespace {
 // next unit ahead of its backward (prefetch 1); forward_prefetch is off, so
 // the forward's gathers are waited for.
 StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const TraceFile& file, int world,
-                           std::pair<double, double> flops, int64_t batch) {
+                           const AffineTrace& trace, int64_t batch) {
   StepTimeInputs ti;
   ti.candidate = c;
-  std::tie(ti.forward_flops, ti.backward_flops) = flops;
+  // FLOPs and op shapes are affine in the batch: the trace gives them at any batch.
+  std::tie(ti.forward_flops, ti.backward_flops) = trace.flops_at(batch);
+  std::tie(ti.forward_work, ti.backward_work) = trace.work_at(batch);
   ti.batch = batch;
   ti.seq_len = r.seq_len;
   ti.grad_accum = r.grad_accum;
@@ -363,9 +365,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       set_limit(pc, worst(next), pc.max_batch_per_gpu + 1);
     }
     if (pc.max_batch_per_gpu > 0) {
-      // FLOPs are linear in the batch: the affine trace gives them at any batch.
-      const auto flops = affine[kind_of(c)][0]->flops_at(pc.max_batch_per_gpu);
-      set_step_time(pc, pytorch_step_time(c, r, *file, world, flops, pc.max_batch_per_gpu));
+      set_step_time(pc, pytorch_step_time(c, r, *file, world, *affine[kind_of(c)][0], pc.max_batch_per_gpu));
     }
     plan.candidates.push_back(pc);
   }

@@ -65,9 +65,21 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   StepTime t;
   // --- compute ---
   const double flops_per_s = profile.peak_flops_per_s(dtype) * profile.flops_efficiency(dtype);
+  const MeasuredKernels& kernels = profile.measured_kernels;
+  const bool by_op = kernels.times(dtype) && !in.forward_work.empty() && !in.backward_work.empty();
+  auto phase_compute_s = [&](const PhaseWork& w, double flops) {
+    if (!by_op) return flops / flops_per_s;
+    double s = static_cast<double>(w.ops()) * kernels.op_overhead_s;
+    for (const GemmShape& g : w.gemms) s += g.flops() / kernels.matmul_rate(dtype, g);
+    for (const KernelWork& kw : w.kernels) {
+      auto rate = kernels.kernel_bytes_per_s.find(kw.op);
+      s += kw.bytes / (rate != kernels.kernel_bytes_per_s.end() ? rate->second : profile.memory_bytes_per_s);
+    }
+    return s;
+  };
   const double k = in.grad_accum;  // micro-batches per step
-  const double micro_forward_s = in.forward_flops / flops_per_s;
-  const double micro_backward_s = in.backward_flops / flops_per_s;
+  const double micro_forward_s = phase_compute_s(in.forward_work, in.forward_flops);
+  const double micro_backward_s = phase_compute_s(in.backward_work, in.backward_flops);
   t.forward_compute_s = k * micro_forward_s;
   t.backward_compute_s = k * micro_backward_s;
   t.compute_s = t.forward_compute_s + t.backward_compute_s;
@@ -87,6 +99,11 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   // A ring over ranks on several nodes crosses the inter-node link, and runs
   // at its slowest hop.
   const double world_ring_per_s = in.nodes > 1 ? std::min(intra_per_s, inter_per_s) : intra_per_s;
+  // Each collective's fixed cost, where the profile measured one (0 otherwise).
+  const double latency_s = profile.gpu_link.latency_s;
+  const double units = static_cast<double>(in.unit_padded_numel.size());
+  // Gathers and reduce-scatters done as all-reduces move twice the bytes.
+  const double gather_factor = in.gathers_via_all_reduce ? 2.0 : 1.0;
 
   // What the schedule overlaps (spec/schedule.h): a reduction runs beside
   // the rest of backward only with async_reduce; a gather beside compute
@@ -115,15 +132,17 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
     // first forward unit's, the last to start, has nothing left to hide behind.
     const double grad_elem_bytes = in.fp32_grads ? kMasterBytes : elem_bytes;
     const double grad_bytes = model_numel * grad_elem_bytes;
-    const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s;
-    const double last_s = all_reduce_bytes_per_rank(first_unit_numel * grad_elem_bytes, n) / world_ring_per_s;
+    const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s + units * latency_s;
+    const double last_s =
+        all_reduce_bytes_per_rank(first_unit_numel * grad_elem_bytes, n) / world_ring_per_s + latency_s;
     bwd = split(total_s, last_s, hide_reductions);
     t.intra_node_comm_bytes = all_reduce_bytes_per_rank(grad_bytes, n);
     if (traits.all_gather_params_after_step()) {
       // zero1: every rank updated a shard of the fp32 params; all ranks need all.
       const double param_bytes = model_numel * kMasterBytes;
-      post_step_comm_s = all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s;
-      t.intra_node_comm_bytes += all_gather_bytes_per_rank(param_bytes, n);
+      post_step_comm_s =
+          gather_factor * all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s + units * latency_s;
+      t.intra_node_comm_bytes += gather_factor * all_gather_bytes_per_rank(param_bytes, n);
       optimizer_shard_ranks = n;
       gather_passes = 1;
     }
@@ -136,20 +155,23 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
                                             " != " + std::to_string(n) + ")");
     // Hybrid's shard group is one node: its ring never leaves the node.
     const double ring_per_s = hybrid ? intra_per_s : world_ring_per_s;
-    auto ring_s = [&](double numel) {
-      return all_gather_bytes_per_rank(numel * elem_bytes, g) / ring_per_s;
+    // One gather or reduce-scatter pass over `numel` in `collectives` calls.
+    auto ring_s = [&](double numel, double collectives = 1) {
+      return gather_factor * all_gather_bytes_per_rank(numel * elem_bytes, g) / ring_per_s +
+             collectives * latency_s;
     };
     // Forward: nothing runs before the first unit's gather.
-    fwd = split(ring_s(model_numel), ring_s(first_unit_numel), hide_forward_gathers);
+    fwd = split(ring_s(model_numel, units), ring_s(first_unit_numel), hide_forward_gathers);
     const bool regather = traits.reshard_after_forward;  // zero2 keeps params for backward
     const int backward_collectives = regather ? 2 : 1;   // (AG +) RS
     // Backward: the last reduce-scatter (the first forward unit's) and, when
     // params are re-gathered, the first backward unit's gather (the last
     // forward unit's) have nothing to hide behind.
-    bwd = split(ring_s(model_numel), ring_s(first_unit_numel), hide_reductions);
-    if (regather) bwd = add(bwd, split(ring_s(model_numel), ring_s(last_unit_numel), hide_backward_gathers));
+    bwd = split(ring_s(model_numel, units), ring_s(first_unit_numel), hide_reductions);
+    if (regather)
+      bwd = add(bwd, split(ring_s(model_numel, units), ring_s(last_unit_numel), hide_backward_gathers));
     t.intra_node_comm_bytes =
-        (1 + backward_collectives) * all_gather_bytes_per_rank(model_numel * elem_bytes, g);
+        (1 + backward_collectives) * gather_factor * all_gather_bytes_per_rank(model_numel * elem_bytes, g);
     if (hybrid && in.nodes > 1) {
       // Replicas average their shard of the grads across nodes, unit by
       // unit after each reduce-scatter: overlappable except the last.

@@ -7,6 +7,13 @@
 //    the profile's efficiency). Forward and backward separately (backward
 //    includes the recompute under +ckpt). The efficiency absorbs everything
 //    the FLOP count leaves out (elementwise ops, launches).
+//    A profile with kernels measured on this machine (`shardfit calibrate`:
+//    DeviceProfile::measured_kernels) times the trace op by op instead
+//    (PhaseWork): each matrix product's FLOPs at the measured rate of its
+//    shape, the other kernels' bytes (inputs read, outputs allocated) at the
+//    measured memory bandwidth, and each kernel and autograd node one
+//    measured dispatch overhead. Nothing there is an efficiency: each term
+//    is a rate this machine achieved on that kind of op.
 //  - Communication, per rank, ring algorithms over n ranks: an all-gather or
 //    reduce-scatter of M bytes moves (n−1)/n·M, an all-reduce 2(n−1)/n·M.
 //      ddp    all-reduce of each unit's grads after its backward (the
@@ -69,6 +76,9 @@ struct StepTimeInputs {
                               // act through the two fields below)
   double forward_flops = 0;   // one micro-batch on one rank at `batch`
   double backward_flops = 0;  // including recompute under +ckpt
+  // The same work by op (ModelTrace::forward_work), for a profile with
+  // measured kernels; empty: FLOPs alone.
+  PhaseWork forward_work, backward_work;
   // Each unit's flat parameter numel, padded as the layout pads it for the
   // shard group, in forward execution order. Their sum is the whole model.
   std::vector<int64_t> unit_padded_numel;
@@ -83,6 +93,10 @@ struct StepTimeInputs {
   // ddp/zero1 under PyTorch's autocast (AMP): the parameters, so their
   // gradients and DDP's all-reduce, stay fp32 whatever the compute dtype.
   bool fp32_grads = false;
+  // shardfit's engine on CPU ranks: c10d 1.13's Gloo has no reduce-scatter
+  // and the engine gathers through an all-reduce too (executor/comm.cc), so
+  // both move an all-reduce's bytes, 2(n−1)/n·M.
+  bool gathers_via_all_reduce = false;
   // The schedule's overlap (--prefetch, --async-reduce, --async-gather):
   // what the engine runs beside compute.
   spec::ScheduleOptions schedule;

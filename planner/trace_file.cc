@@ -234,6 +234,43 @@ void events_from(const FieldReader& r, size_t modules, ModelTrace* t) {
   }
 }
 
+json work_to_json(const PhaseWork& w) {
+  json gemms = json::array(), kernels = json::array();
+  for (const auto& g : w.gemms) gemms.push_back({g.count, g.m, g.n, g.k});
+  for (const auto& k : w.kernels) kernels.push_back({k.op, k.calls, k.bytes});
+  return {{"gemms", gemms}, {"kernels", kernels}, {"nodes", w.nodes}};
+}
+
+// [[a, b, ...], ...]: each entry a list of `width`, checked by `ok`.
+template <typename Ok>
+const json& rows(const FieldReader& r, const std::string& key, size_t width, const std::string& what, Ok ok) {
+  const json& v = r.need(key);
+  if (!v.is_array()) r.fail(key, "must be a list of " + what);
+  for (const auto& row : v)
+    if (!row.is_array() || row.size() != width || !ok(row)) r.fail(key, "must be a list of " + what);
+  return v;
+}
+
+// One phase's "work" (optional: files written before the field have none,
+// and the time model then counts FLOPs alone).
+PhaseWork work_from(const FieldReader& r) {
+  PhaseWork w;
+  w.nodes = r.integer("nodes", 0);
+  auto whole = [](const json& d) { return d.is_number_integer() && d.get<int64_t>() >= 0; };
+  for (const auto& g : rows(r, "gemms", 4, "[count, m, n, k] of whole numbers >= 0", [&](const json& row) {
+         return whole(row[0]) && whole(row[1]) && whole(row[2]) && whole(row[3]);
+       }))
+    w.gemms.push_back({g[0].get<int64_t>(), g[1].get<int64_t>(), g[2].get<int64_t>(), g[3].get<int64_t>()});
+  for (const auto& k : rows(r, "kernels", 3, "[op, calls, bytes]", [&](const json& row) {
+         return row[0].is_string() && whole(row[1]) && row[2].is_number() && row[2].get<double>() >= 0;
+       })) {
+    if (!w.kernels.empty() && k[0].get<std::string>() <= w.kernels.back().op)
+      r.fail("kernels", "must be sorted by op, each op once");
+    w.kernels.push_back({k[0].get<std::string>(), k[1].get<int64_t>(), k[2].get<double>()});
+  }
+  return w;
+}
+
 }  // namespace
 
 std::string trace_file_json(const TraceFile& f) {
@@ -253,6 +290,9 @@ std::string trace_file_json(const TraceFile& f) {
     if (!t.output_tensor_bytes.empty()) traces.back()["output_tensors"] = t.output_tensor_bytes;
     if (t.recompute_reentrant) traces.back()["checkpoint"] = "reentrant";
     if (t.autocast) traces.back()["autocast"] = true;
+    if (!t.forward_work.empty() || !t.backward_work.empty())
+      traces.back()["work"] = {{"forward", work_to_json(t.forward_work)},
+                               {"backward", work_to_json(t.backward_work)}};
   }
   json out = {{"schema", kTraceSchema},
               {"model", {{"name", f.model_name}, {"factory", f.factory}, {"input", f.input},
@@ -348,6 +388,11 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
       for (int64_t id : t.kept_outputs)
         if (state[id] != 1) r.fail("kept_outputs", "names storage " + std::to_string(id) + ", not one the trace allocates "
                                                    "and leaves live");
+    }
+    if (r.has("work")) {
+      const FieldReader w = r.object("work");
+      t.forward_work = work_from(w.object("forward"));
+      t.backward_work = work_from(w.object("backward"));
     }
     if (r.has("output_tensors")) t.output_tensor_bytes = integers(r, "output_tensors", 0);
     if (r.has("checkpoint")) {

@@ -28,6 +28,16 @@ struct Recorder {
   std::vector<int> forward_stack;   // modules running forward (or recompute)
   std::vector<int> backward_stack;  // modules whose backward has begun, not ended
   std::vector<int> op_stack;        // ops running (indices into op_names)
+  // Beside op_stack, what the time model's PhaseWork needs of each op.
+  struct OpFrame {
+    int kernel = -1;            // an aten op that is not a matrix product nor a view: its op_names index
+    PhaseWork* work = nullptr;  // the phase it started in
+    bool has_child = false;  // another op ran inside it: not a leaf
+    double input_bytes = 0;
+    int64_t allocated_at_start = 0;
+  };
+  std::vector<OpFrame> frames;
+  int64_t allocated_bytes = 0;  // all bytes allocated so far
   std::unordered_map<std::string, int> op_index;
   std::unordered_map<const void*, int64_t> host_ids;  // live host storages recorded
   int64_t next_tensor = 1;
@@ -76,6 +86,7 @@ c10::DataPtr MetaRecordingAllocator::allocate_recorded(size_t nbytes) const {
   if (Recorder* rec = t_rec; rec && rec->active) {
     const int64_t id = rec->next_tensor++;
     rec->push(MemEvent::kAlloc, rec->current_module(), id, static_cast<int64_t>(nbytes));
+    rec->allocated_bytes += static_cast<int64_t>(nbytes);
     ctx = reinterpret_cast<void*>(static_cast<intptr_t>(id));
   }
   return {nullptr, ctx, &MetaRecordingAllocator::release, c10::Device(c10::DeviceType::Meta)};
@@ -98,29 +109,56 @@ void install_meta_allocator() {
   (void)alloc;
 }
 
-int64_t dim_product(const c10::IValue& v, int64_t from, int64_t to) {
-  if (!v.isTensor()) return 0;
-  const auto sizes = v.toTensor().sizes();
-  int64_t p = 1;
-  for (int64_t i = from; i < to && i < static_cast<int64_t>(sizes.size()); ++i) p *= sizes[i];
-  return p;
-}
-
-// 2·m·n·k for the matmul-like leaf ops every linear layer and attention
-// product ends in.
-double matmul_flops(const at::RecordFunction& fn) {
+// The shape of the matmul-like leaf ops every linear layer and attention
+// product ends in (count 0: not one of them).
+GemmShape matmul_shape(const at::RecordFunction& fn) {
   const std::string name = fn.name();
   auto in = fn.inputs();
   auto shape = [&](size_t i) { return in[i].toTensor().sizes(); };
-  if (name == "aten::mm" && in.size() >= 2 && in[0].isTensor() && in[1].isTensor())
-    return 2.0 * shape(0)[0] * shape(0)[1] * shape(1)[1];
-  if (name == "aten::addmm" && in.size() >= 3 && in[1].isTensor() && in[2].isTensor())
-    return 2.0 * shape(1)[0] * shape(1)[1] * shape(2)[1];
-  if (name == "aten::bmm" && in.size() >= 2 && in[0].isTensor() && in[1].isTensor())
-    return 2.0 * dim_product(in[0], 0, 3) * shape(1)[2];
-  if (name == "aten::baddbmm" && in.size() >= 3 && in[1].isTensor() && in[2].isTensor())
-    return 2.0 * dim_product(in[1], 0, 3) * shape(2)[2];
-  return 0.0;
+  auto two = [&](size_t a, size_t b) { return in.size() > b && in[a].isTensor() && in[b].isTensor(); };
+  GemmShape g;
+  g.count = 0;
+  if (name == "aten::mm" && two(0, 1))
+    g = {1, shape(0)[0], shape(1)[1], shape(0)[1]};
+  else if (name == "aten::addmm" && two(1, 2))
+    g = {1, shape(1)[0], shape(2)[1], shape(1)[1]};
+  else if (name == "aten::bmm" && two(0, 1))
+    g = {shape(0)[0], shape(0)[1], shape(1)[2], shape(0)[2]};
+  else if (name == "aten::baddbmm" && two(1, 2))
+    g = {shape(1)[0], shape(1)[1], shape(2)[2], shape(1)[2]};
+  return g;
+}
+
+// Ops that run no kernel: views and metadata (PyTorch's "Tensor Views" list,
+// docs/source/tensor_view.rst, plus the allocation-only and aliasing ops the
+// dispatcher shows). They touch no memory the roofline counts.
+bool runs_no_kernel(const std::string& name) {
+  static const std::unordered_set<std::string> kNone = {
+      "aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::reshape", "aten::flatten",
+      "aten::unflatten", "aten::as_strided", "aten::t", "aten::transpose", "aten::permute",
+      "aten::expand", "aten::expand_as", "aten::select", "aten::slice", "aten::narrow",
+      "aten::unsqueeze", "aten::squeeze", "aten::split", "aten::split_with_sizes", "aten::chunk",
+      "aten::unbind", "aten::diagonal", "aten::movedim", "aten::unfold", "aten::view_as",
+      "aten::detach", "aten::detach_", "aten::alias", "aten::lift_fresh", "aten::empty",
+      "aten::empty_like", "aten::empty_strided", "aten::resize_", "aten::set_", "aten::contiguous",
+      "aten::numpy_T", "aten::matrix_H", "aten::mT", "aten::_indices", "aten::_values", "detach"};
+  return kNone.count(name) > 0;
+}
+
+// The bytes of an op's tensor inputs (lists included; Python numbers not).
+double input_bytes(const at::RecordFunction& fn) {
+  double bytes = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number())
+      bytes += static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
+  };
+  for (const auto& v : fn.inputs()) {
+    if (v.isTensor())
+      add(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) add(t);
+  }
+  return bytes;
 }
 
 // Storages a real kernel allocates inside an op besides its outputs, which
@@ -171,13 +209,26 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   Recorder& r = *rec;
   if (r.record_ops) {
     r.op_stack.push_back(r.intern_op(fn.name()));
+    // A kernel that calls another (a composite) is not counted itself; one
+    // that only allocates its outputs or takes views (runs_no_kernel) is.
+    if (!r.frames.empty() && !runs_no_kernel(fn.name())) r.frames.back().has_child = true;
+    Recorder::OpFrame frame;
+    PhaseWork& work = r.phase == Phase::kForward ? r.trace->forward_work : r.trace->backward_work;
     if (fn.scope() == at::RecordScope::FUNCTION) {
-      const double f = matmul_flops(fn);
-      if (r.phase == Phase::kForward)
-        r.trace->forward_flops += f;
-      else
-        r.trace->backward_flops += f;
+      const GemmShape g = matmul_shape(fn);
+      if (g.count > 0) {
+        (r.phase == Phase::kForward ? r.trace->forward_flops : r.trace->backward_flops) += g.flops();
+        work.gemms.push_back(g);
+      } else if (!runs_no_kernel(fn.name())) {
+        frame.kernel = r.op_stack.back();
+        frame.work = &work;
+        frame.input_bytes = input_bytes(fn);
+        frame.allocated_at_start = r.allocated_bytes;
+      }
+    } else {
+      ++work.nodes;
     }
+    r.frames.push_back(frame);
   }
   if (r.record_host_storages && fn.scope() == at::RecordScope::FUNCTION) {
     if (const int64_t cast = wrapped_number_cast_bytes(fn)) {
@@ -209,7 +260,14 @@ void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
     }
     for (auto id = ids.rbegin(); id != ids.rend(); ++id) r.push(MemEvent::kFree, r.current_module(), *id);
   }
-  if (r.record_ops && !r.op_stack.empty()) r.op_stack.pop_back();
+  if (r.record_ops && !r.op_stack.empty()) {
+    r.op_stack.pop_back();
+    const Recorder::OpFrame f = r.frames.back();
+    r.frames.pop_back();
+    if (f.kernel >= 0 && !f.has_child)
+      f.work->add_kernel(r.trace->op_names[static_cast<size_t>(f.kernel)],
+                         f.input_bytes + static_cast<double>(r.allocated_bytes - f.allocated_at_start));
+  }
 }
 
 }  // namespace

@@ -19,12 +19,22 @@ TEST(Calibrate, WritesAProfileOfMeasuredRatesThatRunPredictsWith) {
   EXPECT_EQ(p["name"], "cpu-calibrated");
   EXPECT_EQ(p["kind"], "cpu");
   const json base = json::parse(read_file(std::string(SHARDFIT_SOURCE_DIR) + "/profiles/cpu.json"));
-  for (const char* key : {"peak_flops_per_s.fp32", "memory_bytes_per_s", "gpu_link.bytes_per_s"}) {
+  for (const char* key : {"peak_flops_per_s.fp32", "memory_bytes_per_s", "gpu_link.bytes_per_s", "gpu_link.latency_s",
+                          "measured_kernels.op_overhead_s", "measured_kernels.matmul_flops_per_s.fp32",
+                          "measured_kernels.kernel_bytes_per_s.aten::native_dropout"}) {
     const std::string src = p["sources"][key];
     EXPECT_EQ(src.rfind("measured by `shardfit calibrate --device cpu --nproc 2`", 0), 0u) << key << ": " << src;
   }
   EXPECT_GT(p["peak_flops_per_s"]["fp32"].get<double>(), 0);
   EXPECT_GT(p["gpu_link"]["bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(p["gpu_link"]["latency_s"].get<double>(), 0);
+  // What the time model times each op with: a 4^3 grid of matmul shapes,
+  // the compute-bound kernels by name, one op's dispatch.
+  const json& k = p["measured_kernels"];
+  EXPECT_EQ(k["matmul_dims"], json({16, 64, 256, 1024}));
+  EXPECT_EQ(k["matmul_flops_per_s"]["fp32"].size(), 64u);
+  EXPECT_GT(k["op_overhead_s"].get<double>(), 0);
+  EXPECT_GT(k["kernel_bytes_per_s"]["aten::gelu"].get<double>(), 0);
   EXPECT_NE(p["peak_flops_per_s"]["fp32"], base["peak_flops_per_s"]["fp32"]);
   EXPECT_EQ(p["efficiency"]["flops"], base["efficiency"]["flops"]);  // estimates stay estimates
 

@@ -24,6 +24,7 @@
 #include "models/model.h"
 #include "models/model_config.h"
 #include "models/module_table.h"
+#include "planner/batch_search.h"
 #include "planner/trace.h"
 
 namespace shardfit {
@@ -574,10 +575,11 @@ TEST(TraceTest, BertTinyTraces) {
   EXPECT_GT(peak_bytes(t2), peak_bytes(t1));
 }
 
-// The planner records FLOPs at batch 3 only and takes batch 2's as 2/3 of
-// them (plan_builder.cc): exact only while every matmul's FLOPs are
-// proportional to the batch, for every family, with and without recompute.
-TEST(TraceTest, FlopsAreProportionalToTheBatch) {
+// FLOPs are proportional to the batch, and the time model's work by op
+// (matrix product shapes, kernel bytes) affine in it: the planner's traces
+// at batches 2 and 3 give any batch's (AffineTrace::work_at), for every
+// family, with and without recompute, equal to a trace at that batch.
+TEST(TraceTest, FlopsAreProportionalAndWorkAffineInTheBatch) {
   for (const char* name : {"gpt2-tiny", "bert-tiny", "llama-tiny", "qwen-tiny"}) {
     const auto config = models::resolve_model(name);
     std::vector<int> blocks;
@@ -589,10 +591,35 @@ TEST(TraceTest, FlopsAreProportionalToTheBatch) {
       const auto t1 = trace(name, 1, ckpt), t2 = trace(name, 2, ckpt), t3 = trace(name, 3, ckpt);
       ASSERT_GT(t1.forward_flops, 0);
       EXPECT_EQ(t2.forward_flops, 2 * t1.forward_flops);
-      EXPECT_EQ(t3.forward_flops, 3 * t1.forward_flops);
-      EXPECT_EQ(t2.backward_flops, 2 * t1.backward_flops);
       EXPECT_EQ(t3.backward_flops, 3 * t1.backward_flops);
-      EXPECT_EQ(t3.forward_flops / 3 * 2, t2.forward_flops);
+      const auto t5 = trace(name, 5, ckpt);
+      const auto [fwd, bwd] = planner::AffineTrace(t2, t3).work_at(5);
+      for (const auto& [got, want] : {std::pair{fwd, t5.forward_work}, std::pair{bwd, t5.backward_work}}) {
+        EXPECT_TRUE(got.gemms == want.gemms);
+        ASSERT_EQ(got.kernels.size(), want.kernels.size());
+        for (size_t k = 0; k < got.kernels.size(); ++k) {
+          EXPECT_EQ(got.kernels[k].op, want.kernels[k].op);
+          EXPECT_EQ(got.kernels[k].calls, want.kernels[k].calls) << got.kernels[k].op;
+          EXPECT_DOUBLE_EQ(got.kernels[k].bytes, want.kernels[k].bytes) << got.kernels[k].op;
+        }
+        EXPECT_EQ(got.nodes, want.nodes);
+      }
+      double flops = 0;
+      for (const auto& g : t5.forward_work.gemms) flops += g.flops();
+      EXPECT_EQ(flops, t5.forward_flops);  // the same products, shape by shape
+      EXPECT_GT(t5.backward_work.nodes, 0);
+      auto has = [](const planner::PhaseWork& w, const char* op) {
+        for (const auto& k : w.kernels)
+          if (k.op == op) return k.calls > 0 && k.bytes > 0;
+        return false;
+      };
+      if (std::string(name) == "gpt2-tiny") {  // dropout's random numbers, GELU, the loss
+        EXPECT_TRUE(has(t5.forward_work, "aten::native_dropout"));
+        EXPECT_TRUE(has(t5.forward_work, "aten::gelu"));
+        EXPECT_TRUE(has(t5.backward_work, "aten::_log_softmax_backward_data"));
+      }
+      for (const auto& w : {t5.forward_work, t5.backward_work})
+        for (const auto& k : w.kernels) EXPECT_NE(k.op, "aten::view");  // views run no kernel
     }
   }
 }

@@ -179,6 +179,41 @@ TEST(ProfileTest, RefusesANumberWithoutASource) {
   EXPECT_NE(err.find("'gpu_link.latency_s'"), std::string::npos) << err;
 }
 
+TEST(ProfileTest, ReadsMeasuredKernelsAndRefusesAMalformedGrid) {
+  nlohmann::json p = nlohmann::json::parse(read_text(kProfilesDir + "/cpu.json"));
+  p["gpu_link"]["latency_s"] = 1e-4;
+  p["measured_kernels"] = {{"op_overhead_s", 2e-6},
+                           {"matmul_dims", {16, 64}},
+                           {"matmul_flops_per_s", {{"fp32", std::vector<double>(8, 5e10)}}},
+                           {"kernel_bytes_per_s", {{"aten::gelu", 3e9}}}};
+  for (const char* f : {"gpu_link.latency_s", "measured_kernels.op_overhead_s", "measured_kernels.matmul_dims",
+                        "measured_kernels.matmul_flops_per_s.fp32", "measured_kernels.kernel_bytes_per_s.aten::gelu"})
+    p["sources"][f] = "measured by this test, made up";
+  const DeviceProfile d = parse_profile(p.dump(), "cal.json");
+  EXPECT_DOUBLE_EQ(d.gpu_link.latency_s, 1e-4);
+  EXPECT_DOUBLE_EQ(d.measured_kernels.op_overhead_s, 2e-6);
+  EXPECT_TRUE(d.measured_kernels.times(DType::kF32));
+  EXPECT_FALSE(d.measured_kernels.times(DType::kBF16));
+  EXPECT_NEAR(d.measured_kernels.matmul_rate(DType::kF32, {1, 32, 32, 32}), 5e10, 1e-2);
+  EXPECT_DOUBLE_EQ(d.measured_kernels.kernel_bytes_per_s.at("aten::gelu"), 3e9);
+  // Shipped datasheet profiles measured nothing: FLOPs over one rate.
+  EXPECT_FALSE(load_profile("a100-80gb", kProfilesDir).measured_kernels.times(DType::kF32));
+
+  nlohmann::json short_grid = p;
+  short_grid["measured_kernels"]["matmul_flops_per_s"]["fp32"] = {1e9, 2e9};
+  std::string err = error_of([&] { parse_profile(short_grid.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.matmul_flops_per_s.fp32' must be a list of 8 rates"), std::string::npos)
+      << err;
+  nlohmann::json unsorted = p;
+  unsorted["measured_kernels"]["matmul_dims"] = {64, 16};
+  err = error_of([&] { parse_profile(unsorted.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.matmul_dims' must be a list of ascending"), std::string::npos) << err;
+  nlohmann::json no_source = p;
+  no_source["sources"].erase("measured_kernels.kernel_bytes_per_s.aten::gelu");
+  err = error_of([&] { parse_profile(no_source.dump(), "cal.json"); });
+  EXPECT_NE(err.find("has no entry in 'sources'"), std::string::npos) << err;
+}
+
 TEST(ProfileTest, FileNameAndNameMustAgree) {
   std::string dir = testing::TempDir() + "/mismatch_profiles";
   ASSERT_EQ(system(("mkdir -p '" + dir + "'").c_str()), 0);

@@ -364,5 +364,69 @@ TEST(TimeModelAccumTest, RejectsGradAccumBelowOne) {
   EXPECT_THROW(estimate_step_time(in, fake_device()), std::invalid_argument);
 }
 
+// A profile with kernels measured on the machine (shardfit calibrate) times
+// each op: products at their shape's rate, named kernels at theirs, the rest
+// at the memory bandwidth, one dispatch overhead per kernel and node.
+TEST(TimeModelByOpTest, TimesEachOpAtItsMeasuredRate) {
+  DeviceProfile p = fake_device();
+  p.measured_kernels.op_overhead_s = 1e-6;
+  p.measured_kernels.matmul_dims = {16, 256};
+  // m-major over (m, n, k): every point 1e11 but (256, 256, 256) at 4e11.
+  p.measured_kernels.matmul_flops_per_s[DType::kF32] = std::vector<double>(8, 1e11);
+  p.measured_kernels.matmul_flops_per_s[DType::kF32].back() = 4e11;
+  p.measured_kernels.kernel_bytes_per_s["aten::gelu"] = 1e9;
+  StepTimeInputs in;
+  in.candidate = parse_candidate("ddp/fp32/wrap=none");
+  in.unit_padded_numel = {1000};
+  in.forward_flops = in.backward_flops = 1;  // ignored: the work is timed
+  // Forward: a 256^3 product (2^25 FLOPs at 4e11), two bmm calls of 16^3 (2 × 8192 at
+  // 1e11), gelu's 1e6 bytes at 1e9 (1 ms), an add's 1e8 bytes at 100e9 (1 ms), 3 kernels.
+  in.forward_work.gemms = {{1, 256, 256, 256}, {2, 16, 16, 16}};
+  in.forward_work.add_kernel("aten::gelu", 1e6);
+  in.forward_work.add_kernel("aten::add", 5e7);
+  in.forward_work.add_kernel("aten::add", 5e7);
+  // Backward: one node and its 16 x 256 x 16 product, between the grid's
+  // points: log-linear in n, so the geometric mean of 1e11 and 1e11 = 1e11.
+  in.backward_work.gemms = {{1, 16, 64, 16}};
+  in.backward_work.nodes = 1;
+  const double fwd = 33554432 / 4e11 + 16384 / 1e11 + 1e-3 + 1e-3 + 3 * 1e-6;
+  const double bwd = 2.0 * 16 * 64 * 16 / 1e11 + 1e-6;
+  const StepTime t = estimate_step_time(in, p);
+  EXPECT_NEAR(t.forward_compute_s, fwd, 1e-15);
+  EXPECT_NEAR(t.backward_compute_s, bwd, 1e-15);
+  // Without the work (a trace file from before it) the FLOPs divide by one rate.
+  in.forward_work = {};
+  EXPECT_DOUBLE_EQ(estimate_step_time(in, p).forward_compute_s, 1 / (1e12 * 0.5));
+}
+
+TEST(TimeModelByOpTest, MatmulRateInterpolatesInLogSpaceAndClampsToTheGrid) {
+  MeasuredKernels k;
+  k.matmul_dims = {16, 256};
+  k.matmul_flops_per_s[DType::kF32] = {1e9, 1e9, 1e9, 1e9, 1e9, 1e9, 1e9, 16e9};
+  EXPECT_NEAR(k.matmul_rate(DType::kF32, {1, 256, 256, 256}), 16e9, 1e-3);
+  EXPECT_NEAR(k.matmul_rate(DType::kF32, {1, 4096, 50000, 300}), 16e9, 1e-3);  // beyond: the edge
+  EXPECT_NEAR(k.matmul_rate(DType::kF32, {1, 8, 8, 8}), 1e9, 1e-3);
+  // m = n = 256, k = 64: halfway in log(k) between 1e9 and 16e9: 4e9.
+  EXPECT_NEAR(k.matmul_rate(DType::kF32, {1, 256, 256, 64}), 4e9, 1e-3);
+}
+
+// A measured latency is paid per collective, and the engine's gathers and
+// reduce-scatters on Gloo move an all-reduce's bytes.
+TEST(TimeModelByOpTest, CollectivesPayLatencyAndGlooGathersMoveAllReduceBytes) {
+  DeviceProfile p = fake_device();
+  p.gpu_link.latency_s = 1e-3;
+  StepTimeInputs in;
+  in.candidate = parse_candidate("zero3/fp32/wrap=block");
+  in.unit_padded_numel = {1000, 1000, 1000};
+  in.world_size = in.shard_group_size = 2;
+  // 3 gathers forward, 3 again and 3 reduce-scatters backward, each of
+  // 4000 B × 1/2 at 5e9 B/s plus 1 ms.
+  const double one = 2000 / 5e9;
+  EXPECT_NEAR(estimate_step_time(in, p).comm_s, 9 * one + 9e-3, 1e-12);
+  in.gathers_via_all_reduce = true;
+  EXPECT_NEAR(estimate_step_time(in, p).comm_s, 9 * 2 * one + 9e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(estimate_step_time(in, p).intra_node_comm_bytes, 3 * 2 * 3 * 2000);
+}
+
 }  // namespace
 }  // namespace shardfit::planner

@@ -65,6 +65,26 @@ TEST(TraceFile, TheReturnedTensorsReadBackAndANegativeSizeIsNamed) {
   EXPECT_NE(error_of(j.dump()).find("output_tensors"), std::string::npos) << error_of(j.dump());
 }
 
+TEST(TraceFile, TheWorkByOpReadsBackAndAnUnsortedKernelListIsNamed) {
+  json j = json::parse(seed_text());
+  const json phase = {{"gemms", {{1, 3, 4, 4}}}, {"kernels", {{"aten::add", 2, 96.0}, {"aten::gelu", 1, 48.0}}},
+                      {"nodes", 0}};
+  j["traces"][0]["work"] = {{"forward", phase}, {"backward", phase}};
+  const TraceFile f = parse_trace_file(j.dump(), "toy");
+  const PhaseWork& w = f.traces[0].forward_work;
+  ASSERT_EQ(w.gemms.size(), 1u);
+  EXPECT_TRUE(w.gemms[0] == (GemmShape{1, 3, 4, 4}));
+  EXPECT_EQ(w.ops(), 3);
+  EXPECT_EQ(w.kernels[1].op, "aten::gelu");
+  EXPECT_TRUE(f.traces[1].forward_work.empty());  // optional: files before it have none
+  EXPECT_EQ(trace_file_json(parse_trace_file(trace_file_json(f), "again")), trace_file_json(f));
+  j["traces"][0]["work"]["forward"]["kernels"] = {{"aten::gelu", 1, 48.0}, {"aten::add", 2, 96.0}};
+  EXPECT_NE(error_of(j.dump()).find("'traces[0].work.forward.kernels' must be sorted"), std::string::npos)
+      << error_of(j.dump());
+  j["traces"][0]["work"]["forward"]["gemms"] = {{1, 3, 4}};
+  EXPECT_NE(error_of(j.dump()).find("gemms"), std::string::npos) << error_of(j.dump());
+}
+
 TEST(TraceFile, BuffersAndZeroGradReadBackAndABadBufferIsNamed) {
   json j = json::parse(seed_text());
   j["modules"][1]["buffers"] = {{{"name", "lin.mask"}, {"shape", {4, 4}}, {"dtype", "uint8"}, {"bytes", 16}},
