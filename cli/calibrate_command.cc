@@ -9,7 +9,8 @@
 //       out-of-place add of 64 MiB fp32 tensors (3 × 64 MiB moved);
 //   measured_kernels  what the time model times a step op by op with
 //       (planner/time_model.h): each dtype's matmul rate on a grid of shapes
-//       (m, n, k in 16..1024), and one small kernel's dispatch overhead;
+//       (m, n, k in 16..1024) and its compute-bound kernels' rates, and one
+//       small kernel's dispatch overhead;
 //   gpu_link.latency_s  a gloo all-reduce of one element, the same way;
 //   gpu_link.bytes_per_s  a gloo all-reduce of 16 MiB fp32 among max(N, 2)
 //       ranks (threads of this process over loopback TCP), counted as the
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <ctime>
 #include <functional>
+#include <tuple>
 #include <fstream>
 #include <thread>
 
@@ -129,25 +131,27 @@ double op_overhead_seconds() {
 }
 
 // The compute-bound kernels a transformer step runs (random numbers,
-// transcendentals, row reductions), each timed on 2^20 fp32 elements (a
-// 1024 x 1024 matrix), in bytes moved per second as the trace recorder
-// counts them: its tensor inputs plus its outputs (KernelWork). The step's
-// other kernels (adds, copies, casts) run at the memory bandwidth.
-std::vector<std::pair<std::string, double>> kernel_rates() {
+// transcendentals, row reductions), each timed on 2^20 elements of `dtype`
+// (a 1024 x 1024 matrix), in bytes moved per second as the trace recorder
+// counts them: its tensor inputs plus its outputs (KernelWork). Per dtype:
+// their cost is per element, so a bf16 kernel moves half the bytes in about
+// the same time. The step's other kernels (adds, copies) run at the memory
+// bandwidth. A kernel LibTorch lacks for `dtype` is left out.
+std::vector<std::pair<std::string, double>> kernel_rates(torch::Dtype dtype) {
   constexpr int64_t kRows = 1024, kCols = 1024;
-  constexpr double N = static_cast<double>(kRows * kCols), F = 4 * N;  // elements, fp32 bytes
-  auto x = torch::randn({kRows, kCols}), g = torch::randn({kRows, kCols}), y = torch::softmax(x, -1);
-  auto w = torch::ones({kCols}), b = torch::zeros({kCols});
-  auto [ln_out, mean, rstd] = at::native_layer_norm(x, {kCols}, w, b, 1e-5);
-  auto [drop_out, mask] = at::native_dropout(x, 0.1, true);
+  const double N = static_cast<double>(kRows * kCols), F = N * static_cast<double>(c10::elementSize(dtype));
+  auto x = torch::randn({kRows, kCols}).to(dtype), g = torch::randn({kRows, kCols}).to(dtype);
+  auto y = torch::softmax(x, -1);
+  auto w = torch::ones({kCols}, dtype), b = torch::zeros({kCols}, dtype);
   const double row_stats = 2.0 * kRows * 4;  // layer norm's mean and rstd
   struct Bench {
     const char* op;
     double bytes;
     std::function<void()> run;
   };
+  at::Tensor mask, mean, rstd, drop_out = x.clone();
   const std::vector<Bench> benches = {
-      {"aten::native_dropout", F + F + N, [&] { at::native_dropout(x, 0.1, true); }},
+      {"aten::native_dropout", F + F + N, [&] { mask = std::get<1>(at::native_dropout(x, 0.1, true)); }},
       {"aten::native_dropout_backward", F + N + F, [&] { at::native_dropout_backward(g, mask, 1 / 0.9); }},
       {"aten::bernoulli_", F, [&] { drop_out.bernoulli_(0.9); }},
       {"aten::gelu", 2 * F, [&] { at::gelu(x, "tanh"); }},
@@ -156,15 +160,23 @@ std::vector<std::pair<std::string, double>> kernel_rates() {
       {"aten::tanh_backward", 3 * F, [&] { at::tanh_backward(g, y); }},
       {"aten::exp", 2 * F, [&] { at::exp(x); }},
       {"aten::_softmax", 2 * F, [&] { at::_softmax(x, -1, false); }},
-      {"aten::_softmax_backward_data", 3 * F, [&] { at::_softmax_backward_data(g, y, -1, at::kFloat); }},
+      {"aten::_softmax_backward_data", 3 * F, [&] { at::_softmax_backward_data(g, y, -1, dtype); }},
       {"aten::_log_softmax", 2 * F, [&] { at::_log_softmax(x, -1, false); }},
-      {"aten::_log_softmax_backward_data", 3 * F, [&] { at::_log_softmax_backward_data(g, y, -1, at::kFloat); }},
-      {"aten::native_layer_norm", 2 * F + row_stats, [&] { at::native_layer_norm(x, {kCols}, w, b, 1e-5); }},
+      {"aten::_log_softmax_backward_data", 3 * F, [&] { at::_log_softmax_backward_data(g, y, -1, dtype); }},
+      {"aten::native_layer_norm", 2 * F + row_stats,
+       [&] { std::tie(std::ignore, mean, rstd) = at::native_layer_norm(x, {kCols}, w, b, 1e-5); }},
       {"aten::native_layer_norm_backward", 3 * F + row_stats + F,
        [&] { at::native_layer_norm_backward(g, x, {kCols}, mean, rstd, w, b, {true, true, true}); }},
   };
   std::vector<std::pair<std::string, double>> out;
-  for (const Bench& bench : benches) out.emplace_back(bench.op, bench.bytes / seconds_per_call(bench.run));
+  for (const Bench& bench : benches) {
+    try {
+      out.emplace_back(bench.op, bench.bytes / seconds_per_call(bench.run));
+    } catch (const c10::Error& e) {  // e.g. a kernel 1.13 has no CPU version of for this dtype
+      std::fprintf(stderr, "calibrate: %s not measurable in %s: %s\n", bench.op, c10::toString(dtype),
+                   e.what_without_backtrace());
+    }
+  }
   return out;
 }
 
@@ -297,6 +309,13 @@ Command add_calibrate_command(CLI::App& app) {
                   where + "torch::mm_out on every matmul_dims cube point, median of >= 1 ms samples";
               std::fprintf(stderr, "calibrate: %s matmul grid %.1f (16^3) to %.1f (1024^3) GFLOP/s\n", key,
                            grid.front() / 1e9, grid.back() / 1e9);
+              for (const auto& [op, rate] : kernel_rates(dtype)) {
+                kernels["kernel_bytes_per_s"][key][op] = rate;
+                src[std::string("measured_kernels.kernel_bytes_per_s.") + key + "." + op] =
+                    where + op + " on 1024 x 1024 " + key +
+                    ", bytes as the trace counts them (inputs and outputs), median of >= 1 ms samples";
+                std::fprintf(stderr, "calibrate: %s %s %.2f GB/s\n", key, op.c_str(), rate / 1e9);
+              }
             }
             kernels["matmul_dims"] = kGemmDims;
             src["measured_kernels.matmul_dims"] =
@@ -307,13 +326,6 @@ Command add_calibrate_command(CLI::App& app) {
                 where + "a chain of 200 y = y * c on 64 fp32 elements under autograd and its backward, "
                         "over the 600 ops the recorder counts for it, median of >= 1 ms samples";
             std::fprintf(stderr, "calibrate: op overhead %.2f us\n", kernels["op_overhead_s"].get<double>() * 1e6);
-            for (const auto& [op, rate] : kernel_rates()) {
-              kernels["kernel_bytes_per_s"][op] = rate;
-              src["measured_kernels.kernel_bytes_per_s." + op] =
-                  where + op + " on 1024 x 1024 fp32, bytes as the trace counts them (inputs and outputs), "
-                  "median of >= 1 ms samples";
-              std::fprintf(stderr, "calibrate: %s %.2f GB/s\n", op.c_str(), rate / 1e9);
-            }
             p["measured_kernels"] = kernels;
             const Rate mem = memory_rate();
             for (const char* key : {"memory_bytes_per_s", "host_memory_bytes_per_s"}) {

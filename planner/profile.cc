@@ -119,6 +119,13 @@ class ProfileReader {
   std::string origin_;
 };
 
+std::optional<DType> dtype_named(const std::string& key) {
+  if (key == "fp32") return DType::kF32;
+  if (key == "bf16") return DType::kBF16;
+  if (key == "fp16") return DType::kF16;
+  return std::nullopt;
+}
+
 // Every number in a profile must say where it came from: collects the dotted
 // paths of all numeric leaves outside "sources".
 void collect_numeric_paths(const json& node, const std::string& prefix,
@@ -312,10 +319,7 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
       r.fail("measured_kernels.matmul_flops_per_s", "must be an object of dtype: rates");
     for (auto it = rates.begin(); it != rates.end(); ++it) {
       const std::string field = "measured_kernels.matmul_flops_per_s." + it.key();
-      const std::optional<DType> dtype = it.key() == "fp32"   ? std::optional<DType>(DType::kF32)
-                                         : it.key() == "bf16" ? std::optional<DType>(DType::kBF16)
-                                         : it.key() == "fp16" ? std::optional<DType>(DType::kF16)
-                                                              : std::nullopt;
+      const std::optional<DType> dtype = dtype_named(it.key());
       if (!dtype) r.fail(field, "names no dtype (fp32, bf16 or fp16)");
       if (!it->is_array() || it->size() != cells)
         r.fail(field, "must be a list of " + std::to_string(cells) + " rates (matmul_dims cubed)");
@@ -327,13 +331,17 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
       }
       if (!p.supports(*dtype)) r.fail(field, "is given but peak_flops_per_s." + it.key() + " is not");
     }
-    if (const json* rates = r.find("measured_kernels.kernel_bytes_per_s")) {
-      if (!rates->is_object()) r.fail("measured_kernels.kernel_bytes_per_s", "must be an object of op: rate");
-      for (auto it = rates->begin(); it != rates->end(); ++it) {
-        const std::string field = "measured_kernels.kernel_bytes_per_s." + it.key();
-        if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>()))
-          r.fail(field, "must be a rate > 0");
-        k.kernel_bytes_per_s[it.key()] = it->get<double>();
+    if (const json* by_dtype = r.find("measured_kernels.kernel_bytes_per_s")) {
+      const std::string field = "measured_kernels.kernel_bytes_per_s";
+      if (!by_dtype->is_object()) r.fail(field, "must be an object of dtype: {op: rate}");
+      for (auto d = by_dtype->begin(); d != by_dtype->end(); ++d) {
+        const std::optional<DType> dtype = dtype_named(d.key());
+        if (!dtype || !d->is_object()) r.fail(field + "." + d.key(), "must be a dtype (fp32, bf16, fp16) of op: rate");
+        for (auto it = d->begin(); it != d->end(); ++it) {
+          if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>()))
+            r.fail(field + "." + d.key() + "." + it.key(), "must be a rate > 0");
+          k.kernel_bytes_per_s[*dtype][it.key()] = it->get<double>();
+        }
       }
     }
   }

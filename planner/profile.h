@@ -57,10 +57,11 @@ struct MeasuredKernels {
   // (ascending); per dtype its rates, m-major: [(im·D + in)·D + ik].
   std::vector<int64_t> matmul_dims;
   std::map<DType, std::vector<double>> matmul_flops_per_s;
-  // Compute-bound kernels (random numbers, transcendentals, reductions) by
-  // op name: the bytes they read and write per second, as the trace counts
-  // them (KernelWork). Every other kernel runs at memory_bytes_per_s.
-  std::map<std::string, double> kernel_bytes_per_s;
+  // Compute-bound kernels (random numbers, transcendentals, reductions) per
+  // dtype, by op name: the bytes they read and write per second, as the
+  // trace counts them (KernelWork). Every other kernel runs at
+  // memory_bytes_per_s.
+  std::map<DType, std::map<std::string, double>> kernel_bytes_per_s;
   bool times(DType dtype) const { return matmul_flops_per_s.count(dtype) > 0; }
   // The rate of one (m x k)(k x n) product: the grid's, interpolated
   // linearly in log(rate) over log(m), log(n), log(k), each clamped to the

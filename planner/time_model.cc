@@ -71,9 +71,12 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
     if (!by_op) return flops / flops_per_s;
     double s = static_cast<double>(w.ops()) * kernels.op_overhead_s;
     for (const GemmShape& g : w.gemms) s += g.flops() / kernels.matmul_rate(dtype, g);
+    const auto named = kernels.kernel_bytes_per_s.find(dtype);
     for (const KernelWork& kw : w.kernels) {
-      auto rate = kernels.kernel_bytes_per_s.find(kw.op);
-      s += kw.bytes / (rate != kernels.kernel_bytes_per_s.end() ? rate->second : profile.memory_bytes_per_s);
+      double rate = profile.memory_bytes_per_s;
+      if (named != kernels.kernel_bytes_per_s.end())
+        if (auto it = named->second.find(kw.op); it != named->second.end()) rate = it->second;
+      s += kw.bytes / rate;
     }
     return s;
   };

@@ -21,7 +21,7 @@ TEST(Calibrate, WritesAProfileOfMeasuredRatesThatRunPredictsWith) {
   const json base = json::parse(read_file(std::string(SHARDFIT_SOURCE_DIR) + "/profiles/cpu.json"));
   for (const char* key : {"peak_flops_per_s.fp32", "memory_bytes_per_s", "gpu_link.bytes_per_s", "gpu_link.latency_s",
                           "measured_kernels.op_overhead_s", "measured_kernels.matmul_flops_per_s.fp32",
-                          "measured_kernels.kernel_bytes_per_s.aten::native_dropout"}) {
+                          "measured_kernels.kernel_bytes_per_s.fp32.aten::native_dropout"}) {
     const std::string src = p["sources"][key];
     EXPECT_EQ(src.rfind("measured by `shardfit calibrate --device cpu --nproc 2`", 0), 0u) << key << ": " << src;
   }
@@ -34,7 +34,7 @@ TEST(Calibrate, WritesAProfileOfMeasuredRatesThatRunPredictsWith) {
   EXPECT_EQ(k["matmul_dims"], json({16, 64, 256, 1024}));
   EXPECT_EQ(k["matmul_flops_per_s"]["fp32"].size(), 64u);
   EXPECT_GT(k["op_overhead_s"].get<double>(), 0);
-  EXPECT_GT(k["kernel_bytes_per_s"]["aten::gelu"].get<double>(), 0);
+  EXPECT_GT(k["kernel_bytes_per_s"]["fp32"]["aten::gelu"].get<double>(), 0);
   EXPECT_NE(p["peak_flops_per_s"]["fp32"], base["peak_flops_per_s"]["fp32"]);
   EXPECT_EQ(p["efficiency"]["flops"], base["efficiency"]["flops"]);  // estimates stay estimates
 

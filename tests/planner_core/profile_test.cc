@@ -185,9 +185,9 @@ TEST(ProfileTest, ReadsMeasuredKernelsAndRefusesAMalformedGrid) {
   p["measured_kernels"] = {{"op_overhead_s", 2e-6},
                            {"matmul_dims", {16, 64}},
                            {"matmul_flops_per_s", {{"fp32", std::vector<double>(8, 5e10)}}},
-                           {"kernel_bytes_per_s", {{"aten::gelu", 3e9}}}};
+                           {"kernel_bytes_per_s", {{"fp32", {{"aten::gelu", 3e9}}}}}};
   for (const char* f : {"gpu_link.latency_s", "measured_kernels.op_overhead_s", "measured_kernels.matmul_dims",
-                        "measured_kernels.matmul_flops_per_s.fp32", "measured_kernels.kernel_bytes_per_s.aten::gelu"})
+                        "measured_kernels.matmul_flops_per_s.fp32", "measured_kernels.kernel_bytes_per_s.fp32.aten::gelu"})
     p["sources"][f] = "measured by this test, made up";
   const DeviceProfile d = parse_profile(p.dump(), "cal.json");
   EXPECT_DOUBLE_EQ(d.gpu_link.latency_s, 1e-4);
@@ -195,7 +195,7 @@ TEST(ProfileTest, ReadsMeasuredKernelsAndRefusesAMalformedGrid) {
   EXPECT_TRUE(d.measured_kernels.times(DType::kF32));
   EXPECT_FALSE(d.measured_kernels.times(DType::kBF16));
   EXPECT_NEAR(d.measured_kernels.matmul_rate(DType::kF32, {1, 32, 32, 32}), 5e10, 1e-2);
-  EXPECT_DOUBLE_EQ(d.measured_kernels.kernel_bytes_per_s.at("aten::gelu"), 3e9);
+  EXPECT_DOUBLE_EQ(d.measured_kernels.kernel_bytes_per_s.at(DType::kF32).at("aten::gelu"), 3e9);
   // Shipped datasheet profiles measured nothing: FLOPs over one rate.
   EXPECT_FALSE(load_profile("a100-80gb", kProfilesDir).measured_kernels.times(DType::kF32));
 
@@ -209,7 +209,7 @@ TEST(ProfileTest, ReadsMeasuredKernelsAndRefusesAMalformedGrid) {
   err = error_of([&] { parse_profile(unsorted.dump(), "cal.json"); });
   EXPECT_NE(err.find("'measured_kernels.matmul_dims' must be a list of ascending"), std::string::npos) << err;
   nlohmann::json no_source = p;
-  no_source["sources"].erase("measured_kernels.kernel_bytes_per_s.aten::gelu");
+  no_source["sources"].erase("measured_kernels.kernel_bytes_per_s.fp32.aten::gelu");
   err = error_of([&] { parse_profile(no_source.dump(), "cal.json"); });
   EXPECT_NE(err.find("has no entry in 'sources'"), std::string::npos) << err;
 }

@@ -374,7 +374,8 @@ TEST(TimeModelByOpTest, TimesEachOpAtItsMeasuredRate) {
   // m-major over (m, n, k): every point 1e11 but (256, 256, 256) at 4e11.
   p.measured_kernels.matmul_flops_per_s[DType::kF32] = std::vector<double>(8, 1e11);
   p.measured_kernels.matmul_flops_per_s[DType::kF32].back() = 4e11;
-  p.measured_kernels.kernel_bytes_per_s["aten::gelu"] = 1e9;
+  p.measured_kernels.kernel_bytes_per_s[DType::kF32]["aten::gelu"] = 1e9;
+  p.measured_kernels.kernel_bytes_per_s[DType::kBF16]["aten::add"] = 1;  // another dtype's: unused
   StepTimeInputs in;
   in.candidate = parse_candidate("ddp/fp32/wrap=none");
   in.unit_padded_numel = {1000};
