@@ -102,8 +102,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   // A ring over ranks on several nodes crosses the inter-node link, and runs
   // at its slowest hop.
   const double world_ring_per_s = in.nodes > 1 ? std::min(intra_per_s, inter_per_s) : intra_per_s;
-  // Each collective's fixed cost, where the profile measured one (0 otherwise).
-  const double latency_s = profile.gpu_link.latency_s;
+  // Each collective's fixed cost, where the profile measured one (0 otherwise);
+  // one rank alone calls none.
+  const double latency_s = n > 1 ? profile.gpu_link.latency_s : 0.0;
   const double units = static_cast<double>(in.unit_padded_numel.size());
   // Gathers and reduce-scatters done as all-reduces move twice the bytes.
   const double gather_factor = in.gathers_via_all_reduce ? 2.0 : 1.0;

@@ -279,9 +279,13 @@ TEST(TimeModelTest, OneRankCommunicatesNothing) {
   in.forward_flops = 1e9;
   in.backward_flops = 2e9;
   in.unit_padded_numel = {1000, 2000};
-  StepTime t = estimate_step_time(in, fake_device());
+  DeviceProfile p = fake_device();
+  p.gpu_link.latency_s = 1e-3;  // a measured latency: still no collective to pay it
+  StepTime t = estimate_step_time(in, p);
   EXPECT_EQ(t.comm_s, 0);
   EXPECT_EQ(t.exposed_comm_s, 0);
+  in.candidate = parse_candidate("ddp/fp32/wrap=none");
+  EXPECT_EQ(estimate_step_time(in, p).comm_s, 0);
 }
 
 // Gradient accumulation (StepTimeInputs::grad_accum), on the same fake
