@@ -17,21 +17,8 @@ struct FlatParam {
   int64_t numel = 0, shard = 0;  // the sharded flat parameter stays allocated from init (on the GPU unless offloaded)
   int64_t unsharded = -1;    // the padded unsharded flat parameter, while gathered
   int64_t grad_shard = -1;   // .grad / _saved_grad_shard (the reduced shard)
-  std::vector<int64_t> param_grads;  // each parameter's gradient, waiting for the flat one
   bool needs_pre_backward = false, prefetched = false, backward_done = false;
 };
-
-// A traced AdamW step for one parameter of `from_numel` elements, resized to
-// a flat shard of `to_numel`: every storage of the parameter's size (its
-// exp_avg and exp_avg_sq, the update's sqrt and division: optim/adamw.py
-// _single_tensor_adamw) becomes the shard's size; the rest (none in 1.13's
-// for-loop AdamW on a GPU parameter; its `step` is a host tensor) stays.
-ModelTrace resized_step(const ModelTrace& t, int64_t from_numel, int64_t to_numel) {
-  ModelTrace out = t;
-  for (auto& e : out.events)
-    if (e.kind == MemEvent::kAlloc && e.bytes == 4 * from_numel) e.bytes = 4 * to_numel;
-  return out;
-}
 
 }  // namespace
 
@@ -66,22 +53,15 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     throw std::invalid_argument("--stack pytorch FSDP: wrap=none is not an auto wrap policy (wrap=size:N or block)");
   const spec::UnitPartition part = spec::wrap_modules(modules, o.wrap, spec::TiedParams::kCopiedPerUnit);
   std::vector<FlatParam> units(part.units.size());
-  std::unordered_map<int, int> unit_at;  // wrapped module -> unit
   std::vector<int64_t> forward_copy(part.units.size(), -1);  // NO_SHARD + offload: see unshard
   for (size_t u = 0; u < units.size(); ++u) {
     units[u].numel = part.units[u].numel;
     units[u].shard = fsdp_shard_numel(units[u].numel, W);
-    unit_at[part.units[u].root_module] = static_cast<int>(u);
   }
   // A tie split across units: the owner's own gradient (in the traces, added
   // into the borrower's and freed) is its unit's, kept until its flat
   // gradient is made. By owner module: the gradient's bytes.
-  std::unordered_map<int, int64_t> split_tie_bytes;
-  for (size_t m = 0; m < modules.size(); ++m)
-    for (const std::string& name : modules[m].borrowed_params)
-      if (const spec::ParamOwner o = spec::param_owner(modules, name);
-          o.param && part.module_unit[o.module] != part.module_unit[m])
-        split_tie_bytes[o.module] = low * o.param->numel;
+  const std::unordered_map<int, int64_t> split_tie_bytes = split_tie_grad_bytes(modules, part, low);
 
   // AdamW over the flat shards, in parameters() order (the units' pre-order,
   // as part.units is): each unit's step is a traced parameter's step resized
@@ -93,7 +73,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   for (size_t u = 0; u < units.size(); ++u) {
     if (units[u].numel == 0) continue;
     for (int k = 0; k < 2; ++k)
-      unit_steps.push_back(resized_step((*in.optimizer_param_steps)[2 * ref + k], in.param_numels[ref],
+      unit_steps.push_back(fsdp_resized_step((*in.optimizer_param_steps)[2 * ref + k], in.param_numels[ref],
                                         units[u].shard));
     order.push_back(static_cast<int>(order.size()));
   }
@@ -120,15 +100,11 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
 
   std::vector<int> forward_order;  // units by pre-forward (_exec_order_data, first iteration)
   std::vector<int64_t> outputs, previous_outputs;
+  std::vector<std::vector<int64_t>> unit_grads(units.size());
   for (int k = 1; k <= o.steps; ++k) {
     const std::string step = "step" + std::to_string(k);
     std::string label = step + "/forward";
-    bool oom = false;
-    auto alloc = [&](Category c, int64_t bytes, int stream) {
-      const int64_t id = ledger.alloc(c, bytes, label, stream);
-      oom = oom || id < 0;
-      return id;
-    };
+    auto alloc = [&](Category c, int64_t bytes, int stream) { return ledger.alloc(c, bytes, label, stream); };
     // _unshard (also for a unit already gathered: a prefetched one, the
     // root, SHARD_GRAD_OP's in backward). On the pre-all-gather stream,
     // flat_param.py's pre_unshard, a no-op only for a gathered unit whose
@@ -208,7 +184,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       if (u.backward_done || u.numel == 0) return;
       u.backward_done = true;
       const int64_t flat = alloc(Category::kGrads, low * u.numel, kFsdpComputeStream);
-      ledger.free_all(u.param_grads);
+      ledger.free_all(unit_grads[ui]);  // each parameter's gradient, waiting for the flat one
       reshard(u);
       if (no_shard) {
         // The all-reduce is in place and .grad keeps the flat gradient (with
@@ -260,74 +236,40 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       buffer_ids[i] = cast;
     }
 
-    const ModelTrace& t = *in.no_grads;
-    std::unordered_set<int64_t> freed_in_trace, kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
-    for (const auto& e : t.events)
-      if (e.kind == MemEvent::kFree) freed_in_trace.insert(e.tensor);
-    std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
-    std::unordered_set<int64_t> held_grads;     // trace storages kept as a unit's parameter gradient
-    bool in_backward = false;
-    for (const auto& e : t.events) {
-      if (oom) return out;
-      if (!in_backward && e.phase != Phase::kForward) {
-        // The forward returned: the loop's `outputs = model(x)` drops the
-        // previous step's; the root's pre-backward (it was not resharded).
-        in_backward = true;
-        ledger.free_all(previous_outputs);
-        ledger.point(step + "/forward");
-        label = step + "/backward";
-        units[0].needs_pre_backward = false;
-        unshard(units[0]);
-        if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(0);
-      }
-      const auto unit = unit_at.find(e.module);
-      const bool unit_event = unit != unit_at.end() && (e.kind == MemEvent::kModuleBegin || e.kind == MemEvent::kModuleEnd);
-      if (unit_event && e.phase == Phase::kForward) {
-        FlatParam& u = units[unit->second];
-        if (e.kind == MemEvent::kModuleBegin) {
-          if (k == 1) forward_order.push_back(unit->second);
-          unshard(u);  // _pre_forward_unshard
-          if (no_shard && o.offload_params) reshard_forward_copy(unit->second);
-        } else {
-          // _post_forward: FULL_SHARD frees all but the root's.
-          if (o.reshard_after_forward && unit->second != 0 && !no_shard) reshard(u);
-          if (no_shard) u.unsharded = -1;  // the forward's copy: reshard_forward_copy holds it
-          u.needs_pre_backward = true;  // _register_pre_backward_hooks
-        }
-      } else if (unit_event && e.kind == MemEvent::kModuleBegin) {
-        // _pre_backward_hook: unshard unless prefetched, then prefetch.
-        FlatParam& u = units[unit->second];
-        u.needs_pre_backward = false;
-        unshard(u);
-        if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(unit->second);
-      } else if (unit_event) {
-        post_backward(unit->second);
-      } else if (e.kind == MemEvent::kAlloc) {
-        const bool output = kept_output.count(e.tensor) > 0;
-        const bool grad = in_backward && !output &&
-                          (!freed_in_trace.count(e.tensor) ||
-                           (split_tie_bytes.count(e.module) && split_tie_bytes[e.module] == e.bytes));
-        const int64_t id = alloc(output ? Category::kActivations : grad ? Category::kGrads : Category::kActivations,
-                                 e.bytes, kFsdpComputeStream);
-        if (oom) return out;
-        live[e.tensor] = id;
-        if (output) outputs.push_back(id);
-        if (grad) {
-          units[part.module_unit[e.module]].param_grads.push_back(id);
-          held_grads.insert(e.tensor);
-        }
-      } else if (e.kind == MemEvent::kFree && !held_grads.count(e.tensor)) {
-        if (auto it = live.find(e.tensor); it != live.end()) {
-          ledger.free(it->second);
-          live.erase(it);
-        }
-      }
-    }
+    FsdpStepHooks hooks;
+    hooks.pre_forward = [&](int ui) {
+      if (k == 1) forward_order.push_back(ui);
+      unshard(units[ui]);  // _pre_forward_unshard
+      if (no_shard && o.offload_params) reshard_forward_copy(ui);
+    };
+    hooks.post_forward = [&](int ui) {
+      FlatParam& u = units[ui];
+      // _post_forward: FULL_SHARD frees all but the root's.
+      if (o.reshard_after_forward && ui != 0 && !no_shard) reshard(u);
+      if (no_shard) u.unsharded = -1;  // the forward's copy: reshard_forward_copy holds it
+      u.needs_pre_backward = true;     // _register_pre_backward_hooks
+    };
+    hooks.backward_begins = [&] {
+      // The root's pre-backward (it was not resharded).
+      units[0].needs_pre_backward = false;
+      unshard(units[0]);
+      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(0);
+    };
+    hooks.pre_backward = [&](int ui) {
+      // _pre_backward_hook: unshard unless prefetched, then prefetch.
+      units[ui].needs_pre_backward = false;
+      unshard(units[ui]);
+      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(ui);
+    };
+    hooks.post_backward = post_backward;
+    if (!walk_fsdp_step(*in.no_grads, part, split_tie_bytes, step, label, hooks, ledger, unit_grads, outputs,
+                        previous_outputs))
+      return out;
     // Units whose backward-end marker the trace has none of (a module whose
     // inputs need no gradient: the embeddings, the root): their hooks run as
     // autograd reaches their parameters, last; here in reverse forward order.
-    for (auto it = forward_order.rbegin(); it != forward_order.rend() && !oom; ++it) post_backward(*it);
-    if (oom) return out;
+    for (auto it = forward_order.rbegin(); it != forward_order.rend() && !ledger.oom(); ++it) post_backward(*it);
+    if (ledger.oom()) return out;
     // _wait_for_post_backward / _finalize_params: .grad is the reduced shard;
     // with offload_params it was copied to the host and the GPU one goes.
     ledger.free(in_flight_grad);
@@ -347,6 +289,85 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   }
   ledger.finish();
   return out;
+}
+
+ModelTrace fsdp_resized_step(const ModelTrace& t, int64_t from_numel, int64_t to_numel) {
+  ModelTrace out = t;
+  for (auto& e : out.events)
+    if (e.kind == MemEvent::kAlloc && e.bytes == 4 * from_numel) e.bytes = 4 * to_numel;
+  return out;
+}
+
+std::unordered_map<int, int64_t> split_tie_grad_bytes(const std::vector<ModuleNode>& modules,
+                                                      const spec::UnitPartition& part, int64_t element_bytes) {
+  // A tie split across units (FSDP1's kCopiedPerUnit): the owner's own
+  // gradient (in the traces, added into the borrower's and freed) is its
+  // unit's, kept until its flat gradient is made.
+  std::unordered_map<int, int64_t> out;
+  for (size_t m = 0; m < modules.size(); ++m)
+    for (const std::string& name : modules[m].borrowed_params)
+      if (const spec::ParamOwner o = spec::param_owner(modules, name);
+          o.param && part.module_unit[o.module] != part.module_unit[m])
+        out[o.module] = element_bytes * o.param->numel;
+  return out;
+}
+
+bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
+                    const std::unordered_map<int, int64_t>& split_tie_bytes, const std::string& step,
+                    std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
+                    std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
+                    std::vector<int64_t>& previous_outputs) {
+  std::unordered_map<int, int> unit_at;  // wrapped module -> unit
+  for (size_t u = 0; u < part.units.size(); ++u) unit_at[part.units[u].root_module] = static_cast<int>(u);
+  std::unordered_set<int64_t> freed_in_trace, kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
+  for (const auto& e : t.events)
+    if (e.kind == MemEvent::kFree) freed_in_trace.insert(e.tensor);
+  std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
+  std::unordered_set<int64_t> held_grads;     // trace storages kept as a unit's parameter gradient
+  bool in_backward = false;
+  for (const auto& e : t.events) {
+    if (ledger.oom()) return false;
+    if (!in_backward && e.phase != Phase::kForward) {
+      // The forward returned: the loop's `outputs = model(x)` drops the
+      // previous step's.
+      in_backward = true;
+      ledger.free_all(previous_outputs);
+      ledger.point(step + "/forward");
+      label = step + "/backward";
+      hooks.backward_begins();
+    }
+    const auto unit = unit_at.find(e.module);
+    const bool unit_event =
+        unit != unit_at.end() && (e.kind == MemEvent::kModuleBegin || e.kind == MemEvent::kModuleEnd);
+    if (unit_event) {
+      const bool begin = e.kind == MemEvent::kModuleBegin;
+      if (e.phase == Phase::kForward) {
+        (begin ? hooks.pre_forward : hooks.post_forward)(unit->second);
+      } else {
+        (begin ? hooks.pre_backward : hooks.post_backward)(unit->second);
+      }
+    } else if (e.kind == MemEvent::kAlloc) {
+      const bool output = kept_output.count(e.tensor) > 0;
+      const auto tie = split_tie_bytes.find(e.module);
+      const bool grad = in_backward && !output &&
+                        (!freed_in_trace.count(e.tensor) || (tie != split_tie_bytes.end() && tie->second == e.bytes));
+      const int64_t id = ledger.alloc(output ? Category::kActivations : grad ? Category::kGrads : Category::kActivations,
+                                      e.bytes, label, 0);
+      if (id < 0) return false;
+      live[e.tensor] = id;
+      if (output) outputs.push_back(id);
+      if (grad) {
+        unit_grads[part.module_unit[e.module]].push_back(id);
+        held_grads.insert(e.tensor);
+      }
+    } else if (e.kind == MemEvent::kFree && !held_grads.count(e.tensor)) {
+      if (auto it = live.find(e.tensor); it != live.end()) {
+        ledger.free(it->second);
+        live.erase(it);
+      }
+    }
+  }
+  return !ledger.oom();
 }
 
 }  // namespace shardfit::planner

@@ -14,12 +14,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "planner/allocator_model.h"
 #include "planner/model_trace.h"
 #include "planner/pytorch_stack.h"
 #include "planner/step_simulator.h"
+#include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
 
@@ -67,5 +71,41 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
 // torch.chunk into world_size pieces, each rank's padded to the first's
 // numel): the shard's numel, ceil(numel / world).
 inline int64_t fsdp_shard_numel(int64_t numel, int world) { return (numel + world - 1) / world; }
+
+// What both FSDP versions share (FSDP1 here, FSDP2's fully_shard in
+// pytorch_fsdp2.h): one step's walk through the no-grads trace, calling the
+// version's hooks where PyTorch calls them.
+class Ledger;
+// A traced AdamW step for one parameter of `from_numel` elements, resized to
+// a shard of `to_numel`: every storage of the parameter's size (its exp_avg
+// and exp_avg_sq, the update's sqrt and division: optim/adamw.py
+// _single_tensor_adamw) becomes the shard's size; the rest (none in 1.13's
+// for-loop AdamW on a GPU parameter; its `step` is a host tensor) stays.
+ModelTrace fsdp_resized_step(const ModelTrace& t, int64_t from_numel, int64_t to_numel);
+struct FsdpStepHooks {
+  std::function<void(int)> pre_forward;   // a unit's forward begins (its forward pre-hook)
+  std::function<void(int)> post_forward;  // a unit's forward has ended (its forward hook)
+  std::function<void()> backward_begins;  // the forward returned: the root's pre-backward hook
+  std::function<void(int)> pre_backward;  // a unit's backward begins (the hook on its outputs' gradients)
+  std::function<void(int)> post_backward; // a unit's backward has ended (its inputs' gradients are ready)
+};
+// The gradient of a tie split across units, by owner module: its bytes (see
+// the .cc). Empty when every tie is inside one unit.
+std::unordered_map<int, int64_t> split_tie_grad_bytes(const std::vector<ModuleNode>& modules,
+                                                      const spec::UnitPartition& part, int64_t element_bytes);
+// Replays the trace's storages on the compute stream (0) into `ledger`,
+// labelled `label` (stepK/forward, then stepK/backward: the hooks allocate
+// under it too). The parameters' gradients (kept by AccumulateGrad; an
+// owner's own gradient of a split tie) are appended to unit_grads[unit] and
+// left for post_backward to free; what the forward returns beside the loss
+// is appended to `outputs`, and `previous_outputs` (the last step's) freed
+// when the forward returns, where a point stepK/forward is recorded. The
+// units' forward order is appended to `forward_order` when it is given.
+// False on out of memory.
+bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
+                    const std::unordered_map<int, int64_t>& split_tie_bytes, const std::string& step,
+                    std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
+                    std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
+                    std::vector<int64_t>& previous_outputs);
 
 }  // namespace shardfit::planner

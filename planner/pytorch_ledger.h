@@ -77,6 +77,7 @@ class Ledger {
     since_reserved_ = a_.reserved_bytes();
   }
   void finish() { out_->num_alloc_retries = a_.num_alloc_retries(); }
+  bool oom() const { return out_->oom; }
 
  private:
   AllocatorModel& a_;

@@ -1,0 +1,284 @@
+#include "planner/pytorch_fsdp2.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "planner/pytorch_fsdp.h"
+#include "planner/pytorch_ledger.h"
+#include "spec/wrap_policy.h"
+
+namespace shardfit::planner {
+namespace {
+
+// One FSDPParamGroup (one fully_shard call) on rank 0: its ledger ids.
+struct Group {
+  std::vector<int64_t> shard;  // each parameter's padded shard, elements
+  int64_t shard_sum = 0;       // the all-gather input's numel (Σ shard)
+  std::vector<int64_t> outputs;  // each parameter's all_gather_outputs, while unsharded
+  bool unsharded = false;
+  bool gathering = false;   // unshard() called, wait_for_unshard() not yet (_all_gather_result)
+  int64_t pending = -1;     // that all-gather's flat output
+  int64_t grad_flat = -1;   // the reduce-scatter output the sharded .grads are views of
+  bool has_grads = false;   // the sharded parameters' .grad is set
+  int post_forward_index = -1;
+  bool pre_backward_done = false, post_backward_done = false;
+};
+
+}  // namespace
+
+int64_t fsdp2_shard_numel(const ParamInfo& p, int world) {
+  const int64_t dim0 = p.shape.empty() ? p.numel : p.shape[0];
+  if (dim0 <= 0) return 0;
+  return (dim0 + world - 1) / world * (p.numel / dim0);
+}
+
+StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
+                                     const PytorchFsdp2Options& o, AllocatorModel& allocator) {
+  if (!in.no_grads || !in.optimizer_param_steps || in.param_numels.empty() ||
+      in.optimizer_param_steps->size() != 2 * in.param_numels.size())
+    throw std::invalid_argument("--stack pytorch FSDP2: the trace file lacks the no-grads traces or each parameter's "
+                                "optimizer steps: record it again with pytorch/trace_recorder.py");
+  if (o.world_size < 1) throw std::invalid_argument("world size must be at least 1");
+  if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
+  const int W = o.world_size;
+  const bool mixed = o.mixed_precision != DType::kF32;
+  // What is gathered, computed with and reduced: param_dtype's element.
+  const int64_t low = dtype_bytes(o.mixed_precision);
+  // A world of one copies each shard into an fp32 `empty_like` of it
+  // (_fsdp_param_group.py wait_for_unshard), so the model would compute in
+  // fp32, not what a low-precision trace recorded.
+  if (mixed && W == 1)
+    throw std::invalid_argument("--stack pytorch FSDP2: MixedPrecisionPolicy on one GPU is not simulated in this "
+                                "version");
+  StepSimResult out;
+  Ledger ledger(allocator, &out);
+
+  // The groups: fully_shard on each block, then on the root, which manages
+  // what no block does. A tied parameter belongs to one group
+  // (_fsdp_state.py _validate_no_duplicate_params refuses it in two).
+  const spec::UnitPartition part =
+      spec::wrap_modules(modules, spec::WrapPolicy::parse(o.wrap_blocks ? "block" : "none"),
+                         spec::TiedParams::kKeepTogether);
+  std::vector<Group> groups(part.units.size());
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const ParamInfo& p : part.units[g].params) {
+      groups[g].shard.push_back(fsdp2_shard_numel(p, W));
+      groups[g].shard_sum += groups[g].shard.back();
+    }
+
+  // AdamW over the sharded parameters in parameters() order (the module
+  // table's): each parameter's state is its local shard's size
+  // (zeros_like of the DTensor), rank 0's the padded one. Each step is the
+  // largest parameter's traced step resized, so that no other storage
+  // shares its size.
+  std::vector<int64_t> shards;
+  for (const ModuleNode& m : modules)
+    for (const ParamInfo& p : m.params) shards.push_back(fsdp2_shard_numel(p, W));
+  if (shards.size() != in.param_numels.size())
+    throw std::invalid_argument("--stack pytorch FSDP2: the trace file's module table has " +
+                                std::to_string(shards.size()) + " parameters and its optimizer steps " +
+                                std::to_string(in.param_numels.size()));
+  const size_t ref = static_cast<size_t>(
+      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
+  std::vector<ModelTrace> param_steps;
+  std::vector<int> order;
+  for (int64_t s : shards) {
+    if (s == 0) continue;
+    for (int k = 0; k < 2; ++k)
+      param_steps.push_back(fsdp_resized_step((*in.optimizer_param_steps)[2 * ref + k], in.param_numels[ref], s));
+    order.push_back(static_cast<int>(order.size()));
+  }
+  const ModelTrace opt_first = compose_optimizer_step(param_steps, order, true);
+  const ModelTrace opt_later = compose_optimizer_step(param_steps, order, false);
+
+  // Init: what exists before the model (the cuBLAS workspaces), the buffers
+  // (MixedPrecisionPolicy casts none), each parameter's padded shard, fp32,
+  // its own allocation (_fsdp_param.py _init_sharded_param: new_zeros of the
+  // padded size; pinned host memory under CPUOffloadPolicy). The unsharded
+  // originals fully_shard frees are not simulated: the caching allocator
+  // gives them back on its first retry.
+  const std::string init = "init";
+  for (int64_t b : o.overhead_bytes)
+    if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
+  for (const auto& b : in.buffers)
+    if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
+  if (!o.offload_params)
+    for (const Group& g : groups)
+      for (int64_t s : g.shard)
+        if (ledger.alloc(Category::kParams, 4 * s, init) < 0) return out;
+  ledger.point(init);
+
+  // FSDPCommContext: the last forward all-gather's output, kept until the
+  // next group's copy-out (all_gather_state), and the last reduce-scatter's
+  // input, kept until the next group's reduce (reduce_scatter_state).
+  int64_t all_gather_state = -1, reduce_scatter_state = -1;
+  std::vector<int> post_forward_order;
+  std::vector<int64_t> outputs, previous_outputs;
+  std::vector<std::vector<int64_t>> unit_grads(groups.size());
+  for (int k = 1; k <= o.steps; ++k) {
+    const std::string step = "step" + std::to_string(k);
+    std::string label = step + "/forward";
+    auto alloc = [&](Category c, int64_t bytes, int stream) { return ledger.alloc(c, bytes, label, stream); };
+    // FSDPParamGroup.unshard -> _fsdp_collectives.py foreach_all_gather, on
+    // the copy-in stream: the all-gather inputs (_get_param_all_gather_inputs:
+    // under CPUOffloadPolicy each shard copied to the GPU, then cast to
+    // param_dtype with a policy, the fp32 copy dropped; else with a policy one
+    // flat param_dtype copy of every shard, the foreach-copy fast path; else
+    // the shards themselves), the flat output of world x Σ shard elements
+    // (all_gather_copy_in: the input is its own slice of it), the inputs
+    // dropped once copied in. A world of one gathers nothing.
+    auto unshard = [&](Group& g) {
+      if (g.gathering || g.unsharded) return;
+      g.gathering = true;
+      if (W == 1) return;
+      std::vector<int64_t> inputs;
+      if (o.offload_params) {
+        for (int64_t s : g.shard) {
+          int64_t id = alloc(Category::kParams, 4 * s, kAllGatherCopyInStream);
+          if (mixed) {
+            const int64_t cast = alloc(Category::kParams, low * s, kAllGatherCopyInStream);
+            ledger.free(id);
+            id = cast;
+          }
+          inputs.push_back(id);
+        }
+      } else if (mixed) {
+        inputs.push_back(alloc(Category::kCommBuffers, low * g.shard_sum, kAllGatherCopyInStream));
+      }
+      g.pending = alloc(Category::kCommBuffers, low * g.shard_sum * W, kAllGatherCopyInStream);
+      ledger.free_all(inputs);
+    };
+    // FSDPParamGroup.wait_for_unshard: in forward the previous group's flat
+    // output goes first (the implicit prefetch's deferred free); each
+    // parameter's all_gather_outputs (world x its shard, param_dtype) made on
+    // the compute stream and copied out into (foreach_all_gather_copy_out);
+    // then this flat output kept as all_gather_state in forward, freed at
+    // once in backward. A world of one copies each shard (empty_like, fp32).
+    auto wait_for_unshard = [&](Group& g, bool forward) {
+      if (!g.gathering) return;
+      g.gathering = false;
+      if (forward) {
+        ledger.free(all_gather_state);
+        all_gather_state = -1;
+      }
+      for (int64_t s : g.shard) g.outputs.push_back(alloc(Category::kParams, low * s * W, kFsdp2ComputeStream));
+      g.unsharded = true;
+      if (W > 1 && forward) {
+        all_gather_state = g.pending;
+      } else {
+        ledger.free(g.pending);
+      }
+      g.pending = -1;
+    };
+    auto reshard = [&](Group& g) {  // FSDPParam.to_sharded: free_storage of each all_gather_output
+      ledger.free_all(g.outputs);
+      g.unsharded = false;
+    };
+    // FSDPParamGroup.post_backward: the group resharded, then foreach_reduce
+    // (after the previous reduce-scatter's input is dropped): its input of
+    // world x Σ shard elements (reduce dtype = param_dtype) on the compute
+    // stream, the unsharded gradients copied in (chunk_cat) and freed; the
+    // output, Σ shard, on the reduce-scatter stream, cast to fp32 there
+    // under a policy (_to_dtype_if_needed; the low-precision one dropped);
+    // each parameter's sharded .grad a view of it (as_strided), or added into
+    // the .grad kept from the last step (then it goes), or under
+    // CPUOffloadPolicy copied to the host (it goes too). The input is kept as
+    // reduce_scatter_state.
+    auto post_backward = [&](int gi) {
+      Group& g = groups[gi];
+      if (g.post_backward_done) return;
+      g.post_backward_done = true;
+      reshard(g);
+      if (unit_grads[gi].empty()) return;
+      ledger.free(reduce_scatter_state);
+      const int64_t input = alloc(Category::kCommBuffers, low * g.shard_sum * W, kFsdp2ComputeStream);
+      ledger.free_all(unit_grads[gi]);
+      int64_t reduced = alloc(Category::kGrads, low * g.shard_sum, kReduceScatterStream);
+      if (mixed) {
+        const int64_t fp32 = alloc(Category::kGrads, 4 * g.shard_sum, kReduceScatterStream);
+        ledger.free(reduced);
+        reduced = fp32;
+      }
+      if (o.offload_params || g.has_grads) {
+        ledger.free(reduced);
+      } else {
+        g.grad_flat = reduced;
+      }
+      g.has_grads = true;
+      reduce_scatter_state = input;
+    };
+
+    // opt.zero_grad(): set_to_none drops every sharded .grad, and with the
+    // last view the flat output; else each is zeroed in place and stays.
+    for (Group& g : groups) {
+      if (o.zero_grad_set_to_none) {
+        ledger.free(g.grad_flat);
+        g.grad_flat = -1;
+        g.has_grads = false;
+      }
+      g.pre_backward_done = g.post_backward_done = false;
+    }
+    FsdpStepHooks hooks;
+    hooks.pre_forward = [&](int gi) {  // FSDPParamGroup.pre_forward
+      unshard(groups[gi]);
+      wait_for_unshard(groups[gi], true);
+    };
+    hooks.post_forward = [&](int gi) {
+      // FSDPParamGroup.post_forward: reshard (not the root), then the
+      // post-forward order recorded; the root's (_fsdp_state.py
+      // _post_forward) frees the last all-gather's output.
+      if (o.reshard_after_forward && gi != 0) reshard(groups[gi]);
+      groups[gi].post_forward_index = static_cast<int>(post_forward_order.size());
+      post_forward_order.push_back(gi);
+      if (gi == 0) {
+        ledger.free(all_gather_state);
+        all_gather_state = -1;
+      }
+    };
+    // FSDPParamGroup.pre_backward: unshard unless prefetched, wait, then
+    // prefetch (_backward_prefetch) the group whose forward ended just
+    // before this one's.
+    hooks.pre_backward = [&](int gi) {
+      Group& g = groups[gi];
+      if (g.pre_backward_done) return;
+      g.pre_backward_done = true;
+      unshard(g);
+      wait_for_unshard(g, false);
+      if (g.post_forward_index > 0) unshard(groups[post_forward_order[g.post_forward_index - 1]]);
+    };
+    hooks.backward_begins = [&] { hooks.pre_backward(0); };  // the root's hook on the loss
+    hooks.post_backward = post_backward;
+    if (!walk_fsdp_step(*in.no_grads, part, {}, step, label, hooks, ledger, unit_grads, outputs, previous_outputs))
+      return out;
+    // _root_post_backward_final_callback: every group whose post-backward
+    // did not run (the root's inputs need no gradient), in all_states order
+    // (the root's first), each then finalized (a prefetch no backward used
+    // dropped); then the last reduce-scatter's input goes.
+    for (size_t gi = 0; gi < groups.size() && !ledger.oom(); ++gi) {
+      post_backward(static_cast<int>(gi));
+      if (groups[gi].gathering) {
+        ledger.free(groups[gi].pending);
+        groups[gi].pending = -1;
+        groups[gi].gathering = false;
+      }
+    }
+    if (ledger.oom()) return out;
+    ledger.free(reduce_scatter_state);
+    reduce_scatter_state = -1;
+    post_forward_order.clear();
+    previous_outputs.swap(outputs);
+    outputs.clear();
+    ledger.point(step + "/backward");
+    // opt.step(): AdamW over the sharded parameters (on the host under
+    // CPUOffloadPolicy).
+    if (!o.offload_params && !replay(k == 1 ? opt_first : opt_later, ledger, step + "/optimizer", false,
+                                     Category::kTemporaries, Category::kOptimizer, nullptr))
+      return out;
+    ledger.point(step + "/optimizer");
+  }
+  ledger.finish();
+  return out;
+}
+
+}  // namespace shardfit::planner

@@ -1,0 +1,73 @@
+// `shardfit plan --stack pytorch --fsdp-version 2` (issue 12 item 2):
+// PyTorch's FSDP2, `fully_shard` (torch.distributed.fsdp.fully_shard; in
+// torch/distributed/fsdp/_fully_shard/), applied to every block and then to
+// the root (wrap=block), or to the root alone (wrap=none), with
+// reshard_after_forward=True (zero3) or False (zero2), CPUOffloadPolicy or
+// not, MixedPrecisionPolicy(param_dtype=d) (reduce_dtype None, so d too) or
+// none, and torch.optim.AdamW over the sharded parameters, in the loop
+//     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
+// on CUDA ranks through the caching allocator's model, one pool per stream
+// FSDP2 allocates on. Each rule in the .cc cites the file it follows, read at
+// PyTorch's main branch: _fsdp_collectives.py and _fsdp_param.py at commit
+// 010ae4a8, _fsdp_param_group.py at 002a76fb, _fsdp_state.py at 01c9f4fc.
+//
+// Unlike 1.13's FSDP (pytorch_fsdp.h) FSDP2 shards each parameter on its own
+// dim 0 (a DTensor): no flat parameter is kept, the all-gather's flat buffer
+// and the reduce-scatter's are made per collective, and a group's gradients
+// on each rank are views of one flat reduce-scatter output. Not in Debian's
+// PyTorch 1.13, so never run here: scripts/fsdp_reference.py's wrap_fsdp2
+// runs it on a card (scripts/gpu-check), and no GPU has been lent yet.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/allocator_model.h"
+#include "planner/model_trace.h"
+#include "planner/pytorch_stack.h"
+#include "planner/step_simulator.h"
+
+namespace shardfit::planner {
+
+struct PytorchFsdp2Options {
+  // fully_shard(reshard_after_forward=True): each block's parameters freed
+  // after its forward and gathered again for its backward (zero3); False
+  // keeps them from the forward to the end of the block's backward (zero2).
+  // The root is never resharded after its forward (_fsdp_state.py
+  // _lazy_init sets its post_forward_mesh_info to None).
+  bool reshard_after_forward = true;
+  // CPUOffloadPolicy: the sharded parameters, their gradients and AdamW on
+  // the host.
+  bool offload_params = false;
+  // fully_shard on every block (ModuleNode::is_block), then on the root; or
+  // on the root only.
+  bool wrap_blocks = true;
+  // MixedPrecisionPolicy(param_dtype=d): gathered, computed with and reduced
+  // in d (the traces are the model's cast to d, as for FSDP1's
+  // MixedPrecision), the shards and the gradients' shards fp32. kF32: none.
+  DType mixed_precision = DType::kF32;
+  int world_size = 2;
+  int steps = 2;
+  std::vector<int64_t> overhead_bytes;  // the profile's cuBLAS workspaces
+  bool zero_grad_set_to_none = true;    // opt.zero_grad(set_to_none=...)
+};
+
+// The streams whose pools the caching allocator keeps apart: the default
+// (compute) stream, the all-gather copy-in stream (where the all-gather's
+// inputs and output are made) and the reduce-scatter stream (its output).
+enum Fsdp2Stream : int { kFsdp2ComputeStream = 0, kAllGatherCopyInStream = 1, kReduceScatterStream = 2 };
+
+// A parameter's padded shard, in elements: dim 0 cut as torch.chunk cuts it
+// into world pieces, every rank's padded to the 0th chunk (_fsdp_param.py
+// _init_sharded_param: padded_sharded_size = chunks[0].size()), i.e.
+// ceil(dim0 / world) rows of the other dims. Rank 0's shard is unpadded at
+// that size, so rank 0 is the rank simulated (its AdamW state the largest).
+int64_t fsdp2_shard_numel(const ParamInfo& p, int world);
+
+// One rank's (rank 0's) init and `steps` steps; `in` as for
+// simulate_pytorch_fsdp (the no-grads trace, each parameter's optimizer
+// steps), `modules` the trace file's module table.
+StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
+                                     const PytorchFsdp2Options& options, AllocatorModel& allocator);
+
+}  // namespace shardfit::planner

@@ -1,0 +1,210 @@
+// FSDP2's fully_shard on --stack pytorch (planner/pytorch_fsdp2.h), replayed
+// on a hand-made two-group model through the exact allocator, so that every
+// figure below can be added up by hand:
+//   root  (module 0): owns "ln" [4]                   -> the root's group
+//   lin   (module 1, a block): owns "w" [5, 2], "b" [2] -> its own group
+// On 2 ranks each parameter is cut on dim 0, every shard padded to the 0th
+// chunk: ln 2 elements (8 B), w ceil(5/2) = 3 rows = 6 (24 B), b 1 (4 B).
+// Gathered, world x shard: ln 16 B, w 48 B, b 8 B; lin's all-gather buffer
+// is world x (6 + 1) = 14 elements, 56 B, as is its reduce-scatter input.
+#include "planner/pytorch_fsdp2.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace shardfit::planner {
+namespace {
+
+MemEvent ev(MemEvent::Kind k, Phase ph, int module, int64_t tensor = -1, int64_t bytes = 0) {
+  MemEvent e;
+  e.kind = k;
+  e.phase = ph;
+  e.module = module;
+  e.tensor = tensor;
+  e.bytes = bytes;
+  return e;
+}
+
+std::vector<ModuleNode> modules() {
+  std::vector<ModuleNode> m(2);
+  m[0].type = "Net";
+  m[0].children = {1};
+  m[0].params = {ParamInfo{"ln", {4}, 4}};
+  m[1].path = "lin";
+  m[1].type = "Linear";
+  m[1].parent = 0;
+  m[1].is_block = true;
+  m[1].params = {ParamInfo{"lin.w", {5, 2}, 10}, ParamInfo{"lin.b", {2}, 2}};
+  return m;
+}
+
+// Forward: 100 B in the root, 40 B in lin, an 8 B loss. Backward: lin's two
+// gradients (10 and 2 elements of `grad_bytes`) kept by AccumulateGrad, the
+// root's (4 elements) after lin's backward has ended.
+ModelTrace step(int64_t grad_bytes = 4) {
+  constexpr auto F = Phase::kForward, B = Phase::kBackward;
+  ModelTrace t;
+  t.grads_at_start = false;
+  t.events = {ev(MemEvent::kModuleBegin, F, 0), ev(MemEvent::kAlloc, F, 0, 1, 100),
+              ev(MemEvent::kModuleBegin, F, 1), ev(MemEvent::kAlloc, F, 1, 2, 40),
+              ev(MemEvent::kModuleEnd, F, 1),   ev(MemEvent::kAlloc, F, 0, 3, 8),
+              ev(MemEvent::kModuleEnd, F, 0),   ev(MemEvent::kFree, B, 0, 3),
+              ev(MemEvent::kModuleBegin, B, 1), ev(MemEvent::kAlloc, B, 1, 4, 10 * grad_bytes),
+              ev(MemEvent::kAlloc, B, 1, 5, 2 * grad_bytes), ev(MemEvent::kFree, B, 1, 2),
+              ev(MemEvent::kModuleEnd, B, 1),   ev(MemEvent::kAlloc, B, 0, 6, 4 * grad_bytes),
+              ev(MemEvent::kFree, B, 0, 1)};
+  return t;
+}
+
+// AdamW on one parameter of 10 elements (40 B): step 1 makes exp_avg and
+// exp_avg_sq, then the update's two temporaries; later steps the update.
+ModelTrace adamw(bool first) {
+  constexpr auto F = Phase::kForward;
+  ModelTrace t;
+  if (first) t.events = {ev(MemEvent::kAlloc, F, 0, 1, 40), ev(MemEvent::kAlloc, F, 0, 2, 40)};
+  for (MemEvent e : {ev(MemEvent::kAlloc, F, 0, 3, 40), ev(MemEvent::kAlloc, F, 0, 4, 40),
+                     ev(MemEvent::kFree, F, 0, 3), ev(MemEvent::kFree, F, 0, 4)})
+    t.events.push_back(e);
+  return t;
+}
+
+struct Fixture {
+  ModelTrace trace = step();
+  std::vector<ModelTrace> per_param = {adamw(true), adamw(false), adamw(true),
+                                       adamw(false), adamw(true), adamw(false)};
+  PytorchDdpInputs in;
+  Fixture() {
+    in.no_grads = &trace;
+    in.param_numels = {4, 10, 2};
+    in.optimizer_param_steps = &per_param;
+  }
+  StepSimResult run(PytorchFsdp2Options o, int world = 2) {
+    o.world_size = world;
+    ExactAllocator a;
+    return simulate_pytorch_fsdp2(in, modules(), o, a);
+  }
+};
+
+const TimelinePoint& at(const StepSimResult& r, const std::string& label) {
+  for (const auto& p : r.timeline)
+    if (p.label == label) return p;
+  throw std::runtime_error("no timeline point " + label);
+}
+
+TEST(PytorchFsdp2, ShardsEachParameterOnDimZeroPaddedToTheFirstChunk) {
+  EXPECT_EQ(fsdp2_shard_numel(ParamInfo{"w", {5, 2}, 10}, 2), 6);
+  EXPECT_EQ(fsdp2_shard_numel(ParamInfo{"w", {6, 3}, 18}, 4), 6);  // chunks of 2 rows: 2, 2, 2, none
+  EXPECT_EQ(fsdp2_shard_numel(ParamInfo{"b", {1}, 1}, 2), 1);
+  EXPECT_EQ(fsdp2_shard_numel(ParamInfo{"b", {12}, 12}, 1), 12);
+}
+
+TEST(PytorchFsdp2, ReshardAfterForwardGathersPerParameterAndKeepsOneFlatBufferBehind) {
+  Fixture f;
+  PytorchFsdp2Options o;
+  o.zero_grad_set_to_none = false;  // the sharded .grad stays: step 2 adds into it
+  const StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 8 + 24 + 4);  // each parameter's shard, its own allocation
+  // Forward: the root's flat buffer (16) and its parameter (16): 68, kept;
+  // 100 B: 168. lin's flat buffer (56: 224), the root's freed as lin copies
+  // out (208), lin's parameters (48 + 8: 264), its 40 B: 304, the peak.
+  // lin resharded (248), the loss (256), lin's flat buffer freed when the
+  // root's forward ends: 200.
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 304);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 200);
+  // Backward: the root's hook prefetches lin (56: 256); the loss goes (248);
+  // lin's parameters copied out before its buffer goes: 304 again, the peak.
+  // Its gradients (48), its activation freed, then resharded (200); the
+  // reduce-scatter input (56) takes the gradients and the 28 B output stays
+  // as lin's sharded .grad. The root's gradient (16), its activations go;
+  // the root's post-backward in the final callback. Left: the shards (36)
+  // and the gradients' shards (28 + 8).
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 304);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 72);
+  // AdamW's exp_avg and exp_avg_sq per shard: 2 x 36.
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 144);
+  EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 144);
+  // With set_to_none the gradients' shards go at zero_grad: step 2's are new.
+  o.zero_grad_set_to_none = true;
+  const StepSimResult n = f.run(o);
+  EXPECT_EQ(at(n, "step2/forward").allocated_bytes, 200 + 72);
+  EXPECT_EQ(at(n, "step2/backward").allocated_bytes, 144);
+}
+
+TEST(PytorchFsdp2, NoReshardAfterForwardKeepsEachGroupGatheredUntilItsBackward) {
+  Fixture f;
+  PytorchFsdp2Options o;
+  o.reshard_after_forward = false;
+  const StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 200 + 56);
+  // Nothing to prefetch or gather in backward: the forward's peak stands.
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 248 + 48);  // the loss gone, the gradients come
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 72);
+}
+
+TEST(PytorchFsdp2, TheRootAloneGathersEveryParameter) {
+  Fixture f;
+  PytorchFsdp2Options o;
+  o.wrap_blocks = false;
+  const StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  // One flat buffer of 2 x 9 elements (72) and the parameters (72), then
+  // 148 B of activations: 328; the buffer goes as the forward ends.
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 36 + 72 + 72 + 148);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 36 + 72 + 148);
+}
+
+TEST(PytorchFsdp2, CpuOffloadLeavesNothingOnTheGpuBetweenSteps) {
+  Fixture f;
+  PytorchFsdp2Options o;
+  o.offload_params = true;
+  const StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 0);
+  // lin's shards copied up (24 + 4) under the root's 16 + 100 B, its flat
+  // buffer (56), the copies dropped, the root's buffer freed, its
+  // parameters (56), 40 B: 268.
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 268);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 16 + 148);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 0);
+  EXPECT_EQ(at(r, "step2/optimizer").allocated_bytes, 0);
+}
+
+// MixedPrecisionPolicy(param_dtype=bf16): the model's bf16 trace (its
+// gradients 2 B an element); the shards and the gradients' shards fp32.
+TEST(PytorchFsdp2, MixedPrecisionGathersAndReducesInBf16) {
+  Fixture f;
+  f.trace = step(2);
+  PytorchFsdp2Options o;
+  o.mixed_precision = DType::kBF16;
+  StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 36);
+  // The root: a bf16 copy of its shard (4), its flat buffer (8), the copy
+  // dropped, its parameter (8); 100 B. lin: the copy (14), the buffer (28),
+  // the root's buffer freed, its parameters (24 + 4), 40 B: 240.
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 240);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 36 + 8 + 148);
+  // Each reduce-scatter output (14, 4) cast to fp32 (28, 8) for .grad.
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 240);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 36 + 36);
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 72 + 72);
+  EXPECT_THROW(f.run(o, 1), std::invalid_argument);  // one GPU: not simulated, said
+}
+
+// One rank: nothing gathered; each shard (the whole parameter) copied into
+// its unsharded parameter for the forward.
+TEST(PytorchFsdp2, OneRankCopiesInsteadOfGathering) {
+  Fixture f;
+  const StepSimResult r = f.run(PytorchFsdp2Options{}, 1);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 64);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 64 + 16 + 148);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 64 + 64);
+}
+
+}  // namespace
+}  // namespace shardfit::planner
