@@ -26,6 +26,7 @@ struct PlanArgs {
   std::string zero_grad = "none";
   std::string checkpoint = "non-reentrant";
   std::string fsdp_backward_prefetch = "pre";
+  int fsdp_version = 1;
   int steps = 2;
   int64_t seq_len = 128;
   std::string loss = "full";
@@ -85,6 +86,15 @@ int run(const PlanArgs& a) {
   if (bp != "pre" && r.stack != planner::Stack::kPytorch)
     throw BadInput("--fsdp-backward-prefetch: a PyTorch FSDP option; give --stack pytorch (shardfit's engine "
                    "prefetches by --prefetch)");
+  if (a.fsdp_version != 1 && a.fsdp_version != 2)
+    throw BadInput("--fsdp-version " + std::to_string(a.fsdp_version) +
+                   ": expected 1 (FullyShardedDataParallel) or 2 (fully_shard)");
+  if (a.fsdp_version != 1 && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--fsdp-version: a PyTorch FSDP option; give --stack pytorch");
+  if (a.fsdp_version == 2 && bp != "pre")
+    throw BadInput("--fsdp-backward-prefetch " + bp + ": FSDP2 (--fsdp-version 2) has no such option; it "
+                   "gathers the next group when a group's backward starts, as pre does");
+  r.fsdp_version = a.fsdp_version;
   r.fsdp_backward_prefetch = bp == "post"   ? planner::FsdpBackwardPrefetch::kBackwardPost
                              : bp == "none" ? planner::FsdpBackwardPrefetch::kNone
                                             : planner::FsdpBackwardPrefetch::kBackwardPre;
@@ -214,6 +224,11 @@ Command add_plan_command(CLI::App& app) {
                   "--stack pytorch, FSDP candidates: FSDP(backward_prefetch=...): pre (BACKWARD_PRE: the next "
                   "unit gathered when a unit's backward starts; Accelerate's default), post (BACKWARD_POST: when "
                   "its gradient is ready) or none")
+      ->capture_default_str();
+  sub->add_option("--fsdp-version", a->fsdp_version,
+                  "--stack pytorch, FSDP candidates: 1 (FullyShardedDataParallel as PyTorch 1.13 has it: "
+                  "flat parameters, wrap=size:N or block) or 2 (FSDP2's fully_shard on each block then the "
+                  "root, wrap=block, or on the root alone, wrap=none: each parameter sharded on dim 0)")
       ->capture_default_str();
   sub->add_option("--checkpoint", a->checkpoint,
                   "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False) "

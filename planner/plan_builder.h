@@ -47,6 +47,10 @@ struct PlanRequest {
   bool ckpt_reentrant = false;
   // --stack pytorch, FSDP candidates: BackwardPrefetch (`--fsdp-backward-prefetch`).
   FsdpBackwardPrefetch fsdp_backward_prefetch = FsdpBackwardPrefetch::kBackwardPre;
+  // --stack pytorch, FSDP candidates: 1 (FullyShardedDataParallel as 1.13
+  // has it, planner/pytorch_fsdp.h) or 2 (fully_shard, planner/pytorch_fsdp2.h)
+  // (`--fsdp-version`).
+  int fsdp_version = 1;
   // --stack pytorch: the training steps the job runs. 2 or more: a job's
   // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
   // during its forward).

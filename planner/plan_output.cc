@@ -178,6 +178,10 @@ Plan plan_from(const json& j, const std::string& origin) {
     job.ddp_bucket_cap_bytes = p.integer("ddp_bucket_cap_bytes", 1);
     job.fsdp_backward_prefetch = p.text("fsdp_backward_prefetch");
     job.steps = static_cast<int>(p.integer("steps", 1));
+    if (p.has("fsdp_version")) {
+      job.fsdp_version = static_cast<int>(p.integer("fsdp_version", 1));
+      if (job.fsdp_version > 2) p.fail("fsdp_version", "must be 1 or 2");
+    }
     plan.pytorch_job = job;
   }
   if (r.has("objective")) {
@@ -357,7 +361,8 @@ void to_json(json& j, const Plan& plan) {
                         {"checkpoint", plan.pytorch_job->checkpoint},
                         {"ddp_bucket_cap_bytes", plan.pytorch_job->ddp_bucket_cap_bytes},
                         {"fsdp_backward_prefetch", plan.pytorch_job->fsdp_backward_prefetch},
-                        {"steps", plan.pytorch_job->steps}};
+                        {"steps", plan.pytorch_job->steps},
+                        {"fsdp_version", plan.pytorch_job->fsdp_version}};
   if (plan.schedule.async_reduce) j["async_reduce"] = true;
   if (plan.schedule.async_gather) j["async_gather"] = true;
 }
@@ -442,7 +447,7 @@ std::string format_plan_table(const Plan& plan, size_t top) {
             : plan.ddp_bucket_view                        ? " (DDP gradient_as_bucket_view)"
             : plan.ddp_static_graph                       ? " (DDP static_graph)"
                                                           : " (DDP defaults)")
-        << ": ";
+        << (plan.pytorch_job && plan.pytorch_job->fsdp_version == 2 ? " (FSDP2 fully_shard)" : "") << ": ";
   out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
       << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention)
       << (plan.schedule.prefetch == 1 ? "" : ", prefetch " + std::to_string(plan.schedule.prefetch))

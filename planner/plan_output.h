@@ -144,6 +144,7 @@ struct Plan {
     int64_t ddp_bucket_cap_bytes = 0;    // DDP(bucket_cap_mb=...) in bytes
     std::string fsdp_backward_prefetch;  // "pre", "post" or "none"
     int steps = 0;                       // training steps simulated (2: the steady state)
+    int fsdp_version = 1;                // FSDP candidates: 1 (FullyShardedDataParallel) or 2 (fully_shard); absent in older plans = 1
   };
   std::optional<PytorchJob> pytorch_job;
   PlanModel model;

@@ -10,6 +10,7 @@
 #include "planner/batch_search.h"
 #include "planner/plan_builder.h"
 #include "planner/pytorch_fsdp.h"
+#include "planner/pytorch_fsdp2.h"
 #include "planner/pytorch_stack.h"
 #include "planner/time_model.h"
 #include "planner/trace.h"
@@ -18,6 +19,14 @@
 
 namespace shardfit::planner {
 namespace {
+
+// The FSDP candidate's units: FSDP1's auto wrap policy (a tied weight
+// copied into each unit holding a registration of it), or FSDP2's
+// fully_shard on each block and the root (a parameter in one group only).
+spec::UnitPartition fsdp_units(const std::vector<ModuleNode>& modules, const Candidate& c, int version) {
+  return spec::wrap_modules(modules, WrapPolicy::parse(c.wrap),
+                            version == 2 ? spec::TiedParams::kKeepTogether : spec::TiedParams::kCopiedPerUnit);
+}
 
 // One step's time by the time model (planner/time_model.h) as PyTorch's own
 // stack overlaps it, at `flops` (forward, backward) for `batch`. DDP
@@ -49,9 +58,15 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   ti.schedule.async_reduce = true;
   if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3) {
     ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
-    const spec::UnitPartition part =
-        spec::wrap_modules(file.modules, WrapPolicy::parse(c.wrap), spec::TiedParams::kCopiedPerUnit);
-    for (const auto& u : part.units) ti.unit_padded_numel.push_back(fsdp_shard_numel(u.numel, world) * world);
+    const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
+    for (const auto& u : part.units) {
+      int64_t padded = fsdp_shard_numel(u.numel, world) * world;  // FSDP1: one flat parameter
+      if (r.fsdp_version == 2) {                                  // FSDP2: each parameter on its own
+        padded = 0;
+        for (const ParamInfo& p : u.params) padded += fsdp2_shard_numel(p, world) * world;
+      }
+      ti.unit_padded_numel.push_back(padded);
+    }
   } else {
     ti.fp32_grads = true;
     if (r.single_gpu_unwrapped) {
@@ -150,15 +165,18 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     const bool ddp_like = (want.sharding == Sharding::kDdp || want.sharding == Sharding::kZero1) && !want.offload &&
                           want.wrap == "none" &&
                           (want.precision == Precision::kFp32 || (want.precision == amp && !want.recompute));
+    const bool fsdp2 = r.fsdp_version == 2;
     const bool fsdp = is_fsdp(want) && !want.recompute &&
-                      (want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") &&
+                      (fsdp2 ? want.wrap == "none" || want.wrap == "block"
+                             : want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") &&
                       (want.precision == Precision::kFp32 || want.precision == Precision::kBf16);
     if (s.find('/') == std::string::npos || !(ddp_like || fsdp))
       throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
                                   "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or autocast (bf16 "
                                   "on a CPU, fp16 with GradScaler on CUDA), wrap=none, and FSDP as zero2 or "
                                   "zero3[+offload]/fp32 or bf16 (MixedPrecision)/wrap=size:N or wrap=block "
-                                  "(transformer_auto_wrap_policy), only in this version");
+                                  "(transformer_auto_wrap_policy), with --fsdp-version 2 wrap=block (fully_shard "
+                                  "on each block, then the root) or wrap=none (the root only), only in this version");
     if (!fsdp && want.precision == amp && !has_amp)
       throw std::invalid_argument(
           "--strategies " + s +
@@ -168,8 +186,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                : ": its autocast traces are not batch-affine, so it cannot be planned in this version (" +
                      amp_not_affine + ")"));
     if (fsdp && !cuda)
-      throw std::invalid_argument("--strategies " + s + ": PyTorch 1.13's FSDP runs on CUDA only: plan it with a "
-                                  "CUDA --device and a trace recorded with --target cuda");
+      throw std::invalid_argument("--strategies " + s + ": FSDP is planned on CUDA only (1.13's runs nowhere else; "
+                                  "FSDP2 through the CUDA caching allocator's model): plan it with a CUDA --device "
+                                  "and a trace recorded with --target cuda");
     if (fsdp && want.precision == Precision::kBf16) {
       if (!r.profile.supports(DType::kBF16))
         throw std::invalid_argument("--strategies " + s + ": " + r.profile.name + " has no bf16 (FSDP's "
@@ -179,8 +198,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                     "the model's traces in bf16: record the trace file with trace_recorder.py "
                                     "--target cuda --param-dtype bf16");
       if (r.gpus_per_node * r.nodes == 1)
-        throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision on one GPU (NO_SHARD) is not "
-                                    "simulated in this version");
+        throw std::invalid_argument("--strategies " + s + ": FSDP's mixed precision on one GPU is not simulated in "
+                                    "this version");
     }
     if (fsdp && want.wrap == "block" &&
         std::none_of(file->modules.begin(), file->modules.end(), [](const ModuleNode& m) { return m.is_block; }))
@@ -283,6 +302,21 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     o.world_size = world;
     o.wrapped = !(r.single_gpu_unwrapped && c.sharding == Sharding::kDdp);
     std::vector<StepSimResult> ranks;
+    if (is_fsdp(c) && r.fsdp_version == 2) {
+      // Rank 0, whose shards are the padded size: no rank holds more.
+      PytorchFsdp2Options f;
+      f.reshard_after_forward = c.sharding == Sharding::kZero3;
+      f.offload_params = c.offload;
+      f.wrap_blocks = c.wrap == "block";
+      f.mixed_precision = c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+      f.world_size = world;
+      f.steps = o.steps;
+      f.overhead_bytes = o.overhead_bytes;
+      f.zero_grad_set_to_none = o.zero_grad_set_to_none;
+      CudaCachingAllocatorModel a(budget);
+      ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, a));
+      return ranks;
+    }
     if (is_fsdp(c)) {
       // Every rank alike (the padded shards are one size).
       PytorchFsdpOptions f;
@@ -327,7 +361,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kBackwardPost ? "post"
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
-                                      r.steps};
+                                      r.steps, r.fsdp_version};
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
@@ -340,10 +374,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   for (const Candidate& c : candidates) {
     PlanCandidate pc;
     pc.candidate = c;
-    pc.units = is_fsdp(c) ? static_cast<int>(spec::wrap_modules(file->modules, WrapPolicy::parse(c.wrap),
-                                                                spec::TiedParams::kCopiedPerUnit)
-                                                 .units.size())
-                          : 1;
+    pc.units = is_fsdp(c) ? static_cast<int>(fsdp_units(file->modules, c, r.fsdp_version).units.size()) : 1;
     pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(simulate(c, b)); }, r.max_batch);
     const auto at_fit = simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
     const StepSimResult& fit = worst(at_fit);

@@ -371,6 +371,34 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         self.assertIn("--param-dtype bf16: FSDP's MixedPrecision, traced for CUDA only", out.stderr)
+        # FSDP2 (--fsdp-version 2, planner/pytorch_fsdp2.cc) from the same traces: fully_shard on each
+        # block then the root, or on the root alone, its MixedPrecisionPolicy from the bf16 ones.
+        fsdp2 = ["--fsdp-version", "2", "--strategies",
+                 "zero3/fp32/wrap=block,zero3/bf16/wrap=block,zero2/fp32/wrap=block,zero3/fp32/wrap=none"]
+        out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb",
+                              "--gpus", "2", "--gpu-mem", "2GiB", "--json"] + fsdp2,
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        planned = json.loads(out.stdout)
+        self.assertEqual(planned["pytorch_job"]["fsdp_version"], 2)
+        batch2 = {c["id"]: c["max_batch_per_gpu"] for c in planned["candidates"]}
+        self.assertGreater(batch2["zero3/bf16/wrap=block"], batch2["zero3/fp32/wrap=block"])
+        # Gathered per block, not the whole model at once: no fewer sequences fit than with the root alone.
+        self.assertGreaterEqual(batch2["zero3/fp32/wrap=block"], batch2["zero3/fp32/wrap=none"])
+        units = {c["id"]: c["units"] for c in planned["candidates"]}
+        self.assertEqual(units["zero3/fp32/wrap=none"], 1)
+        self.assertGreater(units["zero3/fp32/wrap=block"], 1)
+        for extra, message in ((["--stack", "pytorch", "--fsdp-version", "3"], "--fsdp-version 3: expected 1"),
+                               (["--fsdp-version", "2"], "give --stack pytorch"),
+                               (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-backward-prefetch", "none"],
+                                "FSDP2 (--fsdp-version 2) has no such option"),
+                               (["--stack", "pytorch", "--fsdp-version", "2", "--strategies",
+                                 "zero3/fp32/wrap=size:1000"], "with --fsdp-version 2 wrap=block")):
+            out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--device", "a100-40gb", "--gpus", "2"] + extra,
+                                 capture_output=True, text=True, timeout=120)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+            self.assertIn(message, out.stderr)
 
     def test_autocast_traces_that_are_not_batch_affine_leave_the_fp32_plan(self):
         # gpt2-tiny-wide's CPU bf16 matmuls: where oneDNN's scratchpad follows
