@@ -62,10 +62,43 @@ ojson batch_section(const Plan& plan, const PlanCandidate& pc) {
                {"nproc_per_node", plan.hardware.gpus_per_node}};
 }
 
+bool planned_fsdp2(const Plan& plan) { return plan.pytorch_job && plan.pytorch_job->fsdp_version == 2; }
+
+// A plan made with --fsdp-version 2: FSDP2's fully_shard keyword arguments
+// (torch.distributed.fsdp.fully_shard) and the modules to call it on, in
+// order, as planner/pytorch_fsdp2.h simulated them.
+LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPolicyText& wrap,
+                         const std::string& block_class) {
+  const Candidate& c = pc.candidate;
+  if (c.sharding != Sharding::kZero2 && c.sharding != Sharding::kZero3)
+    throw InexpressibleCandidate("fsdp cannot express '" + c.to_id() + "' as fully_shard: FSDP2 is zero2 or zero3");
+  ojson kwargs;
+  kwargs["reshard_after_forward"] = c.sharding == Sharding::kZero3;
+  if (c.precision == Precision::kFp32) {
+    kwargs["mp_policy"] = nullptr;
+  } else {
+    const char* d = torch_dtype(c.precision);
+    kwargs["mp_policy"] = ojson{{"param_dtype", d}, {"reduce_dtype", d}};
+  }
+  kwargs["offload_policy"] = c.offload ? ojson("CPUOffloadPolicy") : ojson(nullptr);
+  LaunchConfig out;
+  out.settings["fully_shard_kwargs"] = kwargs;
+  out.settings["fully_shard_modules"] =
+      wrap.kind == "block" ? ojson::array({"every " + block_class, "the root"}) : ojson::array({"the root"});
+  out.settings["train"] = batch_section(plan, pc);
+  out.notes.push_back(
+      "fsdp: call fully_shard(module, **fully_shard_kwargs) on each of fully_shard_modules in order, building "
+      "MixedPrecisionPolicy(param_dtype=torch.<dtype>, ...) and CPUOffloadPolicy() from their names; the plan "
+      "assumed torch.optim.AdamW(foreach=False)");
+  out.text = out.settings.dump(2) + "\n";
+  return out;
+}
+
 LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyText& wrap,
                   const std::string& block_class) {
   const Candidate& c = pc.candidate;
   check_ckpt(c, LaunchFormat::kFsdp);
+  if (planned_fsdp2(plan)) return fully_shard(plan, pc, wrap, block_class);
   ojson kwargs;
   kwargs["sharding_strategy"] = fsdp_sharding(c.sharding, LaunchFormat::kFsdp, c.to_id());
   kwargs["auto_wrap_policy"] = fsdp_wrap_policy(wrap, block_class);
@@ -117,13 +150,23 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
     fsdp["fsdp_auto_wrap_policy"] = "SIZE_BASED_WRAP";
     fsdp["fsdp_min_num_params"] = wrap.min_num_params;
   }
+  // Accelerate's FSDP2 (fsdp_version 2): reshard_after_forward in place of
+  // the sharding strategy; FSDP1's prefetch and flat-parameter keys unused.
+  const bool fsdp2 = planned_fsdp2(plan);
   fsdp["fsdp_offload_params"] = c.offload;
-  fsdp["fsdp_backward_prefetch"] = "BACKWARD_PRE";
+  if (!fsdp2) fsdp["fsdp_backward_prefetch"] = "BACKWARD_PRE";
   fsdp["fsdp_activation_checkpointing"] = c.recompute;
-  fsdp["fsdp_forward_prefetch"] = plan.schedule.prefetch >= 2;
-  fsdp["fsdp_sync_module_states"] = true;
-  fsdp["fsdp_use_orig_params"] = true;
+  if (!fsdp2) {
+    fsdp["fsdp_forward_prefetch"] = plan.schedule.prefetch >= 2;
+    fsdp["fsdp_sync_module_states"] = true;
+    fsdp["fsdp_use_orig_params"] = true;
+  }
   fsdp["fsdp_state_dict_type"] = "SHARDED_STATE_DICT";
+  if (fsdp2) {
+    fsdp.erase("fsdp_sharding_strategy");
+    fsdp["fsdp_version"] = 2;
+    fsdp["fsdp_reshard_after_forward"] = c.sharding == Sharding::kZero3;
+  }
 
   LaunchConfig out;
   ojson& s = out.settings;

@@ -5,6 +5,11 @@
 //                (torch.distributed.fsdp.FullyShardedDataParallel, PyTorch
 //                2.x: https://pytorch.org/docs/stable/fsdp.html), plus how to
 //                apply activation checkpointing and the batch to train.
+//                A plan made with `--stack pytorch --fsdp-version 2`: FSDP2's
+//                `fully_shard` keyword arguments (reshard_after_forward,
+//                mp_policy, offload_policy) and the modules to call it on;
+//                its accelerate export `fsdp_version: 2` with
+//                `fsdp_reshard_after_forward` (Accelerate 1.6's FSDP2 keys).
 //  - accelerate: an Accelerate config YAML for `accelerate launch
 //                --config_file` (`distributed_type: FSDP`, `fsdp_config` keys
 //                as https://huggingface.co/docs/accelerate/usage_guides/fsdp

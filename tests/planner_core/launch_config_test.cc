@@ -146,6 +146,30 @@ TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
   EXPECT_NE(c.text.find("\nmixed_precision: bf16\n"), std::string::npos);
 }
 
+// A plan made for FSDP2 (plan --stack pytorch --fsdp-version 2) exports
+// fully_shard's arguments and Accelerate's fsdp_version 2 keys, not FSDP1's.
+TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
+  Plan plan = plan_with("zero2+offload/bf16/wrap=block", 12, 2, 1);
+  plan.stack = "pytorch";
+  plan.pytorch_job = Plan::PytorchJob{"none", "non-reentrant", 25 << 20, "pre", 2, 2};
+  const LaunchConfig f = export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
+  EXPECT_EQ(ojson::parse(f.text), f.settings);
+  EXPECT_FALSE(f.settings.contains("fsdp_kwargs"));
+  const ojson& k = f.settings["fully_shard_kwargs"];
+  EXPECT_FALSE(k["reshard_after_forward"].get<bool>());  // zero2
+  EXPECT_EQ(k["mp_policy"], ojson({{"param_dtype", "bfloat16"}, {"reduce_dtype", "bfloat16"}}));
+  EXPECT_EQ(k["offload_policy"], "CPUOffloadPolicy");
+  EXPECT_EQ(f.settings["fully_shard_modules"], ojson::array({"every GPT2Block", "the root"}));
+  EXPECT_EQ(f.settings["train"]["batch_size_per_gpu"], 12);
+  const LaunchConfig a = export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block");
+  const ojson& c = a.settings["fsdp_config"];
+  EXPECT_EQ(c["fsdp_version"], 2);
+  EXPECT_FALSE(c["fsdp_reshard_after_forward"].get<bool>());
+  EXPECT_FALSE(c.contains("fsdp_sharding_strategy"));
+  EXPECT_FALSE(c.contains("fsdp_backward_prefetch"));
+  EXPECT_NE(a.text.find("\n  fsdp_version: 2\n"), std::string::npos) << a.text;
+}
+
 TEST(LaunchConfig, AccelerateBlockWrapNamesTheLayerClassAndFp32IsQuotedNo) {
   const LaunchConfig c = export_one("zero2+ckpt/fp32/wrap=block", LaunchFormat::kAccelerate, 8, 2);
   EXPECT_EQ(c.settings["fsdp_config"]["fsdp_auto_wrap_policy"], "TRANSFORMER_BASED_WRAP");
