@@ -64,21 +64,10 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   const std::unordered_map<int, int64_t> split_tie_bytes = split_tie_grad_bytes(modules, part, low);
 
   // AdamW over the flat shards, in parameters() order (the units' pre-order,
-  // as part.units is): each unit's step is a traced parameter's step resized
-  // (the largest parameter's, so that no other storage shares its size).
-  const size_t ref = static_cast<size_t>(
-      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
-  std::vector<ModelTrace> unit_steps;
-  std::vector<int> order;
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].numel == 0) continue;
-    for (int k = 0; k < 2; ++k)
-      unit_steps.push_back(fsdp_resized_step((*in.optimizer_param_steps)[2 * ref + k], in.param_numels[ref],
-                                        units[u].shard));
-    order.push_back(static_cast<int>(order.size()));
-  }
-  const ModelTrace opt_first = compose_optimizer_step(unit_steps, order, true);
-  const ModelTrace opt_later = compose_optimizer_step(unit_steps, order, false);
+  // as part.units is).
+  std::vector<int64_t> shards;
+  for (const FlatParam& u : units) shards.push_back(u.shard);
+  const ShardedAdamw adamw = sharded_adamw_steps(in, shards);
 
   // Init: what exists before the model (the profile's cuBLAS workspaces),
   // the buffers (moved to the GPU with the module), each unit's shard
@@ -282,7 +271,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     outputs.clear();
     ledger.point(step + "/backward");
     // opt.step(): AdamW over the shards (on the host with offload_params).
-    if (!o.offload_params && !replay(k == 1 ? opt_first : opt_later, ledger, step + "/optimizer", false,
+    if (!o.offload_params && !replay(k == 1 ? adamw.first : adamw.later, ledger, step + "/optimizer", false,
                                      Category::kTemporaries, Category::kOptimizer, nullptr))
       return out;
     ledger.point(step + "/optimizer");
@@ -291,11 +280,28 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   return out;
 }
 
-ModelTrace fsdp_resized_step(const ModelTrace& t, int64_t from_numel, int64_t to_numel) {
-  ModelTrace out = t;
-  for (auto& e : out.events)
-    if (e.kind == MemEvent::kAlloc && e.bytes == 4 * from_numel) e.bytes = 4 * to_numel;
-  return out;
+ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards) {
+  // A traced AdamW step for one parameter resized to a shard: every storage
+  // of the parameter's size (its exp_avg and exp_avg_sq, the update's sqrt
+  // and division: optim/adamw.py _single_tensor_adamw) becomes the shard's
+  // size; the rest (none in 1.13's for-loop AdamW on a GPU parameter; its
+  // `step` is a host tensor) stays. The parameter is the largest, so that no
+  // other storage shares its size.
+  const size_t ref = static_cast<size_t>(
+      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
+  std::vector<ModelTrace> steps;
+  std::vector<int> order;
+  for (int64_t shard : shards) {
+    if (shard == 0) continue;
+    for (int k = 0; k < 2; ++k) {
+      ModelTrace t = (*in.optimizer_param_steps)[2 * ref + k];
+      for (auto& e : t.events)
+        if (e.kind == MemEvent::kAlloc && e.bytes == 4 * in.param_numels[ref]) e.bytes = 4 * shard;
+      steps.push_back(std::move(t));
+    }
+    order.push_back(static_cast<int>(order.size()));
+  }
+  return {compose_optimizer_step(steps, order, true), compose_optimizer_step(steps, order, false)};
 }
 
 std::unordered_map<int, int64_t> split_tie_grad_bytes(const std::vector<ModuleNode>& modules,

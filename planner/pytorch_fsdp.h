@@ -76,12 +76,14 @@ inline int64_t fsdp_shard_numel(int64_t numel, int world) { return (numel + worl
 // pytorch_fsdp2.h): one step's walk through the no-grads trace, calling the
 // version's hooks where PyTorch calls them.
 class Ledger;
-// A traced AdamW step for one parameter of `from_numel` elements, resized to
-// a shard of `to_numel`: every storage of the parameter's size (its exp_avg
-// and exp_avg_sq, the update's sqrt and division: optim/adamw.py
-// _single_tensor_adamw) becomes the shard's size; the rest (none in 1.13's
-// for-loop AdamW on a GPU parameter; its `step` is a host tensor) stays.
-ModelTrace fsdp_resized_step(const ModelTrace& t, int64_t from_numel, int64_t to_numel);
+// torch.optim.AdamW over shards of these sizes (elements; a 0 is skipped),
+// in this order, from the traced steps of one parameter alone (`in`'s
+// optimizer_param_steps), resized: its first step (state created) and any
+// later one.
+struct ShardedAdamw {
+  ModelTrace first, later;
+};
+ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards);
 struct FsdpStepHooks {
   std::function<void(int)> pre_forward;   // a unit's forward begins (its forward pre-hook)
   std::function<void(int)> post_forward;  // a unit's forward has ended (its forward hook)

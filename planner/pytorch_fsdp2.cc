@@ -69,9 +69,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
 
   // AdamW over the sharded parameters in parameters() order (the module
   // table's): each parameter's state is its local shard's size
-  // (zeros_like of the DTensor), rank 0's the padded one. Each step is the
-  // largest parameter's traced step resized, so that no other storage
-  // shares its size.
+  // (zeros_like of the DTensor), rank 0's the padded one.
   std::vector<int64_t> shards;
   for (const ModuleNode& m : modules)
     for (const ParamInfo& p : m.params) shards.push_back(fsdp2_shard_numel(p, W));
@@ -79,18 +77,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     throw std::invalid_argument("--stack pytorch FSDP2: the trace file's module table has " +
                                 std::to_string(shards.size()) + " parameters and its optimizer steps " +
                                 std::to_string(in.param_numels.size()));
-  const size_t ref = static_cast<size_t>(
-      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
-  std::vector<ModelTrace> param_steps;
-  std::vector<int> order;
-  for (int64_t s : shards) {
-    if (s == 0) continue;
-    for (int k = 0; k < 2; ++k)
-      param_steps.push_back(fsdp_resized_step((*in.optimizer_param_steps)[2 * ref + k], in.param_numels[ref], s));
-    order.push_back(static_cast<int>(order.size()));
-  }
-  const ModelTrace opt_first = compose_optimizer_step(param_steps, order, true);
-  const ModelTrace opt_later = compose_optimizer_step(param_steps, order, false);
+  const ShardedAdamw adamw = sharded_adamw_steps(in, shards);
 
   // Init: what exists before the model (the cuBLAS workspaces), the buffers
   // (MixedPrecisionPolicy casts none), each parameter's padded shard, fp32,
@@ -272,7 +259,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     ledger.point(step + "/backward");
     // opt.step(): AdamW over the sharded parameters (on the host under
     // CPUOffloadPolicy).
-    if (!o.offload_params && !replay(k == 1 ? opt_first : opt_later, ledger, step + "/optimizer", false,
+    if (!o.offload_params && !replay(k == 1 ? adamw.first : adamw.later, ledger, step + "/optimizer", false,
                                      Category::kTemporaries, Category::kOptimizer, nullptr))
       return out;
     ledger.point(step + "/optimizer");

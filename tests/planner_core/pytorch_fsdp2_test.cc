@@ -14,18 +14,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "fsdp_test_trace.h"
+
 namespace shardfit::planner {
 namespace {
 
-MemEvent ev(MemEvent::Kind k, Phase ph, int module, int64_t tensor = -1, int64_t bytes = 0) {
-  MemEvent e;
-  e.kind = k;
-  e.phase = ph;
-  e.module = module;
-  e.tensor = tensor;
-  e.bytes = bytes;
-  return e;
-}
+using fsdp_test::adamw;
+using fsdp_test::at;
+using fsdp_test::step;
 
 std::vector<ModuleNode> modules() {
   std::vector<ModuleNode> m(2);
@@ -38,36 +34,6 @@ std::vector<ModuleNode> modules() {
   m[1].is_block = true;
   m[1].params = {ParamInfo{"lin.w", {5, 2}, 10}, ParamInfo{"lin.b", {2}, 2}};
   return m;
-}
-
-// Forward: 100 B in the root, 40 B in lin, an 8 B loss. Backward: lin's two
-// gradients (10 and 2 elements of `grad_bytes`) kept by AccumulateGrad, the
-// root's (4 elements) after lin's backward has ended.
-ModelTrace step(int64_t grad_bytes = 4) {
-  constexpr auto F = Phase::kForward, B = Phase::kBackward;
-  ModelTrace t;
-  t.grads_at_start = false;
-  t.events = {ev(MemEvent::kModuleBegin, F, 0), ev(MemEvent::kAlloc, F, 0, 1, 100),
-              ev(MemEvent::kModuleBegin, F, 1), ev(MemEvent::kAlloc, F, 1, 2, 40),
-              ev(MemEvent::kModuleEnd, F, 1),   ev(MemEvent::kAlloc, F, 0, 3, 8),
-              ev(MemEvent::kModuleEnd, F, 0),   ev(MemEvent::kFree, B, 0, 3),
-              ev(MemEvent::kModuleBegin, B, 1), ev(MemEvent::kAlloc, B, 1, 4, 10 * grad_bytes),
-              ev(MemEvent::kAlloc, B, 1, 5, 2 * grad_bytes), ev(MemEvent::kFree, B, 1, 2),
-              ev(MemEvent::kModuleEnd, B, 1),   ev(MemEvent::kAlloc, B, 0, 6, 4 * grad_bytes),
-              ev(MemEvent::kFree, B, 0, 1)};
-  return t;
-}
-
-// AdamW on one parameter of 10 elements (40 B): step 1 makes exp_avg and
-// exp_avg_sq, then the update's two temporaries; later steps the update.
-ModelTrace adamw(bool first) {
-  constexpr auto F = Phase::kForward;
-  ModelTrace t;
-  if (first) t.events = {ev(MemEvent::kAlloc, F, 0, 1, 40), ev(MemEvent::kAlloc, F, 0, 2, 40)};
-  for (MemEvent e : {ev(MemEvent::kAlloc, F, 0, 3, 40), ev(MemEvent::kAlloc, F, 0, 4, 40),
-                     ev(MemEvent::kFree, F, 0, 3), ev(MemEvent::kFree, F, 0, 4)})
-    t.events.push_back(e);
-  return t;
 }
 
 struct Fixture {
@@ -86,12 +52,6 @@ struct Fixture {
     return simulate_pytorch_fsdp2(in, modules(), o, a);
   }
 };
-
-const TimelinePoint& at(const StepSimResult& r, const std::string& label) {
-  for (const auto& p : r.timeline)
-    if (p.label == label) return p;
-  throw std::runtime_error("no timeline point " + label);
-}
 
 TEST(PytorchFsdp2, ShardsEachParameterOnDimZeroPaddedToTheFirstChunk) {
   EXPECT_EQ(fsdp2_shard_numel(ParamInfo{"w", {5, 2}, 10}, 2), 6);
