@@ -70,10 +70,16 @@ bool planned_fsdp2(const Plan& plan) { return plan.pytorch_job && plan.pytorch_j
 LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPolicyText& wrap,
                          const std::string& block_class) {
   const Candidate& c = pc.candidate;
-  if (c.sharding != Sharding::kZero2 && c.sharding != Sharding::kZero3)
-    throw InexpressibleCandidate("fsdp cannot express '" + c.to_id() + "' as fully_shard: FSDP2 is zero2 or zero3");
+  if (c.sharding != Sharding::kZero2 && c.sharding != Sharding::kZero3 && c.sharding != Sharding::kHybrid)
+    throw InexpressibleCandidate("fsdp cannot express '" + c.to_id() +
+                                 "' as fully_shard: FSDP2 is zero2, zero3 or hybrid (HSDP)");
   ojson kwargs;
-  kwargs["reshard_after_forward"] = c.sharding == Sharding::kZero3;
+  kwargs["reshard_after_forward"] = c.sharding != Sharding::kZero2;
+  // HSDP: a 2-D DeviceMesh (init_device_mesh("cuda", (nodes, gpus per node),
+  // mesh_dim_names=("replicate", "shard"))), replicated on dim 0.
+  if (c.sharding == Sharding::kHybrid)
+    kwargs["mesh"] = ojson{{"shape", ojson::array({plan.hardware.nodes, plan.hardware.gpus_per_node})},
+                           {"mesh_dim_names", ojson::array({"replicate", "shard"})}};
   if (c.precision == Precision::kFp32) {
     kwargs["mp_policy"] = nullptr;
   } else {
@@ -88,8 +94,8 @@ LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPo
   out.settings["train"] = batch_section(plan, pc);
   out.notes.push_back(
       "fsdp: call fully_shard(module, **fully_shard_kwargs) on each of fully_shard_modules in order, building "
-      "MixedPrecisionPolicy(param_dtype=torch.<dtype>, ...) and CPUOffloadPolicy() from their names; the plan "
-      "assumed torch.optim.AdamW(foreach=False)");
+      "MixedPrecisionPolicy(param_dtype=torch.<dtype>, ...), CPUOffloadPolicy() and the mesh (init_device_mesh) "
+      "from their names; the plan assumed torch.optim.AdamW(foreach=False)");
   out.text = out.settings.dump(2) + "\n";
   return out;
 }
@@ -162,6 +168,9 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
     fsdp["fsdp_use_orig_params"] = true;
   }
   fsdp["fsdp_state_dict_type"] = "SHARDED_STATE_DICT";
+  if (fsdp2 && c.sharding == Sharding::kHybrid)
+    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' planned for FSDP2: its fsdp_config "
+                                 "has no HSDP key (the mesh is the script's); use --format fsdp");
   if (fsdp2) {
     fsdp.erase("fsdp_sharding_strategy");
     fsdp["fsdp_version"] = 2;

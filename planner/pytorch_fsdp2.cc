@@ -20,6 +20,7 @@ struct Group {
   bool gathering = false;   // unshard() called, wait_for_unshard() not yet (_all_gather_result)
   int64_t pending = -1;     // that all-gather's flat output
   int64_t grad_flat = -1;   // the reduce-scatter output the sharded .grads are views of
+  int64_t all_reduce_state = -1;  // HSDP: the all-reduced output, held until the backward is finalized
   bool has_grads = false;   // the sharded parameters' .grad is set
   int post_forward_index = -1;
   bool pre_backward_done = false, post_backward_done = false;
@@ -171,7 +172,11 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     // each parameter's sharded .grad a view of it (as_strided), or added into
     // the .grad kept from the last step (then it goes), or under
     // CPUOffloadPolicy copied to the host (it goes too). The input is kept as
-    // reduce_scatter_state.
+    // reduce_scatter_state. With HSDP the output is all-reduced in place
+    // across the replicas on the all-reduce stream and held
+    // (_all_reduce_state, "to keep it alive until the end of backward")
+    // until the group's backward is finalized; under a policy its fp32 cast
+    // is made on that stream, the low-precision output kept beside it.
     auto post_backward = [&](int gi) {
       Group& g = groups[gi];
       if (g.post_backward_done) return;
@@ -182,13 +187,16 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       const int64_t input = alloc(Category::kCommBuffers, low * g.shard_sum * W, kFsdp2ComputeStream);
       ledger.free_all(unit_grads[gi]);
       int64_t reduced = alloc(Category::kGrads, low * g.shard_sum, kReduceScatterStream);
-      if (mixed) {
+      if (o.hsdp) {
+        g.all_reduce_state = reduced;
+        if (mixed) reduced = alloc(Category::kGrads, 4 * g.shard_sum, kAllReduceStream);
+      } else if (mixed) {
         const int64_t fp32 = alloc(Category::kGrads, 4 * g.shard_sum, kReduceScatterStream);
         ledger.free(reduced);
         reduced = fp32;
       }
       if (o.offload_params || g.has_grads) {
-        ledger.free(reduced);
+        if (reduced != g.all_reduce_state) ledger.free(reduced);
       } else {
         g.grad_flat = reduced;
       }
@@ -240,14 +248,18 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       return out;
     // _root_post_backward_final_callback: every group whose post-backward
     // did not run (the root's inputs need no gradient), in all_states order
-    // (the root's first), each then finalized (a prefetch no backward used
-    // dropped); then the last reduce-scatter's input goes.
+    // (the root's first), each then finalized (finalize_backward: the
+    // all-reduce state released, a prefetch no backward used dropped); then
+    // the last reduce-scatter's input goes.
     for (size_t gi = 0; gi < groups.size() && !ledger.oom(); ++gi) {
+      Group& g = groups[gi];
       post_backward(static_cast<int>(gi));
-      if (groups[gi].gathering) {
-        ledger.free(groups[gi].pending);
-        groups[gi].pending = -1;
-        groups[gi].gathering = false;
+      if (g.all_reduce_state != g.grad_flat) ledger.free(g.all_reduce_state);
+      g.all_reduce_state = -1;
+      if (g.gathering) {
+        ledger.free(g.pending);
+        g.pending = -1;
+        g.gathering = false;
       }
     }
     if (ledger.oom()) return out;

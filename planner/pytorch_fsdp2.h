@@ -46,7 +46,11 @@ struct PytorchFsdp2Options {
   // in d (the traces are the model's cast to d, as for FSDP1's
   // MixedPrecision), the shards and the gradients' shards fp32. kF32: none.
   DType mixed_precision = DType::kF32;
-  int world_size = 2;
+  // HSDP (the hybrid candidates: fully_shard(mesh=2-D DeviceMesh)): sharded
+  // within a group of world_size ranks (a node), replicated across groups;
+  // each reduce-scatter's output then all-reduced across the replicas.
+  bool hsdp = false;
+  int world_size = 2;  // the shard group's size (with hsdp, the ranks of a node)
   int steps = 2;
   std::vector<int64_t> overhead_bytes;  // the profile's cuBLAS workspaces
   bool zero_grad_set_to_none = true;    // opt.zero_grad(set_to_none=...)
@@ -54,8 +58,14 @@ struct PytorchFsdp2Options {
 
 // The streams whose pools the caching allocator keeps apart: the default
 // (compute) stream, the all-gather copy-in stream (where the all-gather's
-// inputs and output are made) and the reduce-scatter stream (its output).
-enum Fsdp2Stream : int { kFsdp2ComputeStream = 0, kAllGatherCopyInStream = 1, kReduceScatterStream = 2 };
+// inputs and output are made), the reduce-scatter stream (its output) and,
+// with HSDP, the all-reduce stream (the output cast to fp32 after it).
+enum Fsdp2Stream : int {
+  kFsdp2ComputeStream = 0,
+  kAllGatherCopyInStream = 1,
+  kReduceScatterStream = 2,
+  kAllReduceStream = 3
+};
 
 // A parameter's padded shard, in elements: dim 0 cut as torch.chunk cuts it
 // into world pieces, every rank's padded to the 0th chunk (_fsdp_param.py

@@ -52,18 +52,20 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   ti.seq_len = r.seq_len;
   ti.grad_accum = r.grad_accum;
   ti.world_size = world;
-  ti.shard_group_size = world;
+  // HSDP (FSDP2's hybrid) shards within a node.
+  const int shard_world = c.sharding == Sharding::kHybrid ? r.gpus_per_node : world;
+  ti.shard_group_size = shard_world;
   ti.nodes = r.nodes;
   ti.optimizer_states = 2;  // AdamW: exp_avg, exp_avg_sq
   ti.schedule.async_reduce = true;
-  if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3) {
+  if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid) {
     ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
     const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
     for (const auto& u : part.units) {
       int64_t padded = fsdp_shard_numel(u.numel, world) * world;  // FSDP1: one flat parameter
       if (r.fsdp_version == 2) {                                  // FSDP2: each parameter on its own
         padded = 0;
-        for (const ParamInfo& p : u.params) padded += fsdp2_shard_numel(p, world) * world;
+        for (const ParamInfo& p : u.params) padded += fsdp2_shard_numel(p, shard_world) * shard_world;
       }
       ti.unit_padded_numel.push_back(padded);
     }
@@ -158,7 +160,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     throw std::invalid_argument("--checkpoint reentrant: the trace file has no traces with use_reentrant=True (record "
                                 "it again with pytorch/trace_recorder.py)");
   std::vector<Candidate> candidates;
-  auto is_fsdp = [](const Candidate& c) { return c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3; };
+  // FSDP's candidates: zero2 and zero3; with FSDP2 also hybrid (HSDP).
+  auto is_fsdp = [](const Candidate& c) {
+    return c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid;
+  };
   for (const std::string& s : r.candidates.strategies) {
     if (s == "ddp" || s == "zero1") continue;
     const Candidate want = s.find('/') == std::string::npos ? Candidate{} : parse_candidate(s);
@@ -166,7 +171,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                           want.wrap == "none" &&
                           (want.precision == Precision::kFp32 || (want.precision == amp && !want.recompute));
     const bool fsdp2 = r.fsdp_version == 2;
-    const bool fsdp = is_fsdp(want) && !want.recompute &&
+    const bool fsdp = is_fsdp(want) && (fsdp2 || want.sharding != Sharding::kHybrid) && !want.recompute &&
                       (fsdp2 ? want.wrap == "none" || want.wrap == "block"
                              : want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") &&
                       (want.precision == Precision::kFp32 || want.precision == Precision::kBf16);
@@ -175,8 +180,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                   "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or autocast (bf16 "
                                   "on a CPU, fp16 with GradScaler on CUDA), wrap=none, and FSDP as zero2 or "
                                   "zero3[+offload]/fp32 or bf16 (MixedPrecision)/wrap=size:N or wrap=block "
-                                  "(transformer_auto_wrap_policy), with --fsdp-version 2 wrap=block (fully_shard "
-                                  "on each block, then the root) or wrap=none (the root only), only in this version");
+                                  "(transformer_auto_wrap_policy), with --fsdp-version 2 also hybrid (HSDP) and "
+                                  "wrap=block (fully_shard on each block, then the root) or wrap=none (the root "
+                                  "only), only in this version");
     if (!fsdp && want.precision == amp && !has_amp)
       throw std::invalid_argument(
           "--strategies " + s +
@@ -197,8 +203,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
         throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision(param_dtype=torch.bfloat16) needs "
                                     "the model's traces in bf16: record the trace file with trace_recorder.py "
                                     "--target cuda --param-dtype bf16");
-      if (r.gpus_per_node * r.nodes == 1)
-        throw std::invalid_argument("--strategies " + s + ": FSDP's mixed precision on one GPU is not simulated in "
+      if ((want.sharding == Sharding::kHybrid ? r.gpus_per_node : r.gpus_per_node * r.nodes) == 1)
+        throw std::invalid_argument("--strategies " + s + ": FSDP's mixed precision sharded over one GPU is not "
+                                    "simulated in "
                                     "this version");
     }
     if (fsdp && want.wrap == "block" &&
@@ -309,7 +316,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.offload_params = c.offload;
       f.wrap_blocks = c.wrap == "block";
       f.mixed_precision = c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
-      f.world_size = world;
+      f.hsdp = c.sharding == Sharding::kHybrid;  // sharded within a node, replicated across nodes
+      f.world_size = f.hsdp ? r.gpus_per_node : world;
       f.steps = o.steps;
       f.overhead_bytes = o.overhead_bytes;
       f.zero_grad_set_to_none = o.zero_grad_set_to_none;

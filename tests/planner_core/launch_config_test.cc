@@ -168,6 +168,15 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
   EXPECT_FALSE(c.contains("fsdp_sharding_strategy"));
   EXPECT_FALSE(c.contains("fsdp_backward_prefetch"));
   EXPECT_NE(a.text.find("\n  fsdp_version: 2\n"), std::string::npos) << a.text;
+  // HSDP: fully_shard over a 2-D mesh; Accelerate's FSDP2 keys cannot say it.
+  Plan hybrid = plan_with("hybrid/fp32/wrap=block", 12, 4, 2);
+  hybrid.stack = "pytorch";
+  hybrid.pytorch_job = plan.pytorch_job;
+  const LaunchConfig h = export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
+  EXPECT_TRUE(h.settings["fully_shard_kwargs"]["reshard_after_forward"].get<bool>());
+  EXPECT_EQ(h.settings["fully_shard_kwargs"]["mesh"]["shape"], ojson::array({2, 4}));
+  EXPECT_THROW(export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),
+               InexpressibleCandidate);
 }
 
 TEST(LaunchConfig, AccelerateBlockWrapNamesTheLayerClassAndFp32IsQuotedNo) {

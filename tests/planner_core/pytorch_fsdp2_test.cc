@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -153,6 +154,43 @@ TEST(PytorchFsdp2, MixedPrecisionGathersAndReducesInBf16) {
   EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 36 + 36);
   EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 72 + 72);
   EXPECT_THROW(f.run(o, 1), std::invalid_argument);  // one GPU: not simulated, said
+}
+
+// HSDP (the hybrid candidates): sharded within a node as above, each
+// reduce-scatter's output all-reduced across the nodes in place and held
+// until the backward is finalized. In fp32 the .grads are views of it
+// anyway: byte for byte FSDP2's timeline. Under a bf16 policy the bf16
+// output stays beside its fp32 cast: lin's 14 B, seen when the root's
+// backward allocates 200 B after lin's post-backward.
+TEST(PytorchFsdp2, HsdpHoldsTheAllReducedOutputUntilTheBackwardEnds) {
+  Fixture f;
+  PytorchFsdp2Options o;
+  const StepSimResult flat = f.run(o);
+  o.hsdp = true;
+  const StepSimResult hsdp = f.run(o);
+  ASSERT_EQ(flat.timeline.size(), hsdp.timeline.size());
+  for (size_t i = 0; i < flat.timeline.size(); ++i) {
+    EXPECT_EQ(flat.timeline[i].allocated_bytes, hsdp.timeline[i].allocated_bytes) << flat.timeline[i].label;
+    EXPECT_EQ(flat.timeline[i].peak_allocated_bytes, hsdp.timeline[i].peak_allocated_bytes) << flat.timeline[i].label;
+  }
+  f.trace = step(2);
+  const auto after_lin = std::find_if(f.trace.events.begin(), f.trace.events.end(), [](const MemEvent& e) {
+    return e.kind == MemEvent::kModuleEnd && e.phase == Phase::kBackward && e.module == 1;
+  });
+  f.trace.events.insert(after_lin + 1, {fsdp_test::ev(MemEvent::kAlloc, Phase::kBackward, 0, 7, 200),
+                                        fsdp_test::ev(MemEvent::kFree, Phase::kBackward, 0, 7)});
+  o.mixed_precision = DType::kBF16;
+  o.hsdp = false;
+  const StepSimResult mixed = f.run(o);
+  o.hsdp = true;
+  const StepSimResult mixed_hsdp = f.run(o);
+  ASSERT_FALSE(mixed.oom || mixed_hsdp.oom);
+  // After lin's post-backward: 200 B (the MixedPrecision test's 240 less
+  // lin's parameters, activation and gradients, plus its 28 B reduce-scatter
+  // input and fp32 gradient shard), then the root's 200 B.
+  EXPECT_EQ(at(mixed, "step1/backward").peak_allocated_bytes, 400);
+  EXPECT_EQ(at(mixed_hsdp, "step1/backward").peak_allocated_bytes, 400 + 14);
+  EXPECT_EQ(at(mixed_hsdp, "step1/backward").allocated_bytes, at(mixed, "step1/backward").allocated_bytes);
 }
 
 // One rank: nothing gathered; each shard (the whole parameter) copied into

@@ -388,12 +388,22 @@ class TraceTest(unittest.TestCase):
         units = {c["id"]: c["units"] for c in planned["candidates"]}
         self.assertEqual(units["zero3/fp32/wrap=none"], 1)
         self.assertGreater(units["zero3/fp32/wrap=block"], 1)
+        # HSDP (hybrid): fully_shard over a (nodes, gpus per node) mesh, sharded within a node.
+        out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb",
+                              "--gpus", "2", "--nodes", "2", "--gpu-mem", "2GiB", "--json", "--fsdp-version", "2",
+                              "--strategies", "hybrid/fp32/wrap=block,zero3/fp32/wrap=block"],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        batch4 = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
+        # Sharded over 2 ranks, not 4: each rank holds more, fewer sequences fit.
+        self.assertLessEqual(batch4["hybrid/fp32/wrap=block"], batch4["zero3/fp32/wrap=block"])
+        self.assertEqual(batch4["hybrid/fp32/wrap=block"], batch2["zero3/fp32/wrap=block"])
         for extra, message in ((["--stack", "pytorch", "--fsdp-version", "3"], "--fsdp-version 3: expected 1"),
                                (["--fsdp-version", "2"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-backward-prefetch", "none"],
                                 "FSDP2 (--fsdp-version 2) has no such option"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--strategies",
-                                 "zero3/fp32/wrap=size:1000"], "with --fsdp-version 2 wrap=block")):
+                                 "zero3/fp32/wrap=size:1000"], "--fsdp-version 2 also hybrid (HSDP) and wrap=block")):
             out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--device", "a100-40gb", "--gpus", "2"] + extra,
                                  capture_output=True, text=True, timeout=120)
             self.assertEqual(out.returncode, 2, out.stderr)
