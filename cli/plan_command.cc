@@ -27,6 +27,7 @@ struct PlanArgs {
   std::string checkpoint = "non-reentrant";
   std::string fsdp_backward_prefetch = "pre";
   int fsdp_version = 1;
+  std::string fsdp_reduce_dtype = "param";
   int steps = 2;
   int64_t seq_len = 128;
   std::string loss = "full";
@@ -95,6 +96,11 @@ int run(const PlanArgs& a) {
     throw BadInput("--fsdp-backward-prefetch " + bp + ": FSDP2 (--fsdp-version 2) has no such option; it "
                    "gathers the next group when a group's backward starts, as pre does");
   r.fsdp_version = a.fsdp_version;
+  if (a.fsdp_reduce_dtype != "param" && a.fsdp_reduce_dtype != "fp32")
+    throw BadInput("--fsdp-reduce-dtype " + a.fsdp_reduce_dtype + ": expected param or fp32");
+  if (a.fsdp_reduce_dtype == "fp32" && a.fsdp_version != 2)
+    throw BadInput("--fsdp-reduce-dtype fp32: simulated for FSDP2 only; give --stack pytorch --fsdp-version 2");
+  r.fsdp_reduce_fp32 = a.fsdp_reduce_dtype == "fp32";
   r.fsdp_backward_prefetch = bp == "post"   ? planner::FsdpBackwardPrefetch::kBackwardPost
                              : bp == "none" ? planner::FsdpBackwardPrefetch::kNone
                                             : planner::FsdpBackwardPrefetch::kBackwardPre;
@@ -229,6 +235,10 @@ Command add_plan_command(CLI::App& app) {
                   "--stack pytorch, FSDP candidates: 1 (FullyShardedDataParallel as PyTorch 1.13 has it: "
                   "flat parameters, wrap=size:N or block) or 2 (FSDP2's fully_shard on each block then the "
                   "root, wrap=block, or on the root alone, wrap=none: each parameter sharded on dim 0)")
+      ->capture_default_str();
+  sub->add_option("--fsdp-reduce-dtype", a->fsdp_reduce_dtype,
+                  "--fsdp-version 2, bf16 candidates: MixedPrecisionPolicy's reduce_dtype: param (None: the "
+                  "param_dtype) or fp32 (torch.float32, torchtitan's recipe)")
       ->capture_default_str();
   sub->add_option("--checkpoint", a->checkpoint,
                   "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False) "

@@ -84,7 +84,8 @@ LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPo
     kwargs["mp_policy"] = nullptr;
   } else {
     const char* d = torch_dtype(c.precision);
-    kwargs["mp_policy"] = ojson{{"param_dtype", d}, {"reduce_dtype", d}};
+    kwargs["mp_policy"] =
+        ojson{{"param_dtype", d}, {"reduce_dtype", plan.pytorch_job->fsdp_reduce_dtype == "fp32" ? "float32" : d}};
   }
   kwargs["offload_policy"] = c.offload ? ojson("CPUOffloadPolicy") : ojson(nullptr);
   LaunchConfig out;

@@ -51,6 +51,10 @@ struct PlanRequest {
   // has it, planner/pytorch_fsdp.h) or 2 (fully_shard, planner/pytorch_fsdp2.h)
   // (`--fsdp-version`).
   int fsdp_version = 1;
+  // --stack pytorch, FSDP2's bf16 candidates: MixedPrecisionPolicy(
+  // reduce_dtype=torch.float32) (`--fsdp-reduce-dtype fp32`) instead of
+  // reducing in param_dtype.
+  bool fsdp_reduce_fp32 = false;
   // --stack pytorch: the training steps the job runs. 2 or more: a job's
   // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
   // during its forward).

@@ -44,8 +44,10 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
   if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
   const int W = o.world_size;
   const bool mixed = o.mixed_precision != DType::kF32;
-  // What is gathered, computed with and reduced: param_dtype's element.
+  // What is gathered and computed with: param_dtype's element; what is
+  // reduced: reduce_dtype's (param_dtype's unless fp32 is asked for).
   const int64_t low = dtype_bytes(o.mixed_precision);
+  const int64_t reduce = o.reduce_in_fp32 ? 4 : low;
   // A world of one copies each shard into an fp32 `empty_like` of it
   // (_fsdp_param_group.py wait_for_unshard), so the model would compute in
   // fp32, not what a low-precision trace recorded.
@@ -165,10 +167,12 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     };
     // FSDPParamGroup.post_backward: the group resharded, then foreach_reduce
     // (after the previous reduce-scatter's input is dropped): its input of
-    // world x Σ shard elements (reduce dtype = param_dtype) on the compute
-    // stream, the unsharded gradients copied in (chunk_cat) and freed; the
+    // world x Σ shard elements in reduce_dtype on the compute stream, the
+    // unsharded gradients copied in (chunk_cat, which widens bf16 into an
+    // fp32 input itself: no temporary) and freed; the
     // output, Σ shard, on the reduce-scatter stream, cast to fp32 there
-    // under a policy (_to_dtype_if_needed; the low-precision one dropped);
+    // when reduced in low precision (_to_dtype_if_needed; the low-precision
+    // one dropped);
     // each parameter's sharded .grad a view of it (as_strided), or added into
     // the .grad kept from the last step (then it goes), or under
     // CPUOffloadPolicy copied to the host (it goes too). The input is kept as
@@ -184,13 +188,13 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       reshard(g);
       if (unit_grads[gi].empty()) return;
       ledger.free(reduce_scatter_state);
-      const int64_t input = alloc(Category::kCommBuffers, low * g.shard_sum * W, kFsdp2ComputeStream);
+      const int64_t input = alloc(Category::kCommBuffers, reduce * g.shard_sum * W, kFsdp2ComputeStream);
       ledger.free_all(unit_grads[gi]);
-      int64_t reduced = alloc(Category::kGrads, low * g.shard_sum, kReduceScatterStream);
+      int64_t reduced = alloc(Category::kGrads, reduce * g.shard_sum, kReduceScatterStream);
       if (o.hsdp) {
         g.all_reduce_state = reduced;
-        if (mixed) reduced = alloc(Category::kGrads, 4 * g.shard_sum, kAllReduceStream);
-      } else if (mixed) {
+        if (reduce != 4) reduced = alloc(Category::kGrads, 4 * g.shard_sum, kAllReduceStream);
+      } else if (reduce != 4) {
         const int64_t fp32 = alloc(Category::kGrads, 4 * g.shard_sum, kReduceScatterStream);
         ledger.free(reduced);
         reduced = fp32;

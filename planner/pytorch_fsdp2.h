@@ -2,9 +2,9 @@
 // PyTorch's FSDP2, `fully_shard` (torch.distributed.fsdp.fully_shard; in
 // torch/distributed/fsdp/_fully_shard/), applied to every block and then to
 // the root (wrap=block), or to the root alone (wrap=none), with
-// reshard_after_forward=True (zero3) or False (zero2), CPUOffloadPolicy or
-// not, MixedPrecisionPolicy(param_dtype=d) (reduce_dtype None, so d too) or
-// none, and torch.optim.AdamW over the sharded parameters, in the loop
+// reshard_after_forward=True (zero3) or False (zero2), on a 1-D mesh or a
+// 2-D one (HSDP), CPUOffloadPolicy or not, MixedPrecisionPolicy(param_dtype=
+// d, reduce_dtype=None or torch.float32) or none, and torch.optim.AdamW over the sharded parameters, in the loop
 //     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
 // on CUDA ranks through the caching allocator's model, one pool per stream
 // FSDP2 allocates on. Each rule in the .cc cites the file it follows, read at
@@ -46,6 +46,10 @@ struct PytorchFsdp2Options {
   // in d (the traces are the model's cast to d, as for FSDP1's
   // MixedPrecision), the shards and the gradients' shards fp32. kF32: none.
   DType mixed_precision = DType::kF32;
+  // MixedPrecisionPolicy(reduce_dtype=torch.float32) beside a low
+  // param_dtype (torchtitan's recipe): gradients reduce-scattered in fp32.
+  // False: reduce_dtype None, so param_dtype's.
+  bool reduce_in_fp32 = false;
   // HSDP (the hybrid candidates: fully_shard(mesh=2-D DeviceMesh)): sharded
   // within a group of world_size ranks (a node), replicated across groups;
   // each reduce-scatter's output then all-reduced across the replicas.

@@ -316,6 +316,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.offload_params = c.offload;
       f.wrap_blocks = c.wrap == "block";
       f.mixed_precision = c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+      f.reduce_in_fp32 = r.fsdp_reduce_fp32;
       f.hsdp = c.sharding == Sharding::kHybrid;  // sharded within a node, replicated across nodes
       f.world_size = f.hsdp ? r.gpus_per_node : world;
       f.steps = o.steps;
@@ -369,7 +370,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kBackwardPost ? "post"
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
-                                      r.steps, r.fsdp_version};
+                                      r.steps, r.fsdp_version, r.fsdp_reduce_fp32 ? "fp32" : "param"};
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;

@@ -151,13 +151,13 @@ TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
 TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
   Plan plan = plan_with("zero2+offload/bf16/wrap=block", 12, 2, 1);
   plan.stack = "pytorch";
-  plan.pytorch_job = Plan::PytorchJob{"none", "non-reentrant", 25 << 20, "pre", 2, 2};
+  plan.pytorch_job = Plan::PytorchJob{"none", "non-reentrant", 25 << 20, "pre", 2, 2, "fp32"};
   const LaunchConfig f = export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
   EXPECT_EQ(ojson::parse(f.text), f.settings);
   EXPECT_FALSE(f.settings.contains("fsdp_kwargs"));
   const ojson& k = f.settings["fully_shard_kwargs"];
   EXPECT_FALSE(k["reshard_after_forward"].get<bool>());  // zero2
-  EXPECT_EQ(k["mp_policy"], ojson({{"param_dtype", "bfloat16"}, {"reduce_dtype", "bfloat16"}}));
+  EXPECT_EQ(k["mp_policy"], ojson({{"param_dtype", "bfloat16"}, {"reduce_dtype", "float32"}}));
   EXPECT_EQ(k["offload_policy"], "CPUOffloadPolicy");
   EXPECT_EQ(f.settings["fully_shard_modules"], ojson::array({"every GPT2Block", "the root"}));
   EXPECT_EQ(f.settings["train"]["batch_size_per_gpu"], 12);

@@ -156,6 +156,17 @@ TEST(PytorchFsdp2, MixedPrecisionGathersAndReducesInBf16) {
   EXPECT_THROW(f.run(o, 1), std::invalid_argument);  // one GPU: not simulated, said
 }
 
+// The bf16 step with 200 B more in the root's backward once lin's
+// post-backward has run: what lin's reduction leaves behind shows in the peak.
+ModelTrace root_allocates_after_lin(ModelTrace t) {
+  const auto after_lin = std::find_if(t.events.begin(), t.events.end(), [](const MemEvent& e) {
+    return e.kind == MemEvent::kModuleEnd && e.phase == Phase::kBackward && e.module == 1;
+  });
+  t.events.insert(after_lin + 1, {fsdp_test::ev(MemEvent::kAlloc, Phase::kBackward, 0, 7, 200),
+                                  fsdp_test::ev(MemEvent::kFree, Phase::kBackward, 0, 7)});
+  return t;
+}
+
 // HSDP (the hybrid candidates): sharded within a node as above, each
 // reduce-scatter's output all-reduced across the nodes in place and held
 // until the backward is finalized. In fp32 the .grads are views of it
@@ -173,12 +184,7 @@ TEST(PytorchFsdp2, HsdpHoldsTheAllReducedOutputUntilTheBackwardEnds) {
     EXPECT_EQ(flat.timeline[i].allocated_bytes, hsdp.timeline[i].allocated_bytes) << flat.timeline[i].label;
     EXPECT_EQ(flat.timeline[i].peak_allocated_bytes, hsdp.timeline[i].peak_allocated_bytes) << flat.timeline[i].label;
   }
-  f.trace = step(2);
-  const auto after_lin = std::find_if(f.trace.events.begin(), f.trace.events.end(), [](const MemEvent& e) {
-    return e.kind == MemEvent::kModuleEnd && e.phase == Phase::kBackward && e.module == 1;
-  });
-  f.trace.events.insert(after_lin + 1, {fsdp_test::ev(MemEvent::kAlloc, Phase::kBackward, 0, 7, 200),
-                                        fsdp_test::ev(MemEvent::kFree, Phase::kBackward, 0, 7)});
+  f.trace = root_allocates_after_lin(step(2));
   o.mixed_precision = DType::kBF16;
   o.hsdp = false;
   const StepSimResult mixed = f.run(o);
@@ -191,6 +197,22 @@ TEST(PytorchFsdp2, HsdpHoldsTheAllReducedOutputUntilTheBackwardEnds) {
   EXPECT_EQ(at(mixed, "step1/backward").peak_allocated_bytes, 400);
   EXPECT_EQ(at(mixed_hsdp, "step1/backward").peak_allocated_bytes, 400 + 14);
   EXPECT_EQ(at(mixed_hsdp, "step1/backward").allocated_bytes, at(mixed, "step1/backward").allocated_bytes);
+}
+
+// MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): lin's bf16
+// gradients widened straight into a 56 B fp32 reduce-scatter input, its
+// 28 B fp32 output the .grad with no cast: after lin's post-backward 228 B
+// (the bf16 reduction's 200 plus 28 more of input), then the root's 200 B.
+TEST(PytorchFsdp2, ReduceDtypeFp32ReduceScattersInFp32) {
+  Fixture f;
+  f.trace = root_allocates_after_lin(step(2));
+  PytorchFsdp2Options o;
+  o.mixed_precision = DType::kBF16;
+  o.reduce_in_fp32 = true;
+  const StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 428);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 36 + 36);  // the same fp32 shards and gradient shards
 }
 
 // One rank: nothing gathered; each shard (the whole parameter) copied into
