@@ -381,6 +381,7 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         planned = json.loads(out.stdout)
         self.assertEqual(planned["pytorch_job"]["fsdp_version"], 2)
+        self.assertEqual(planned["pytorch_job"]["fsdp_reduce_dtype"], "param")
         batch2 = {c["id"]: c["max_batch_per_gpu"] for c in planned["candidates"]}
         self.assertGreater(batch2["zero3/bf16/wrap=block"], batch2["zero3/fp32/wrap=block"])
         # Gathered per block, not the whole model at once: no fewer sequences fit than with the root alone.
@@ -400,6 +401,9 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(batch4["hybrid/fp32/wrap=block"], batch2["zero3/fp32/wrap=block"])
         for extra, message in ((["--stack", "pytorch", "--fsdp-version", "3"], "--fsdp-version 3: expected 1"),
                                (["--fsdp-version", "2"], "give --stack pytorch"),
+                               (["--stack", "pytorch", "--fsdp-reduce-dtype", "fp32"], "simulated for FSDP2 only"),
+                               (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-reduce-dtype", "bf16"],
+                                "--fsdp-reduce-dtype bf16: expected param or fp32"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-backward-prefetch", "none"],
                                 "FSDP2 (--fsdp-version 2) has no such option"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--strategies",
