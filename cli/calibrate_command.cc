@@ -16,7 +16,9 @@
 //       ranks (threads of this process over loopback TCP), counted as the
 //       time model counts a ring all-reduce: 2(n−1)/n × 16 MiB per rank; the
 //       rate is the achieved one, so efficiency.collective becomes 1.
-// Each figure is the median of its repetitions (at least 3, and 0.3 s). The
+// Before any of it, glibc's malloc is put in a job's steady state
+// (settle_malloc). Each figure is the median of its repetitions (at least
+// 3, and 0.3 s). The
 // efficiencies of compute and memory stay the base profile's estimates:
 // they stand for what a training step reaches of these rates, which is what
 // the report's step_time_error_pct then shows.
@@ -234,6 +236,24 @@ Rate all_reduce_rate(int ranks, int threads_per_rank, double latency_s) {
   return {bytes / std::max(s - latency_s, s / 2), d};
 }
 
+// glibc's malloc maps a block at or above its mmap threshold afresh, every
+// page faulted on first touch (microseconds a page on this VM), and raises
+// the threshold to the size of a mapped block when it is freed, up to 32 MiB
+// (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: glibc malloc.c, free()'s "dynamic
+// mmap threshold"). A fresh process starts at 128 KiB, so a 4 MiB benchmark
+// output was mapped and faulted on every call or recycled from the heap,
+// depending on what had been freed before: the same native_dropout_backward
+// measured 0.77 and 2.34 ms a call in one Python process before and after
+// a 16 MiB block had been freed. A training job has freed its large blocks
+// from the first step on; calibrate starts from that state: one 24 MiB block
+// allocated, touched and freed, so every output below it comes from the
+// heap, as a step's activations do once the job runs. Blocks above 32 MiB
+// are mapped afresh either way.
+void settle_malloc() {
+  auto block = torch::empty({int64_t{24} << 20}, torch::kUInt8);
+  block.fill_(0);
+}
+
 std::string today() {
   char buf[16];
   const std::time_t now = std::time(nullptr);
@@ -280,6 +300,7 @@ Command add_calibrate_command(CLI::App& app) {
             const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
             const int threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(a->nproc)));
             at::set_num_threads(threads);
+            settle_malloc();
             const reports::Machine m = reports::this_machine(threads);
             const std::string where = "measured by `shardfit calibrate --device cpu --nproc " +
                                       std::to_string(a->nproc) + "` on " + today() + ", " + m.cpu_model + ", " +
