@@ -60,6 +60,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   ti.schedule.async_reduce = true;
   if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid) {
     ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
+    ti.fp32_grads = r.fsdp_version == 2 && r.fsdp_reduce_fp32;  // MixedPrecisionPolicy(reduce_dtype=float32)
     const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
     for (const auto& u : part.units) {
       int64_t padded = fsdp_shard_numel(u.numel, world) * world;  // FSDP1: one flat parameter

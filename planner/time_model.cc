@@ -131,10 +131,12 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   double post_step_comm_s = 0;
   int optimizer_shard_ranks = 1;  // the optimizer updates model / this many
   int gather_passes = 0;          // param gathers per step (for offload copies)
+  // What a gradient reduction moves per element: the compute dtype's, or
+  // fp32's (fp32_grads).
+  const double grad_elem_bytes = in.fp32_grads ? kMasterBytes : elem_bytes;
   if (!traits.shard_grads) {
     // ddp, zero1: each unit's flat grad all-reduced after its backward; the
     // first forward unit's, the last to start, has nothing left to hide behind.
-    const double grad_elem_bytes = in.fp32_grads ? kMasterBytes : elem_bytes;
     const double grad_bytes = model_numel * grad_elem_bytes;
     const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s + units * latency_s;
     const double last_s =
@@ -159,31 +161,35 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
                                             " != " + std::to_string(n) + ")");
     // Hybrid's shard group is one node: its ring never leaves the node.
     const double ring_per_s = hybrid ? intra_per_s : world_ring_per_s;
-    // One gather or reduce-scatter pass over `numel` in `collectives` calls.
-    auto ring_s = [&](double numel, double collectives = 1) {
-      return gather_factor * all_gather_bytes_per_rank(numel * elem_bytes, g) / ring_per_s +
-             collectives * latency_s;
+    // One gather (`bytes` = elem_bytes) or reduce-scatter (grad_elem_bytes)
+    // pass over `numel` in `collectives` calls.
+    auto ring_s = [&](double numel, double collectives, double bytes) {
+      return gather_factor * all_gather_bytes_per_rank(numel * bytes, g) / ring_per_s + collectives * latency_s;
     };
     // Forward: nothing runs before the first unit's gather.
-    fwd = split(ring_s(model_numel, units), ring_s(first_unit_numel), hide_forward_gathers);
+    fwd = split(ring_s(model_numel, units, elem_bytes), ring_s(first_unit_numel, 1, elem_bytes),
+                hide_forward_gathers);
     const bool regather = traits.reshard_after_forward;  // zero2 keeps params for backward
     const int backward_collectives = regather ? 2 : 1;   // (AG +) RS
     // Backward: the last reduce-scatter (the first forward unit's) and, when
     // params are re-gathered, the first backward unit's gather (the last
     // forward unit's) have nothing to hide behind.
-    bwd = split(ring_s(model_numel, units), ring_s(first_unit_numel), hide_reductions);
+    bwd = split(ring_s(model_numel, units, grad_elem_bytes), ring_s(first_unit_numel, 1, grad_elem_bytes),
+                hide_reductions);
     if (regather)
-      bwd = add(bwd, split(ring_s(model_numel, units), ring_s(last_unit_numel), hide_backward_gathers));
+      bwd = add(bwd, split(ring_s(model_numel, units, elem_bytes), ring_s(last_unit_numel, 1, elem_bytes),
+                           hide_backward_gathers));
     t.intra_node_comm_bytes =
-        (1 + backward_collectives) * gather_factor * all_gather_bytes_per_rank(model_numel * elem_bytes, g);
+        gather_factor * (backward_collectives * all_gather_bytes_per_rank(model_numel * elem_bytes, g) +
+                         all_gather_bytes_per_rank(model_numel * grad_elem_bytes, g));
     if (hybrid && in.nodes > 1) {
       // Replicas average their shard of the grads across nodes, unit by
       // unit after each reduce-scatter: overlappable except the last.
       auto inter_s = [&](double numel) {
-        return all_reduce_bytes_per_rank(numel / g * elem_bytes, in.nodes) / inter_per_s;
+        return all_reduce_bytes_per_rank(numel / g * grad_elem_bytes, in.nodes) / inter_per_s;
       };
       bwd = add(bwd, split(inter_s(model_numel), inter_s(first_unit_numel), hide_reductions));
-      t.inter_node_comm_bytes = all_reduce_bytes_per_rank(model_numel / g * elem_bytes, in.nodes);
+      t.inter_node_comm_bytes = all_reduce_bytes_per_rank(model_numel / g * grad_elem_bytes, in.nodes);
     }
     optimizer_shard_ranks = g;
     gather_passes = regather ? 2 : 1;

@@ -90,8 +90,10 @@ struct StepTimeInputs {
                              // hybrid: GPUs per node, ddp: ignored)
   int nodes = 1;
   int optimizer_states = 2;  // fp32 states per param: AdamW 2, SGD 0
-  // ddp/zero1 under PyTorch's autocast (AMP): the parameters, so their
-  // gradients and DDP's all-reduce, stay fp32 whatever the compute dtype.
+  // The gradients' reductions move fp32 whatever the compute dtype: ddp/
+  // zero1 under PyTorch's autocast (AMP: the parameters, so their gradients
+  // and DDP's all-reduce, stay fp32); FSDP2 with reduce_dtype=float32 (its
+  // reduce-scatter and HSDP's all-reduce; the gathers stay in the compute dtype).
   bool fp32_grads = false;
   // shardfit's engine on CPU ranks: c10d 1.13's Gloo has no reduce-scatter
   // and the engine gathers through an all-reduce too (executor/comm.cc), so

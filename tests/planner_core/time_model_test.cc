@@ -142,6 +142,15 @@ TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
   EXPECT_NEAR(t.optimizer_s, 0.07, 1e-12);
   EXPECT_NEAR(t.step_time_s, 1.003 + 2.009 + 0.15 + 0.07, 1e-12);
   EXPECT_NEAR(t.tokens_per_s, 4000 / t.step_time_s, 1e-9);
+  // Gradients reduced in fp32 (FSDP2's reduce_dtype=float32): the
+  // reduce-scatter moves 1.5e8 B (0.03 s), the two gathers stay fp16; the
+  // first unit's RS, exposed, 0.006 s.
+  in.schedule.prefetch = 1;
+  in.fp32_grads = true;
+  t = estimate_step_time(in, fake_device());
+  EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 2 * 7.5e7 + 1.5e8);
+  EXPECT_NEAR(t.comm_s, 0.06, 1e-12);
+  EXPECT_NEAR(t.exposed_comm_s, 0.015 + 0.006 + 0.006, 1e-12);
 }
 
 TEST(TimeModelTest, HybridAddsAnInterNodeAllReduceOfTheShard) {
