@@ -28,6 +28,7 @@ struct PlanArgs {
   std::string fsdp_backward_prefetch = "pre";
   int fsdp_version = 1;
   std::string fsdp_reduce_dtype = "param";
+  bool adamw_foreach = false;
   int steps = 2;
   int64_t seq_len = 128;
   std::string loss = "full";
@@ -101,6 +102,10 @@ int run(const PlanArgs& a) {
   if (a.fsdp_reduce_dtype == "fp32" && a.fsdp_version != 2)
     throw BadInput("--fsdp-reduce-dtype fp32: simulated for FSDP2 only; give --stack pytorch --fsdp-version 2");
   r.fsdp_reduce_fp32 = a.fsdp_reduce_dtype == "fp32";
+  if (a.adamw_foreach && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--adamw-foreach: a PyTorch optimizer option; give --stack pytorch (shardfit's engine steps "
+                   "AdamW unit by unit)");
+  r.adamw_foreach = a.adamw_foreach;
   r.fsdp_backward_prefetch = bp == "post"   ? planner::FsdpBackwardPrefetch::kBackwardPost
                              : bp == "none" ? planner::FsdpBackwardPrefetch::kNone
                                             : planner::FsdpBackwardPrefetch::kBackwardPre;
@@ -236,6 +241,10 @@ Command add_plan_command(CLI::App& app) {
                   "flat parameters, wrap=size:N or block) or 2 (FSDP2's fully_shard on each block then the "
                   "root, wrap=block, or on the root alone, wrap=none: each parameter sharded on dim 0)")
       ->capture_default_str();
+  sub->add_flag("--adamw-foreach", a->adamw_foreach,
+                "--stack pytorch, ddp candidates: torch.optim.AdamW(foreach=True), the multi-tensor step (PyTorch "
+                "2.x's default on CUDA: each temporary made for every parameter at once); without it the for-loop "
+                "step (1.13's default)");
   sub->add_option("--fsdp-reduce-dtype", a->fsdp_reduce_dtype,
                   "--fsdp-version 2, bf16 candidates: MixedPrecisionPolicy's reduce_dtype: param (None: the "
                   "param_dtype) or fp32 (torch.float32, torchtitan's recipe)")

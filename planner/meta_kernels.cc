@@ -441,6 +441,34 @@ std::vector<int64_t> cpu_bf16_matmul_temporaries(const char* op, c10::ArrayRef<c
   return out;
 }
 
+// torch.optim.AdamW(foreach=True)'s ops (optim/adamw.py
+// _multi_tensor_adamw, 1.13), which 1.13 has no meta kernels for: the
+// in-place ones allocate nothing; _foreach_sqrt and _foreach_add.Scalar
+// return one new tensor per input, as their CPU and CUDA kernels do, all
+// alive together. On a CPU target, what 1.13's CPU kernels (the "slow"
+// per-tensor loops) also hold for an instant: _foreach_mul_.Scalar,
+// _foreach_div_.ScalarList and _foreach_add.Scalar each make a 12-byte
+// allocation per call, whatever the list's length (measured with
+// pytorch/shardfit_meter.py: a call's peak 12 bytes above its outputs for 1,
+// 3 and 5 tensors), alive while the outputs are made.
+at::Tensor cpu_foreach_transient() {
+  return g_target_cuda ? at::Tensor() : at::empty({3}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
+}
+void meta_foreach_mul_scalar_(at::TensorList, const at::Scalar&) { (void)cpu_foreach_transient(); }
+void meta_foreach_list_alpha_(at::TensorList, at::TensorList, const at::Scalar&) {}
+void meta_foreach_pointwise_scalar_(at::TensorList, at::TensorList, at::TensorList, const at::Scalar&) {}
+void meta_foreach_div_scalar_list_(at::TensorList, at::ArrayRef<at::Scalar>) { (void)cpu_foreach_transient(); }
+void meta_foreach_pointwise_scalar_list_(at::TensorList, at::TensorList, at::TensorList, at::ArrayRef<at::Scalar>) {}
+std::vector<at::Tensor> meta_foreach_new(at::TensorList self) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : self) out.push_back(at::empty_like(t));
+  return out;
+}
+std::vector<at::Tensor> meta_foreach_add_scalar(at::TensorList self, const at::Scalar&) {
+  const at::Tensor transient = cpu_foreach_transient();
+  return meta_foreach_new(self);
+}
+
 void register_meta_kernels(bool override_existing) {
   static std::mutex mu;
   static std::vector<std::unique_ptr<torch::Library>> libs;
@@ -466,6 +494,19 @@ void register_meta_kernels(bool override_existing) {
     lib->impl("native_dropout_backward", TORCH_FN(meta_native_dropout_backward));
   if (wanted("aten::embedding_dense_backward"))
     lib->impl("embedding_dense_backward", TORCH_FN(meta_embedding_dense_backward));
+  auto overload_wanted = [&](const char* name, const char* overload) {
+    return override_existing || !has_meta_kernel(name, overload);
+  };
+  if (overload_wanted("aten::_foreach_mul_", "Scalar")) lib->impl("_foreach_mul_.Scalar", TORCH_FN(meta_foreach_mul_scalar_));
+  if (overload_wanted("aten::_foreach_add_", "List")) lib->impl("_foreach_add_.List", TORCH_FN(meta_foreach_list_alpha_));
+  if (overload_wanted("aten::_foreach_addcmul_", "Scalar"))
+    lib->impl("_foreach_addcmul_.Scalar", TORCH_FN(meta_foreach_pointwise_scalar_));
+  if (overload_wanted("aten::_foreach_div_", "ScalarList"))
+    lib->impl("_foreach_div_.ScalarList", TORCH_FN(meta_foreach_div_scalar_list_));
+  if (overload_wanted("aten::_foreach_addcdiv_", "ScalarList"))
+    lib->impl("_foreach_addcdiv_.ScalarList", TORCH_FN(meta_foreach_pointwise_scalar_list_));
+  if (overload_wanted("aten::_foreach_sqrt", "")) lib->impl("_foreach_sqrt", TORCH_FN(meta_foreach_new));
+  if (overload_wanted("aten::_foreach_add", "Scalar")) lib->impl("_foreach_add.Scalar", TORCH_FN(meta_foreach_add_scalar));
   if (glog_min_level) *glog_min_level = saved_level;
   libs.push_back(std::move(lib));
   registered_missing = true;

@@ -55,6 +55,10 @@ struct PlanRequest {
   // reduce_dtype=torch.float32) (`--fsdp-reduce-dtype fp32`) instead of
   // reducing in param_dtype.
   bool fsdp_reduce_fp32 = false;
+  // --stack pytorch, ddp candidates: torch.optim.AdamW(foreach=True) (the
+  // multi-tensor step, PyTorch 2.x's default on CUDA; `--adamw-foreach`)
+  // instead of the for-loop step (1.13's default).
+  bool adamw_foreach = false;
   // --stack pytorch: the training steps the job runs. 2 or more: a job's
   // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
   // during its forward).

@@ -182,6 +182,7 @@ Plan plan_from(const json& j, const std::string& origin) {
       job.fsdp_version = static_cast<int>(p.integer("fsdp_version", 1));
       if (job.fsdp_version > 2) p.fail("fsdp_version", "must be 1 or 2");
     }
+    if (p.has("adamw_foreach")) job.adamw_foreach = p.boolean("adamw_foreach");
     if (p.has("fsdp_reduce_dtype")) {
       job.fsdp_reduce_dtype = p.text("fsdp_reduce_dtype");
       if (job.fsdp_reduce_dtype != "param" && job.fsdp_reduce_dtype != "fp32")
@@ -368,7 +369,8 @@ void to_json(json& j, const Plan& plan) {
                         {"fsdp_backward_prefetch", plan.pytorch_job->fsdp_backward_prefetch},
                         {"steps", plan.pytorch_job->steps},
                         {"fsdp_version", plan.pytorch_job->fsdp_version},
-                        {"fsdp_reduce_dtype", plan.pytorch_job->fsdp_reduce_dtype}};
+                        {"fsdp_reduce_dtype", plan.pytorch_job->fsdp_reduce_dtype},
+                        {"adamw_foreach", plan.pytorch_job->adamw_foreach}};
   if (plan.schedule.async_reduce) j["async_reduce"] = true;
   if (plan.schedule.async_gather) j["async_gather"] = true;
 }

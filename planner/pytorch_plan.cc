@@ -241,6 +241,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   if (r.optimizer != Optimizer::kAdamW || file->optimizer_steps.size() != 2)
     throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
                                 "steps (record it again with pytorch/trace_recorder.py)");
+  if (r.adamw_foreach && file->optimizer_foreach_steps.size() != 2)
+    throw std::invalid_argument("--adamw-foreach: the trace file has no AdamW(foreach=True) steps (recorded since "
+                                "2026-12-03: record it again with pytorch/trace_recorder.py)");
+  if (r.adamw_foreach)
+    for (const Candidate& c : candidates)
+      if (c.sharding != Sharding::kDdp)
+        throw std::invalid_argument("--adamw-foreach with " + c.to_id() + ": simulated for ddp candidates only in "
+                                    "this version (a partition's or a shard's multi-tensor step is not traced)");
   if (r.grad_accum != 1 && r.ddp_bucket_view)
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version (a no_sync "
                                 "micro-batch makes .grad tensors of its own that the synced one replaces by bucket "
@@ -272,8 +280,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   const int world = r.gpus_per_node * r.nodes;
   PytorchDdpInputs in;
   in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
-  in.optimizer_first = &file->optimizer_steps[0];
-  in.optimizer_later = &file->optimizer_steps[1];
+  // AdamW(foreach=True): its multi-tensor step over every parameter, as traced.
+  const std::vector<ModelTrace>& adamw = r.adamw_foreach ? file->optimizer_foreach_steps : file->optimizer_steps;
+  in.optimizer_first = &adamw[0];
+  in.optimizer_later = &adamw[1];
   in.param_numels = file->param_numels();
   in.buffers = file->buffers();
   if (!file->optimizer_zero_grad.events.empty()) in.zero_grad = &file->optimizer_zero_grad;
@@ -371,7 +381,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kBackwardPost ? "post"
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
-                                      r.steps, r.fsdp_version, r.fsdp_reduce_fp32 ? "fp32" : "param"};
+                                      r.steps, r.fsdp_version, r.fsdp_reduce_fp32 ? "fp32" : "param",
+                                      r.adamw_foreach};
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;

@@ -319,6 +319,12 @@ std::string trace_file_json(const TraceFile& f) {
       }
       out["optimizer"]["per_param"] = per_param;
     }
+    if (!f.optimizer_foreach_steps.empty()) {
+      json foreach = json::array();
+      for (const auto& t : f.optimizer_foreach_steps)
+        foreach.push_back({{"op_names", t.op_names}, {"events", events_to_json(t)}});
+      out["optimizer"]["foreach_steps"] = foreach;
+    }
   }
   return out.dump() + "\n";
 }
@@ -429,6 +435,19 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
       FieldReader r = opt.object("zero_grad");
       f.optimizer_zero_grad.op_names = strings(r, "op_names");
       events_from(r, f.modules.size(), &f.optimizer_zero_grad);
+    }
+    if (opt.has("foreach_steps")) {
+      const json& fe = opt.need("foreach_steps");
+      if (!fe.is_array() || fe.size() != 2)
+        opt.fail("foreach_steps", "must be a list of two steps (the first, a later one)");
+      for (size_t i = 0; i < fe.size(); ++i) {
+        FieldReader r(fe[i], opt.field("foreach_steps") + "[" + std::to_string(i) + "]", origin);
+        ModelTrace t;
+        t.model_name = f.model_name;
+        t.op_names = strings(r, "op_names");
+        events_from(r, f.modules.size(), &t);
+        f.optimizer_foreach_steps.push_back(std::move(t));
+      }
     }
     if (opt.has("per_param")) {
       const json& per = opt.need("per_param");

@@ -40,6 +40,11 @@ struct TraceFile {
   // allocates (ZeroRedundancyOptimizer's local optimizer) is composed from
   // them. Empty when not recorded.
   std::vector<ModelTrace> optimizer_param_steps;
+  // The same optimizer built with foreach=True over every parameter
+  // (torch.optim.AdamW's multi-tensor step: each temporary made for all
+  // parameters at once): [0] its first step, [1] a later one. Empty when not
+  // recorded (files from before 2026-12-03).
+  std::vector<ModelTrace> optimizer_foreach_steps;
   // Every parameter's element count, in the module table's order.
   std::vector<int64_t> param_numels() const;
 

@@ -203,15 +203,18 @@ int shardfit_trace_write(const char* path, const char* name, const char* factory
     g_traces.clear();
     if (!g_optimizer.empty()) {
       // Recorded in order: the optimizer's two steps over every parameter,
-      // its zero_grad, then two steps per parameter alone
-      // (pytorch/trace_recorder.py).
+      // its zero_grad, then two steps per parameter alone, then two steps
+      // of the foreach=True optimizer (pytorch/trace_recorder.py).
       f.optimizer = optimizer ? optimizer : "";
-      const size_t n = g_optimizer.size();
-      if (n < 3 || (n != 3 && n != 3 + 2 * f.param_numels().size()))
-        return fail("the optimizer's traces are not 3 (two steps, zero_grad), nor 3 + 2 per parameter");
+      const size_t n = g_optimizer.size(), per_param = 2 * f.param_numels().size();
+      if (n < 3 || (n != 3 && n != 3 + per_param && n != 3 + per_param + 2))
+        return fail("the optimizer's traces are not 3 (two steps, zero_grad), nor 3 + 2 per parameter (+ 2 "
+                    "foreach steps)");
       f.optimizer_steps.assign(g_optimizer.begin(), g_optimizer.begin() + 2);
       f.optimizer_zero_grad = g_optimizer[2];
-      f.optimizer_param_steps.assign(g_optimizer.begin() + 3, g_optimizer.end());
+      const auto param_end = g_optimizer.begin() + static_cast<std::ptrdiff_t>(std::min(n, 3 + per_param));
+      f.optimizer_param_steps.assign(g_optimizer.begin() + 3, param_end);
+      f.optimizer_foreach_steps.assign(param_end, g_optimizer.end());
     }
     g_optimizer.clear();
     const std::string text = trace_file_json(f);

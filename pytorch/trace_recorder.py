@@ -445,6 +445,16 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
         step(one)
         step(one)
         del one
+    # The same optimizer with foreach=True (optim/adamw.py
+    # _multi_tensor_adamw; PyTorch 2.x's default on CUDA): each temporary is
+    # made for every parameter at once. Its ops' meta kernels are
+    # planner/meta_kernels.cc's.
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    multi = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.01, foreach=True)
+    step(multi)
+    step(multi)
+    del multi
 
 
 def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,

@@ -83,7 +83,9 @@ def train(args, rank, meter, torch, models):
         opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=6e-4,
                                       weight_decay=0.01)
     else:
-        opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01)
+        # foreach=True: the multi-tensor step (plan --adamw-foreach); 1.13's
+        # default on CPU tensors is the for-loop one.
+        opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01, foreach=args.foreach)
     vocab = models.vocab_size(args.model)
     gen = torch.Generator().manual_seed(args.seed + 1 + rank)
     meter.mark("init")
@@ -166,6 +168,7 @@ def parser():
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
+    p.add_argument("--foreach", action="store_true", help="torch.optim.AdamW(foreach=True)")
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP(bucket_cap_mb=...), PyTorch's default 25")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step, all but the last under DDP.no_sync()")

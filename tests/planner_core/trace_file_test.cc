@@ -110,6 +110,22 @@ TEST(TraceFile, BuffersAndZeroGradReadBackAndABadBufferIsNamed) {
             std::string::npos);
 }
 
+// AdamW(foreach=True)'s two steps (plan --adamw-foreach) read back; any
+// other number of them is named.
+TEST(TraceFile, ForeachStepsReadBackAndMustBeTwo) {
+  json j = json::parse(seed_text());
+  const json step = {{"op_names", {"aten::_foreach_sqrt"}},
+                     {"events", {{"alloc", "forward", 0, 1, 64, 0}, {"free", "forward", 0, 1, 0, 0}}}};
+  j["optimizer"] = {{"name", "adamw"}, {"steps", {step, step}}, {"foreach_steps", {step, step}}};
+  const TraceFile f = parse_trace_file(j.dump(), "toy");
+  ASSERT_EQ(f.optimizer_foreach_steps.size(), 2u);
+  EXPECT_EQ(f.optimizer_foreach_steps[1].events[0].bytes, 64);
+  EXPECT_EQ(trace_file_json(parse_trace_file(trace_file_json(f), "again")), trace_file_json(f));
+  j["optimizer"]["foreach_steps"] = {step};
+  EXPECT_EQ(error_of(j.dump()), "--trace t.json: field 'optimizer.foreach_steps' must be a list of two steps (the "
+                                "first, a later one)");
+}
+
 // A tied parameter names its owner, which comes earlier in the table: one
 // that names no parameter is refused, not ignored.
 TEST(TraceFile, ABorrowedParameterMustNameAnEarlierModulesParameter) {
