@@ -302,29 +302,25 @@ std::string trace_file_json(const TraceFile& f) {
               {"modules", modules},
               {"traces", traces}};
   if (!f.optimizer_steps.empty()) {
-    json steps = json::array();
-    for (const auto& t : f.optimizer_steps) steps.push_back({{"op_names", t.op_names}, {"events", events_to_json(t)}});
-    out["optimizer"] = {{"name", f.optimizer}, {"steps", steps}};
-    if (!f.optimizer_zero_grad.events.empty())
-      out["optimizer"]["zero_grad"] = {{"op_names", f.optimizer_zero_grad.op_names},
-                                       {"events", events_to_json(f.optimizer_zero_grad)}};
+    // One optimizer trace: its op names and events.
+    auto step_json = [](const ModelTrace& t) { return json{{"op_names", t.op_names}, {"events", events_to_json(t)}}; };
+    auto steps_json = [&](auto first, auto last) {
+      json steps = json::array();
+      for (auto it = first; it != last; ++it) steps.push_back(step_json(*it));
+      return steps;
+    };
+    out["optimizer"] = {{"name", f.optimizer},
+                        {"steps", steps_json(f.optimizer_steps.begin(), f.optimizer_steps.end())}};
+    if (!f.optimizer_zero_grad.events.empty()) out["optimizer"]["zero_grad"] = step_json(f.optimizer_zero_grad);
     if (!f.optimizer_param_steps.empty()) {
       json per_param = json::array();
-      for (size_t i = 0; i + 1 < f.optimizer_param_steps.size(); i += 2) {
-        json two = json::array();
-        for (size_t k = i; k < i + 2; ++k)
-          two.push_back({{"op_names", f.optimizer_param_steps[k].op_names},
-                         {"events", events_to_json(f.optimizer_param_steps[k])}});
-        per_param.push_back(two);
-      }
+      for (auto it = f.optimizer_param_steps.begin(); it + 1 < f.optimizer_param_steps.end(); it += 2)
+        per_param.push_back(steps_json(it, it + 2));
       out["optimizer"]["per_param"] = per_param;
     }
-    if (!f.optimizer_foreach_steps.empty()) {
-      json foreach = json::array();
-      for (const auto& t : f.optimizer_foreach_steps)
-        foreach.push_back({{"op_names", t.op_names}, {"events", events_to_json(t)}});
-      out["optimizer"]["foreach_steps"] = foreach;
-    }
+    if (!f.optimizer_foreach_steps.empty())
+      out["optimizer"]["foreach_steps"] =
+          steps_json(f.optimizer_foreach_steps.begin(), f.optimizer_foreach_steps.end());
   }
   return out.dump() + "\n";
 }
@@ -421,34 +417,26 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
   if (top.has("optimizer")) {
     const FieldReader opt = top.object("optimizer");
     f.optimizer = opt.text("name");
-    const json& steps = opt.need("steps");
-    if (!steps.is_array() || steps.size() != 2) opt.fail("steps", "must be a list of two steps (the first, a later one)");
-    for (size_t i = 0; i < steps.size(); ++i) {
-      FieldReader r(steps[i], opt.field("steps") + "[" + std::to_string(i) + "]", origin);
-      ModelTrace t;
-      t.model_name = f.model_name;
-      t.op_names = strings(r, "op_names");
-      events_from(r, f.modules.size(), &t);
-      f.optimizer_steps.push_back(std::move(t));
-    }
+    // `key`: a list of two steps (the first, a later one), each op names and events.
+    auto two_steps = [&](const std::string& key, std::vector<ModelTrace>* out) {
+      const json& steps = opt.need(key);
+      if (!steps.is_array() || steps.size() != 2) opt.fail(key, "must be a list of two steps (the first, a later one)");
+      for (size_t i = 0; i < steps.size(); ++i) {
+        FieldReader r(steps[i], opt.field(key) + "[" + std::to_string(i) + "]", origin);
+        ModelTrace t;
+        t.model_name = f.model_name;
+        t.op_names = strings(r, "op_names");
+        events_from(r, f.modules.size(), &t);
+        out->push_back(std::move(t));
+      }
+    };
+    two_steps("steps", &f.optimizer_steps);
     if (opt.has("zero_grad")) {
       FieldReader r = opt.object("zero_grad");
       f.optimizer_zero_grad.op_names = strings(r, "op_names");
       events_from(r, f.modules.size(), &f.optimizer_zero_grad);
     }
-    if (opt.has("foreach_steps")) {
-      const json& fe = opt.need("foreach_steps");
-      if (!fe.is_array() || fe.size() != 2)
-        opt.fail("foreach_steps", "must be a list of two steps (the first, a later one)");
-      for (size_t i = 0; i < fe.size(); ++i) {
-        FieldReader r(fe[i], opt.field("foreach_steps") + "[" + std::to_string(i) + "]", origin);
-        ModelTrace t;
-        t.model_name = f.model_name;
-        t.op_names = strings(r, "op_names");
-        events_from(r, f.modules.size(), &t);
-        f.optimizer_foreach_steps.push_back(std::move(t));
-      }
-    }
+    if (opt.has("foreach_steps")) two_steps("foreach_steps", &f.optimizer_foreach_steps);
     if (opt.has("per_param")) {
       const json& per = opt.need("per_param");
       if (!per.is_array() || per.size() != f.param_numels().size())
