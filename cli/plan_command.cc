@@ -242,9 +242,9 @@ Command add_plan_command(CLI::App& app) {
                   "root, wrap=block, or on the root alone, wrap=none: each parameter sharded on dim 0)")
       ->capture_default_str();
   sub->add_flag("--adamw-foreach", a->adamw_foreach,
-                "--stack pytorch, ddp candidates: torch.optim.AdamW(foreach=True), the multi-tensor step (PyTorch "
-                "2.x's default on CUDA: each temporary made for every parameter at once); without it the for-loop "
-                "step (1.13's default)");
+                "--stack pytorch: torch.optim.AdamW(foreach=True) (zero1: ZeroRedundancyOptimizer's local AdamW; "
+                "FSDP: over the shards), the multi-tensor step (PyTorch 2.x's default on CUDA: each temporary "
+                "made for every parameter at once); without it the for-loop step (1.13's default)");
   sub->add_option("--fsdp-reduce-dtype", a->fsdp_reduce_dtype,
                   "--fsdp-version 2, bf16 candidates: MixedPrecisionPolicy's reduce_dtype: param (None: the "
                   "param_dtype) or fp32 (torch.float32, torchtitan's recipe)")

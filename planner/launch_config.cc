@@ -64,6 +64,12 @@ ojson batch_section(const Plan& plan, const PlanCandidate& pc) {
 
 bool planned_fsdp2(const Plan& plan) { return plan.pytorch_job && plan.pytorch_job->fsdp_version == 2; }
 
+// The optimizer a --stack pytorch plan simulated (`plan --adamw-foreach`).
+std::string adamw_assumed(const Plan& plan) {
+  return std::string("the plan assumed torch.optim.AdamW(foreach=") +
+         (plan.pytorch_job && plan.pytorch_job->adamw_foreach ? "True" : "False") + ")";
+}
+
 // A plan made with --fsdp-version 2: FSDP2's fully_shard keyword arguments
 // (torch.distributed.fsdp.fully_shard) and the modules to call it on, in
 // order, as planner/pytorch_fsdp2.h simulated them.
@@ -96,7 +102,8 @@ LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPo
   out.notes.push_back(
       "fsdp: call fully_shard(module, **fully_shard_kwargs) on each of fully_shard_modules in order, building "
       "MixedPrecisionPolicy(param_dtype=torch.<dtype>, ...), CPUOffloadPolicy() and the mesh (init_device_mesh) "
-      "from their names; the plan assumed torch.optim.AdamW(foreach=False)");
+      "from their names; " +
+      adamw_assumed(plan));
   out.text = out.settings.dump(2) + "\n";
   return out;
 }
@@ -135,7 +142,8 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
   out.notes.push_back(
       "fsdp: build each value from its name: ShardingStrategy[...], CPUOffload(**cpu_offload), "
       "MixedPrecision(param_dtype=torch.<dtype>, ...), BackwardPrefetch[...], "
-      "functools.partial(<policy>, ...) for auto_wrap_policy");
+      "functools.partial(<policy>, ...) for auto_wrap_policy" +
+      (plan.pytorch_job ? "; " + adamw_assumed(plan) : std::string()));
   if (c.precision == Precision::kFp16)
     out.notes.push_back("fsdp: fp16 needs ShardedGradScaler for loss scaling");
   out.text = out.settings.dump(2) + "\n";

@@ -55,8 +55,9 @@ struct PlanRequest {
   // reduce_dtype=torch.float32) (`--fsdp-reduce-dtype fp32`) instead of
   // reducing in param_dtype.
   bool fsdp_reduce_fp32 = false;
-  // --stack pytorch, ddp candidates: torch.optim.AdamW(foreach=True) (the
-  // multi-tensor step, PyTorch 2.x's default on CUDA; `--adamw-foreach`)
+  // --stack pytorch: torch.optim.AdamW(foreach=True) (the multi-tensor
+  // step, PyTorch 2.x's default on CUDA; `--adamw-foreach`), for zero1 and
+  // FSDP composed over the partition or the shards (planner/adamw_steps.h)
   // instead of the for-loop step (1.13's default).
   bool adamw_foreach = false;
   // --stack pytorch: the training steps the job runs. 2 or more: a job's

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -244,11 +245,6 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   if (r.adamw_foreach && file->optimizer_foreach_steps.size() != 2)
     throw std::invalid_argument("--adamw-foreach: the trace file has no AdamW(foreach=True) steps (recorded since "
                                 "2026-12-03: record it again with pytorch/trace_recorder.py)");
-  if (r.adamw_foreach)
-    for (const Candidate& c : candidates)
-      if (c.sharding != Sharding::kDdp)
-        throw std::invalid_argument("--adamw-foreach with " + c.to_id() + ": simulated for ddp candidates only in "
-                                    "this version (a partition's or a shard's multi-tensor step is not traced)");
   if (r.grad_accum != 1 && r.ddp_bucket_view)
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version (a no_sync "
                                 "micro-batch makes .grad tensors of its own that the synced one replaces by bucket "
@@ -288,6 +284,17 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   in.buffers = file->buffers();
   if (!file->optimizer_zero_grad.events.empty()) in.zero_grad = &file->optimizer_zero_grad;
   in.optimizer_param_steps = &file->optimizer_param_steps;
+  // zero1's partition and FSDP's shards compose their multi-tensor steps
+  // from the traced ones (planner/adamw_steps.h); split once, here.
+  std::optional<MultiTensorAdamwStep> foreach_first, foreach_later;
+  if (r.adamw_foreach) {
+    std::vector<int64_t> param_bytes;
+    for (int64_t numel : in.param_numels) param_bytes.push_back(numel * dtype_bytes(DType::kF32));
+    foreach_first.emplace(adamw[0], param_bytes);
+    foreach_later.emplace(adamw[1], param_bytes);
+    in.foreach_first = &*foreach_first;
+    in.foreach_later = &*foreach_later;
+  }
   // The traces a candidate replays (at1 / affine's first index).
   auto kind_of = [&](const Candidate& c) {
     return is_fsdp(c) && c.precision == Precision::kBf16 ? kMixed

@@ -166,86 +166,6 @@ std::vector<std::vector<int>> zero_redundancy_partition(const std::vector<int64_
   return out;
 }
 
-ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param, const std::vector<int>& params,
-                                  bool first) {
-  auto trace_of = [&](size_t i) -> const ModelTrace& {
-    const size_t at = 2 * static_cast<size_t>(params[i]) + (first ? 0 : 1);
-    if (at >= per_param.size()) throw std::invalid_argument("the trace file's per-parameter optimizer steps are short");
-    return per_param[at];
-  };
-  // Per parameter: the storages its step keeps (state), its update's events,
-  // the update's highest point, and the storage its update leaves to the
-  // loop's next iteration. 1.13's for-loop AdamW (optim/adamw.py
-  // _single_tensor_adamw) holds `denom = (exp_avg_sq.sqrt() / c).add_(eps)`
-  // in a local that the next iteration only rebinds once its own denom is
-  // made: a parameter's denom lives on through the next parameter's sqrt and
-  // division, and the last one until the step returns. In a step traced for
-  // one parameter alone that is the storage freed last, on return.
-  struct Part {
-    std::vector<MemEvent> kept, update;
-    size_t top = 0;          // index into update after which it is highest
-    int64_t carried = -1;    // the storage freed on return (-1: none)
-  };
-  std::vector<Part> parts(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto& events = trace_of(i).events;
-    std::unordered_map<int64_t, bool> freed;
-    for (const auto& e : events)
-      if (e.kind == MemEvent::kFree) freed[e.tensor] = true;
-    Part& part = parts[i];
-    int64_t live = 0, top = -1;
-    std::unordered_map<int64_t, int64_t> size;
-    for (const auto& e : events) {
-      if (e.kind == MemEvent::kAlloc && !freed.count(e.tensor)) {
-        part.kept.push_back(e);
-        continue;
-      }
-      if (e.kind != MemEvent::kAlloc && e.kind != MemEvent::kFree) continue;
-      part.update.push_back(e);
-      if (e.kind == MemEvent::kAlloc) {
-        size[e.tensor] = e.bytes;
-        if ((live += e.bytes) > top) {
-          top = live;
-          part.top = part.update.size() - 1;
-        }
-      } else {
-        live -= size[e.tensor];
-      }
-    }
-    if (!part.update.empty() && part.update.back().kind == MemEvent::kFree) part.carried = part.update.back().tensor;
-  }
-  ModelTrace out;
-  int64_t next_id = 1;
-  std::vector<std::unordered_map<int64_t, int64_t>> ids(params.size());
-  auto emit = [&](size_t i, const MemEvent& e) {
-    MemEvent c = e;
-    c.op = -1;
-    if (e.kind == MemEvent::kAlloc) ids[i][e.tensor] = next_id++;
-    c.tensor = ids[i].at(e.tensor);
-    out.events.push_back(c);
-  };
-  // The state every parameter keeps, first (AdamW.step makes all state, then
-  // runs the update loop); then the updates in order, each parameter's
-  // carried storage freed after the next one's highest point.
-  for (size_t i = 0; i < params.size(); ++i)
-    for (const auto& e : parts[i].kept) emit(i, e);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Part& part = parts[i];
-    for (size_t k = 0; k < part.update.size(); ++k) {
-      const MemEvent& e = part.update[k];
-      const bool own_carried_free = e.kind == MemEvent::kFree && e.tensor == part.carried && i + 1 < params.size();
-      if (!own_carried_free) emit(i, e);
-      if (k == part.top && i > 0 && parts[i - 1].carried >= 0) {
-        MemEvent f;
-        f.kind = MemEvent::kFree;
-        f.tensor = parts[i - 1].carried;
-        emit(i - 1, f);
-      }
-    }
-  }
-  return out;
-}
-
 StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
   if (o.cuda_caching) {
     CudaCachingAllocatorModel a(o.budget_bytes);
@@ -331,12 +251,21 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   // parameters_as_bucket_view=False by default): nothing allocated.
   ModelTrace zero_first, zero_later;
   if (o.zero_redundancy) {
-    if (!in.optimizer_param_steps || in.optimizer_param_steps->size() != 2 * in.param_numels.size())
-      throw std::invalid_argument("--stack pytorch zero1: the trace file lacks each parameter's optimizer steps: "
-                                  "record it again with pytorch/trace_recorder.py");
     const auto part = zero_redundancy_partition(in.param_numels, o.world_size).at(o.rank);
-    zero_first = compose_optimizer_step(*in.optimizer_param_steps, part, true);
-    zero_later = compose_optimizer_step(*in.optimizer_param_steps, part, false);
+    if (in.foreach_first && in.foreach_later) {
+      // ZeroRedundancyOptimizer(optimizer_class=AdamW, foreach=True): the
+      // local optimizer's multi-tensor step over its partition.
+      std::vector<MultiTensorAdamwStep::Entry> list;
+      for (int p : part) list.push_back({p, 4 * in.param_numels[p]});
+      zero_first = in.foreach_first->compose(list);
+      zero_later = in.foreach_later->compose(list);
+    } else {
+      if (!in.optimizer_param_steps || in.optimizer_param_steps->size() != 2 * in.param_numels.size())
+        throw std::invalid_argument("--stack pytorch zero1: the trace file lacks each parameter's optimizer steps: "
+                                    "record it again with pytorch/trace_recorder.py");
+      zero_first = compose_optimizer_step(*in.optimizer_param_steps, part, true);
+      zero_later = compose_optimizer_step(*in.optimizer_param_steps, part, false);
+    }
   }
 
   const std::vector<int64_t> rebuilt = ddp_bucket_bytes(numels, o.bucket_cap_bytes);

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/adamw_steps.h"
 #include "planner/allocator_model.h"
 #include "planner/model_trace.h"
 #include "planner/step_simulator.h"
@@ -50,6 +51,12 @@ struct PytorchDdpInputs {
   // (TraceFile::optimizer_param_steps), in parameters() order.
   std::vector<int64_t> param_numels;
   const std::vector<ModelTrace>* optimizer_param_steps = nullptr;
+  // torch.optim.AdamW(foreach=True) (`plan --adamw-foreach`): its two steps
+  // over every parameter, split, from which zero1's partition and FSDP's
+  // shards compose theirs (nullptr: the for-loop AdamW). DDP replays the
+  // traced steps themselves (optimizer_first, optimizer_later).
+  const MultiTensorAdamwStep* foreach_first = nullptr;
+  const MultiTensorAdamwStep* foreach_later = nullptr;
 };
 
 struct PytorchDdpOptions {
@@ -169,12 +176,5 @@ inline constexpr int64_t kDdpBroadcastBucketBytes = 250LL << 20;  // distributed
 // per rank, its parameters' indices in the order its local optimizer holds
 // them.
 std::vector<std::vector<int>> zero_redundancy_partition(const std::vector<int64_t>& numels, int world_size);
-
-// One optimizer step over `params` (indices, in the local optimizer's
-// order) composed from each parameter's step alone: for the first step,
-// every parameter's state (the storages its step keeps) before any update,
-// as torch.optim.AdamW.step creates all state, then calls the update loop.
-ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param_steps, const std::vector<int>& params,
-                                  bool first);
 
 }  // namespace shardfit::planner

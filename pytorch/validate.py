@@ -80,8 +80,10 @@ def train(args, rank, meter, torch, models):
                                                     bucket_cap_mb=args.bucket_cap_mb)
     if args.wrap == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
+        # foreach reaches the local AdamW through ZeroRedundancyOptimizer's
+        # **defaults (zero_redundancy_optimizer.py __init__).
         opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=6e-4,
-                                      weight_decay=0.01)
+                                      weight_decay=0.01, foreach=args.foreach)
     else:
         # foreach=True: the multi-tensor step (plan --adamw-foreach); 1.13's
         # default on CPU tensors is the for-loop one.

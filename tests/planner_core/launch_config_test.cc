@@ -161,6 +161,23 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
   EXPECT_EQ(k["offload_policy"], "CPUOffloadPolicy");
   EXPECT_EQ(f.settings["fully_shard_modules"], ojson::array({"every GPT2Block", "the root"}));
   EXPECT_EQ(f.settings["train"]["batch_size_per_gpu"], 12);
+  // The optimizer the plan simulated is named, so that the job builds it.
+  auto notes = [](const LaunchConfig& c) {
+    std::string all;
+    for (const std::string& n : c.notes) all += n + "\n";
+    return all;
+  };
+  EXPECT_NE(notes(f).find("AdamW(foreach=False)"), std::string::npos) << notes(f);
+  plan.pytorch_job->adamw_foreach = true;
+  EXPECT_NE(notes(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block"))
+                .find("AdamW(foreach=True)"),
+            std::string::npos);
+  plan.pytorch_job->fsdp_version = 1;
+  EXPECT_NE(notes(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block"))
+                .find("AdamW(foreach=True)"),
+            std::string::npos);
+  plan.pytorch_job->fsdp_version = 2;
+  plan.pytorch_job->adamw_foreach = false;
   const LaunchConfig a = export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block");
   const ojson& c = a.settings["fsdp_config"];
   EXPECT_EQ(c["fsdp_version"], 2);

@@ -252,6 +252,43 @@ TEST(PytorchFsdp, MixedPrecisionGathersAndReducesInBf16AndKeepsFp32Shards) {
   EXPECT_THROW(f.run(o, 1), std::invalid_argument);
 }
 
+// AdamW(foreach=True) on a GPU, over the three parameters (40, 8, 16 B), as
+// 1.13 records it: every exp_avg and exp_avg_sq (the first step only),
+// every sqrt, every denominator, all freed on return.
+ModelTrace multi_tensor_adamw(bool first) {
+  ModelTrace t;
+  t.op_names = {"aten::empty_strided"};
+  int64_t id = 0;
+  auto alloc = [&](int64_t bytes) {
+    t.events.push_back(ev(MemEvent::kAlloc, Phase::kForward, 0, ++id, bytes));
+    t.events.back().op = 0;
+  };
+  for (int64_t p : {40, 8, 16})
+    if (first) alloc(p), alloc(p);
+  const int64_t kept = id;
+  for (int k = 0; k < 2; ++k)
+    for (int64_t p : {40, 8, 16}) alloc(p);
+  for (int64_t x = id; x > kept; --x) t.events.push_back(ev(MemEvent::kFree, Phase::kForward, 0, x));
+  return t;
+}
+
+TEST(PytorchFsdp, MultiTensorAdamwHoldsEveryShardsTemporariesAtOnce) {
+  Fixture f;
+  const MultiTensorAdamwStep first(multi_tensor_adamw(true), {40, 8, 16});
+  const MultiTensorAdamwStep later(multi_tensor_adamw(false), {40, 8, 16});
+  f.in.foreach_first = &first;
+  f.in.foreach_later = &later;
+  const StepSimResult r = f.run(PytorchFsdpOptions{});
+  ASSERT_FALSE(r.oom);
+  // After backward: the shards (8 + 24) and their reduced gradients (32).
+  // The step over the two flat shards: their state (2 x 32), then the sqrt
+  // and the denominator of both at once (2 x 32): 192 at the top, 128 left.
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 64);
+  EXPECT_EQ(at(r, "step1/optimizer").peak_allocated_bytes, 192);
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 128);
+  EXPECT_EQ(at(r, "step2/optimizer").peak_allocated_bytes, 192);
+}
+
 TEST(PytorchFsdp, ShardsArePaddedToTheFirstChunk) {
   EXPECT_EQ(fsdp_shard_numel(12, 2), 6);
   EXPECT_EQ(fsdp_shard_numel(13, 2), 7);

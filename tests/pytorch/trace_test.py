@@ -403,8 +403,6 @@ class TraceTest(unittest.TestCase):
                                (["--fsdp-version", "2"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--fsdp-reduce-dtype", "fp32"], "simulated for FSDP2 only"),
                                (["--adamw-foreach"], "--adamw-foreach: a PyTorch optimizer option"),
-                               (["--stack", "pytorch", "--adamw-foreach", "--strategies", "zero3/fp32/wrap=block"],
-                                "simulated for ddp candidates only"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-reduce-dtype", "bf16"],
                                 "--fsdp-reduce-dtype bf16: expected param or fp32"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-backward-prefetch", "none"],
@@ -416,6 +414,24 @@ class TraceTest(unittest.TestCase):
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
             self.assertIn(message, out.stderr)
+        # AdamW(foreach=True) over FSDP's flat shards (planner/adamw_steps.h):
+        # the square roots and the denominators of every shard alive at once,
+        # as many bytes as the state it made in step 1 (exp_avg, exp_avg_sq);
+        # the for-loop step holds them one shard at a time.
+        def optimizer_rise(*extra):
+            out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb",
+                                  "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", "zero3/fp32/wrap=block",
+                                  "--json"] + list(extra), capture_output=True, text=True, timeout=120)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            points = {p["phase"]: p for p in json.loads(out.stdout)["candidates"][0]["predicted"]["rank_timelines"][0]}
+            state = points["step1/optimizer"]["allocated_bytes"] - points["step1/backward"]["allocated_bytes"]
+            step2 = points["step2/optimizer"]
+            return step2["peak_allocated_bytes"] - step2["allocated_bytes"], state
+        rise, state = optimizer_rise("--adamw-foreach")
+        self.assertGreater(state, 0)
+        self.assertEqual(rise, state)
+        rise, state = optimizer_rise()
+        self.assertLess(rise, state)
 
     def test_autocast_traces_that_are_not_batch_affine_leave_the_fp32_plan(self):
         # gpt2-tiny-wide's CPU bf16 matmuls: where oneDNN's scratchpad follows
