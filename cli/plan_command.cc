@@ -29,6 +29,7 @@ struct PlanArgs {
   int fsdp_version = 1;
   std::string fsdp_reduce_dtype = "param";
   bool adamw_foreach = false;
+  bool fsdp_keep_low_precision_grads = false;
   int steps = 2;
   int64_t seq_len = 128;
   std::string loss = "full";
@@ -99,9 +100,16 @@ int run(const PlanArgs& a) {
   r.fsdp_version = a.fsdp_version;
   if (a.fsdp_reduce_dtype != "param" && a.fsdp_reduce_dtype != "fp32")
     throw BadInput("--fsdp-reduce-dtype " + a.fsdp_reduce_dtype + ": expected param or fp32");
-  if (a.fsdp_reduce_dtype == "fp32" && a.fsdp_version != 2)
-    throw BadInput("--fsdp-reduce-dtype fp32: simulated for FSDP2 only; give --stack pytorch --fsdp-version 2");
+  if (a.fsdp_reduce_dtype == "fp32" && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--fsdp-reduce-dtype: a PyTorch FSDP option; give --stack pytorch (shardfit's engine reduces "
+                   "in the compute dtype)");
   r.fsdp_reduce_fp32 = a.fsdp_reduce_dtype == "fp32";
+  if (a.fsdp_keep_low_precision_grads && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--fsdp-keep-low-precision-grads: a PyTorch FSDP option; give --stack pytorch");
+  if (a.fsdp_keep_low_precision_grads && a.fsdp_version == 2)
+    throw BadInput("--fsdp-keep-low-precision-grads: FSDP1's MixedPrecision option; FSDP2 (--fsdp-version 2) has "
+                   "no such option");
+  r.fsdp_keep_low_precision_grads = a.fsdp_keep_low_precision_grads;
   if (a.adamw_foreach && r.stack != planner::Stack::kPytorch)
     throw BadInput("--adamw-foreach: a PyTorch optimizer option; give --stack pytorch (shardfit's engine steps "
                    "AdamW unit by unit)");
@@ -246,9 +254,12 @@ Command add_plan_command(CLI::App& app) {
                 "FSDP: over the shards), the multi-tensor step (PyTorch 2.x's default on CUDA: each temporary "
                 "made for every parameter at once); without it the for-loop step (1.13's default)");
   sub->add_option("--fsdp-reduce-dtype", a->fsdp_reduce_dtype,
-                  "--fsdp-version 2, bf16 candidates: MixedPrecisionPolicy's reduce_dtype: param (None: the "
-                  "param_dtype) or fp32 (torch.float32, torchtitan's recipe)")
+                  "--stack pytorch, FSDP bf16 candidates: MixedPrecision(Policy)'s reduce_dtype: param (the "
+                  "param_dtype's) or fp32 (torch.float32: the gradients reduced in fp32, torchtitan's recipe)")
       ->capture_default_str();
+  sub->add_flag("--fsdp-keep-low-precision-grads", a->fsdp_keep_low_precision_grads,
+                "--stack pytorch, FSDP1 bf16 candidates: MixedPrecision(keep_low_precision_grads=True), the reduced "
+                "gradient shards cast to param_dtype for the optimizer");
   sub->add_option("--checkpoint", a->checkpoint,
                   "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False) "
                   "or reentrant (use_reentrant=True, 1.13's default)")

@@ -64,6 +64,15 @@ ojson batch_section(const Plan& plan, const PlanCandidate& pc) {
 
 bool planned_fsdp2(const Plan& plan) { return plan.pytorch_job && plan.pytorch_job->fsdp_version == 2; }
 
+// FSDP1's BackwardPrefetch member as the plan simulated it (`plan
+// --fsdp-backward-prefetch`; BACKWARD_PRE, the export's choice for shardfit's
+// own plans, which prefetch one unit), or null for none.
+ojson backward_prefetch(const Plan& plan) {
+  if (!plan.pytorch_job || plan.pytorch_job->fsdp_backward_prefetch == "pre") return "BACKWARD_PRE";
+  if (plan.pytorch_job->fsdp_backward_prefetch == "post") return "BACKWARD_POST";
+  return nullptr;
+}
+
 // The optimizer a --stack pytorch plan simulated (`plan --adamw-foreach`).
 std::string adamw_assumed(const Plan& plan) {
   return std::string("the plan assumed torch.optim.AdamW(foreach=") +
@@ -121,9 +130,13 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
     kwargs["mixed_precision"] = nullptr;
   } else {
     const char* d = torch_dtype(c.precision);
-    kwargs["mixed_precision"] = ojson{{"param_dtype", d}, {"reduce_dtype", d}, {"buffer_dtype", d}};
+    const bool fp32_reduce = plan.pytorch_job && plan.pytorch_job->fsdp_reduce_dtype == "fp32";
+    kwargs["mixed_precision"] = ojson{{"param_dtype", d}, {"reduce_dtype", fp32_reduce ? "float32" : d},
+                                      {"buffer_dtype", d}};
+    if (plan.pytorch_job && plan.pytorch_job->fsdp_keep_low_precision_grads)
+      kwargs["mixed_precision"]["keep_low_precision_grads"] = true;
   }
-  kwargs["backward_prefetch"] = "BACKWARD_PRE";
+  kwargs["backward_prefetch"] = backward_prefetch(plan);
   // --prefetch 2: a unit ahead in forward too (FSDP1 prefetches one unit
   // each way; deeper backward prefetch is FSDP2's set_modules_to_backward_prefetch).
   kwargs["forward_prefetch"] = plan.schedule.prefetch >= 2;
@@ -169,7 +182,16 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
   // the sharding strategy; FSDP1's prefetch and flat-parameter keys unused.
   const bool fsdp2 = planned_fsdp2(plan);
   fsdp["fsdp_offload_params"] = c.offload;
-  if (!fsdp2) fsdp["fsdp_backward_prefetch"] = "BACKWARD_PRE";
+  // Accelerate's names (accelerate/utils/constants.py FSDP_BACKWARD_PREFETCH):
+  // NO_PREFETCH for None.
+  if (!fsdp2) fsdp["fsdp_backward_prefetch"] = backward_prefetch(plan).is_null() ? ojson("NO_PREFETCH")
+                                                                                  : backward_prefetch(plan);
+  // Accelerate builds MixedPrecision from `mixed_precision` alone: every
+  // dtype the same, grads upcast.
+  if (plan.pytorch_job && c.precision != Precision::kFp32 &&
+      (plan.pytorch_job->fsdp_reduce_dtype == "fp32" || plan.pytorch_job->fsdp_keep_low_precision_grads))
+    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' as planned (reduce_dtype float32 or "
+                                 "keep_low_precision_grads): its config has no key for them; use --format fsdp");
   fsdp["fsdp_activation_checkpointing"] = c.recompute;
   if (!fsdp2) {
     fsdp["fsdp_forward_prefetch"] = plan.schedule.prefetch >= 2;

@@ -51,15 +51,19 @@ struct PlanRequest {
   // has it, planner/pytorch_fsdp.h) or 2 (fully_shard, planner/pytorch_fsdp2.h)
   // (`--fsdp-version`).
   int fsdp_version = 1;
-  // --stack pytorch, FSDP2's bf16 candidates: MixedPrecisionPolicy(
-  // reduce_dtype=torch.float32) (`--fsdp-reduce-dtype fp32`) instead of
-  // reducing in param_dtype.
+  // --stack pytorch, FSDP's bf16 candidates: MixedPrecision(reduce_dtype=
+  // torch.float32) (FSDP1) or MixedPrecisionPolicy(reduce_dtype=
+  // torch.float32) (FSDP2) (`--fsdp-reduce-dtype fp32`) instead of reducing
+  // in param_dtype.
   bool fsdp_reduce_fp32 = false;
   // --stack pytorch: torch.optim.AdamW(foreach=True) (the multi-tensor
   // step, PyTorch 2.x's default on CUDA; `--adamw-foreach`), for zero1 and
   // FSDP composed over the partition or the shards (planner/adamw_steps.h)
   // instead of the for-loop step (1.13's default).
   bool adamw_foreach = false;
+  // --stack pytorch, FSDP1 bf16 candidates: MixedPrecision(
+  // keep_low_precision_grads=True) (`--fsdp-keep-low-precision-grads`).
+  bool fsdp_keep_low_precision_grads = false;
   // --stack pytorch: the training steps the job runs. 2 or more: a job's
   // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
   // during its forward).

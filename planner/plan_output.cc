@@ -183,6 +183,8 @@ Plan plan_from(const json& j, const std::string& origin) {
       if (job.fsdp_version > 2) p.fail("fsdp_version", "must be 1 or 2");
     }
     if (p.has("adamw_foreach")) job.adamw_foreach = p.boolean("adamw_foreach");
+    if (p.has("fsdp_keep_low_precision_grads"))
+      job.fsdp_keep_low_precision_grads = p.boolean("fsdp_keep_low_precision_grads");
     if (p.has("fsdp_reduce_dtype")) {
       job.fsdp_reduce_dtype = p.text("fsdp_reduce_dtype");
       if (job.fsdp_reduce_dtype != "param" && job.fsdp_reduce_dtype != "fp32")
@@ -370,7 +372,8 @@ void to_json(json& j, const Plan& plan) {
                         {"steps", plan.pytorch_job->steps},
                         {"fsdp_version", plan.pytorch_job->fsdp_version},
                         {"fsdp_reduce_dtype", plan.pytorch_job->fsdp_reduce_dtype},
-                        {"adamw_foreach", plan.pytorch_job->adamw_foreach}};
+                        {"adamw_foreach", plan.pytorch_job->adamw_foreach},
+                        {"fsdp_keep_low_precision_grads", plan.pytorch_job->fsdp_keep_low_precision_grads}};
   if (plan.schedule.async_reduce) j["async_reduce"] = true;
   if (plan.schedule.async_gather) j["async_gather"] = true;
 }

@@ -17,6 +17,7 @@ struct FlatParam {
   int64_t numel = 0, shard = 0;  // the sharded flat parameter stays allocated from init (on the GPU unless offloaded)
   int64_t unsharded = -1;    // the padded unsharded flat parameter, while gathered
   int64_t grad_shard = -1;   // .grad / _saved_grad_shard (the reduced shard)
+  bool grad_low = false;     // grad_shard is param_dtype (keep_low_precision_grads)
   bool needs_pre_backward = false, prefetched = false, backward_done = false;
 };
 
@@ -36,10 +37,13 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   // parameter whole and unpadded, never gathered; its gradient all-reduced in
   // place and kept as .grad.
   const bool no_shard = W == 1;
-  // MixedPrecision: the element size of what FSDP gathers, computes with and
-  // reduces (param_dtype = reduce_dtype); 4 without it.
+  // MixedPrecision: the element size of what FSDP gathers and computes with
+  // (param_dtype), and of what it reduces (reduce_dtype: param_dtype's or
+  // fp32's); 4 without it.
   const bool mixed = o.mixed_precision != DType::kF32;
   const int64_t low = dtype_bytes(o.mixed_precision);
+  const bool reduce_cast = mixed && o.reduce_in_fp32;
+  const int64_t reduce = reduce_cast ? 4 : low;
   if (mixed && no_shard)
     throw std::invalid_argument("--stack pytorch FSDP: MixedPrecision on one GPU (NO_SHARD) is not simulated in this "
                                 "version");
@@ -164,10 +168,13 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // padded (F.pad: a copy of world x shard) and reduce-scattered into a new
     // shard (torch.zeros_like(chunks[0])), kept as _saved_grad_shard, or
     // added into it (steps after the first, grads kept by zero_grad) and
-    // dropped. With MixedPrecision the flat gradient, the padded copy and the
-    // reduced shard are param_dtype (reduce_dtype the same: no cast before
-    // the reduce-scatter), and _cast_grad_to_param_dtype makes the shard fp32
-    // (`output.to(param.dtype)`), the low-precision one dropped.
+    // dropped. With MixedPrecision the flat gradient is param_dtype. With
+    // reduce_dtype the same, so are the padded copy and the reduced shard,
+    // and _cast_grad_to_param_dtype makes the shard fp32 (`output.to(
+    // param.dtype)`), the low-precision one dropped. With reduce_dtype fp32,
+    // `param.grad.data = param.grad.data.to(reduce_dtype)` first makes an
+    // fp32 flat gradient on the post-backward stream (held by the hook's
+    // `grad` until it returns), padded and reduced in fp32: no cast after.
     auto post_backward = [&](int ui) {
       FlatParam& u = units[ui];
       if (u.backward_done || u.numel == 0) return;
@@ -189,9 +196,10 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       }
       if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui);
       ledger.free(in_flight_grad);
-      const int64_t padded = alloc(Category::kCommBuffers, low * u.shard * W, kPostBackwardStream);
-      int64_t shard = alloc(Category::kGrads, low * u.shard, kPostBackwardStream);
-      if (mixed) {
+      const int64_t cast = reduce_cast ? alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream) : -1;
+      const int64_t padded = alloc(Category::kCommBuffers, reduce * u.shard * W, kPostBackwardStream);
+      int64_t shard = alloc(Category::kGrads, reduce * u.shard, kPostBackwardStream);
+      if (mixed && !reduce_cast) {
         const int64_t fp32 = alloc(Category::kGrads, 4 * u.shard, kPostBackwardStream);
         ledger.free(shard);
         shard = fp32;
@@ -202,6 +210,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         u.grad_shard = shard;
       }
       ledger.free(padded);
+      ledger.free(cast);
       in_flight_grad = flat;
     };
 
@@ -211,6 +220,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       for (auto& u : units) {
         ledger.free(u.grad_shard);
         u.grad_shard = -1;
+        u.grad_low = false;
       }
     for (auto& u : units) u.needs_pre_backward = u.prefetched = u.backward_done = false;
     // buffer_dtype: the root's lazy init (_cast_buffers, in the first
@@ -267,6 +277,17 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         ledger.free(u.grad_shard);
         u.grad_shard = -1;
       }
+    // keep_low_precision_grads: `p.grad.data = p.grad.to(param_dtype)` for
+    // each unit whose hook ran, the fp32 shard dropped; a .grad kept from the
+    // step before is param_dtype already (the new shard was added into it).
+    if (mixed && o.keep_low_precision_grads && !o.offload_params)
+      for (auto& u : units)
+        if (u.grad_shard >= 0 && !u.grad_low) {
+          const int64_t cast = alloc(Category::kGrads, low * u.shard, kFsdpComputeStream);
+          ledger.free(u.grad_shard);
+          u.grad_shard = cast;
+          u.grad_low = true;
+        }
     previous_outputs.swap(outputs);
     outputs.clear();
     ledger.point(step + "/backward");

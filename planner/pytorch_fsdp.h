@@ -4,7 +4,8 @@
 // fully_sharded_data_parallel.py and flat_param.py, is what each rule below
 // cites), wrapping by size_based_auto_wrap_policy(min_num_params),
 // FULL_SHARD or SHARD_GRAD_OP, CPUOffload(offload_params) or not, with
-// MixedPrecision(param_dtype = reduce_dtype = buffer_dtype) or not, with
+// MixedPrecision(param_dtype = buffer_dtype, reduce_dtype the same or fp32,
+// keep_low_precision_grads or not) or not, with
 // torch.optim.AdamW over the flat parameters, in the loop
 //     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
 // on CUDA ranks (1.13's FSDP runs only there), through the CUDA caching
@@ -49,6 +50,14 @@ struct PytorchFsdpOptions {
   // shards, the reduced gradient shards and AdamW stay fp32. Sharded
   // strategies only (a world of 2 or more).
   DType mixed_precision = DType::kF32;
+  // MixedPrecision(reduce_dtype=torch.float32) with a low param_dtype
+  // (`--fsdp-reduce-dtype fp32`): the flat gradient cast to fp32 before its
+  // reduce-scatter, which then runs in fp32.
+  bool reduce_in_fp32 = false;
+  // MixedPrecision(keep_low_precision_grads=True) (`--fsdp-keep-low-precision-
+  // grads`): _finalize_params casts each reduced fp32 shard to param_dtype
+  // for the optimizer.
+  bool keep_low_precision_grads = false;
   int world_size = 2;
   int steps = 2;
   int64_t budget_bytes = kUnlimitedBytes;

@@ -61,7 +61,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   ti.schedule.async_reduce = true;
   if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid) {
     ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
-    ti.fp32_grads = r.fsdp_version == 2 && r.fsdp_reduce_fp32;  // MixedPrecisionPolicy(reduce_dtype=float32)
+    ti.fp32_grads = r.fsdp_reduce_fp32;  // MixedPrecision(Policy)(reduce_dtype=float32)
     const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
     for (const auto& u : part.units) {
       int64_t padded = fsdp_shard_numel(u.numel, world) * world;  // FSDP1: one flat parameter
@@ -357,6 +357,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.zero_grad_set_to_none = o.zero_grad_set_to_none;
       f.backward_prefetch = r.fsdp_backward_prefetch;
       f.mixed_precision = c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+      f.reduce_in_fp32 = r.fsdp_reduce_fp32;
+      f.keep_low_precision_grads = r.fsdp_keep_low_precision_grads;
       CudaCachingAllocatorModel a(budget);
       ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
       return ranks;
@@ -389,7 +391,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
                                       r.steps, r.fsdp_version, r.fsdp_reduce_fp32 ? "fp32" : "param",
-                                      r.adamw_foreach};
+                                      r.adamw_foreach, r.fsdp_keep_low_precision_grads};
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;

@@ -117,6 +117,33 @@ TEST(LaunchConfig, FsdpMapsEveryShardingWrapPrecisionAndCheckpointing) {
             "float16");
 }
 
+// A --stack pytorch plan for FSDP1 exports what it simulated: its
+// MixedPrecision's reduce_dtype and keep_low_precision_grads, its
+// BackwardPrefetch (None: Accelerate's NO_PREFETCH).
+TEST(LaunchConfig, AnFsdp1PlanExportsTheJobItSimulated) {
+  Plan plan = plan_with("zero3/bf16/wrap=block", 12, 2, 1);
+  plan.stack = "pytorch";
+  plan.pytorch_job = Plan::PytorchJob{"none", "non-reentrant", 25 << 20, "post", 2, 1, "fp32", false, true};
+  const LaunchConfig f = export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
+  const ojson& k = f.settings["fsdp_kwargs"];
+  EXPECT_EQ(k["mixed_precision"], ojson({{"param_dtype", "bfloat16"},
+                                         {"reduce_dtype", "float32"},
+                                         {"buffer_dtype", "bfloat16"},
+                                         {"keep_low_precision_grads", true}}));
+  EXPECT_EQ(k["backward_prefetch"], "BACKWARD_POST");
+  EXPECT_THROW(export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),
+               InexpressibleCandidate);
+  plan.pytorch_job->fsdp_reduce_dtype = "param";
+  plan.pytorch_job->fsdp_keep_low_precision_grads = false;
+  plan.pytorch_job->fsdp_backward_prefetch = "none";
+  EXPECT_TRUE(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block")
+                  .settings["fsdp_kwargs"]["backward_prefetch"]
+                  .is_null());
+  EXPECT_EQ(export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block")
+                .settings["fsdp_config"]["fsdp_backward_prefetch"],
+            "NO_PREFETCH");
+}
+
 TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
   const LaunchConfig c = export_one("zero3+offload/bf16/wrap=size:2000", LaunchFormat::kAccelerate);
   const ojson& s = c.settings;
@@ -178,6 +205,11 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
             std::string::npos);
   plan.pytorch_job->fsdp_version = 2;
   plan.pytorch_job->adamw_foreach = false;
+  // Accelerate's mixed_precision casts every dtype alike: reduce_dtype
+  // float32 is not its to say, and is refused rather than dropped.
+  EXPECT_THROW(export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),
+               InexpressibleCandidate);
+  plan.pytorch_job->fsdp_reduce_dtype = "param";
   const LaunchConfig a = export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block");
   const ojson& c = a.settings["fsdp_config"];
   EXPECT_EQ(c["fsdp_version"], 2);

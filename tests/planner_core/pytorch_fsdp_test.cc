@@ -252,6 +252,39 @@ TEST(PytorchFsdp, MixedPrecisionGathersAndReducesInBf16AndKeepsFp32Shards) {
   EXPECT_THROW(f.run(o, 1), std::invalid_argument);
 }
 
+// MixedPrecision(param_dtype=bf16, reduce_dtype=float32): each unit's bf16
+// flat gradient cast to fp32 before the reduce-scatter, padded and reduced
+// in fp32. keep_low_precision_grads: the reduced shards cast to bf16 for
+// the optimizer.
+TEST(PytorchFsdp, ReduceDtypeAndLowPrecisionGradsChangeTheGradientsDtype) {
+  Fixture f;
+  f.trace = step(2);
+  f.in.buffers = {BufferInfo{"mask", {5}, "float32", 20}, BufferInfo{"idx", {3}, "uint8", 3}};
+  PytorchFsdpOptions o;
+  o.zero_grad_set_to_none = false;
+  o.mixed_precision = DType::kBF16;
+  o.reduce_in_fp32 = true;
+  StepSimResult r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  // Lin's hook (MixedPrecisionGathersAndReduces...'s backward, there at
+  // 177 once lin is resharded): its flat gradient in fp32 (48: 225), padded
+  // in fp32 (48: 273), reduced into an fp32 shard (24): 297, the peak; no
+  // cast after. The backward ends as with bf16 reductions: fp32 shards.
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 297);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 32 + 13 + 32);
+  o.reduce_in_fp32 = false;
+  o.keep_low_precision_grads = true;
+  r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  // The reduced shards cast to bf16 at the backward's end (the root's 8 to
+  // 4, lin's 24 to 12): 32 + 13 + 16; the peak as with fp32 grads (241).
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 241);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 61);
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 61 + 64);
+  // Step 2: the kept bf16 .grad takes the new shards; nothing cast again.
+  EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 125);
+}
+
 // AdamW(foreach=True) on a GPU, over the three parameters (40, 8, 16 B), as
 // 1.13 records it: every exp_avg and exp_avg_sq (the first step only),
 // every sqrt, every denominator, all freed on return.

@@ -401,7 +401,9 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(batch4["hybrid/fp32/wrap=block"], batch2["zero3/fp32/wrap=block"])
         for extra, message in ((["--stack", "pytorch", "--fsdp-version", "3"], "--fsdp-version 3: expected 1"),
                                (["--fsdp-version", "2"], "give --stack pytorch"),
-                               (["--stack", "pytorch", "--fsdp-reduce-dtype", "fp32"], "simulated for FSDP2 only"),
+                               (["--fsdp-reduce-dtype", "fp32"], "give --stack pytorch"),
+                               (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-keep-low-precision-grads"],
+                                "FSDP2 (--fsdp-version 2) has no such option"),
                                (["--adamw-foreach"], "--adamw-foreach: a PyTorch optimizer option"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-reduce-dtype", "bf16"],
                                 "--fsdp-reduce-dtype bf16: expected param or fp32"),
@@ -432,6 +434,31 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(rise, state)
         rise, state = optimizer_rise()
         self.assertLess(rise, state)
+        # FSDP1's MixedPrecision(reduce_dtype=torch.float32): each unit's bf16
+        # flat gradient cast to fp32 and reduced so (the figures by hand:
+        # tests/planner_core/pytorch_fsdp_test.cc), the same fp32 shards at
+        # the end; with keep_low_precision_grads the reduced shards end bf16:
+        # fewer bytes held into the optimizer step.
+        def backward(*extra):
+            out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb",
+                                  "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", "zero3/bf16/wrap=block",
+                                  "--json"] + list(extra), capture_output=True, text=True, timeout=120)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            plan = json.loads(out.stdout)
+            points = {p["phase"]: p for p in plan["candidates"][0]["predicted"]["rank_timelines"][0]}
+            return plan["pytorch_job"], dict(points["step1/backward"],
+                                             batch=plan["candidates"][0]["max_batch_per_gpu"])
+        job, bf16 = backward()
+        job32, fp32 = backward("--fsdp-reduce-dtype", "fp32")
+        self.assertEqual((job["fsdp_reduce_dtype"], job32["fsdp_reduce_dtype"]), ("param", "fp32"))
+        self.assertLessEqual(fp32["batch"], bf16["batch"])
+        if fp32["batch"] == bf16["batch"]:
+            self.assertEqual(fp32["allocated_bytes"], bf16["allocated_bytes"])
+        job, low = backward("--fsdp-keep-low-precision-grads")
+        self.assertTrue(job["fsdp_keep_low_precision_grads"])
+        self.assertGreaterEqual(low["batch"], bf16["batch"])
+        if low["batch"] == bf16["batch"]:
+            self.assertLess(low["allocated_bytes"], bf16["allocated_bytes"])
 
     def test_autocast_traces_that_are_not_batch_affine_leave_the_fp32_plan(self):
         # gpt2-tiny-wide's CPU bf16 matmuls: where oneDNN's scratchpad follows
