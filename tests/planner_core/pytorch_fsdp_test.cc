@@ -208,14 +208,21 @@ TEST(PytorchFsdp, BackwardPrefetchGathersTheNextUnitEarly) {
 
 // MixedPrecision(param_dtype = reduce_dtype = buffer_dtype = bf16), FULL_SHARD
 // on 2 ranks, over the model's bf16 trace (its gradients 2 B an element),
-// with a float32 buffer of 5 elements (20 B) and a uint8 one (3 B).
-TEST(PytorchFsdp, MixedPrecisionGathersAndReducesInBf16AndKeepsFp32Shards) {
-  Fixture f;
-  f.trace = step(2);
-  f.in.buffers = {BufferInfo{"mask", {5}, "float32", 20}, BufferInfo{"idx", {3}, "uint8", 3}};
+// with a float32 buffer of 5 elements (20 B) and a uint8 one (3 B); zero_grad
+// keeps the gradients.
+struct MixedFixture : Fixture {
   PytorchFsdpOptions o;
-  o.zero_grad_set_to_none = false;
-  o.mixed_precision = DType::kBF16;
+  MixedFixture() {
+    trace = step(2);
+    in.buffers = {BufferInfo{"mask", {5}, "float32", 20}, BufferInfo{"idx", {3}, "uint8", 3}};
+    o.zero_grad_set_to_none = false;
+    o.mixed_precision = DType::kBF16;
+  }
+};
+
+TEST(PytorchFsdp, MixedPrecisionGathersAndReducesInBf16AndKeepsFp32Shards) {
+  MixedFixture f;
+  PytorchFsdpOptions& o = f.o;
   StepSimResult r = f.run(o);
   ASSERT_FALSE(r.oom);
   // The fp32 shards (8 + 24) and both buffers.
@@ -257,12 +264,8 @@ TEST(PytorchFsdp, MixedPrecisionGathersAndReducesInBf16AndKeepsFp32Shards) {
 // in fp32. keep_low_precision_grads: the reduced shards cast to bf16 for
 // the optimizer.
 TEST(PytorchFsdp, ReduceDtypeAndLowPrecisionGradsChangeTheGradientsDtype) {
-  Fixture f;
-  f.trace = step(2);
-  f.in.buffers = {BufferInfo{"mask", {5}, "float32", 20}, BufferInfo{"idx", {3}, "uint8", 3}};
-  PytorchFsdpOptions o;
-  o.zero_grad_set_to_none = false;
-  o.mixed_precision = DType::kBF16;
+  MixedFixture f;
+  PytorchFsdpOptions& o = f.o;
   o.reduce_in_fp32 = true;
   StepSimResult r = f.run(o);
   ASSERT_FALSE(r.oom);
