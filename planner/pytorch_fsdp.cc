@@ -44,6 +44,9 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   const int64_t low = dtype_bytes(o.mixed_precision);
   const bool reduce_cast = mixed && o.reduce_in_fp32;
   const int64_t reduce = reduce_cast ? 4 : low;
+  if (o.grad_scaler && o.offload_params)
+    throw std::invalid_argument("--stack pytorch FSDP: ShardedGradScaler with offload_params (its found_inf on the "
+                                "host) is not simulated in this version");
   if (mixed && no_shard)
     throw std::invalid_argument("--stack pytorch FSDP: MixedPrecision on one GPU (NO_SHARD) is not simulated in this "
                                 "version");
@@ -249,6 +252,11 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       u.needs_pre_backward = true;     // _register_pre_backward_hooks
     };
     hooks.backward_begins = [&] {
+      // scaler.scale(loss), first call: its scale and growth tracker (then
+      // the scaled loss, in the trace).
+      if (o.grad_scaler && k == 1)
+        for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
+          if (ledger.alloc(Category::kOptimizer, b, label) < 0) return;
       // The root's pre-backward (it was not resharded).
       units[0].needs_pre_backward = false;
       unshard(units[0]);
@@ -291,10 +299,15 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     previous_outputs.swap(outputs);
     outputs.clear();
     ledger.point(step + "/backward");
-    // opt.step(): AdamW over the shards (on the host with offload_params).
+    // opt.step(): AdamW over the shards (on the host with offload_params);
+    // under scaler.step(opt), the gradients unscaled first, and scaler.update()
+    // after.
+    int64_t found_inf_copy = -1;
+    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy)) return out;
     if (!o.offload_params && !replay(k == 1 ? adamw.first : adamw.later, ledger, step + "/optimizer", false,
                                      Category::kTemporaries, Category::kOptimizer, nullptr))
       return out;
+    ledger.free(found_inf_copy);
     ledger.point(step + "/optimizer");
   }
   ledger.finish();

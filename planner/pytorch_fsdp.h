@@ -43,8 +43,8 @@ struct PytorchFsdpOptions {
   // backward starts), BACKWARD_POST (when it ends) or none.
   using Prefetch = FsdpBackwardPrefetch;
   Prefetch backward_prefetch = Prefetch::kBackwardPre;
-  // MixedPrecision(param_dtype=d, reduce_dtype=d, buffer_dtype=d), or none
-  // (kF32). With one, the traces are the model's cast to d (trace_recorder.py
+  // MixedPrecision(param_dtype=d, reduce_dtype=d, buffer_dtype=d), d bf16
+  // or fp16 (with grad_scaler), or none (kF32). With one, the traces are the model's cast to d (trace_recorder.py
   // --param-dtype): FSDP computes with the gathered low-precision flat
   // parameter, so activations and the parameters' gradients are d; the
   // shards, the reduced gradient shards and AdamW stay fp32. Sharded
@@ -58,6 +58,12 @@ struct PytorchFsdpOptions {
   // grads`): _finalize_params casts each reduced fp32 shard to param_dtype
   // for the optimizer.
   bool keep_low_precision_grads = false;
+  // ShardedGradScaler around the step (fp16 MixedPrecision, as FSDP's docs
+  // pair them: torch/distributed/fsdp/sharded_grad_scaler.py): its scale and
+  // growth tracker from the first scale(), unscale_'s tensors around the
+  // optimizer step (grad_scaler_unscale). The traces carry the scaled
+  // loss's backward. GPU shards only (not with offload_params).
+  bool grad_scaler = false;
   int world_size = 2;
   int steps = 2;
   int64_t budget_bytes = kUnlimitedBytes;

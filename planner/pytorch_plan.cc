@@ -120,22 +120,26 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   const Precision amp = cuda ? Precision::kFp16 : Precision::kBf16;
   const std::string amp_name = spec::precision_name(amp);
   bool has_amp = file->find(amp_dtype, {}, 1, false, false, /*autocast=*/true) != nullptr;
-  // Traces of the model cast to bf16, not under autocast (CUDA targets
-  // only): what FSDP's MixedPrecision(param_dtype=torch.bfloat16) computes.
-  const bool has_mixed = cuda && file->find(DType::kBF16, {}, 1, false, false, /*autocast=*/false) != nullptr;
+  // Traces of the model cast to bf16 or fp16, not under autocast (CUDA
+  // targets only): what FSDP's MixedPrecision(param_dtype=...) computes.
+  auto cast_traces = [&](DType d) { return cuda && file->find(d, {}, 1, false, false, /*autocast=*/false); };
+  const bool has_mixed = cast_traces(DType::kBF16), has_mixed16 = cast_traces(DType::kF16);
   // The traces a candidate replays, by kind ([0] fp32, [1] fp32 with the
   // blocks checkpointed, [2] the forward under autocast, [3] the model in
-  // bf16) and grads at start: batch 1 exactly, 2 and 3 extended affinely.
-  constexpr int kMixed = 3;
-  const ModelTrace* at1[4][2] = {};
-  std::unique_ptr<AffineTrace> affine[4][2];
+  // bf16, [4] in fp16) and grads at start: batch 1 exactly, 2 and 3
+  // extended affinely.
+  constexpr int kMixed = 3, kMixed16 = 4;
+  const ModelTrace* at1[5][2] = {};
+  std::unique_ptr<AffineTrace> affine[5][2];
   // Autocast traces whose sizes are not affine in the batch (a CPU bf16
   // matmul's oneDNN scratchpad follows the shapes' blocking, not the batch):
   // no autocast candidates, said once; fp32 plans as before.
   std::string amp_not_affine;
-  for (int k = 0; k < 4; ++k) {
-    if ((k == 1 && !has_ckpt) || (k == 2 && !has_amp) || (k == kMixed && !has_mixed)) continue;
-    const DType dtype = k == 2 ? amp_dtype : k == kMixed ? DType::kBF16 : DType::kF32;
+  for (int k = 0; k < 5; ++k) {
+    if ((k == 1 && !has_ckpt) || (k == 2 && !has_amp) || (k == kMixed && !has_mixed) ||
+        (k == kMixed16 && !has_mixed16))
+      continue;
+    const DType dtype = k == 2 ? amp_dtype : k == kMixed ? DType::kBF16 : k == kMixed16 ? DType::kF16 : DType::kF32;
     for (int g = 0; g < 2; ++g) {
       const std::vector<int> rec = k == 1 ? blocks : std::vector<int>{};
       const ModelTrace* t[4] = {};
@@ -144,6 +148,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
         throw std::invalid_argument(std::string("--stack pytorch: the trace file has no ") +
                                     (k == 2         ? "autocast(" + amp_name + ")"
                                      : k == kMixed ? std::string("bf16 (the model cast)")
+                                     : k == kMixed16 ? std::string("fp16 (the model cast)")
                                                    : std::string("fp32")) +
                                     " trace" +
                                     (k == 1 ? " with the blocks checkpointed" : "") + " with grads " +
@@ -176,12 +181,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     const bool fsdp = is_fsdp(want) && (fsdp2 || want.sharding != Sharding::kHybrid) && !want.recompute &&
                       (fsdp2 ? want.wrap == "none" || want.wrap == "block"
                              : want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") &&
-                      (want.precision == Precision::kFp32 || want.precision == Precision::kBf16);
+                      (want.precision == Precision::kFp32 || want.precision == Precision::kBf16 ||
+                       (want.precision == Precision::kFp16 && !fsdp2 && !want.offload));
     if (s.find('/') == std::string::npos || !(ddp_like || fsdp))
       throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
                                   "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or autocast (bf16 "
                                   "on a CPU, fp16 with GradScaler on CUDA), wrap=none, and FSDP as zero2 or "
-                                  "zero3[+offload]/fp32 or bf16 (MixedPrecision)/wrap=size:N or wrap=block "
+                                  "zero3[+offload]/fp32 or bf16 (MixedPrecision) or, without offload and with "
+                                  "FSDP1, fp16 (MixedPrecision and ShardedGradScaler)/wrap=size:N or wrap=block "
                                   "(transformer_auto_wrap_policy), with --fsdp-version 2 also hybrid (HSDP) and "
                                   "wrap=block (fully_shard on each block, then the root) or wrap=none (the root "
                                   "only), only in this version");
@@ -197,14 +204,17 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       throw std::invalid_argument("--strategies " + s + ": FSDP is planned on CUDA only (1.13's runs nowhere else; "
                                   "FSDP2 through the CUDA caching allocator's model): plan it with a CUDA --device "
                                   "and a trace recorded with --target cuda");
-    if (fsdp && want.precision == Precision::kBf16) {
-      if (!r.profile.supports(DType::kBF16))
+    if (fsdp && want.precision != Precision::kFp32) {
+      const bool bf16 = want.precision == Precision::kBf16;
+      const std::string name = bf16 ? "bf16" : "fp16";
+      if (bf16 && !r.profile.supports(DType::kBF16))
         throw std::invalid_argument("--strategies " + s + ": " + r.profile.name + " has no bf16 (FSDP's "
                                     "MixedPrecision(param_dtype=torch.bfloat16) needs it)");
-      if (!has_mixed)
-        throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision(param_dtype=torch.bfloat16) needs "
-                                    "the model's traces in bf16: record the trace file with trace_recorder.py "
-                                    "--target cuda --param-dtype bf16");
+      if (!(bf16 ? has_mixed : has_mixed16))
+        throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision(param_dtype=torch." +
+                                    (bf16 ? "bfloat16" : "float16") + ") needs the model's traces in " + name +
+                                    ": record the trace file with trace_recorder.py --target cuda --param-dtype " +
+                                    name);
       if ((want.sharding == Sharding::kHybrid ? r.gpus_per_node : r.gpus_per_node * r.nodes) == 1)
         throw std::invalid_argument("--strategies " + s + ": FSDP's mixed precision sharded over one GPU is not "
                                     "simulated in "
@@ -297,7 +307,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   }
   // The traces a candidate replays (at1 / affine's first index).
   auto kind_of = [&](const Candidate& c) {
-    return is_fsdp(c) && c.precision == Precision::kBf16 ? kMixed
+    return is_fsdp(c) && c.precision == Precision::kBf16   ? kMixed
+           : is_fsdp(c) && c.precision == Precision::kFp16 ? kMixed16
            : c.precision == amp                           ? 2
            : c.recompute                                  ? 1
                                                           : 0;
@@ -356,7 +367,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.overhead_bytes = o.overhead_bytes;
       f.zero_grad_set_to_none = o.zero_grad_set_to_none;
       f.backward_prefetch = r.fsdp_backward_prefetch;
-      f.mixed_precision = c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+      f.mixed_precision = c.precision == Precision::kBf16   ? DType::kBF16
+                          : c.precision == Precision::kFp16 ? DType::kF16
+                                                            : DType::kF32;
+      f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
       f.reduce_in_fp32 = r.fsdp_reduce_fp32;
       f.keep_low_precision_grads = r.fsdp_keep_low_precision_grads;
       CudaCachingAllocatorModel a(budget);

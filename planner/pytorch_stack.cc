@@ -26,9 +26,9 @@ bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::str
   return true;
 }
 
-// GradScaler.unscale_ (grad_scaler.py, 1.13; see kGradScalerScaleBytes):
-// allocates and frees its tensors in order, leaving the found_inf copy the
-// optimizer's state keeps in `found_inf_copy`. False on out of memory.
+}  // namespace
+
+// grad_scaler.py 1.13's unscale_, in its order (pytorch_stack.h).
 bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& found_inf_copy) {
   const Category c = Category::kOptimizer;
   const int64_t dbl = ledger.alloc(c, 8, label);  // self._scale.double()
@@ -50,8 +50,6 @@ bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& foun
   ledger.free(found);
   return true;
 }
-
-}  // namespace
 
 bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
             Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model,

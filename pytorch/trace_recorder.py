@@ -312,16 +312,19 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
     self._scale`), that product's backward, then the product dropped.
     `fp32_outputs`: under autocast, the forward's outputs are converted to
     fp32 as it returns (outputs_to_fp32, Accelerate's wrapper).
-    `param_dtype` ("bf16"): the model is already cast to it (FSDP's
+    `param_dtype` ("bf16" or "fp16"): the model is already cast to it (FSDP's
     MixedPrecision); floating inputs are cast too, as FSDP's root casts them
-    (_cast_fp_inputs_to_dtype), and the trace is recorded as that dtype's."""
+    (_cast_fp_inputs_to_dtype), and the trace is recorded as that dtype's.
+    With fp16 the backward is ShardedGradScaler's (torch/distributed/fsdp/
+    sharded_grad_scaler.py scale(): `outputs * self._scale`, then
+    `.type(outputs.dtype)`, the fp32 product dropped)."""
     import torch
     from autocast_emulation import AutocastEmulation
     for p in model.parameters():
         p.grad = torch.zeros_like(p) if grads == "accumulate" else None
     # GradScaler's scale exists before the step (made outside the recording:
     # the simulator allocates it and the growth tracker in step 1).
-    scale = torch.full((1,), 65536.0, device="meta") if autocast == "fp16" else None
+    scale = torch.full((1,), 65536.0, device="meta") if "fp16" in (autocast, param_dtype) else None
     recompute = json.dumps(checkpointed.indices if checkpointed else [])
     rc = lib.shardfit_trace_begin(modules_json.encode(), batch, seq_len, (autocast or param_dtype or "fp32").encode(),
                                   recompute.encode(), grads.encode(), 1 if target_cuda else 0,
@@ -344,7 +347,7 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
             if not isinstance(args, tuple):
                 args = (args,)
             if param_dtype:
-                low = {"bf16": torch.bfloat16}[param_dtype]
+                low = _low_dtypes()[param_dtype]
                 args = tuple(a.to(low) if isinstance(a, torch.Tensor) and torch.is_floating_point(a) else a
                              for a in args)
             with region:
@@ -369,6 +372,8 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
             try:
                 if scale is not None:
                     scaled = loss * scale
+                    if param_dtype:
+                        scaled = scaled.type(loss.dtype)
                     scaled.backward()
                     del scaled
                 else:
@@ -389,6 +394,12 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
         raise BadInput("--model: cannot be traced on the meta device (%s)" % str(e).split("\n")[0])
     finally:
         lib.shardfit_trace_end()  # also after a bad forward: the recorder is released
+
+
+# FSDP's MixedPrecision(param_dtype=...) names (--param-dtype).
+def _low_dtypes():
+    import torch
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 OPTIMIZER = "torch.optim.AdamW(lr=6e-4, weight_decay=0.01)"
@@ -522,7 +533,7 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         # The model cast to param_dtype, as FSDP's MixedPrecision computes
         # (parameters and floating buffers; the gradients follow), then back.
         if param_dtype:
-            model.to({"bf16": torch.bfloat16}[param_dtype])
+            model.to(_low_dtypes()[param_dtype])
             try:
                 trace_batches(param_dtype=param_dtype)
             finally:
@@ -551,10 +562,10 @@ def main():
     p.add_argument("--fp32-outputs", action="store_true",
                    help="under autocast, convert the forward's fp16/bf16 outputs to fp32 as it returns, as Hugging "
                         "Face Accelerate's mixed precision does (convert_outputs_to_fp32)")
-    p.add_argument("--param-dtype", choices=["bf16"],
+    p.add_argument("--param-dtype", choices=["bf16", "fp16"],
                    help="also trace the model cast to this dtype, as PyTorch FSDP's MixedPrecision(param_dtype=..., "
-                        "reduce_dtype=..., buffer_dtype=...) runs it (plan's zero2/zero3 bf16 candidates; --target "
-                        "cuda only: 1.13's FSDP runs on CUDA)")
+                        "reduce_dtype=..., buffer_dtype=...) runs it (plan's zero2/zero3 bf16 or fp16 candidates, "
+                        "fp16 with ShardedGradScaler; --target cuda only: 1.13's FSDP runs on CUDA)")
     a = p.parse_args()
     try:
         if a.seq_len < 1:

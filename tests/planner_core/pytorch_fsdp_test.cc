@@ -288,6 +288,34 @@ TEST(PytorchFsdp, ReduceDtypeAndLowPrecisionGradsChangeTheGradientsDtype) {
   EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 125);
 }
 
+// MixedPrecision(param_dtype=torch.float16) with ShardedGradScaler: fp16 is
+// bf16's size, so every figure is MixedPrecisionGathersAndReduces...'s but
+// the scaler's: its scale and growth tracker (4 + 4) from step 1's backward
+// on, and unscale_'s tensors around the optimizer step (8 + 8, then 4, 4, 4,
+// 4, the last kept until update()).
+TEST(PytorchFsdp, Fp16MixedPrecisionAddsTheShardedGradScalersTensors) {
+  MixedFixture f;
+  f.o.mixed_precision = DType::kF16;
+  const StepSimResult bf16 = [&] {
+    MixedFixture g;
+    return g.run(g.o);
+  }();
+  f.o.grad_scaler = true;
+  const StepSimResult r = f.run(f.o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, at(bf16, "step1/forward").peak_allocated_bytes);
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, at(bf16, "step1/backward").peak_allocated_bytes + 8);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 77 + 8);
+  // Unscale at 85: 8, 8 (101), the first freed, 4 (97), the second freed,
+  // 4, 4, 4 (101); three freed (89, the found_inf copy kept); AdamW's state
+  // (64): 153; update() frees the found_inf copy: 149.
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 77 + 8 + 64);
+  EXPECT_EQ(at(r, "step2/optimizer").allocated_bytes, 77 + 8 + 64);
+  // Not with offload_params (the found_inf on the host): refused.
+  f.o.offload_params = true;
+  EXPECT_THROW(f.run(f.o), std::invalid_argument);
+}
+
 // AdamW(foreach=True) on a GPU, over the three parameters (40, 8, 16 B), as
 // 1.13 records it: every exp_avg and exp_avg_sq (the first step only),
 // every sqrt, every denominator, all freed on return.

@@ -454,6 +454,23 @@ class TraceTest(unittest.TestCase):
         self.assertLessEqual(fp32["batch"], bf16["batch"])
         if fp32["batch"] == bf16["batch"]:
             self.assertEqual(fp32["allocated_bytes"], bf16["allocated_bytes"])
+        # fp16: MixedPrecision(param_dtype=torch.float16) with ShardedGradScaler,
+        # from the model cast to fp16 (its scaled loss's backward traced), on
+        # a card without bf16; as many bytes as bf16's but the scaler's.
+        half = os.path.join(self.tmp.name, "cuda-half.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
+                              "--target", "cuda", "--param-dtype", "fp16", "--out", half],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        out = plan("zero3/fp32/wrap=block,zero3/fp16/wrap=block", "titan-rtx-24gb", half)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        batch16 = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
+        self.assertGreater(batch16["zero3/fp16/wrap=block"], batch16["zero3/fp32/wrap=block"])
+        for trace, strategy, message in ((mixed, "zero3/fp16/wrap=block", "--param-dtype fp16"),
+                                         (half, "zero3+offload/fp16/wrap=block", "without offload")):
+            out = plan(strategy, "titan-rtx-24gb", trace)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertIn(message, out.stderr)
         job, low = backward("--fsdp-keep-low-precision-grads")
         self.assertTrue(job["fsdp_keep_low_precision_grads"])
         self.assertGreaterEqual(low["batch"], bf16["batch"])
