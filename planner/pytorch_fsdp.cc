@@ -44,9 +44,6 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   const int64_t low = dtype_bytes(o.mixed_precision);
   const bool reduce_cast = mixed && o.reduce_in_fp32;
   const int64_t reduce = reduce_cast ? 4 : low;
-  if (o.grad_scaler && o.offload_params)
-    throw std::invalid_argument("--stack pytorch FSDP: ShardedGradScaler with offload_params (its found_inf on the "
-                                "host) is not simulated in this version");
   if (mixed && no_shard)
     throw std::invalid_argument("--stack pytorch FSDP: MixedPrecision on one GPU (NO_SHARD) is not simulated in this "
                                 "version");
@@ -303,11 +300,12 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // under scaler.step(opt), the gradients unscaled first, and scaler.update()
     // after.
     int64_t found_inf_copy = -1;
-    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy)) return out;
+    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy, o.offload_params))
+      return out;
     if (!o.offload_params && !replay(k == 1 ? adamw.first : adamw.later, ledger, step + "/optimizer", false,
                                      Category::kTemporaries, Category::kOptimizer, nullptr))
       return out;
-    ledger.free(found_inf_copy);
+    if (o.grad_scaler && !grad_scaler_update(ledger, step + "/optimizer", found_inf_copy, o.offload_params)) return out;
     ledger.point(step + "/optimizer");
   }
   ledger.finish();

@@ -61,8 +61,8 @@ struct PytorchFsdpOptions {
   // ShardedGradScaler around the step (fp16 MixedPrecision, as FSDP's docs
   // pair them: torch/distributed/fsdp/sharded_grad_scaler.py): its scale and
   // growth tracker from the first scale(), unscale_'s tensors around the
-  // optimizer step (grad_scaler_unscale). The traces carry the scaled
-  // loss's backward. GPU shards only (not with offload_params).
+  // optimizer step (grad_scaler_unscale, the gradients on the host with
+  // offload_params). The traces carry the scaled loss's backward.
   bool grad_scaler = false;
   int world_size = 2;
   int steps = 2;

@@ -246,7 +246,14 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       wait_for_unshard(g, false);
       if (g.post_forward_index > 0) unshard(groups[post_forward_order[g.post_forward_index - 1]]);
     };
-    hooks.backward_begins = [&] { hooks.pre_backward(0); };  // the root's hook on the loss
+    hooks.backward_begins = [&] {
+      // scaler.scale(loss), first call (ShardedGradScaler, fp16): its scale
+      // and growth tracker, then the scaled loss (in the trace).
+      if (o.grad_scaler && k == 1)
+        for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
+          if (ledger.alloc(Category::kOptimizer, b, label) < 0) return;
+      hooks.pre_backward(0);  // the root's hook on the loss
+    };
     hooks.post_backward = post_backward;
     if (!walk_fsdp_step(*in.no_grads, part, {}, step, label, hooks, ledger, unit_grads, outputs, previous_outputs))
       return out;
@@ -274,10 +281,15 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     outputs.clear();
     ledger.point(step + "/backward");
     // opt.step(): AdamW over the sharded parameters (on the host under
-    // CPUOffloadPolicy).
+    // CPUOffloadPolicy); under scaler.step(opt), unscaled first, and
+    // scaler.update() after.
+    int64_t found_inf_copy = -1;
+    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy, o.offload_params))
+      return out;
     if (!o.offload_params && !replay(k == 1 ? adamw.first : adamw.later, ledger, step + "/optimizer", false,
                                      Category::kTemporaries, Category::kOptimizer, nullptr))
       return out;
+    if (o.grad_scaler && !grad_scaler_update(ledger, step + "/optimizer", found_inf_copy, o.offload_params)) return out;
     ledger.point(step + "/optimizer");
   }
   ledger.finish();

@@ -46,6 +46,9 @@ struct PytorchFsdp2Options {
   // in d (the traces are the model's cast to d, as for FSDP1's
   // MixedPrecision), the shards and the gradients' shards fp32. kF32: none.
   DType mixed_precision = DType::kF32;
+  // ShardedGradScaler around the step (fp16), as for FSDP1
+  // (PytorchFsdpOptions::grad_scaler).
+  bool grad_scaler = false;
   // MixedPrecisionPolicy(reduce_dtype=torch.float32) beside a low
   // param_dtype (torchtitan's recipe): gradients reduce-scattered in fp32.
   // False: reduce_dtype None, so param_dtype's.

@@ -182,13 +182,13 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                       (fsdp2 ? want.wrap == "none" || want.wrap == "block"
                              : want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") &&
                       (want.precision == Precision::kFp32 || want.precision == Precision::kBf16 ||
-                       (want.precision == Precision::kFp16 && !fsdp2 && !want.offload));
+                       want.precision == Precision::kFp16);
     if (s.find('/') == std::string::npos || !(ddp_like || fsdp))
       throw std::invalid_argument("--strategies " + s + ": --stack pytorch simulates ddp (DistributedDataParallel) "
                                   "and zero1 (with ZeroRedundancyOptimizer), fp32 (+ckpt or not) or autocast (bf16 "
                                   "on a CPU, fp16 with GradScaler on CUDA), wrap=none, and FSDP as zero2 or "
-                                  "zero3[+offload]/fp32 or bf16 (MixedPrecision) or, without offload and with "
-                                  "FSDP1, fp16 (MixedPrecision and ShardedGradScaler)/wrap=size:N or wrap=block "
+                                  "zero3[+offload]/fp32, bf16 (MixedPrecision) or fp16 (MixedPrecision and "
+                                  "ShardedGradScaler)/wrap=size:N or wrap=block "
                                   "(transformer_auto_wrap_policy), with --fsdp-version 2 also hybrid (HSDP) and "
                                   "wrap=block (fully_shard on each block, then the root) or wrap=none (the root "
                                   "only), only in this version");
@@ -344,7 +344,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.reshard_after_forward = c.sharding == Sharding::kZero3;
       f.offload_params = c.offload;
       f.wrap_blocks = c.wrap == "block";
-      f.mixed_precision = c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+      f.mixed_precision = c.precision == Precision::kBf16   ? DType::kBF16
+                          : c.precision == Precision::kFp16 ? DType::kF16
+                                                            : DType::kF32;
+      f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
       f.reduce_in_fp32 = r.fsdp_reduce_fp32;
       f.hsdp = c.sharding == Sharding::kHybrid;  // sharded within a node, replicated across nodes
       f.world_size = f.hsdp ? r.gpus_per_node : world;

@@ -29,7 +29,7 @@ bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::str
 }  // namespace
 
 // grad_scaler.py 1.13's unscale_, in its order (pytorch_stack.h).
-bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& found_inf_copy) {
+bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& found_inf_copy, bool host_grads) {
   const Category c = Category::kOptimizer;
   const int64_t dbl = ledger.alloc(c, 8, label);  // self._scale.double()
   if (dbl < 0) return false;
@@ -41,13 +41,33 @@ bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& foun
   ledger.free(rec);
   const int64_t found = ledger.alloc(c, 4, label);  // torch.full((1,), 0.0)
   if (found < 0) return false;
-  found_inf_copy = ledger.alloc(c, 4, label);        // per_device_found_inf.get(device)
-  if (found_inf_copy < 0) return false;
-  const int64_t inv_copy = ledger.alloc(c, 4, label);  // per_device_inv_scale.get(device)
-  if (inv_copy < 0) return false;
-  ledger.free(inv_copy);  // _unscale_grads_ returns
-  ledger.free(inv);       // unscale_ returns
+  if (host_grads) {
+    // ShardedGradScaler, the gradients on the host: both copies made there;
+    // the found_inf synced through a GPU copy (`v_on_cuda = v.cuda()`),
+    // alive until unscale_ returns.
+    const int64_t on_gpu = ledger.alloc(c, 4, label);
+    if (on_gpu < 0) return false;
+    ledger.free(on_gpu);
+  } else {
+    found_inf_copy = ledger.alloc(c, 4, label);  // per_device_found_inf.get(device)
+    if (found_inf_copy < 0) return false;
+    const int64_t inv_copy = ledger.alloc(c, 4, label);  // per_device_inv_scale.get(device)
+    if (inv_copy < 0) return false;
+    ledger.free(inv_copy);  // _unscale_grads_ returns
+  }
+  ledger.free(inv);  // unscale_ returns
   ledger.free(found);
+  return true;
+}
+
+bool grad_scaler_update(Ledger& ledger, const std::string& label, int64_t found_inf_copy, bool host_grads) {
+  ledger.free(found_inf_copy);
+  if (!host_grads) return true;
+  // The host found_inf brought to the scale's device (`found_inf.to(device=
+  // _scale.device)`), dropped as update() returns.
+  const int64_t copy = ledger.alloc(Category::kOptimizer, 4, label);
+  if (copy < 0) return false;
+  ledger.free(copy);
   return true;
 }
 
@@ -357,10 +377,10 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     const ModelTrace& opt = o.zero_redundancy ? (k == 1 ? zero_first : zero_later)
                                               : (k == 1 ? *in.optimizer_first : *in.optimizer_later);
     int64_t found_inf_copy = -1;
-    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy)) return out;
+    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy, false)) return out;
     if (!replay(opt, ledger, step + "/optimizer", false, Category::kTemporaries, Category::kOptimizer, nullptr))
       return out;
-    if (o.grad_scaler) ledger.free(found_inf_copy);  // scaler.update()
+    if (o.grad_scaler && !grad_scaler_update(ledger, step + "/optimizer", found_inf_copy, false)) return out;
     ledger.point(step + "/optimizer");
   }
   ledger.finish();

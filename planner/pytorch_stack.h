@@ -124,12 +124,17 @@ struct PytorchDdpOptions {
 // A step whose gradients overflow skips optimizer.step(); the plan assumes
 // the steady state, where steps are taken (AdamW's state exists from then on).
 inline constexpr int64_t kGradScalerScaleBytes = 4, kGradScalerGrowthTrackerBytes = 4;
-// GradScaler.unscale_ (ShardedGradScaler's is the same on GPU gradients):
-// allocates and frees its tensors in order, leaving the found_inf copy the
-// optimizer's state keeps (freed by update(), after the step) in
-// `found_inf_copy`. False on out of memory.
+// GradScaler.unscale_ (torch/distributed/fsdp/sharded_grad_scaler.py's
+// ShardedGradScaler the same on GPU gradients): allocates and frees its GPU
+// tensors in order, leaving the found_inf copy the optimizer's state keeps
+// in `found_inf_copy` (none with `host_grads`: ShardedGradScaler over
+// offloaded gradients makes its copies on the host and all-reduces a GPU
+// copy of found_inf). Then update(), after the step: the copy freed; with
+// host_grads the host copy brought to the GPU for _amp_update_scale_ and
+// dropped. False on out of memory.
 class Ledger;
-bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& found_inf_copy);
+bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& found_inf_copy, bool host_grads);
+bool grad_scaler_update(Ledger& ledger, const std::string& label, int64_t found_inf_copy, bool host_grads);
 
 // Replays init (the model, DDP's buckets) and `steps` training steps through
 // an exact allocator (the bytes each storage asks for, as the CPU meter

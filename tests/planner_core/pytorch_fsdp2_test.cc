@@ -136,7 +136,7 @@ TEST(PytorchFsdp2, CpuOffloadLeavesNothingOnTheGpuBetweenSteps) {
 
 // MixedPrecisionPolicy(param_dtype=bf16): the model's bf16 trace (its
 // gradients 2 B an element); the shards and the gradients' shards fp32.
-TEST(PytorchFsdp2, MixedPrecisionGathersAndReducesInBf16) {
+TEST(PytorchFsdp2, MixedPrecisionGathersAndReducesInBf16OrFp16) {
   Fixture f;
   f.trace = step(2);
   PytorchFsdp2Options o;
@@ -154,6 +154,17 @@ TEST(PytorchFsdp2, MixedPrecisionGathersAndReducesInBf16) {
   EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 36 + 36);
   EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 72 + 72);
   EXPECT_THROW(f.run(o, 1), std::invalid_argument);  // one GPU: not simulated, said
+  // param_dtype=torch.float16 with ShardedGradScaler: the same sizes, and
+  // the scaler's scale and growth tracker (8) from step 1's backward on
+  // (unscale_'s found_inf copy gone in update(), after the step).
+  o.mixed_precision = DType::kF16;
+  o.grad_scaler = true;
+  r = f.run(o);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 240);
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 248);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 72 + 8);
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 144 + 8);
 }
 
 // The bf16 step with 200 B more in the root's backward once lin's

@@ -312,10 +312,10 @@ class TraceTest(unittest.TestCase):
         # Each gradient is its bf16 parameter's: half of fp32's, byte for byte.
         self.assertEqual(2 * kept_grads("bf16"), kept_grads("fp32"))
 
-        def plan(strategies, device="a100-40gb", trace=mixed):
+        def plan(strategies, device="a100-40gb", trace=mixed, *extra):
             return subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", device,
-                                   "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", strategies, "--json"],
-                                  capture_output=True, text=True, timeout=300)
+                                   "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", strategies, "--json"]
+                                  + list(extra), capture_output=True, text=True, timeout=300)
         out = plan("zero3/fp32/wrap=block,zero3/bf16/wrap=block")
         self.assertEqual(out.returncode, 0, out.stderr)
         batch = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
@@ -466,11 +466,14 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         batch16 = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
         self.assertGreater(batch16["zero3/fp16/wrap=block"], batch16["zero3/fp32/wrap=block"])
-        for trace, strategy, message in ((mixed, "zero3/fp16/wrap=block", "--param-dtype fp16"),
-                                         (half, "zero3+offload/fp16/wrap=block", "without offload")):
-            out = plan(strategy, "titan-rtx-24gb", trace)
-            self.assertEqual(out.returncode, 2, out.stderr)
-            self.assertIn(message, out.stderr)
+        out = plan("zero3/fp16/wrap=block", "titan-rtx-24gb", mixed)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("--param-dtype fp16", out.stderr)
+        # With offload (the scaler's copies on the host) and with FSDP2.
+        for extra in ([], ["--fsdp-version", "2"]):
+            out = plan("zero3+offload/fp16/wrap=block,zero2/fp16/wrap=block", "titan-rtx-24gb", half, *extra)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertTrue(all(c["max_batch_per_gpu"] > 0 for c in json.loads(out.stdout)["candidates"]))
         job, low = backward("--fsdp-keep-low-precision-grads")
         self.assertTrue(job["fsdp_keep_low_precision_grads"])
         self.assertGreaterEqual(low["batch"], bf16["batch"])
