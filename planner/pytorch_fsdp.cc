@@ -251,9 +251,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     hooks.backward_begins = [&] {
       // scaler.scale(loss), first call: its scale and growth tracker (then
       // the scaled loss, in the trace).
-      if (o.grad_scaler && k == 1)
-        for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
-          if (ledger.alloc(Category::kOptimizer, b, label) < 0) return;
+      if (o.grad_scaler && k == 1 && !grad_scaler_init(ledger, label)) return;
       // The root's pre-backward (it was not resharded).
       units[0].needs_pre_backward = false;
       unshard(units[0]);

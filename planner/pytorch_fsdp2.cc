@@ -249,9 +249,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     hooks.backward_begins = [&] {
       // scaler.scale(loss), first call (ShardedGradScaler, fp16): its scale
       // and growth tracker, then the scaled loss (in the trace).
-      if (o.grad_scaler && k == 1)
-        for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
-          if (ledger.alloc(Category::kOptimizer, b, label) < 0) return;
+      if (o.grad_scaler && k == 1 && !grad_scaler_init(ledger, label)) return;
       hooks.pre_backward(0);  // the root's hook on the loss
     };
     hooks.post_backward = post_backward;

@@ -28,6 +28,12 @@ bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::str
 
 }  // namespace
 
+bool grad_scaler_init(Ledger& ledger, const std::string& label) {
+  for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
+    if (ledger.alloc(Category::kOptimizer, b, label) < 0) return false;
+  return true;
+}
+
 // grad_scaler.py 1.13's unscale_, in its order (pytorch_stack.h).
 bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& found_inf_copy, bool host_grads) {
   const Category c = Category::kOptimizer;
@@ -362,9 +368,7 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
                                ledger.free_all(previous_outputs);
                                // scaler.scale(loss), first call: its scale and growth tracker
                                // (an out of memory here stops the replay at its next allocation).
-                               if (o.grad_scaler && k == 1 && m == 1)
-                                 for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
-                                   ledger.alloc(Category::kOptimizer, b, micro + "/forward");
+                               if (o.grad_scaler && k == 1 && m == 1) grad_scaler_init(ledger, micro + "/forward");
                              });
       if (!ok) return out;
       previous_outputs.swap(outputs);

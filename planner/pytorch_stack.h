@@ -132,7 +132,9 @@ inline constexpr int64_t kGradScalerScaleBytes = 4, kGradScalerGrowthTrackerByte
 // copy of found_inf). Then update(), after the step: the copy freed; with
 // host_grads the host copy brought to the GPU for _amp_update_scale_ and
 // dropped. False on out of memory.
+// scale()'s first call makes `_scale` and `_growth_tracker` (grad_scaler_init).
 class Ledger;
+bool grad_scaler_init(Ledger& ledger, const std::string& label);
 bool grad_scaler_unscale(Ledger& ledger, const std::string& label, int64_t& found_inf_copy, bool host_grads);
 bool grad_scaler_update(Ledger& ledger, const std::string& label, int64_t found_inf_copy, bool host_grads);
 
