@@ -67,12 +67,8 @@ int run(const PlanArgs& a) {
   if (a.single_gpu_unwrapped && r.stack != planner::Stack::kPytorch)
     throw BadInput("--single-gpu-unwrapped: how a PyTorch job runs on one GPU; give --stack pytorch");
   r.single_gpu_unwrapped = a.single_gpu_unwrapped;
-  if (!(a.ddp_bucket_cap_mb > 0) || a.ddp_bucket_cap_mb > 1e6)
-    throw BadInput("--ddp-bucket-cap-mb " + std::to_string(a.ddp_bucket_cap_mb) + ": must be above 0 (MB, at most 1e6)");
-  r.ddp_bucket_cap_bytes = static_cast<int64_t>(a.ddp_bucket_cap_mb * 1024 * 1024);  // as DDP converts it
-  if (r.ddp_bucket_cap_bytes != planner::kDdpBucketCapBytes && r.stack != planner::Stack::kPytorch)
-    throw BadInput("--ddp-bucket-cap-mb: a PyTorch DDP option; give --stack pytorch (shardfit's engine reduces per "
-                   "wrap unit: choose the units with wrap=size:N)");
+  // DDP's buckets, PyTorch's or the engine's (spec/grad_buckets.h).
+  r.schedule.ddp_bucket_cap_bytes = bucket_cap_bytes(a.ddp_bucket_cap_mb);
   if (a.zero_grad != "none" && a.zero_grad != "zero")
     throw BadInput("--zero-grad " + a.zero_grad + ": expected none (set_to_none=True) or zero (set_to_none=False)");
   if (a.zero_grad != "none" && r.stack != planner::Stack::kPytorch)
@@ -226,9 +222,11 @@ Command add_plan_command(CLI::App& app) {
   sub->add_flag("--ddp-bucket-view", a->ddp_bucket_view,
                 "--stack pytorch: DDP(gradient_as_bucket_view=True) (PyTorch's default is False)");
   sub->add_option("--ddp-bucket-cap-mb", a->ddp_bucket_cap_mb,
-                  "--stack pytorch: DDP(bucket_cap_mb=...), the size of the buckets DDP rebuilds after its first "
-                  "iteration (the first one stays 1 MiB)")
-      ->capture_default_str();
+                  "ddp/zero1: DDP(bucket_cap_mb=...), the size gradient buckets close at (the first at 1 MiB); "
+                  "--stack pytorch: the buckets DDP rebuilds after its first iteration; shardfit's engine: its "
+                  "all-reduces (run it with the same option, or run --plan)")
+      ->capture_default_str()
+      ->check(BucketCapMb);
   sub->add_flag("--ddp-static-graph", a->ddp_static_graph,
                 "--stack pytorch: DDP(static_graph=True) (PyTorch's default is False)");
   sub->add_flag("--single-gpu-unwrapped", a->single_gpu_unwrapped,

@@ -215,6 +215,7 @@ std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job,
           {"--gpu-mem", std::to_string(job.budget_bytes)}, {"--lr", num(a.lr)}, {"--weight-decay", num(a.weight_decay)},
           {"--grad-accum", std::to_string(job.grad_accum)}, {"--prefetch", std::to_string(job.schedule.prefetch)},
           {"--async-reduce", job.schedule.async_reduce ? "yes" : "no"}, {"--async-gather", job.schedule.async_gather ? "yes" : "no"},
+          {"--ddp-bucket-cap-mb", std::to_string(job.schedule.ddp_bucket_cap_bytes) + " bytes"},
           {"--clip-grad-norm", num(a.clip_grad_norm)},
           {"--gpus-per-node", std::to_string(gpus_per_node)}, {"--save", a.save},
           {"--save-every", std::to_string(a.save_every)}, {"--resume", a.resume},
@@ -261,6 +262,7 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     r.saved_on_signal_step = result.saved_on_signal_step;
     r.loss = result.loss;
     r.tokens_per_s = result.tokens_per_s;
+    r.ddp_bucket_bytes = result.ddp_bucket_bytes;
     r.ranks = std::move(ranks);
     const auto pred = predict(job, world, gpus_per_node, job.grad_accum, a.steps);
     attach_prediction(r.ranks, pred, job.device == "cuda");
@@ -565,6 +567,12 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--async-reduce", a->async_reduce,
                 "Reduce gradients beside the rest of backward (default off, or the plan's): one reduce-scatter "
                 "in flight as FSDP2 keeps, DDP's all-reduces waited for at backward's end");
+  auto* bucket_cap = sub->add_option("--ddp-bucket-cap-mb", a->ddp_bucket_cap_mb,
+                                     "ddp/zero1: DDP(bucket_cap_mb=...), the size gradient buckets close at, each "
+                                     "all-reduced once autograd has its last gradient (the first at 1 MiB; "
+                                     "default 25, or the plan's)")
+                         ->capture_default_str()
+                         ->check(BucketCapMb);
   sub->add_flag("--async-gather", a->async_gather,
                 "Run prefetched all-gathers beside compute (default off, or the plan's), waited for where the "
                 "unit runs");
@@ -607,10 +615,11 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");
-  return {sub, [a, batch, seq, strategy, grad_accum, prefetch] {
+  return {sub, [a, batch, seq, strategy, grad_accum, prefetch, bucket_cap] {
             a->batch_given = batch->count() > 0;
             a->grad_accum_given = grad_accum->count() > 0;
             a->prefetch_given = prefetch->count() > 0;
+            a->ddp_bucket_cap_given = bucket_cap->count() > 0;
             a->seq_len_given = seq->count() > 0;
             a->strategy_given = strategy->count() > 0;
             const char* parent = std::getenv("SHARDFIT_COMMAND_LINE");  // a rank of `--nproc`

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "executor/engine.h"
 #include "planner/plan_output.h"
 #include "planner/profile.h"
@@ -40,6 +41,8 @@ Job resolve_job(const RunArgs& a) {
     // The plan's max batch is per micro-batch of its accumulation.
     job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
     job.schedule.prefetch = a.prefetch_given ? a.prefetch : plan.schedule.prefetch;
+    job.schedule.ddp_bucket_cap_bytes =
+        a.ddp_bucket_cap_given ? bucket_cap_bytes(a.ddp_bucket_cap_mb) : plan.schedule.ddp_bucket_cap_bytes;
     job.schedule.async_reduce = a.async_reduce || plan.schedule.async_reduce;
     job.schedule.async_gather = a.async_gather || plan.schedule.async_gather;
     if (!a.model.empty() && a.model != plan.model.name)
@@ -59,7 +62,7 @@ Job resolve_job(const RunArgs& a) {
     if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
     job.batch = a.batch;
     job.grad_accum = a.grad_accum;
-    job.schedule = {a.prefetch, a.async_reduce, a.async_gather};
+    job.schedule = {a.prefetch, a.async_reduce, a.async_gather, bucket_cap_bytes(a.ddp_bucket_cap_mb)};
   }
   job.model = models::resolve_model(model_name);
   if (!a.loss.empty()) job.loss = a.loss;

@@ -39,6 +39,7 @@ struct RunArgs {
   std::string candidate;
   int64_t grad_accum = 1;
   int prefetch = 1;
+  double ddp_bucket_cap_mb = spec::kDdpBucketCapBytes / (1024.0 * 1024);
   bool async_reduce = false;
   bool async_gather = false;
   double clip_grad_norm = 0;
@@ -57,7 +58,7 @@ struct RunArgs {
   std::string attention;    // "": eager, or the plan's
   // Which options the user gave (a plan fills in the others).
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false,
-       prefetch_given = false;
+       prefetch_given = false, ddp_bucket_cap_given = false;
   std::string command_line;
 };
 

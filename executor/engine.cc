@@ -187,6 +187,7 @@ void Engine::build_units() {
     flat_.push_back(std::make_unique<FlatParam>(unit.name, spec::FlatParamLayout(unit.params, group_size_),
                                                 group_rank, config, params, values));
   }
+  if (!traits_.shard_params) build_grad_buckets();
   const size_t num_units = units_.units.size();
   fwd_depth_.assign(num_units, 0);
   rcp_depth_.assign(num_units, 0);
@@ -194,6 +195,39 @@ void Engine::build_units() {
   bwd_begun_.assign(num_units, false);
   bwd_done_.assign(num_units, false);
   forward_seen_.assign(num_units, false);
+}
+
+// ddp/zero1: DDP's buckets over the flat grad, each launched (the
+// schedule's kGradReady) once autograd has accumulated its last parameter's
+// gradient, as DDP's reducer learns it (reducer.cpp, autograd_hook).
+void Engine::build_grad_buckets() {
+  std::vector<spec::FlatParamLayout> layouts;
+  for (const auto& f : flat_) layouts.push_back(f->layout());
+  buckets_ = spec::GradBuckets(layouts, static_cast<int>(c10::elementSize(compute_dtype_)),
+                               schedule_.options().ddp_bucket_cap_bytes);
+  bucket_work_.resize(buckets_.buckets().size());
+  for (size_t u = 0; u < flat_.size(); ++u) {
+    for (size_t i = 0; i < flat_[u]->params().size(); ++i) {
+      grad_accumulators_.push_back(models::after_grad_accumulated(
+          flat_[u]->params()[i], [this, u, i] {
+            const int b = buckets_.param_ready(static_cast<int>(u), static_cast<int>(i));
+            if (b >= 0) run_hook(spec::Hook::kGradReady, b);
+          }));
+    }
+  }
+}
+
+// One bucket's slice of the flat grad, averaged in place over the world.
+void Engine::launch_bucket(int b) {
+  if (bucket_launched_[b]) return;
+  if (!buckets_.ready(b))  // launched when backward ends: its missing gradients are zeros
+    spdlog::debug("{}gradient bucket {} had parameters without a gradient; all-reduced when backward ended", prefix_, b);
+  buckets_.force_ready(b);
+  bucket_launched_[b] = true;
+  const spec::GradBucket& bucket = buckets_.buckets()[b];
+  torch::NoGradGuard no_grad;
+  bucket_work_[b] = world_->all_reduce_async(flat_grad_.narrow(0, bucket.offset, bucket.numel), ReduceOp::kAvg);
+  in_flight_.push_back(b);
 }
 
 // ddp/zero1: one flat gradient buffer for every unit (DDP's
@@ -229,6 +263,8 @@ void Engine::train_step(int64_t step, DataSource& data, double* loss_out) {
     {
       models::ScopedModuleRunner scoped(this);
       loss = model_->forward_loss(batch);
+      buckets_.begin_backward();
+      bucket_launched_.assign(buckets_.buckets().size(), false);
       run_hook(spec::Hook::kBackwardStart, -1);
       // The backward seed: 1 (as loss.backward()), divided over the
       // micro-batches and multiplied by fp16's loss scale.
@@ -337,6 +373,8 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
   try {
     build_units();
     result.units = static_cast<int>(flat_.size());
+    for (int64_t numel : buckets_.numels())
+      result.ddp_bucket_bytes.push_back(numel * static_cast<int64_t>(c10::elementSize(compute_dtype_)));
     if (init_) {
       result.init_read_bytes = init_->bytes_read();
       result.init_data_bytes = init_->data_bytes();

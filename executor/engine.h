@@ -130,6 +130,9 @@ struct EngineResult {
   std::string device = "cpu";           // "cpu" or "cuda"
   int64_t param_count = 0;
   int units = 0;
+  // ddp/zero1: DDP's gradient buckets, bytes each, in the order backward
+  // fills them (spec/grad_buckets.h); empty for zero2/3/hybrid.
+  std::vector<int64_t> ddp_bucket_bytes;
   // `run --init`: the checkpoint's data bytes this rank read, of all its
   // parameters' stored bytes; -1 without --init.
   int64_t init_read_bytes = -1;

@@ -70,12 +70,22 @@ void Engine::apply(spec::Op op, int u) {
       if (flat_[u]->reduce_in_flight()) in_flight_.push_back(u);
       return;
     case spec::Op::kAllReduce:
-      flat_[u]->launch_reduce_grad(*world_, nullptr);
-      if (flat_[u]->reduce_in_flight()) in_flight_.push_back(u);
+      // A bucket (at kGradReady), or every bucket not launched yet (u < 0).
+      for (int b = u < 0 ? 0 : u; b < (u < 0 ? static_cast<int>(bucket_launched_.size()) : u + 1); ++b)
+        launch_bucket(b);
       return;
     case spec::Op::kWaitReduce:
-      // Every unit's reduction in flight, in the order they were launched.
-      for (int v : in_flight_) flat_[v]->finish_reduce_grad();
+      // Every reduction in flight, in the order they were launched: a
+      // unit's, or a bucket's (then the units it completes are done).
+      for (int v : in_flight_) {
+        if (traits_.shard_params) {
+          flat_[v]->finish_reduce_grad();
+          continue;
+        }
+        bucket_work_[v]->wait();
+        bucket_work_[v].reset();
+        for (int w : buckets_.bucket_reduced(v)) flat_[w]->grads_reduced();
+      }
       in_flight_.clear();
       return;
     case spec::Op::kAllocFlatGrad:

@@ -21,6 +21,7 @@
 #include "executor/meter.h"
 #include "models/autograd_hooks.h"
 #include "models/model.h"
+#include "spec/grad_buckets.h"
 #include "spec/schedule.h"
 #include "spec/strategy.h"
 #include "spec/wrap_policy.h"
@@ -58,6 +59,8 @@ class Engine final : public models::ModuleRunner {
  private:
   void build_units();
   void alloc_flat_grad();
+  void build_grad_buckets();
+  void launch_bucket(int bucket);
   void zero_grad();
   void train_step(int64_t step, DataSource& data, double* loss);
   bool wants_save(int64_t step) const;
@@ -120,9 +123,15 @@ class Engine final : public models::ModuleRunner {
   std::vector<int> open_;  // units whose backward began and has not ended, in begin order
   bool in_recompute_ = false;
   std::vector<std::unique_ptr<models::ScopedModuleRunner>> recompute_scopes_;
-  // Units whose gradient reduction is in flight, in launch order (the
-  // schedule's kWaitReduce finishes them).
+  // Reductions in flight, in launch order (the schedule's kWaitReduce
+  // finishes them): units (zero2/3/hybrid) or gradient buckets (ddp/zero1).
   std::vector<int> in_flight_;
+  // ddp/zero1: DDP's gradient buckets over flat_grad_ (spec/grad_buckets.h),
+  // told by each parameter's AccumulateGrad when its gradient is in.
+  spec::GradBuckets buckets_;
+  std::vector<bool> bucket_launched_;  // in this backward
+  std::vector<std::unique_ptr<PendingCollective>> bucket_work_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;  // keep the hooks alive
   // Units in the order their forward first began: backward prefetch (FSDP's
   // BACKWARD_PRE) gathers, at a unit's backward begin, the unit before it.
   std::vector<int> forward_order_;

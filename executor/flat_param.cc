@@ -230,10 +230,8 @@ void FlatParam::launch_reduce_grad(Communicator& group, Communicator* replicate)
   torch::NoGradGuard no_grad;
   const int64_t s = layout_.shard_numel();
   pending_replicate_ = replicate;
-  if (!config_.sharded_params) {
-    pending_ = group.all_reduce_async(flat_grad_, ReduceOp::kAvg);
-    return;
-  }
+  if (!config_.sharded_params)
+    throw std::logic_error("unit " + name_ + ": full params are reduced by bucket, in the engine's flat grad");
   if (!unsharded_grad_.defined()) return;  // no backward reached this unit
   if (!mixed_ && !config_.offload) {
     if (!shard_grad_.defined()) {
@@ -262,15 +260,6 @@ void FlatParam::finish_reduce_grad() {
   Communicator* replicate = pending_replicate_;
   pending_replicate_ = nullptr;
   const int64_t s = layout_.shard_numel();
-  if (!config_.sharded_params) {
-    if (config_.offload) {
-      // zero1+offload: this rank's slice goes device-to-host (and up to fp32).
-      ScopedUntracked host;
-      if (!shard_grad_.defined()) shard_grad_ = torch::empty({s}, host_f32_);
-      shard_grad_.copy_(flat_grad_.narrow(0, rank_ * s, s));
-    }
-    return;
-  }
   if (replicate) replicate->all_reduce(reduce_out_, ReduceOp::kAvg);
   if (!mixed_ && !config_.offload) {
     if (reduce_adds_) shard_grad_.add_(reduce_out_);
@@ -289,6 +278,16 @@ void FlatParam::finish_reduce_grad() {
   }
   for (auto& p : params_) p.mutable_grad().reset();
   free_now(unsharded_grad_);
+}
+
+void FlatParam::grads_reduced() {
+  if (config_.sharded_params || !config_.offload) return;
+  // zero1+offload: this rank's slice goes device-to-host (and up to fp32).
+  torch::NoGradGuard no_grad;
+  ScopedUntracked host;
+  const int64_t s = layout_.shard_numel();
+  if (!shard_grad_.defined()) shard_grad_ = torch::empty({s}, host_f32_);
+  shard_grad_.copy_(flat_grad_.narrow(0, rank_ * s, s));
 }
 
 void FlatParam::free_shard_grad() {

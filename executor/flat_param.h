@@ -10,7 +10,7 @@
 //   init: fp32 shard 4*s (host if offload)    init: fp32 flat 4*P [+ c*P compute copy]
 //   unshard: [c*s staging] + c*P gathered      zero1+offload: host fp32 shard, device c*P
 //   reshard: gathered storage freed            grads: views into the engine's flat grad
-//   alloc_unsharded_grad: c*P                  reduce_grad: all-reduce in place
+//   alloc_unsharded_grad: c*P                  buckets: all-reduced in place (engine)
 //   reduce_grad: fp32 shard grad 4*s (mixed:   optimizer: AdamW on the full param (ddp)
 //     via a c*s reduce-scatter output)           or this rank's slice (zero1), then
 //   optimizer: AdamW on the shard                all-gather in place
@@ -123,14 +123,18 @@ class FlatParam {
   // Points every parameter's .grad at its view of `flat_grad` (this unit's
   // c*P slice of the engine's flat gradient buffer).
   void attach_flat_grad(const torch::Tensor& flat_grad);
+  // The engine all-reduces the flat grad by DDP bucket (spec/grad_buckets.h),
+  // not by unit; once every bucket over this unit's slice is reduced,
+  // zero1+offload copies this rank's slice to its host fp32 shard grad
+  // (nothing otherwise).
+  void grads_reduced();
 
   // ---- gradients -----------------------------------------------------------
   // Post-backward. Sharded: reduce-scatter (avg) the unsharded grad over
   // `group` into the fp32 shard grad (adding to it when it already holds a
   // micro-batch's), all-reduce it across `replicate` (hybrid) and free the
-  // unsharded grad (the schedule's kReshard follows). Full params (`group` = the world):
-  // all-reduce (avg) the flat grad slice in place; zero1+offload then copies
-  // this rank's slice to its host shard grad.
+  // unsharded grad (the schedule's kReshard follows). Full params reduce by
+  // bucket instead (attach_flat_grad, grads_reduced): a logic_error here.
   void reduce_grad(Communicator& group, Communicator* replicate);
   // reduce_grad in two halves, for a reduction that runs beside the rest of
   // backward (spec/schedule.h: kReduceScatter / kAllReduce launch, and

@@ -1,11 +1,26 @@
 #include "models/autograd_hooks.h"
 
+#include <stdexcept>
+
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 
 namespace shardfit::models {
 namespace {
 
 using torch::autograd::variable_list;
+
+class AccumulatedHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AccumulatedHook(std::function<void()> cb) : cb_(std::move(cb)) {}
+  variable_list operator()(const variable_list& outputs, const variable_list& /*inputs*/) override {
+    cb_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> cb_;
+};
 
 class CallbackNode final : public torch::autograd::Node {
  public:
@@ -84,6 +99,15 @@ std::vector<torch::Tensor> with_backward_callback(const std::vector<torch::Tenso
     out.push_back(alias);
   }
   return out;
+}
+
+std::shared_ptr<torch::autograd::Node> after_grad_accumulated(const torch::Tensor& param,
+                                                              std::function<void()> on_accumulated) {
+  if (!param.is_leaf() || !param.requires_grad())
+    throw std::invalid_argument("after_grad_accumulated: not a leaf tensor that requires grad");
+  std::shared_ptr<torch::autograd::Node> node = torch::autograd::impl::grad_accumulator(param);
+  node->add_post_hook(std::make_unique<AccumulatedHook>(std::move(on_accumulated)));
+  return node;
 }
 
 torch::Tensor checkpoint(const std::vector<torch::Tensor>& inputs, ModuleFn fn,

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include <torch/torch.h>
@@ -23,6 +24,15 @@ namespace shardfit::models {
 // are returned unchanged and `on_backward` never runs.
 std::vector<torch::Tensor> with_backward_callback(const std::vector<torch::Tensor>& tensors,
                                                   std::function<void()> on_backward);
+
+// Calls `on_accumulated` each time autograd has accumulated a gradient into
+// the leaf tensor `param`'s .grad: a post-hook on its AccumulateGrad node, as
+// DDP's reducer registers one per parameter (c10d reducer.cpp,
+// Reducer::autograd_hook). Returns that node: the tensor holds it only
+// weakly, so the caller keeps it for as long as the hook should run.
+// Throws std::invalid_argument when `param` is not a leaf requiring grad.
+std::shared_ptr<torch::autograd::Node> after_grad_accumulated(const torch::Tensor& param,
+                                                              std::function<void()> on_accumulated);
 
 // Runs fn(inputs) without keeping its activations; in backward, re-runs it
 // with grad enabled (calling on_recompute(true) before and (false) after)

@@ -16,6 +16,7 @@
 #include "planner/batch_search.h"
 #include "planner/time_model.h"
 #include "planner/trace.h"
+#include "spec/grad_buckets.h"
 #include "spec/recompute.h"
 #include "spec/shard_layout.h"
 #include "spec/strategy.h"
@@ -273,6 +274,13 @@ StepTimeInputs time_inputs(const Candidate& c, const PlanRequest& r, const UnitP
   StepTimeInputs ti;
   ti.candidate = c;
   for (int u : forward_order) ti.unit_padded_numel.push_back(spec::padded_numel(units.units[u].numel, t.collective_group_size));
+  if (!t.shard_grads) {
+    std::vector<spec::FlatParamLayout> layouts;
+    for (const spec::Unit& u : units.units) layouts.emplace_back(u.params, t.shard_group_size);
+    ti.grad_bucket_numel = spec::GradBuckets(layouts, static_cast<int>(dtype_bytes(t.compute_dtype)),
+                                             r.schedule.ddp_bucket_cap_bytes)
+                               .numels();
+  }
   ti.batch = batch;
   ti.grad_accum = r.grad_accum;
   ti.seq_len = r.seq_len;

@@ -35,8 +35,6 @@ struct PlanRequest {
   // Accelerate and the Hugging Face Trainer leave a one-process job
   // (`--single-gpu-unwrapped`; PytorchDdpOptions::wrapped).
   bool single_gpu_unwrapped = false;
-  // --stack pytorch: DDP(bucket_cap_mb=...) in bytes (`--ddp-bucket-cap-mb`).
-  int64_t ddp_bucket_cap_bytes = kDdpBucketCapBytes;
   // --stack pytorch: opt.zero_grad(set_to_none=...): true drops the
   // gradients (PyTorch 2.x's default; `--zero-grad none`), false zeroes them
   // in place (PyTorch 1.x's default; `--zero-grad zero`).
@@ -87,7 +85,8 @@ struct PlanRequest {
   // micro-batch. zero2/3/hybrid then hold their fp32 shard grads through
   // every micro-batch after the first, so their max batch can only shrink.
   int grad_accum = 1;
-  // --prefetch, --async-reduce, --async-gather (spec::ScheduleOptions).
+  // --prefetch, --async-reduce, --async-gather, --ddp-bucket-cap-mb
+  // (spec::ScheduleOptions; the last for --stack pytorch's DDP too).
   spec::ScheduleOptions schedule;
   // Called as the plan advances, from build_plan's worker threads but never
   // two at once: stage "trace" (one traced step of a distinct precision and

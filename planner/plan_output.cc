@@ -161,6 +161,7 @@ Plan plan_from(const json& j, const std::string& origin) {
   if (r.has("optimizer")) plan.optimizer = r.text("optimizer");
   if (r.has("grad_accum")) plan.grad_accum = static_cast<int>(r.integer("grad_accum", 1));
   if (r.has("prefetch")) plan.schedule.prefetch = static_cast<int>(r.integer("prefetch", 1));
+  if (r.has("ddp_bucket_cap_bytes")) plan.schedule.ddp_bucket_cap_bytes = r.integer("ddp_bucket_cap_bytes", 1);
   if (r.has("async_reduce")) plan.schedule.async_reduce = r.boolean("async_reduce");
   if (r.has("async_gather")) plan.schedule.async_gather = r.boolean("async_gather");
   if (r.has("stack")) {
@@ -354,6 +355,7 @@ void to_json(json& j, const Plan& plan) {
       {"optimizer", plan.optimizer},
       {"grad_accum", plan.grad_accum},
       {"prefetch", plan.schedule.prefetch},
+      {"ddp_bucket_cap_bytes", plan.schedule.ddp_bucket_cap_bytes},
       {"stack", plan.stack},
       {"ddp_bucket_view", plan.ddp_bucket_view},
       {"objective", objective_name(plan.objective)},

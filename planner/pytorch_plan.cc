@@ -76,7 +76,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     if (r.single_gpu_unwrapped) {
       ti.unit_padded_numel.push_back(file.param_count());  // no DDP: nothing reduced
     } else {
-      const std::vector<int64_t> buckets = ddp_bucket_bytes(file.param_numels(), r.ddp_bucket_cap_bytes);
+      const std::vector<int64_t> buckets = ddp_bucket_bytes(file.param_numels(), r.schedule.ddp_bucket_cap_bytes);
       for (auto b = buckets.rbegin(); b != buckets.rend(); ++b) ti.unit_padded_numel.push_back(*b / 4);
     }
   }
@@ -323,7 +323,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     at.with_grads = &with;
     PytorchDdpOptions o;
     o.gradient_as_bucket_view = r.ddp_bucket_view;
-    o.bucket_cap_bytes = r.ddp_bucket_cap_bytes;
+    o.bucket_cap_bytes = r.schedule.ddp_bucket_cap_bytes;
     o.zero_grad_set_to_none = r.zero_grad_set_to_none;
     o.budget_bytes = budget;
     o.cuda_caching = cuda && r.profile.allocator == AllocatorKind::kCudaCaching;
@@ -403,7 +403,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   plan.ddp_static_graph = r.ddp_static_graph;
   plan.single_gpu_unwrapped = r.single_gpu_unwrapped;
   plan.pytorch_job = Plan::PytorchJob{r.zero_grad_set_to_none ? "none" : "zero",
-                                      r.ckpt_reentrant ? "reentrant" : "non-reentrant", r.ddp_bucket_cap_bytes,
+                                      r.ckpt_reentrant ? "reentrant" : "non-reentrant", r.schedule.ddp_bucket_cap_bytes,
                                       r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kBackwardPost ? "post"
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",

@@ -1,6 +1,7 @@
 #include "planner/pytorch_stack.h"
 
 #include "planner/pytorch_ledger.h"
+#include "spec/grad_buckets.h"
 
 #include <algorithm>
 #include <functional>
@@ -148,17 +149,14 @@ std::vector<int64_t> broadcast_coalesced_flats(const std::vector<CoalescedTensor
 }
 
 std::vector<int64_t> ddp_bucket_bytes(const std::vector<int64_t>& param_numels, int64_t bucket_cap_bytes) {
-  constexpr int64_t kFirstBucketBytes = 1LL << 20;  // dist._DEFAULT_FIRST_BUCKET_BYTES
+  std::vector<int64_t> param_bytes;
+  for (int64_t n : param_numels) param_bytes.push_back(4 * n);  // fp32 parameters
   std::vector<int64_t> buckets;
-  int64_t open = 0;
-  for (auto it = param_numels.rbegin(); it != param_numels.rend(); ++it) {
-    open += 4 * *it;
-    if (open >= (buckets.empty() ? kFirstBucketBytes : bucket_cap_bytes)) {
-      buckets.push_back(open);
-      open = 0;
-    }
+  for (const std::vector<int>& members : spec::assign_buckets_by_size(param_bytes, bucket_cap_bytes)) {
+    int64_t bytes = 0;
+    for (int i : members) bytes += param_bytes[i];
+    buckets.push_back(bytes);
   }
-  if (open > 0) buckets.push_back(open);
   return buckets;
 }
 

@@ -23,6 +23,7 @@
 #include "planner/adamw_steps.h"
 #include "planner/allocator_model.h"
 #include "planner/model_trace.h"
+#include "spec/grad_buckets.h"
 #include "planner/step_simulator.h"
 
 namespace shardfit::planner {
@@ -31,9 +32,9 @@ namespace shardfit::planner {
 // --fsdp-backward-prefetch`): BACKWARD_PRE, BACKWARD_POST or None.
 enum class FsdpBackwardPrefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
 
-// DistributedDataParallel's default bucket_cap_mb (25, distributed.py), in
-// bytes as it converts it: int(bucket_cap_mb * 1024 * 1024).
-inline constexpr int64_t kDdpBucketCapBytes = 25LL << 20;
+// DistributedDataParallel's default bucket_cap_mb, in bytes: spec's, which
+// shardfit's engine buckets by too.
+using spec::kDdpBucketCapBytes;
 
 struct PytorchDdpInputs {
   // One batch's forward + backward: grads_at_start false (the default

@@ -31,158 +31,10 @@ const char* category_name(Category c) {
 
 namespace {
 
-constexpr int kNumSteps = 2;
 // AdamW's exp_avg and exp_avg_sq, each fp32: torch.optim.AdamW's state.
 constexpr int64_t kFp32Bytes = 4;
 
-std::string bad_trace(const ModelTrace& trace, size_t event, const std::string& what) {
-  return "trace of " + trace.model_name + ": event " + std::to_string(event) + " " + what;
-}
-
 }  // namespace
-
-// ------------------------------------------------------------ indexing
-
-// Labels: labels_[0] = "init"; step k (0-based) starts at
-// 1 + k * (2U + 1): forward/u at +u, backward/u at +U+u, optimizer at +2U.
-// Event::label holds the offset within a step.
-StepSimulator::StepSimulator(const ModelTrace& trace, const UnitPartition& units)
-    : trace_dtype_(trace.compute_dtype) {
-  const int num_modules = static_cast<int>(trace.modules.size());
-  const int num_units = static_cast<int>(units.units.size());
-  if (num_units == 0) throw std::invalid_argument("step simulator needs at least one unit");
-  std::vector<int> unit_of_root(num_modules, -1);
-  for (int u = 0; u < num_units; ++u) {
-    const int root = units.units[u].root_module;
-    if (root < 0 || root >= num_modules) {
-      throw std::invalid_argument("unit " + units.units[u].name + " has root module " +
-                                  std::to_string(root) + " outside the trace's " +
-                                  std::to_string(num_modules) + " modules");
-    }
-    unit_of_root[root] = u;
-    if (root == 0) root_unit_ = u;
-    unit_numel_.push_back(units.units[u].numel);
-  }
-
-  // First pass: where each unit's backward first begins and last ends, and
-  // the order units first run forward.
-  std::vector<size_t> first_bwd_begin(num_units, SIZE_MAX), last_bwd_end(num_units, SIZE_MAX);
-  std::vector<bool> ran_forward(num_units, false);
-  for (size_t i = 0; i < trace.events.size(); ++i) {
-    const MemEvent& e = trace.events[i];
-    if (e.kind != MemEvent::kModuleBegin && e.kind != MemEvent::kModuleEnd) continue;
-    if (e.module < 0 || e.module >= num_modules)
-      throw std::invalid_argument(bad_trace(trace, i, "has no module"));
-    const int u = unit_of_root[e.module];
-    if (u < 0) continue;
-    if (e.phase == Phase::kForward && e.kind == MemEvent::kModuleBegin && !ran_forward[u]) {
-      ran_forward[u] = true;
-      forward_order_.push_back(u);
-    } else if (e.phase == Phase::kBackward) {
-      if (e.kind == MemEvent::kModuleBegin && first_bwd_begin[u] == SIZE_MAX)
-        first_bwd_begin[u] = i;
-      if (e.kind == MemEvent::kModuleEnd) last_bwd_end[u] = i;
-    }
-  }
-  num_run_forward_ = static_cast<int>(forward_order_.size());
-  forward_pos_.assign(num_units, -1);
-  for (int k = 0; k < num_run_forward_; ++k) forward_pos_[forward_order_[k]] = k;
-  for (int u = 0; u < num_units; ++u) {
-    if (!ran_forward[u]) forward_order_.push_back(u);
-  }
-
-  // Second pass: the flat event array, trace ids renumbered 0..T-1.
-  std::unordered_map<int64_t, int32_t> dense_id;
-  std::vector<bool> live;
-  std::vector<int> fwd_depth(num_units, 0), rcp_depth(num_units, 0);
-  std::vector<int> fwd_stack, bwd_stack;  // active units, for labels
-  bool backward_started = false;
-  events_.reserve(trace.events.size());
-  auto stack_label = [&](bool forward) {
-    const std::vector<int>& s = forward ? fwd_stack : bwd_stack;
-    const int u = s.empty() ? root_unit_ : s.back();  // outside every unit: the root's phase
-    return static_cast<int32_t>(forward ? u : num_units + u);
-  };
-  // Tracks nesting; true on the outermost begin and its matching end (an
-  // unmatched end is ignored).
-  auto outermost = [](int& depth, bool begin) {
-    if (begin) return depth++ == 0;
-    if (depth == 0) return false;
-    return --depth == 0;
-  };
-  auto pop = [](std::vector<int>& s, int u) {
-    auto it = std::find(s.rbegin(), s.rend(), u);
-    if (it != s.rend()) s.erase(std::next(it).base());
-  };
-  for (size_t i = 0; i < trace.events.size(); ++i) {
-    const MemEvent& e = trace.events[i];
-    const bool forward = e.phase == Phase::kForward;
-    if (!forward && !backward_started) {
-      backward_started = true;
-      events_.push_back(Event{Event::kBackwardStart, stack_label(false), -1, -1, 0});
-    }
-    switch (e.kind) {
-      case MemEvent::kAlloc: {
-        auto [it, inserted] = dense_id.emplace(e.tensor, static_cast<int32_t>(dense_id.size()));
-        if (inserted) live.push_back(false);
-        if (live[it->second])
-          throw std::invalid_argument(bad_trace(trace, i, "allocates a live tensor"));
-        if (e.bytes < 0)
-          throw std::invalid_argument(bad_trace(trace, i, "allocates negative bytes"));
-        live[it->second] = true;
-        alloc_events_.push_back(static_cast<int32_t>(events_.size()));
-        events_.push_back(Event{Event::kAlloc, stack_label(forward), -1, it->second, e.bytes});
-        break;
-      }
-      case MemEvent::kFree: {
-        auto it = dense_id.find(e.tensor);
-        if (it == dense_id.end() || !live[it->second]) {
-          throw std::invalid_argument(bad_trace(trace, i, "frees a tensor that is not live"));
-        }
-        live[it->second] = false;
-        events_.push_back(Event{Event::kFree, stack_label(forward), -1, it->second, 0});
-        break;
-      }
-      case MemEvent::kModuleBegin:
-      case MemEvent::kModuleEnd: {
-        const int u = unit_of_root[e.module];
-        if (u < 0) break;
-        const bool begin = e.kind == MemEvent::kModuleBegin;
-        if (e.phase == Phase::kForward) {
-          // Only the outermost call of a unit's root module gathers/reshards.
-          if (!outermost(fwd_depth[u], begin)) break;
-          if (begin) fwd_stack.push_back(u);
-          events_.push_back(Event{begin ? Event::kForwardBegin : Event::kForwardEnd,
-                                  stack_label(true), u, -1, 0});
-          if (!begin) pop(fwd_stack, u);
-        } else if (e.phase == Phase::kBackward) {
-          // A unit used twice has two backward spans: FSDP's pre-backward
-          // runs at the first, its post-backward (reduce-scatter) at the last.
-          if (i != (begin ? first_bwd_begin[u] : last_bwd_end[u])) break;
-          if (begin) bwd_stack.push_back(u);
-          events_.push_back(Event{begin ? Event::kBackwardBegin : Event::kBackwardEnd,
-                                  stack_label(false), u, -1, 0});
-          if (!begin) pop(bwd_stack, u);
-        } else if (outermost(rcp_depth[u], begin) && begin) {
-          events_.push_back(Event{Event::kRecomputeBegin, stack_label(false), u, -1, 0});
-        }
-        break;
-      }
-    }
-  }
-  num_trace_tensors_ = static_cast<int64_t>(dense_id.size());
-  for (int64_t id = 0; id < num_trace_tensors_; ++id) {
-    if (live[id]) leftover_ids_.push_back(id);
-  }
-
-  labels_.push_back("init");
-  for (int step = 1; step <= kNumSteps; ++step) {
-    const std::string prefix = "step" + std::to_string(step) + "/";
-    for (const Unit& unit : units.units) labels_.push_back(prefix + "forward/" + unit.name);
-    for (const Unit& unit : units.units) labels_.push_back(prefix + "backward/" + unit.name);
-    labels_.push_back(prefix + "optimizer");
-  }
-}
 
 // ------------------------------------------------------------ replay
 
@@ -267,7 +119,11 @@ class StepReplay {
   bool forward_order_known_ = false;
   std::vector<ParamState> state_;
   std::vector<bool> shard_grad_live_;  // device or host, by strategy
-  std::vector<int> in_flight_;  // units whose reduction is launched, in launch order
+  // Reductions launched, in launch order: units (zero2/3/hybrid) or DDP's
+  // gradient buckets (ddp/zero1, buckets_).
+  std::vector<int> in_flight_;
+  spec::GradBuckets buckets_;
+  std::vector<bool> bucket_launched_;  // in this backward
   std::vector<bool> gather_in_flight_;  // prefetched (async_gather), not yet waited for
   std::vector<bool> optimizer_state_live_;
   std::vector<uint8_t> id_category_;
@@ -301,6 +157,11 @@ StepReplay::StepReplay(const StepSimulator& sim, const Strategy& strategy,
     padded_.push_back(spec::padded_numel(sim.unit_numel_[u], group_));
     shard_.push_back(padded_.back() / group_);
     total_padded_ += padded_.back();
+  }
+  if (!sharded_params()) {
+    std::vector<spec::FlatParamLayout> layouts;
+    for (int u = 0; u < num_units_; ++u) layouts.emplace_back(sim.unit_params_[u], group_);
+    buckets_ = spec::GradBuckets(layouts, static_cast<int>(c_), strategy.schedule.ddp_bucket_cap_bytes);
   }
   state_.assign(num_units_, ParamState::kSharded);
   shard_grad_live_.assign(num_units_, false);
@@ -357,7 +218,7 @@ void StepReplay::run() {
   allocator_.reset();
   label_ = 0;
   bool ok = init();
-  for (int step = 0; ok && step < std::min(kNumSteps, std::max(1, options_.steps)); ++step) {
+  for (int step = 0; ok && step < std::min(kSimulatedSteps, std::max(1, options_.steps)); ++step) {
     step_base_ = 1 + step * (2 * num_units_ + 1);
     label_ = step_base_;
     ok = run_hook(spec::Hook::kZeroGrad, -1);
@@ -431,6 +292,8 @@ bool StepReplay::replay_trace() {
         free(ev.id);
         break;
       case StepSimulator::Event::kBackwardStart:
+        buckets_.begin_backward();
+        bucket_launched_.assign(buckets_.buckets().size(), false);
         if (!run_hook(spec::Hook::kBackwardStart, -1)) return false;
         break;
       case StepSimulator::Event::kForwardBegin:
@@ -445,6 +308,14 @@ bool StepReplay::replay_trace() {
         break;
       case StepSimulator::Event::kBackwardEnd:
         if (!run_hook(spec::Hook::kPostBackward, ev.unit)) return false;
+        // ddp/zero1: the trace has no per-parameter events, so each of the
+        // unit's gradients counts as arrived when its backward ends (the
+        // engine counts them as autograd accumulates each; reduced in
+        // place, the buckets cost no memory either way).
+        for (size_t i = 0; i < (sharded_params() ? 0 : sim_.unit_params_[ev.unit].size()); ++i) {
+          const int b = buckets_.param_ready(ev.unit, static_cast<int>(i));
+          if (b >= 0 && !run_hook(spec::Hook::kGradReady, b)) return false;
+        }
         mark(step_base_ + num_units_ + ev.unit);
         break;
       case StepSimulator::Event::kRecomputeBegin:
@@ -501,7 +372,14 @@ bool StepReplay::apply(spec::Op op, int u) {
     case spec::Op::kReduceScatter:
       return launch_reduce_scatter(u);
     case spec::Op::kAllReduce:
-      in_flight_.push_back(u);  // in place: nothing to allocate
+      // A bucket (u), or every bucket not launched yet (u < 0): in place,
+      // nothing to allocate.
+      for (int b = u < 0 ? 0 : u; b < (u < 0 ? static_cast<int>(bucket_launched_.size()) : u + 1); ++b) {
+        if (bucket_launched_[b]) continue;
+        buckets_.force_ready(b);
+        bucket_launched_[b] = true;
+        in_flight_.push_back(b);
+      }
       return true;
     case spec::Op::kWaitReduce:
       return wait_reduce();
@@ -597,13 +475,13 @@ void StepReplay::finish_all_reduce(int u) {
 
 // Every reduction in flight completes, in launch order.
 bool StepReplay::wait_reduce() {
-  std::vector<int> units;
-  units.swap(in_flight_);
-  for (int u : units) {
+  std::vector<int> launched;
+  launched.swap(in_flight_);
+  for (int x : launched) {
     if (sharded_params()) {
-      if (!finish_reduce_scatter(u)) return false;
+      if (!finish_reduce_scatter(x)) return false;
     } else {
-      finish_all_reduce(u);
+      for (int u : buckets_.bucket_reduced(x)) finish_all_reduce(u);  // x: a bucket
     }
   }
   return true;
@@ -680,11 +558,5 @@ spec::StrategyTraits Strategy::traits() const {
   return spec::decode_strategy(c, world_size, shard_group_size, optimizer);
 }
 
-void StepSimulator::set_alloc_bytes(const std::vector<int64_t>& bytes) {
-  if (bytes.size() != alloc_events_.size())
-    throw std::invalid_argument("set_alloc_bytes: " + std::to_string(bytes.size()) + " sizes for " +
-                                std::to_string(alloc_events_.size()) + " allocations");
-  for (size_t i = 0; i < bytes.size(); ++i) events_[alloc_events_[i]].bytes = bytes[i];
-}
 
 }  // namespace shardfit::planner

@@ -119,6 +119,10 @@ struct Strategy {
   spec::StrategyTraits traits() const;
 };
 
+// The most training steps a simulation replays (and labels): step 1 creates
+// the optimizer state, step 2 is the steady state every later step repeats.
+inline constexpr int kSimulatedSteps = 2;
+
 struct SimOptions {
   // Fixed device allocations made before anything else (CUDA context,
   // library workspaces, communicator buffers), category "overhead".
@@ -127,7 +131,7 @@ struct SimOptions {
   bool record_timeline = true;
   // Training steps to replay after init: 2 reaches the steady state (the
   // plan's default); 1 predicts a `run --steps 1` (no second step).
-  int steps = 2;
+  int steps = kSimulatedSteps;
 };
 
 using spec::TimelinePoint;
@@ -211,6 +215,7 @@ class StepSimulator {
   std::vector<int64_t> leftover_ids_;  // trace tensors live at the end of backward
   int64_t num_trace_tensors_ = 0;
   std::vector<int64_t> unit_numel_;
+  std::vector<std::vector<spec::ParamInfo>> unit_params_;  // each unit's, in flattening order
   int root_unit_ = 0;  // the unit rooted at the model root
   std::vector<int> forward_order_;
   std::vector<int> forward_pos_;  // unit -> its index in forward_order_, -1 if it never runs forward

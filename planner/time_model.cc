@@ -135,12 +135,16 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   // fp32's (fp32_grads).
   const double grad_elem_bytes = in.fp32_grads ? kMasterBytes : elem_bytes;
   if (!traits.shard_grads) {
-    // ddp, zero1: each unit's flat grad all-reduced after its backward; the
-    // first forward unit's, the last to start, has nothing left to hide behind.
+    // ddp, zero1: the flat grad all-reduced bucket by bucket as backward
+    // fills them; the last bucket has nothing left to hide behind. (No
+    // buckets given: one per unit, the first forward unit's last.)
+    const bool by_bucket = !in.grad_bucket_numel.empty();
+    const double reductions = by_bucket ? static_cast<double>(in.grad_bucket_numel.size()) : units;
+    const double last_numel = by_bucket ? static_cast<double>(in.grad_bucket_numel.back()) : first_unit_numel;
     const double grad_bytes = model_numel * grad_elem_bytes;
-    const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s + units * latency_s;
+    const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s + reductions * latency_s;
     const double last_s =
-        all_reduce_bytes_per_rank(first_unit_numel * grad_elem_bytes, n) / world_ring_per_s + latency_s;
+        all_reduce_bytes_per_rank(last_numel * grad_elem_bytes, n) / world_ring_per_s + latency_s;
     bwd = split(total_s, last_s, hide_reductions);
     t.intra_node_comm_bytes = all_reduce_bytes_per_rank(grad_bytes, n);
     if (traits.all_gather_params_after_step()) {

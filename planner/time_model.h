@@ -82,6 +82,9 @@ struct StepTimeInputs {
   // Each unit's flat parameter numel, padded as the layout pads it for the
   // shard group, in forward execution order. Their sum is the whole model.
   std::vector<int64_t> unit_padded_numel;
+  // ddp/zero1: DDP's gradient buckets' numel, in the order they are reduced
+  // (spec/grad_buckets.h); empty: one all-reduce per unit.
+  std::vector<int64_t> grad_bucket_numel;
   int64_t batch = 1;  // sequences per rank per micro-batch
   int64_t seq_len = 1;
   int grad_accum = 1;  // micro-batches per optimizer step

@@ -120,6 +120,8 @@ nlohmann::json to_json(const RunReport& r) {
           {"run",
            {{"batch_per_gpu", r.batch_per_gpu},
             {"prefetch", r.schedule.prefetch},
+            {"ddp_bucket_cap_bytes", r.schedule.ddp_bucket_cap_bytes},
+            {"ddp_bucket_bytes", r.ddp_bucket_bytes},
             {"async_reduce", r.schedule.async_reduce},
             {"async_gather", r.schedule.async_gather},
             {"world_size", r.world_size},
@@ -165,6 +167,8 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   r.batch_per_gpu = get<int64_t>(run, "batch_per_gpu", w);
   r.world_size = get<int>(run, "world_size", w);
   if (run.contains("prefetch")) r.schedule.prefetch = get<int>(run, "prefetch", w);
+  if (run.contains("ddp_bucket_cap_bytes")) r.schedule.ddp_bucket_cap_bytes = get<int64_t>(run, "ddp_bucket_cap_bytes", w);
+  if (run.contains("ddp_bucket_bytes")) r.ddp_bucket_bytes = get<std::vector<int64_t>>(run, "ddp_bucket_bytes", w);
   if (run.contains("async_reduce")) r.schedule.async_reduce = get<bool>(run, "async_reduce", w);
   if (run.contains("async_gather")) r.schedule.async_gather = get<bool>(run, "async_gather", w);
   r.backend = get<std::string>(run, "backend", w);

@@ -75,6 +75,9 @@ struct RunReport {
   // --save-on-signal: > 0, the step every rank finished and saved (checkpoints.back()) before stopping
   int64_t saved_on_signal_step = 0;
   double tokens_per_s = 0;
+  // ddp/zero1: the gradient buckets the engine all-reduced, bytes each, in
+  // the order backward fills them (spec/grad_buckets.h); empty otherwise.
+  std::vector<int64_t> ddp_bucket_bytes;
   // One training step, in seconds: measured = the job's tokens per step /
   // tokens_per_s (the timed steps: after the first when there are two or
   // more); predicted = the planner's time model on the report's profile.

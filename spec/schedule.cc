@@ -36,6 +36,9 @@ const char* op_name(Op op) {
 Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options) : traits_(traits), options_(options) {
   if (options.prefetch < 0)
     throw std::invalid_argument("--prefetch " + std::to_string(options.prefetch) + ": must be at least 0");
+  if (options.ddp_bucket_cap_bytes < 1)
+    throw std::invalid_argument("--ddp-bucket-cap-mb: " + std::to_string(options.ddp_bucket_cap_bytes) +
+                                " bytes; must be at least 1");
   for (int h = 0; h < kNumHooks; ++h)
     for (int root = 0; root < 2; ++root)
       for (int last = 0; last < 2; ++last)
@@ -73,12 +76,16 @@ std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
     case Hook::kPostBackward:
       if (sharded && options_.async_reduce) return {Op::kWaitReduce, Op::kReduceScatter, Op::kReshard};
       if (sharded) return {Op::kReduceScatter, Op::kWaitReduce, Op::kReshard};
+      return {};  // ddp/zero1 reduce by bucket (kGradReady), not by unit
+    case Hook::kGradReady:
       // ddp/zero1 reduce only on the last micro-batch (no_sync before it).
-      if (!where.last_micro_batch) return {};
+      if (sharded || !where.last_micro_batch) return {};
       if (options_.async_reduce) return {Op::kAllReduce};
       return {Op::kAllReduce, Op::kWaitReduce};
     case Hook::kBackwardEnd:
-      if (options_.async_reduce) return {Op::kWaitReduce};
+      // ddp/zero1: buckets no gradient completed are launched now.
+      if (!sharded && where.last_micro_batch) return {Op::kAllReduce, Op::kWaitReduce};
+      if (sharded && options_.async_reduce) return {Op::kWaitReduce};
       return {};
   }
   return {};

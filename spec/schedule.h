@@ -33,12 +33,18 @@
 //                     offload; added to it from the second micro-batch), then
 //                     all-reduced across replica groups (hybrid); the
 //                     unsharded grad freed.
-//   kAllReduce        ddp/zero1: the unit's slice of the flat grad averaged
-//                     in place, on the last micro-batch only (DDP's no_sync);
-//                     zero1+offload then copies this rank's slice to the host.
+//   kAllReduce        ddp/zero1, on the last micro-batch only (DDP's
+//                     no_sync): at kGradReady, the bucket's slice of the flat
+//                     grad averaged in place (spec/grad_buckets.h); when
+//                     backward ends, every bucket not launched yet (its
+//                     parameters got no gradient: DDP's find_unused_parameters
+//                     marks them ready then).
 //   kWaitReduce       every reduction launched so far completes: the shard
 //                     grad takes its result (the c*s output upcast into it,
-//                     or copied to the host), the unsharded grad is freed.
+//                     or copied to the host), the unsharded grad is freed;
+//                     ddp/zero1: a unit whose every bucket is reduced is
+//                     done (zero1+offload copies this rank's slice to the
+//                     host).
 // kReduceScatter and kAllReduce launch a reduction: its output (the fp32
 // shard grad 4*s_u, or a c*s_u output when mixed or offload) is allocated
 // then, and everything else happens at the next kWaitReduce. Synchronous
@@ -51,7 +57,9 @@
 // that unit's unsharded grad stays allocated through this unit's backward;
 // DDP's buckets are all in flight at once and are waited for when backward
 // ends (reducer.cpp's finalize_backward), which costs nothing: they reduce
-// the flat grad in place.
+// the flat grad in place. A bucket is launched when its last gradient
+// arrives (kGradReady), which need not be when a unit's backward ends: the
+// buckets are sized by --ddp-bucket-cap-mb, not by the wrap policy.
 //   kAllocFlatGrad    ddp/zero1: one c*sum(P_u) flat grad buffer for every
 //                     unit (DDP's gradient_as_bucket_view), created when the
 //                     first backward starts and kept.
@@ -66,6 +74,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "spec/grad_buckets.h"
 #include "spec/strategy.h"
 
 namespace shardfit::spec {
@@ -78,10 +87,12 @@ enum class Hook : uint8_t {
   kPreBackward,    // a unit's output gradient is ready (its first backward span)
   kRecompute,      // a unit's checkpointed forward re-runs inside backward
   kPostBackward,   // a unit's last backward span ends
+  kGradReady,      // ddp/zero1: a gradient bucket's last gradient arrived (the
+                   // bucket's, not a unit's: spec/grad_buckets.h)
   kBackwardEnd,    // a micro-batch's backward is over (FSDP's root post-backward
                    // final callback) and its loss and batch are freed
 };
-inline constexpr int kNumHooks = 8;
+inline constexpr int kNumHooks = 9;
 
 enum class Op : uint8_t {
   kGather,
@@ -118,6 +129,9 @@ struct ScheduleOptions {
   // A prefetched unit's all-gather runs beside compute, waited for at that
   // unit's own kGather; its staging copy (mixed, offload) lives until then.
   bool async_gather = false;
+  // ddp/zero1: DDP's bucket_cap_mb in bytes (--ddp-bucket-cap-mb), the size
+  // the gradient buckets close at (the first at 1 MiB): spec/grad_buckets.h.
+  int64_t ddp_bucket_cap_bytes = kDdpBucketCapBytes;
 };
 
 // The schedule of one strategy.

@@ -7,6 +7,7 @@
 #include "executor/comm.h"
 #include "executor/flat_param.h"
 #include "executor/meter.h"
+#include "models/autograd_hooks.h"
 
 namespace shardfit::executor {
 namespace {
@@ -159,13 +160,43 @@ TEST(FlatParam, FullParamsAreViewsOfOneFlatBufferAndGradsOfTheEnginesSlice) {
   f.attach_flat_grad(flat_grad);
   (f.params()[0].sum() * 2 + f.params()[1].sum()).backward();
   EXPECT_TRUE(torch::equal(flat_grad, torch::tensor({2.f, 2.f, 2.f, 2.f, 2.f, 2.f, 1.f, 1.f, 1.f, 1.f})));
-  f.reduce_grad(*comm, nullptr);
+  EXPECT_THROW(f.reduce_grad(*comm, nullptr), std::logic_error) << "the engine reduces the flat grad by bucket";
+  comm->all_reduce(flat_grad, ReduceOp::kAvg);
+  f.grads_reduced();  // ddp: nothing to copy
   AdamWOptions o;
   o.weight_decay = 0;
   f.optimizer_step(o, 1, *comm);
   // AdamW's first step moves every element by lr against its gradient's sign.
   EXPECT_NEAR(f.params()[0][0][0].item<float>(), 0.0f - o.lr, 1e-7);
   EXPECT_EQ(f.exp_avg().numel(), 10);
+}
+
+// DDP's buckets are launched from each parameter's AccumulateGrad
+// post-hook (models::after_grad_accumulated): when it runs, that gradient is
+// in its slice of the flat grad, and it runs once per backward, also for a
+// parameter used twice and inside a recomputed (checkpointed) function.
+TEST(FlatParam, GradAccumulatedHookSeesTheGradientInTheFlatGrad) {
+  TwoParams p;
+  FlatParam f("a", spec::FlatParamLayout(p.infos, 1), 0, FlatParamConfig{}, p.params);
+  torch::Tensor flat_grad = torch::zeros({10});
+  f.attach_flat_grad(flat_grad);
+  std::vector<std::vector<float>> seen(2);
+  std::vector<std::shared_ptr<torch::autograd::Node>> keep;
+  for (int i = 0; i < 2; ++i) {
+    keep.push_back(models::after_grad_accumulated(f.params()[i], [&, i] {
+      const torch::Tensor g = f.params()[i].grad().reshape({-1});
+      seen[i].push_back(g.sum().item<float>());
+    }));
+  }
+  // a used twice (2 + 1 per element), b inside a checkpointed function.
+  const torch::Tensor y = models::checkpoint({f.params()[1]}, [](const std::vector<torch::Tensor>& in) {
+    return in[0].sum() * 5;
+  });
+  (f.params()[0].sum() * 2 + f.params()[0].sum() + y).backward();
+  EXPECT_EQ(seen[0], std::vector<float>{18.f}) << "once, with both uses accumulated: 6 elements x 3";
+  EXPECT_EQ(seen[1], std::vector<float>{20.f}) << "4 elements x 5, from the recomputed graph";
+  EXPECT_TRUE(torch::equal(flat_grad.narrow(0, 6, 4), torch::full({4}, 5.f)));
+  EXPECT_THROW(models::after_grad_accumulated(flat_grad, [] {}), std::invalid_argument) << "not a leaf needing grad";
 }
 
 TEST(FlatParam, AllocationFreeHelpers) {

@@ -12,6 +12,7 @@
 //    dropout's backward temporaries at sequence 128+ (gpt2-tiny
 //    zero2+ckpt, a BERT of hidden 80 under zero3), odd hidden sizes and
 //    vocabularies, 3 and 4 ranks.
+//  - DDP's gradient buckets past the 1 MiB first one, by --ddp-bucket-cap-mb.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -163,6 +164,42 @@ TEST(PredictionExact, LlamaFamily) {
                    what);
     }
   }
+}
+
+// DDP's gradient buckets (spec/grad_buckets.h) on a model past the 1 MiB
+// first bucket: each all-reduced as autograd fills it, synchronously or
+// beside backward. They reduce the flat grad in place, so every byte is
+// still predicted, and they sum what one all-reduce would: the same losses
+// whatever the cap.
+TEST(PredictionExact, DdpBucketsBeyondTheFirstMiB) {
+  const std::string gpt128 = config_file(
+      "gpt2-hidden128", {{"model_type", "gpt2"}, {"n_embd", 128}, {"n_layer", 4}, {"n_head", 4},
+                         {"vocab_size", 4096}, {"n_positions", 128}, {"resid_pdrop", 0}, {"embd_pdrop", 0},
+                         {"attn_pdrop", 0}});
+  auto run = [&](const std::string& strategy, int ranks, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model", gpt128, "--strategy", strategy, "--nproc", std::to_string(ranks),
+                                     "--oversubscribe", "--batch", "2", "--seq-len", "32"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const json r = run_report(args);
+    expect_exact(r, strategy + " " + shardfit::test_support::joined(extra));
+    return r;
+  };
+  const json whole = run("ddp/fp32/wrap=none", 2, {});
+  ASSERT_FALSE(whole.is_null());
+  const auto default_buckets = whole["run"]["ddp_bucket_bytes"].get<std::vector<int64_t>>();
+  const int64_t param_bytes = 4 * whole["model"]["params"].get<int64_t>();
+  ASSERT_EQ(default_buckets.size(), 2u) << "1 MiB first, the rest under bucket_cap_mb 25";
+  EXPECT_GE(default_buckets[0], int64_t{1} << 20);
+  EXPECT_EQ(default_buckets[0] + default_buckets[1], param_bytes) << "one unit, unpadded: every gradient once";
+  const json small = run("ddp/fp32/wrap=none", 2, {"--ddp-bucket-cap-mb", "0.25", "--async-reduce"});
+  ASSERT_FALSE(small.is_null());
+  const auto small_buckets = small["run"]["ddp_bucket_bytes"].get<std::vector<int64_t>>();
+  EXPECT_GE(small_buckets.size(), 5u);
+  for (size_t i = 1; i + 1 < small_buckets.size(); ++i) EXPECT_GE(small_buckets[i], 1 << 18) << "bucket " << i;
+  EXPECT_EQ(small["run"]["loss"], whole["run"]["loss"]) << "2 ranks sum each element alike in any bucket";
+  // zero1 over 3 ranks pads each unit; its buckets span several units.
+  run("zero1+offload/fp32/wrap=block", 3, {"--ddp-bucket-cap-mb", "0.25"});
+  run("ddp+ckpt/bf16/wrap=block", 2, {"--ddp-bucket-cap-mb", "0.1", "--async-reduce"});
 }
 
 // `plan --grad-accum` searches the micro-batch: under zero2 the shard grads

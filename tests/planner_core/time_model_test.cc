@@ -105,6 +105,27 @@ TEST(TimeModelTest, DdpAsyncReduceHidesAllButTheFirstUnitsAllReduce) {
   EXPECT_NEAR(t.step_time_s, 2 + 4 + 0.008 + 0.028, 1e-12);
 }
 
+// DDP's buckets (spec/grad_buckets.h) instead of units: the same bytes, one
+// latency per bucket, and with --async-reduce only the last bucket shows.
+TEST(TimeModelTest, DdpBucketsPayALatencyEachAndExposeTheLastBucket) {
+  DeviceProfile p = fake_device();
+  p.gpu_link.latency_s = 1e-3;
+  StepTimeInputs in;
+  in.candidate = parse_candidate("ddp/fp32/wrap=none");
+  in.forward_flops = 1e12;
+  in.backward_flops = 2e12;
+  in.unit_padded_numel = {50'000'000};
+  in.grad_bucket_numel = {250'000, 24'750'000, 25'000'000};  // launch order
+  in.world_size = in.shard_group_size = 2;
+  // 2e8 B all-reduced between 2 ranks at 5e9 B/s: 0.04 s, plus 3 latencies.
+  EXPECT_NEAR(estimate_step_time(in, p).exposed_comm_s, 0.04 + 3e-3, 1e-12);
+  in.schedule.async_reduce = true;
+  const StepTime t = estimate_step_time(in, p);
+  EXPECT_NEAR(t.comm_s, 0.043, 1e-12);
+  // The last bucket, 1e8 B: 0.02 s and its latency.
+  EXPECT_NEAR(t.exposed_comm_s, 0.021, 1e-12);
+}
+
 TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
   StepTimeInputs in;
   in.candidate = parse_candidate("zero3+offload/fp16/wrap=size:2000");

@@ -267,12 +267,12 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         self.assertIn("recorded for CUDA's kernels", out.stderr)
-        # FSDP's backward_prefetch and DDP's bucket_cap_mb: PyTorch options.
+        # FSDP's backward_prefetch: a PyTorch option; DDP's bucket_cap_mb is
+        # both stacks' (shardfit's engine buckets its all-reduces by it too).
         for extra, message in ((["--stack", "pytorch", "--fsdp-backward-prefetch", "sideways"],
                                 "--fsdp-backward-prefetch sideways: expected pre"),
                                (["--fsdp-backward-prefetch", "post"], "give --stack pytorch"),
-                               (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "must be above 0"),
-                               (["--ddp-bucket-cap-mb", "5"], "give --stack pytorch"),
+                               (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "must be a size in MB above 0"),
                                (["--single-gpu-unwrapped"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--gpus", "2", "--single-gpu-unwrapped"],
                                 "--single-gpu-unwrapped: a one-process job's option")):

@@ -28,8 +28,11 @@ TEST(Schedule, DdpAllReducesOnTheLastMicroBatchOnly) {
     EXPECT_EQ(ops(id, Hook::kPostForward), "");
     EXPECT_EQ(ops(id, Hook::kBackwardStart), "alloc-flat-grad");
     EXPECT_EQ(ops(id, Hook::kPreBackward), "");
-    EXPECT_EQ(ops(id, Hook::kPostBackward), "all-reduce wait-reduce");
-    EXPECT_EQ(ops(id, Hook::kPostBackward, false, /*last_micro=*/false), "") << "no_sync";
+    EXPECT_EQ(ops(id, Hook::kPostBackward), "") << "by bucket, not by unit";
+    EXPECT_EQ(ops(id, Hook::kGradReady), "all-reduce wait-reduce");
+    EXPECT_EQ(ops(id, Hook::kGradReady, false, /*last_micro=*/false), "") << "no_sync";
+    EXPECT_EQ(ops(id, Hook::kBackwardEnd), "all-reduce wait-reduce") << "buckets no gradient completed";
+    EXPECT_EQ(ops(id, Hook::kBackwardEnd, false, false), "");
     EXPECT_EQ(ops(id, Hook::kZeroGrad), "zero-flat-grad");
   }
 }
@@ -72,9 +75,9 @@ TEST(Schedule, AsyncReduceWaitsForThePreviousReductionOrAtBackwardsEnd) {
   }
   for (const char* id : {"ddp/bf16/wrap=block", "zero1+offload/fp32/wrap=block"}) {
     SCOPED_TRACE(id);
-    EXPECT_EQ(ops(id, Hook::kPostBackward, false, true, 1, true), "all-reduce");
-    EXPECT_EQ(ops(id, Hook::kPostBackward, false, false, 1, true), "") << "no_sync";
-    EXPECT_EQ(ops(id, Hook::kBackwardEnd, false, true, 1, true), "wait-reduce");
+    EXPECT_EQ(ops(id, Hook::kGradReady, false, true, 1, true), "all-reduce");
+    EXPECT_EQ(ops(id, Hook::kGradReady, false, false, 1, true), "") << "no_sync";
+    EXPECT_EQ(ops(id, Hook::kBackwardEnd, false, true, 1, true), "all-reduce wait-reduce");
   }
   EXPECT_EQ(ops("zero3/fp32/wrap=block", Hook::kPreBackward, false, true, 1, true),
             "gather prefetch-backward alloc-grad")
