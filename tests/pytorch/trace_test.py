@@ -273,6 +273,7 @@ class TraceTest(unittest.TestCase):
                                 "--fsdp-backward-prefetch sideways: expected pre"),
                                (["--fsdp-backward-prefetch", "post"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "must be a size in MB above 0"),
+                               (["--stack", "pytorch", "--prefetch", "2"], "--prefetch 2: shardfit's engine option"),
                                (["--single-gpu-unwrapped"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--gpus", "2", "--single-gpu-unwrapped"],
                                 "--single-gpu-unwrapped: a one-process job's option")):
