@@ -156,14 +156,13 @@ int run(const PlanArgs& a) {
   r.optimizer = a.optimizer == "adamw" ? planner::Optimizer::kAdamW : planner::Optimizer::kSgd;
   r.objective = planner::parse_objective(a.objective);
   r.grad_accum = a.grad_accum;
-  // PyTorch's FSDP here is simulated with its defaults: BACKWARD_PRE
-  // (--fsdp-backward-prefetch), no forward_prefetch (FSDP1) and no explicit
-  // set_modules_to_forward/backward_prefetch (FSDP2). A --prefetch 2 plan
-  // would have exported forward_prefetch=True that nothing simulated.
-  if (a.prefetch != 1 && r.stack == planner::Stack::kPytorch)
-    throw BadInput("--prefetch " + std::to_string(a.prefetch) +
-                   ": shardfit's engine option; with --stack pytorch FSDP's forward_prefetch and FSDP2's explicit "
-                   "prefetching are not simulated yet (--fsdp-backward-prefetch sets FSDP1's backward prefetch)");
+  // --stack pytorch: --prefetch 2 is FSDP1's forward_prefetch=True (one unit
+  // ahead: its forward_prefetch_limit); FSDP2's explicit
+  // set_modules_to_forward/backward_prefetch is not simulated.
+  if (a.prefetch != 1 && r.stack == planner::Stack::kPytorch && (a.prefetch != 2 || a.fsdp_version != 1))
+    throw BadInput("--prefetch " + std::to_string(a.prefetch) + ": with --stack pytorch only 2, FSDP1's "
+                   "forward_prefetch=True (one unit ahead), is simulated" +
+                   (a.fsdp_version != 1 ? "; FSDP2's explicit prefetching is not yet" : ""));
   r.schedule.prefetch = a.prefetch;
   if (a.async_reduce && r.stack == planner::Stack::kPytorch)
     throw BadInput("--async-reduce: shardfit's engine option (PyTorch's DDP and FSDP always reduce beside backward); "

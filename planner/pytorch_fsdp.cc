@@ -18,7 +18,7 @@ struct FlatParam {
   int64_t unsharded = -1;    // the padded unsharded flat parameter, while gathered
   int64_t grad_shard = -1;   // .grad / _saved_grad_shard (the reduced shard)
   bool grad_low = false;     // grad_shard is param_dtype (keep_low_precision_grads)
-  bool needs_pre_backward = false, prefetched = false, backward_done = false;
+  bool needs_pre_forward = false, needs_pre_backward = false, prefetched = false, backward_done = false;
 };
 
 }  // namespace
@@ -47,6 +47,9 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   if (mixed && no_shard)
     throw std::invalid_argument("--stack pytorch FSDP: MixedPrecision on one GPU (NO_SHARD) is not simulated in this "
                                 "version");
+  if (o.forward_prefetch && no_shard && o.offload_params)
+    throw std::invalid_argument("--stack pytorch FSDP: forward_prefetch (--prefetch 2) on one GPU with CPU offload "
+                                "is not simulated in this version");
   StepSimResult out;
   Ledger ledger(allocator, &out);
 
@@ -133,7 +136,10 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       ledger.free(copy);
       ledger.free(mp_shard);
     };
+    // _reshard; freeing the gathered parameter also forgets that it was
+    // prefetched (_handles_prefetched.pop), so it can be prefetched again.
     auto reshard = [&](FlatParam& u) {
+      if (u.unsharded >= 0) u.prefetched = false;
       ledger.free(u.unsharded);
       u.unsharded = -1;
     };
@@ -222,7 +228,12 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         u.grad_shard = -1;
         u.grad_low = false;
       }
-    for (auto& u : units) u.needs_pre_backward = u.prefetched = u.backward_done = false;
+    // _fsdp_root_pre_forward marks every unit as needing its pre-forward
+    // unshard when forward_prefetch is on.
+    for (auto& u : units) {
+      u.needs_pre_backward = u.prefetched = u.backward_done = false;
+      u.needs_pre_forward = o.forward_prefetch;
+    }
     // buffer_dtype: the root's lazy init (_cast_buffers, in the first
     // forward) casts each floating buffer, the old one dropped as the cast
     // replaces it (setattr); the others stay as they are.
@@ -239,7 +250,19 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     hooks.pre_forward = [&](int ui) {
       if (k == 1) forward_order.push_back(ui);
       unshard(units[ui]);  // _pre_forward_unshard
+      units[ui].needs_pre_forward = false;
       if (no_shard && o.offload_params) reshard_forward_copy(ui);
+      // ... then _prefetch_handles: forward_prefetch's next unit in the
+      // recorded order (none in the first iteration, still recording it),
+      // unless its own pre-forward ran or it is prefetched already.
+      const auto at = std::find(forward_order.begin(), forward_order.end(), ui);
+      if (o.forward_prefetch && k > 1 && at != forward_order.end() && at + 1 != forward_order.end()) {
+        FlatParam& next = units[*(at + 1)];
+        if (next.needs_pre_forward && !next.prefetched) {
+          unshard(next);
+          next.prefetched = true;
+        }
+      }
     };
     hooks.post_forward = [&](int ui) {
       FlatParam& u = units[ui];

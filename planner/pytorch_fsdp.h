@@ -43,6 +43,10 @@ struct PytorchFsdpOptions {
   // backward starts), BACKWARD_POST (when it ends) or none.
   using Prefetch = FsdpBackwardPrefetch;
   Prefetch backward_prefetch = Prefetch::kBackwardPre;
+  // FSDP(forward_prefetch=True) (`--prefetch 2`): each unit's pre-forward
+  // gathers the next unit in the forward order the first iteration recorded
+  // (_ExecOrderData, forward_prefetch_limit 1), so from step 2 on.
+  bool forward_prefetch = false;
   // MixedPrecision(param_dtype=d, reduce_dtype=d, buffer_dtype=d), d bf16
   // or fp16 (with grad_scaler), or none (kF32). With one, the traces are the model's cast to d (trace_recorder.py
   // --param-dtype): FSDP computes with the gathered low-precision flat

@@ -40,8 +40,9 @@ spec::UnitPartition fsdp_units(const std::vector<ModuleNode>& modules, const Can
 // only). ZeroRedundancyOptimizer broadcasts the updated partitions after the
 // step (zero1's all-gather). FSDP (1.13) reduce-scatters on its post-backward
 // stream beside backward and, with BACKWARD_PRE or BACKWARD_POST, gathers the
-// next unit ahead of its backward (prefetch 1); forward_prefetch is off, so
-// the forward's gathers are waited for.
+// next unit ahead of its backward (prefetch 1); with forward_prefetch
+// (FSDP1, --prefetch 2) the next unit ahead of its forward too, else the
+// forward's gathers are waited for.
 StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const TraceFile& file, int world,
                            const AffineTrace& trace, int64_t batch) {
   StepTimeInputs ti;
@@ -61,6 +62,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   ti.schedule.async_reduce = true;
   if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid) {
     ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
+    ti.schedule.prefetch = r.schedule.prefetch;  // 2: forward_prefetch (FSDP1)
     ti.fp32_grads = r.fsdp_reduce_fp32;  // MixedPrecision(Policy)(reduce_dtype=float32)
     const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
     for (const auto& u : part.units) {
@@ -370,6 +372,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.overhead_bytes = o.overhead_bytes;
       f.zero_grad_set_to_none = o.zero_grad_set_to_none;
       f.backward_prefetch = r.fsdp_backward_prefetch;
+      f.forward_prefetch = r.schedule.prefetch >= 2;  // --prefetch 2: FSDP(forward_prefetch=True)
       f.mixed_precision = c.precision == Precision::kBf16   ? DType::kBF16
                           : c.precision == Precision::kFp16 ? DType::kF16
                                                             : DType::kF32;

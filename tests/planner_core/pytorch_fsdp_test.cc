@@ -362,6 +362,72 @@ TEST(PytorchFsdp, MultiTensorAdamwHoldsEveryShardsTemporariesAtOnce) {
   EXPECT_EQ(at(r, "step2/optimizer").peak_allocated_bytes, 192);
 }
 
+// forward_prefetch=True (`--prefetch 2`) on a root holding two Linears,
+// lin1 and lin2 (each 12 elements: 48 B gathered, 24 B a shard), every unit
+// FULL_SHARD: from step 2 on each unit's pre-forward gathers the next unit
+// in the order step 1 recorded, so lin2 is gathered while lin1 computes.
+StepSimResult three_units(bool forward_prefetch, PytorchFsdpOptions::Prefetch backward) {
+  constexpr auto F = Phase::kForward, B = Phase::kBackward;
+  constexpr auto Begin = MemEvent::kModuleBegin, End = MemEvent::kModuleEnd, Alloc = MemEvent::kAlloc,
+                 Free = MemEvent::kFree;
+  ModelTrace t;
+  t.events = {ev(Begin, F, 0),       ev(Alloc, F, 0, 1, 100), ev(Begin, F, 1),     ev(Alloc, F, 1, 2, 40),
+              ev(End, F, 1),         ev(Begin, F, 2),         ev(Alloc, F, 2, 3, 40), ev(End, F, 2),
+              ev(Alloc, F, 0, 4, 8), ev(End, F, 0),           ev(Free, B, 0, 4),     ev(Begin, B, 2),
+              ev(Alloc, B, 2, 5, 40), ev(Alloc, B, 2, 6, 8),  ev(Free, B, 2, 3),     ev(End, B, 2),
+              ev(Begin, B, 1),       ev(Alloc, B, 1, 7, 40),  ev(Alloc, B, 1, 8, 8), ev(Free, B, 1, 2),
+              ev(End, B, 1),         ev(Alloc, B, 0, 9, 16),  ev(Free, B, 0, 1)};
+  std::vector<ModelTrace> per_param;
+  for (int i = 0; i < 5; ++i) {
+    per_param.push_back(adamw(true));
+    per_param.push_back(adamw(false));
+  }
+  PytorchDdpInputs in;
+  in.no_grads = &t;
+  in.param_numels = {10, 2, 10, 2, 4};
+  in.optimizer_param_steps = &per_param;
+  std::vector<ModuleNode> m(3);
+  m[0].type = "Net";
+  m[0].children = {1, 2};
+  m[0].params = {ParamInfo{"ln", {4}, 4}};
+  for (int i : {1, 2}) {
+    const std::string name = "lin" + std::to_string(i);
+    m[i].path = name;
+    m[i].type = "Linear";
+    m[i].parent = 0;
+    m[i].is_block = true;
+    m[i].params = {ParamInfo{name + ".w", {10}, 10}, ParamInfo{name + ".b", {2}, 2}};
+  }
+  PytorchFsdpOptions o;
+  o.wrap = spec::WrapPolicy{spec::WrapPolicy::Kind::kBlock, 0};
+  o.world_size = 2;
+  o.backward_prefetch = backward;
+  o.forward_prefetch = forward_prefetch;
+  ExactAllocator a;
+  return simulate_pytorch_fsdp(in, m, o, a);
+}
+
+TEST(PytorchFsdp, ForwardPrefetchGathersTheNextUnitFromTheSecondStep) {
+  for (auto backward : {PytorchFsdpOptions::Prefetch::kNone, PytorchFsdpOptions::Prefetch::kBackwardPre}) {
+    const StepSimResult off = three_units(false, backward);
+    const StepSimResult on = three_units(true, backward);
+    ASSERT_FALSE(off.oom || on.oom);
+    // Step 1 records the order: no forward prefetch yet. The shards (8 + 24
+    // + 24), the root gathered (16) and its 100, lin1 gathered (48) and its
+    // 40, lin1 resharded, lin2 gathered (48) and its 40: 300 at the top.
+    EXPECT_EQ(at(off, "step1/forward").peak_allocated_bytes, 300);
+    EXPECT_EQ(at(on, "step1/forward").peak_allocated_bytes, 300);
+    // Step 2: lin2's 48 gathered at lin1's pre-forward, beside lin1's own
+    // 48 and its 40: 8 B above the 244 over the step's start that lin2's
+    // own gather reached.
+    EXPECT_EQ(at(on, "step2/forward").peak_allocated_bytes - at(off, "step2/forward").peak_allocated_bytes, 8);
+    // Resharding after forward forgets the prefetch, so backward prefetches
+    // as it did.
+    EXPECT_EQ(at(on, "step2/backward").peak_allocated_bytes, at(off, "step2/backward").peak_allocated_bytes);
+    EXPECT_EQ(at(on, "step2/optimizer").allocated_bytes, at(off, "step2/optimizer").allocated_bytes);
+  }
+}
+
 TEST(PytorchFsdp, ShardsArePaddedToTheFirstChunk) {
   EXPECT_EQ(fsdp_shard_numel(12, 2), 6);
   EXPECT_EQ(fsdp_shard_numel(13, 2), 7);

@@ -273,7 +273,9 @@ class TraceTest(unittest.TestCase):
                                 "--fsdp-backward-prefetch sideways: expected pre"),
                                (["--fsdp-backward-prefetch", "post"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "must be a size in MB above 0"),
-                               (["--stack", "pytorch", "--prefetch", "2"], "--prefetch 2: shardfit's engine option"),
+                               (["--stack", "pytorch", "--prefetch", "3"], "--prefetch 3: with --stack pytorch only 2"),
+                               (["--stack", "pytorch", "--fsdp-version", "2", "--prefetch", "2"],
+                                "FSDP2's explicit prefetching is not yet"),
                                (["--single-gpu-unwrapped"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--gpus", "2", "--single-gpu-unwrapped"],
                                 "--single-gpu-unwrapped: a one-process job's option")):
