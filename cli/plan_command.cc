@@ -157,12 +157,12 @@ int run(const PlanArgs& a) {
   r.objective = planner::parse_objective(a.objective);
   r.grad_accum = a.grad_accum;
   // --stack pytorch: --prefetch 2 is FSDP1's forward_prefetch=True (one unit
-  // ahead: its forward_prefetch_limit); FSDP2's explicit
-  // set_modules_to_forward/backward_prefetch is not simulated.
-  if (a.prefetch != 1 && r.stack == planner::Stack::kPytorch && (a.prefetch != 2 || a.fsdp_version != 1))
-    throw BadInput("--prefetch " + std::to_string(a.prefetch) + ": with --stack pytorch only 2, FSDP1's "
-                   "forward_prefetch=True (one unit ahead), is simulated" +
-                   (a.fsdp_version != 1 ? "; FSDP2's explicit prefetching is not yet" : ""));
+  // ahead: its forward_prefetch_limit); with FSDP2, --prefetch N is explicit
+  // prefetching, N - 1 blocks ahead and N back (set_modules_to_*_prefetch).
+  if (a.prefetch > 2 && r.stack == planner::Stack::kPytorch && a.fsdp_version == 1)
+    throw BadInput("--prefetch " + std::to_string(a.prefetch) +
+                   ": FSDP1 prefetches one unit ahead (forward_prefetch=True is --prefetch 2); for more, "
+                   "--fsdp-version 2");
   r.schedule.prefetch = a.prefetch;
   if (a.async_reduce && r.stack == planner::Stack::kPytorch)
     throw BadInput("--async-reduce: shardfit's engine option (PyTorch's DDP and FSDP always reduce beside backward); "
@@ -297,7 +297,9 @@ Command add_plan_command(CLI::App& app) {
       ->check(AtLeastOne);
   sub->add_option("--prefetch", a->prefetch,
                   "Units gathered ahead of the one running (zero3/hybrid): N in backward (1 = FSDP's "
-                  "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); gathers stay synchronous")
+                  "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); gathers stay synchronous. "
+                  "--stack pytorch: 2 is FSDP1's forward_prefetch=True; with --fsdp-version 2, FSDP2's "
+                  "set_modules_to_forward_prefetch (N - 1 blocks) and set_modules_to_backward_prefetch (N)")
       ->capture_default_str()
       ->check(AtLeastOne);
   sub->add_flag("--async-reduce", a->async_reduce,

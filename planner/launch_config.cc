@@ -113,6 +113,18 @@ LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPo
       "MixedPrecisionPolicy(param_dtype=torch.<dtype>, ...), CPUOffloadPolicy() and the mesh (init_device_mesh) "
       "from their names; " +
       adamw_assumed(plan));
+  // --prefetch N: explicit prefetching, as planner/pytorch_fsdp2.cc simulated
+  // it (PyTorch's FSDP2 example's lists).
+  if (plan.schedule.prefetch >= 2 && wrap.kind == "block") {
+    const int n = plan.schedule.prefetch;
+    out.settings["forward_prefetch_blocks"] = n - 1;
+    out.settings["backward_prefetch_blocks"] = n;
+    out.notes.push_back("fsdp: for each block i of the blocks, in order: if i + " + std::to_string(n - 1) +
+                        " < len(blocks), blocks[i].set_modules_to_forward_prefetch(blocks[i+1 : i+" +
+                        std::to_string(n) + "]); if i >= " + std::to_string(n) +
+                        ", blocks[i].set_modules_to_backward_prefetch([blocks[i-j] for j in 1.." + std::to_string(n) +
+                        "])");
+  }
   out.text = out.settings.dump(2) + "\n";
   return out;
 }
@@ -202,6 +214,11 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
   if (fsdp2 && c.sharding == Sharding::kHybrid)
     throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' planned for FSDP2: its fsdp_config "
                                  "has no HSDP key (the mesh is the script's); use --format fsdp");
+  if (fsdp2 && plan.schedule.prefetch >= 2)
+    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' planned for FSDP2 with --prefetch " +
+                                 std::to_string(plan.schedule.prefetch) +
+                                 ": its fsdp_config has no key for set_modules_to_forward/backward_prefetch; use "
+                                 "--format fsdp");
   if (fsdp2) {
     fsdp.erase("fsdp_sharding_strategy");
     fsdp["fsdp_version"] = 2;

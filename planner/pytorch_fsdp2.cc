@@ -64,6 +64,15 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       spec::wrap_modules(modules, spec::WrapPolicy::parse(o.wrap_blocks ? "block" : "none"),
                          spec::TiedParams::kKeepTogether);
   std::vector<Group> groups(part.units.size());
+  // The blocks (every group but the root's), in module order: the lists
+  // explicit prefetching names.
+  std::vector<int> blocks;
+  for (size_t g = 0; g < part.units.size(); ++g)
+    if (part.units[g].root_module != 0) blocks.push_back(static_cast<int>(g));
+  auto block_index = [&](int gi) {
+    const auto it = std::find(blocks.begin(), blocks.end(), gi);
+    return it == blocks.end() ? -1 : static_cast<int>(it - blocks.begin());
+  };
   for (size_t g = 0; g < groups.size(); ++g)
     for (const ParamInfo& p : part.units[g].params) {
       groups[g].shard.push_back(fsdp2_shard_numel(p, W));
@@ -222,6 +231,12 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     hooks.pre_forward = [&](int gi) {  // FSDPParamGroup.pre_forward
       unshard(groups[gi]);
       wait_for_unshard(groups[gi], true);
+      // FSDPState._pre_forward, then: _prefetch_unshard(..., "forward") of
+      // each module set_modules_to_forward_prefetch named (the example's
+      // lists stop where the blocks do).
+      const int b = block_index(gi);
+      if (b >= 0 && b + o.forward_prefetch < static_cast<int>(blocks.size()))
+        for (int j = 1; j <= o.forward_prefetch; ++j) unshard(groups[blocks[b + j]]);
     };
     hooks.post_forward = [&](int gi) {
       // FSDPParamGroup.post_forward: reshard (not the root), then the
@@ -244,7 +259,14 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       g.pre_backward_done = true;
       unshard(g);
       wait_for_unshard(g, false);
-      if (g.post_forward_index > 0) unshard(groups[post_forward_order[g.post_forward_index - 1]]);
+      // _pre_backward: an explicit list (set_modules_to_backward_prefetch)
+      // replaces the implicit prefetch (default_prefetch is False then).
+      const int b = block_index(gi);
+      if (o.backward_prefetch > 0 && b >= o.backward_prefetch) {
+        for (int j = 1; j <= o.backward_prefetch; ++j) unshard(groups[blocks[b - j]]);
+      } else if (g.post_forward_index > 0) {
+        unshard(groups[post_forward_order[g.post_forward_index - 1]]);
+      }
     };
     hooks.backward_begins = [&] {
       // scaler.scale(loss), first call (ShardedGradScaler, fp16): its scale

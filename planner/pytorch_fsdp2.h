@@ -57,6 +57,14 @@ struct PytorchFsdp2Options {
   // within a group of world_size ranks (a node), replicated across groups;
   // each reduce-scatter's output then all-reduced across the replicas.
   bool hsdp = false;
+  // Explicit prefetching (`--prefetch N`, N >= 2), as PyTorch's FSDP2
+  // example sets it on the blocks: block i's set_modules_to_forward_prefetch(
+  // blocks[i+1 .. i+forward_prefetch]) and, from block backward_prefetch on,
+  // set_modules_to_backward_prefetch(blocks[i-1 .. i-backward_prefetch]); a
+  // block with no backward list keeps the implicit one-group prefetch, as
+  // the root does. 0, 0: FSDP2's defaults.
+  int forward_prefetch = 0;
+  int backward_prefetch = 0;
   int world_size = 2;  // the shard group's size (with hsdp, the ranks of a node)
   int steps = 2;
   std::vector<int64_t> overhead_bytes;  // the profile's cuBLAS workspaces

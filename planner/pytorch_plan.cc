@@ -356,6 +356,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.steps = o.steps;
       f.overhead_bytes = o.overhead_bytes;
       f.zero_grad_set_to_none = o.zero_grad_set_to_none;
+      if (r.schedule.prefetch >= 2) {  // --prefetch N: explicit, N - 1 blocks ahead, N back
+        f.forward_prefetch = r.schedule.prefetch - 1;
+        f.backward_prefetch = r.schedule.prefetch;
+      }
       CudaCachingAllocatorModel a(budget);
       ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, a));
       return ranks;

@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "planner/model_trace.h"
 #include "planner/step_simulator.h"
@@ -39,6 +40,41 @@ inline ModelTrace step(int64_t grad_bytes = 4) {
               ev(MemEvent::kModuleEnd, B, 1),   ev(MemEvent::kAlloc, B, 0, 6, 4 * grad_bytes),
               ev(MemEvent::kFree, B, 0, 1)};
   return t;
+}
+
+// The same with two Linears, lin1 (module 1) and lin2 (module 2), each of
+// w (10) and b (2) and each a block: 100 B in the root, 40 B in each, an
+// 8 B loss; backward lin2's gradients, then lin1's, then the root's.
+inline ModelTrace step_two_blocks() {
+  constexpr auto F = Phase::kForward, B = Phase::kBackward;
+  constexpr auto Begin = MemEvent::kModuleBegin, End = MemEvent::kModuleEnd, Alloc = MemEvent::kAlloc,
+                 Free = MemEvent::kFree;
+  ModelTrace t;
+  t.grads_at_start = false;
+  t.events = {ev(Begin, F, 0),        ev(Alloc, F, 0, 1, 100), ev(Begin, F, 1),       ev(Alloc, F, 1, 2, 40),
+              ev(End, F, 1),          ev(Begin, F, 2),         ev(Alloc, F, 2, 3, 40), ev(End, F, 2),
+              ev(Alloc, F, 0, 4, 8),  ev(End, F, 0),           ev(Free, B, 0, 4),     ev(Begin, B, 2),
+              ev(Alloc, B, 2, 5, 40), ev(Alloc, B, 2, 6, 8),   ev(Free, B, 2, 3),     ev(End, B, 2),
+              ev(Begin, B, 1),        ev(Alloc, B, 1, 7, 40),  ev(Alloc, B, 1, 8, 8), ev(Free, B, 1, 2),
+              ev(End, B, 1),          ev(Alloc, B, 0, 9, 16),  ev(Free, B, 0, 1)};
+  return t;
+}
+
+// Its module table: the root's "ln" (4), then lin1's and lin2's w and b.
+inline std::vector<ModuleNode> two_block_modules() {
+  std::vector<ModuleNode> m(3);
+  m[0].type = "Net";
+  m[0].children = {1, 2};
+  m[0].params = {ParamInfo{"ln", {4}, 4}};
+  for (int i : {1, 2}) {
+    const std::string name = "lin" + std::to_string(i);
+    m[i].path = name;
+    m[i].type = "Linear";
+    m[i].parent = 0;
+    m[i].is_block = true;
+    m[i].params = {ParamInfo{name + ".w", {10}, 10}, ParamInfo{name + ".b", {2}, 2}};
+  }
+  return m;
 }
 
 // AdamW on one parameter of 10 elements (40 B): step 1 makes exp_avg and

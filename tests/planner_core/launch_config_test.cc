@@ -226,6 +226,16 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
   EXPECT_EQ(h.settings["fully_shard_kwargs"]["mesh"]["shape"], ojson::array({2, 4}));
   EXPECT_THROW(export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),
                InexpressibleCandidate);
+  // --prefetch 2 under FSDP2: explicit prefetching, as simulated (one block
+  // ahead, two back); Accelerate has no key for it.
+  EXPECT_FALSE(f.settings.contains("forward_prefetch_blocks"));
+  plan.schedule.prefetch = 2;
+  const LaunchConfig p = export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
+  EXPECT_EQ(p.settings["forward_prefetch_blocks"], 1);
+  EXPECT_EQ(p.settings["backward_prefetch_blocks"], 2);
+  EXPECT_NE(notes(p).find("set_modules_to_forward_prefetch(blocks[i+1 : i+2])"), std::string::npos) << notes(p);
+  EXPECT_THROW(export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),
+               InexpressibleCandidate);
 }
 
 TEST(LaunchConfig, AccelerateBlockWrapNamesTheLayerClassAndFp32IsQuotedNo) {

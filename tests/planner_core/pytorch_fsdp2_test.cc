@@ -237,5 +237,44 @@ TEST(PytorchFsdp2, OneRankCopiesInsteadOfGathering) {
   EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 64 + 64);
 }
 
+// Explicit prefetching (`--prefetch 2`: set_modules_to_forward_prefetch of
+// the next block, set_modules_to_backward_prefetch of the two before) on a
+// root holding two blocks, lin1 and lin2 (w [10], b [2]: a 24 B shard, a
+// 48 B all-gather buffer, 48 B gathered). Unlike FSDP1's forward_prefetch it
+// needs no recorded order: from step 1, lin1's pre-forward gathers lin2.
+TEST(PytorchFsdp2, ExplicitForwardPrefetchGathersTheNextBlockFromTheFirstStep) {
+  const ModelTrace t = fsdp_test::step_two_blocks();
+  std::vector<ModelTrace> per_param;
+  for (int i = 0; i < 5; ++i) {
+    per_param.push_back(adamw(true));
+    per_param.push_back(adamw(false));
+  }
+  PytorchDdpInputs in;
+  in.no_grads = &t;
+  in.param_numels = {4, 10, 2, 10, 2};
+  in.optimizer_param_steps = &per_param;
+  auto run = [&](int forward, int backward) {
+    PytorchFsdp2Options o;
+    o.forward_prefetch = forward;
+    o.backward_prefetch = backward;
+    ExactAllocator a;
+    return simulate_pytorch_fsdp2(in, fsdp_test::two_block_modules(), o, a);
+  };
+  const StepSimResult implicit = run(0, 0), explicit_ = run(1, 2);
+  ASSERT_FALSE(implicit.oom || explicit_.oom);
+  // Implicit: the shards (56); the root's buffer and parameter (32), its
+  // 100; lin1's buffer (48) with the root's freed as lin1 copies out, lin1's
+  // parameters (48) and its 40: 308; resharded, lin2 the same: 348 at the top.
+  EXPECT_EQ(at(implicit, "step1/forward").peak_allocated_bytes, 348);
+  // Explicit: lin2's buffer (48) issued at lin1's pre-forward, beside lin1's
+  // buffer, parameters and 40 B: 356.
+  EXPECT_EQ(at(explicit_, "step1/forward").peak_allocated_bytes, 356);
+  EXPECT_EQ(at(explicit_, "step2/forward").peak_allocated_bytes - at(implicit, "step2/forward").peak_allocated_bytes,
+            8);
+  // No block has two before it: every block and the root keep the implicit
+  // backward prefetch, so backward is what it was.
+  EXPECT_EQ(at(explicit_, "step2/backward").peak_allocated_bytes, at(implicit, "step2/backward").peak_allocated_bytes);
+}
+
 }  // namespace
 }  // namespace shardfit::planner

@@ -367,16 +367,7 @@ TEST(PytorchFsdp, MultiTensorAdamwHoldsEveryShardsTemporariesAtOnce) {
 // FULL_SHARD: from step 2 on each unit's pre-forward gathers the next unit
 // in the order step 1 recorded, so lin2 is gathered while lin1 computes.
 StepSimResult three_units(bool forward_prefetch, PytorchFsdpOptions::Prefetch backward) {
-  constexpr auto F = Phase::kForward, B = Phase::kBackward;
-  constexpr auto Begin = MemEvent::kModuleBegin, End = MemEvent::kModuleEnd, Alloc = MemEvent::kAlloc,
-                 Free = MemEvent::kFree;
-  ModelTrace t;
-  t.events = {ev(Begin, F, 0),       ev(Alloc, F, 0, 1, 100), ev(Begin, F, 1),     ev(Alloc, F, 1, 2, 40),
-              ev(End, F, 1),         ev(Begin, F, 2),         ev(Alloc, F, 2, 3, 40), ev(End, F, 2),
-              ev(Alloc, F, 0, 4, 8), ev(End, F, 0),           ev(Free, B, 0, 4),     ev(Begin, B, 2),
-              ev(Alloc, B, 2, 5, 40), ev(Alloc, B, 2, 6, 8),  ev(Free, B, 2, 3),     ev(End, B, 2),
-              ev(Begin, B, 1),       ev(Alloc, B, 1, 7, 40),  ev(Alloc, B, 1, 8, 8), ev(Free, B, 1, 2),
-              ev(End, B, 1),         ev(Alloc, B, 0, 9, 16),  ev(Free, B, 0, 1)};
+  const ModelTrace t = fsdp_test::step_two_blocks();
   std::vector<ModelTrace> per_param;
   for (int i = 0; i < 5; ++i) {
     per_param.push_back(adamw(true));
@@ -386,18 +377,7 @@ StepSimResult three_units(bool forward_prefetch, PytorchFsdpOptions::Prefetch ba
   in.no_grads = &t;
   in.param_numels = {10, 2, 10, 2, 4};
   in.optimizer_param_steps = &per_param;
-  std::vector<ModuleNode> m(3);
-  m[0].type = "Net";
-  m[0].children = {1, 2};
-  m[0].params = {ParamInfo{"ln", {4}, 4}};
-  for (int i : {1, 2}) {
-    const std::string name = "lin" + std::to_string(i);
-    m[i].path = name;
-    m[i].type = "Linear";
-    m[i].parent = 0;
-    m[i].is_block = true;
-    m[i].params = {ParamInfo{name + ".w", {10}, 10}, ParamInfo{name + ".b", {2}, 2}};
-  }
+  const std::vector<ModuleNode> m = fsdp_test::two_block_modules();
   PytorchFsdpOptions o;
   o.wrap = spec::WrapPolicy{spec::WrapPolicy::Kind::kBlock, 0};
   o.world_size = 2;

@@ -273,9 +273,7 @@ class TraceTest(unittest.TestCase):
                                 "--fsdp-backward-prefetch sideways: expected pre"),
                                (["--fsdp-backward-prefetch", "post"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "must be a size in MB above 0"),
-                               (["--stack", "pytorch", "--prefetch", "3"], "--prefetch 3: with --stack pytorch only 2"),
-                               (["--stack", "pytorch", "--fsdp-version", "2", "--prefetch", "2"],
-                                "FSDP2's explicit prefetching is not yet"),
+                               (["--stack", "pytorch", "--prefetch", "3"], "--prefetch 3: FSDP1 prefetches one unit"),
                                (["--single-gpu-unwrapped"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--gpus", "2", "--single-gpu-unwrapped"],
                                 "--single-gpu-unwrapped: a one-process job's option")):
