@@ -1,5 +1,7 @@
-// Communicator backends: loopback (one process rehearses rank r's memory)
-// and gloo (c10d's ProcessGroupGloo over a TCPStore rendezvous).
+// Communicator backends: gloo (c10d's ProcessGroupGloo over a TCPStore
+// rendezvous), and the factory that also makes loopback
+// (executor/comm_loopback.cc: one process rehearses rank r's memory) and
+// nccl (executor/nccl_comm.cc).
 #include "executor/comm.h"
 
 #include "executor/watchdog.h"
@@ -97,153 +99,16 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce_async(const at::Tens
 
 namespace {
 
+using comm_detail::check_avg_dtype;
+using comm_detail::check_dense;
+using comm_detail::check_pair;
+using comm_detail::checked_members;
 using comm_detail::error_text;
+using comm_detail::index_of;
 using comm_detail::join_ints;
+using comm_detail::place_shard;
+using comm_detail::scale_in_place;
 using comm_detail::seconds_str;
-
-// ---- argument contracts (programming errors: std::logic_error) ------------
-
-void check_dense(const char* op, const char* name, const at::Tensor& t) {
-  if (!t.defined()) throw std::logic_error(std::string(op) + ": " + name + " is undefined");
-  if (!t.is_contiguous())
-    throw std::logic_error(std::string(op) + ": " + name + " must be contiguous");
-}
-
-void check_pair(const char* op, const char* big_name, const at::Tensor& big, const char* shard_name,
-                const at::Tensor& shard, int world) {
-  check_dense(op, big_name, big);
-  check_dense(op, shard_name, shard);
-  if (big.scalar_type() != shard.scalar_type() || big.device() != shard.device())
-    throw std::logic_error(std::string(op) + ": " + big_name + " and " + shard_name +
-                           " differ in dtype or device");
-  if (big.numel() != world * shard.numel())
-    throw std::logic_error(std::string(op) + ": " + big_name + " has " +
-                           std::to_string(big.numel()) + " elements, expected world " +
-                           std::to_string(world) + " x " + shard_name + " " +
-                           std::to_string(shard.numel()) + " = " +
-                           std::to_string(world * shard.numel()) +
-                           " (pad the flat buffer to a multiple of the world size)");
-}
-
-void check_avg_dtype(const char* op, const at::Tensor& t, ReduceOp reduce) {
-  if (reduce == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type()))
-    throw std::logic_error(std::string(op) + ": avg needs a floating dtype");
-}
-
-// t *= k, or t /= k, in place without the tensor allocator. With a Scalar
-// argument ATen would wrap k into a CPU tensor (8 bytes, plus 4 for its cast
-// to float): small, but the meter would see it and the documented costs are
-// exact. Off the CPU that wrapped scalar lives on the host, not the device.
-void scale_in_place(const at::Tensor& t, int k, bool divide) {
-  if (!t.device().is_cpu()) {
-    divide ? t.div_(k) : t.mul_(k);
-    return;
-  }
-  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "scale_in_place", [&] {
-    scalar_t* p = t.data_ptr<scalar_t>();
-    const auto f = static_cast<scalar_t>(k);
-    at::parallel_for(0, t.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-      if (divide)
-        for (int64_t i = begin; i < end; ++i) p[i] = p[i] / f;
-      else
-        for (int64_t i = begin; i < end; ++i) p[i] = p[i] * f;
-    });
-  });
-}
-
-// Copies `shard` into `slot` unless it already is that memory (FSDP's
-// in-place all-gather keeps the shard as a view of its slot).
-void place_shard(const char* op, const at::Tensor& slot, const at::Tensor& shard,
-                 const at::Tensor& flat) {
-  const auto* s = static_cast<const char*>(shard.data_ptr());
-  const auto* f = static_cast<const char*>(flat.data_ptr());
-  if (s == slot.data_ptr()) return;
-  const int64_t flat_bytes = flat.numel() * flat.element_size();
-  const int64_t shard_bytes = shard.numel() * shard.element_size();
-  if (s < f + flat_bytes && f < s + shard_bytes)
-    throw std::logic_error(std::string(op) +
-                           ": the input shard overlaps the output but is not this rank's slot");
-  slot.copy_(shard);
-}
-
-std::vector<int> checked_members(const std::vector<int>& ranks, int size, int self) {
-  std::set<int> seen;
-  for (int r : ranks) {
-    if (r < 0 || r >= size)
-      throw std::invalid_argument("new_group: rank " + std::to_string(r) +
-                                  " is outside the group of " + std::to_string(size));
-    if (!seen.insert(r).second)
-      throw std::invalid_argument("new_group: rank " + std::to_string(r) + " is listed twice");
-  }
-  if (!seen.count(self))
-    throw std::invalid_argument("new_group: only members create a group; rank " +
-                                std::to_string(self) + " is not in {" + join_ints(ranks) + "}");
-  return ranks;
-}
-
-int index_of(const std::vector<int>& v, int x) {
-  return static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin());
-}
-
-// ---- loopback --------------------------------------------------------------
-// Every collective acts as if all ranks held this rank's inputs. Nothing is
-// allocated: copies into slots, in-place multiply.
-
-class LoopbackCommunicator final : public Communicator {
- public:
-  LoopbackCommunicator(int rank, std::vector<int> global_ranks)
-      : rank_(rank), global_ranks_(std::move(global_ranks)) {}
-
-  Backend backend() const override { return Backend::kLoopback; }
-  int rank() const override { return rank_; }
-  int world_size() const override { return static_cast<int>(global_ranks_.size()); }
-  const std::vector<int>& global_ranks() const override { return global_ranks_; }
-
-  void all_gather_into(const at::Tensor& out_flat, const at::Tensor& in_shard) override {
-    const char* op = "all_gather_into";
-    check_pair(op, "out_flat", out_flat, "in_shard", in_shard, world_size());
-    const int64_t n = in_shard.numel();
-    at::Tensor out = out_flat.view({-1}), in = in_shard.view({-1});
-    place_shard(op, out.narrow(0, rank_ * n, n), in, out);
-    at::Tensor own = out.narrow(0, rank_ * n, n);
-    for (int r = 0; r < world_size(); ++r)
-      if (r != rank_) out.narrow(0, r * n, n).copy_(own);
-  }
-
-  void reduce_scatter(const at::Tensor& out_shard, const at::Tensor& in_flat, ReduceOp reduce) override {
-    const char* op = "reduce_scatter";
-    check_pair(op, "in_flat", in_flat, "out_shard", out_shard, world_size());
-    check_avg_dtype(op, out_shard, reduce);
-    keep_rank_slice(in_flat, out_shard, rank_);
-    if (reduce == ReduceOp::kSum) scale_in_place(out_shard.view({-1}), world_size(), false);  // N identical contributions
-  }
-
-  void all_reduce(const at::Tensor& t, ReduceOp reduce) override {
-    check_dense("all_reduce", "t", t);
-    check_avg_dtype("all_reduce", t, reduce);
-    if (reduce == ReduceOp::kSum) scale_in_place(t, world_size(), false);
-  }
-
-  void broadcast(const at::Tensor& t, int root) override {
-    check_dense("broadcast", "t", t);
-    if (root < 0 || root >= world_size())
-      throw std::logic_error("broadcast: root " + std::to_string(root) + " is outside the group of " +
-                             std::to_string(world_size()));
-  }
-
-  void barrier() override {}
-
-  std::unique_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
-    checked_members(ranks, world_size(), rank_);
-    std::vector<int> globals;
-    for (int r : ranks) globals.push_back(global_ranks_[r]);
-    return std::make_unique<LoopbackCommunicator>(index_of(ranks, rank_), std::move(globals));
-  }
-
- private:
-  int rank_;
-  std::vector<int> global_ranks_;
-};
 
 // ---- gloo ------------------------------------------------------------------
 
@@ -584,11 +449,8 @@ std::unique_ptr<Communicator> make_gloo(const CommOptions& o) {
 std::unique_ptr<Communicator> make_communicator(const CommOptions& o) {
   comm_detail::check_comm_options(o, o.backend != Backend::kLoopback);
   switch (o.backend) {
-    case Backend::kLoopback: {
-      std::vector<int> globals(static_cast<size_t>(o.world_size));
-      for (int r = 0; r < o.world_size; ++r) globals[r] = r;
-      return std::make_unique<LoopbackCommunicator>(o.rank, std::move(globals));
-    }
+    case Backend::kLoopback:
+      return comm_detail::make_loopback(o.rank, o.world_size);
     case Backend::kGloo:
       return make_gloo(o);
     case Backend::kNccl:

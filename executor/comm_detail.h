@@ -1,21 +1,28 @@
-// Helpers shared by the communicator backends (comm.cc, nccl_comm.cc): the
-// text of their one-line errors, and who a rank's process is (so a survivor
-// can tell which same-host peer died). Internal: not part of comm.h.
+// Helpers shared by the communicator backends (comm.cc, comm_loopback.cc,
+// nccl_comm.cc): the text of their one-line errors, who a rank's process is
+// (so a survivor can tell which same-host peer died), and the argument
+// contracts every backend checks. Internal: not part of comm.h.
 #pragma once
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <memory>
+#include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <signal.h>
 
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -177,5 +184,100 @@ inline c10::intrusive_ptr<c10d::Store> connect_store(const CommOptions& o, const
   }
   return c10::make_intrusive<c10d::PrefixStore>((o.store_prefix.empty() ? "" : o.store_prefix + "/") + name, tcp);
 }
+
+// ---- argument contracts (programming errors: std::logic_error), shared by
+// the loopback, gloo and nccl backends --------------------------------------
+
+inline void check_dense(const char* op, const char* name, const at::Tensor& t) {
+  if (!t.defined()) throw std::logic_error(std::string(op) + ": " + name + " is undefined");
+  if (!t.is_contiguous())
+    throw std::logic_error(std::string(op) + ": " + name + " must be contiguous");
+}
+
+// A flat buffer and a shard of it: one dtype and device, world x the
+// shard's elements (both backends' check_pair, after their own dense check).
+inline void check_pair_shape(const char* op, const char* big_name, const at::Tensor& big, const char* shard_name,
+                             const at::Tensor& shard, int world) {
+  if (big.scalar_type() != shard.scalar_type() || big.device() != shard.device())
+    throw std::logic_error(std::string(op) + ": " + big_name + " and " + shard_name +
+                           " differ in dtype or device");
+  if (big.numel() != world * shard.numel())
+    throw std::logic_error(std::string(op) + ": " + big_name + " has " +
+                           std::to_string(big.numel()) + " elements, expected world " +
+                           std::to_string(world) + " x " + shard_name + " " +
+                           std::to_string(shard.numel()) + " = " +
+                           std::to_string(world * shard.numel()) +
+                           " (pad the flat buffer to a multiple of the world size)");
+}
+
+inline void check_pair(const char* op, const char* big_name, const at::Tensor& big, const char* shard_name,
+                       const at::Tensor& shard, int world) {
+  check_dense(op, big_name, big);
+  check_dense(op, shard_name, shard);
+  check_pair_shape(op, big_name, big, shard_name, shard, world);
+}
+
+inline void check_avg_dtype(const char* op, const at::Tensor& t, ReduceOp reduce) {
+  if (reduce == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type()))
+    throw std::logic_error(std::string(op) + ": avg needs a floating dtype");
+}
+
+// t *= k, or t /= k, in place without the tensor allocator. With a Scalar
+// argument ATen would wrap k into a CPU tensor (8 bytes, plus 4 for its cast
+// to float): small, but the meter would see it and the documented costs are
+// exact. Off the CPU that wrapped scalar lives on the host, not the device.
+inline void scale_in_place(const at::Tensor& t, int k, bool divide) {
+  if (!t.device().is_cpu()) {
+    divide ? t.div_(k) : t.mul_(k);
+    return;
+  }
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "scale_in_place", [&] {
+    scalar_t* p = t.data_ptr<scalar_t>();
+    const auto f = static_cast<scalar_t>(k);
+    at::parallel_for(0, t.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+      if (divide)
+        for (int64_t i = begin; i < end; ++i) p[i] = p[i] / f;
+      else
+        for (int64_t i = begin; i < end; ++i) p[i] = p[i] * f;
+    });
+  });
+}
+
+// Copies `shard` into `slot` unless it already is that memory (FSDP's
+// in-place all-gather keeps the shard as a view of its slot).
+inline void place_shard(const char* op, const at::Tensor& slot, const at::Tensor& shard,
+                 const at::Tensor& flat) {
+  const auto* s = static_cast<const char*>(shard.data_ptr());
+  const auto* f = static_cast<const char*>(flat.data_ptr());
+  if (s == slot.data_ptr()) return;
+  const int64_t flat_bytes = flat.numel() * flat.element_size();
+  const int64_t shard_bytes = shard.numel() * shard.element_size();
+  if (s < f + flat_bytes && f < s + shard_bytes)
+    throw std::logic_error(std::string(op) +
+                           ": the input shard overlaps the output but is not this rank's slot");
+  slot.copy_(shard);
+}
+
+inline std::vector<int> checked_members(const std::vector<int>& ranks, int size, int self) {
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= size)
+      throw std::invalid_argument("new_group: rank " + std::to_string(r) +
+                                  " is outside the group of " + std::to_string(size));
+    if (!seen.insert(r).second)
+      throw std::invalid_argument("new_group: rank " + std::to_string(r) + " is listed twice");
+  }
+  if (!seen.count(self))
+    throw std::invalid_argument("new_group: only members create a group; rank " +
+                                std::to_string(self) + " is not in {" + join_ints(ranks) + "}");
+  return ranks;
+}
+
+inline int index_of(const std::vector<int>& v, int x) {
+  return static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin());
+}
+
+// The loopback backend (comm_loopback.cc): rank `rank` of `world_size`.
+std::unique_ptr<Communicator> make_loopback(int rank, int world_size);
 
 }  // namespace shardfit::executor::comm_detail

@@ -102,19 +102,10 @@ void check_pair(const char* op, const char* big_name, const at::Tensor& big, con
                 const at::Tensor& shard, int world, int device) {
   check_dense(op, big_name, big, device);
   check_dense(op, shard_name, shard, device);
-  if (big.scalar_type() != shard.scalar_type())
-    throw std::logic_error(std::string(op) + ": " + big_name + " and " + shard_name + " differ in dtype");
-  if (big.numel() != world * shard.numel())
-    throw std::logic_error(std::string(op) + ": " + big_name + " has " + std::to_string(big.numel()) +
-                           " elements, expected world " + std::to_string(world) + " x " + shard_name + " " +
-                           std::to_string(shard.numel()) + " = " + std::to_string(world * shard.numel()) +
-                           " (pad the flat buffer to a multiple of the world size)");
+  comm_detail::check_pair_shape(op, big_name, big, shard_name, shard, world);
 }
 
-void check_avg_dtype(const char* op, const at::Tensor& t, ReduceOp reduce) {
-  if (reduce == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type()))
-    throw std::logic_error(std::string(op) + ": avg needs a floating dtype");
-}
+using comm_detail::check_avg_dtype;
 
 // NCCL's in-place all-gather wants the shard to be exactly this rank's slot;
 // any other overlap would be overwritten while it is read.

@@ -6,9 +6,11 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "planner/model_trace.h"
+#include "planner/pytorch_stack.h"
 #include "planner/step_simulator.h"
 
 namespace shardfit::planner::fsdp_test {
@@ -88,6 +90,26 @@ inline ModelTrace adamw(bool first) {
     t.events.push_back(e);
   return t;
 }
+
+// step_two_blocks() and AdamW's two steps for each of its five parameters,
+// as a simulator's inputs; `param_numels` in the order that simulator lists
+// the parameters. `in` points into the object: it is not copied.
+struct TwoBlockInputs {
+  ModelTrace trace = step_two_blocks();
+  std::vector<ModelTrace> per_param;
+  PytorchDdpInputs in;
+  explicit TwoBlockInputs(std::vector<int64_t> param_numels) {
+    for (int i = 0; i < 5; ++i) {
+      per_param.push_back(adamw(true));
+      per_param.push_back(adamw(false));
+    }
+    in.no_grads = &trace;
+    in.param_numels = std::move(param_numels);
+    in.optimizer_param_steps = &per_param;
+  }
+  TwoBlockInputs(const TwoBlockInputs&) = delete;
+  TwoBlockInputs& operator=(const TwoBlockInputs&) = delete;
+};
 
 // The timeline point labelled `label`.
 inline const TimelinePoint& at(const StepSimResult& r, const std::string& label) {

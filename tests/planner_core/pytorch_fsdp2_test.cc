@@ -243,22 +243,13 @@ TEST(PytorchFsdp2, OneRankCopiesInsteadOfGathering) {
 // 48 B all-gather buffer, 48 B gathered). Unlike FSDP1's forward_prefetch it
 // needs no recorded order: from step 1, lin1's pre-forward gathers lin2.
 TEST(PytorchFsdp2, ExplicitForwardPrefetchGathersTheNextBlockFromTheFirstStep) {
-  const ModelTrace t = fsdp_test::step_two_blocks();
-  std::vector<ModelTrace> per_param;
-  for (int i = 0; i < 5; ++i) {
-    per_param.push_back(adamw(true));
-    per_param.push_back(adamw(false));
-  }
-  PytorchDdpInputs in;
-  in.no_grads = &t;
-  in.param_numels = {4, 10, 2, 10, 2};
-  in.optimizer_param_steps = &per_param;
+  const fsdp_test::TwoBlockInputs inputs({4, 10, 2, 10, 2});
   auto run = [&](int forward, int backward) {
     PytorchFsdp2Options o;
     o.forward_prefetch = forward;
     o.backward_prefetch = backward;
     ExactAllocator a;
-    return simulate_pytorch_fsdp2(in, fsdp_test::two_block_modules(), o, a);
+    return simulate_pytorch_fsdp2(inputs.in, fsdp_test::two_block_modules(), o, a);
   };
   const StepSimResult implicit = run(0, 0), explicit_ = run(1, 2);
   ASSERT_FALSE(implicit.oom || explicit_.oom);

@@ -145,42 +145,11 @@ TEST(PytorchFsdp, OneRankRunsAsNoShard) {
 // starts (its 48 B live through lin2's gradients), BACKWARD_POST once lin2's
 // gradient is flat, none only at lin1's own pre-backward hook.
 TEST(PytorchFsdp, BackwardPrefetchGathersTheNextUnitEarly) {
-  constexpr auto F = Phase::kForward, B = Phase::kBackward;
-  std::vector<ModuleNode> m(3);
-  m[0].type = "Net";
-  m[0].children = {1, 2};
-  m[0].params = {ParamInfo{"ln", {4}, 4}};
-  for (int i : {1, 2}) {
-    m[i].path = "lin" + std::to_string(i);
-    m[i].type = "Linear";
-    m[i].parent = 0;
-    m[i].params = {ParamInfo{m[i].path + ".w", {10}, 10}, ParamInfo{m[i].path + ".b", {2}, 2}};
-  }
   // Forward: 100 B in the root, 40 B in each Linear, an 8 B loss; backward:
   // each Linear's two gradients (40 B, 8 B), the root's (16 B).
-  ModelTrace t;
-  t.grads_at_start = false;
-  t.events = {ev(MemEvent::kModuleBegin, F, 0), ev(MemEvent::kAlloc, F, 0, 1, 100),
-              ev(MemEvent::kModuleBegin, F, 1), ev(MemEvent::kAlloc, F, 1, 2, 40),
-              ev(MemEvent::kModuleEnd, F, 1),   ev(MemEvent::kModuleBegin, F, 2),
-              ev(MemEvent::kAlloc, F, 2, 3, 40), ev(MemEvent::kModuleEnd, F, 2),
-              ev(MemEvent::kAlloc, F, 0, 4, 8), ev(MemEvent::kModuleEnd, F, 0),
-              ev(MemEvent::kFree, B, 0, 4),     ev(MemEvent::kModuleBegin, B, 2),
-              ev(MemEvent::kAlloc, B, 2, 5, 40), ev(MemEvent::kAlloc, B, 2, 6, 8),
-              ev(MemEvent::kFree, B, 2, 3),     ev(MemEvent::kModuleEnd, B, 2),
-              ev(MemEvent::kModuleBegin, B, 1), ev(MemEvent::kAlloc, B, 1, 7, 40),
-              ev(MemEvent::kAlloc, B, 1, 8, 8), ev(MemEvent::kFree, B, 1, 2),
-              ev(MemEvent::kModuleEnd, B, 1),   ev(MemEvent::kAlloc, B, 0, 9, 16),
-              ev(MemEvent::kFree, B, 0, 1)};
-  std::vector<ModelTrace> per_param;
-  for (int i = 0; i < 5; ++i) {
-    per_param.push_back(adamw(true));
-    per_param.push_back(adamw(false));
-  }
-  PytorchDdpInputs in;
-  in.no_grads = &t;
-  in.param_numels = {10, 2, 10, 2, 4};
-  in.optimizer_param_steps = &per_param;
+  const fsdp_test::TwoBlockInputs inputs({10, 2, 10, 2, 4});
+  const PytorchDdpInputs& in = inputs.in;
+  const std::vector<ModuleNode> m = fsdp_test::two_block_modules();
   auto backward_peak = [&](PytorchFsdpOptions::Prefetch prefetch) {
     PytorchFsdpOptions o;
     o.wrap.min_num_params = 10;
@@ -367,16 +336,7 @@ TEST(PytorchFsdp, MultiTensorAdamwHoldsEveryShardsTemporariesAtOnce) {
 // FULL_SHARD: from step 2 on each unit's pre-forward gathers the next unit
 // in the order step 1 recorded, so lin2 is gathered while lin1 computes.
 StepSimResult three_units(bool forward_prefetch, PytorchFsdpOptions::Prefetch backward) {
-  const ModelTrace t = fsdp_test::step_two_blocks();
-  std::vector<ModelTrace> per_param;
-  for (int i = 0; i < 5; ++i) {
-    per_param.push_back(adamw(true));
-    per_param.push_back(adamw(false));
-  }
-  PytorchDdpInputs in;
-  in.no_grads = &t;
-  in.param_numels = {10, 2, 10, 2, 4};
-  in.optimizer_param_steps = &per_param;
+  const fsdp_test::TwoBlockInputs inputs({10, 2, 10, 2, 4});
   const std::vector<ModuleNode> m = fsdp_test::two_block_modules();
   PytorchFsdpOptions o;
   o.wrap = spec::WrapPolicy{spec::WrapPolicy::Kind::kBlock, 0};
@@ -384,7 +344,7 @@ StepSimResult three_units(bool forward_prefetch, PytorchFsdpOptions::Prefetch ba
   o.backward_prefetch = backward;
   o.forward_prefetch = forward_prefetch;
   ExactAllocator a;
-  return simulate_pytorch_fsdp(in, m, o, a);
+  return simulate_pytorch_fsdp(inputs.in, m, o, a);
 }
 
 TEST(PytorchFsdp, ForwardPrefetchGathersTheNextUnitFromTheSecondStep) {
