@@ -151,14 +151,16 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       units[ui].unsharded = -1;
       ledger.free(previous);
     };
-    // _prefetch_handles in backward: the unit whose forward ran just before
-    // `u`'s (exec order's get_handles_to_backward_prefetch), when its
-    // pre-backward has not run and it was not prefetched yet.
-    auto prefetch = [&](int u) {
+    // _prefetch_handles: the unit whose forward ran just after `u`'s
+    // (forward_prefetch: get_handles_to_forward_prefetch) or just before it
+    // (backward: get_handles_to_backward_prefetch) in the recorded order,
+    // when it still needs that pass's unshard and was not prefetched yet.
+    auto prefetch = [&](int u, bool forward) {
       const auto at = std::find(forward_order.begin(), forward_order.end(), u);
-      if (at == forward_order.begin() || at == forward_order.end()) return;
-      FlatParam& next = units[*(at - 1)];
-      if (!next.needs_pre_backward || next.prefetched) return;
+      if (at == forward_order.end() || (forward ? at + 1 == forward_order.end() : at == forward_order.begin()))
+        return;
+      FlatParam& next = units[*(forward ? at + 1 : at - 1)];
+      if (!(forward ? next.needs_pre_forward : next.needs_pre_backward) || next.prefetched) return;
       unshard(next);
       next.prefetched = true;
     };
@@ -200,7 +202,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         }
         return;
       }
-      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui);
+      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui, false);
       ledger.free(in_flight_grad);
       const int64_t cast = reduce_cast ? alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream) : -1;
       const int64_t padded = alloc(Category::kCommBuffers, reduce * u.shard * W, kPostBackwardStream);
@@ -252,17 +254,9 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       unshard(units[ui]);  // _pre_forward_unshard
       units[ui].needs_pre_forward = false;
       if (no_shard && o.offload_params) reshard_forward_copy(ui);
-      // ... then _prefetch_handles: forward_prefetch's next unit in the
-      // recorded order (none in the first iteration, still recording it),
-      // unless its own pre-forward ran or it is prefetched already.
-      const auto at = std::find(forward_order.begin(), forward_order.end(), ui);
-      if (o.forward_prefetch && k > 1 && at != forward_order.end() && at + 1 != forward_order.end()) {
-        FlatParam& next = units[*(at + 1)];
-        if (next.needs_pre_forward && !next.prefetched) {
-          unshard(next);
-          next.prefetched = true;
-        }
-      }
+      // ... then _prefetch_handles, from the second iteration (the first
+      // is still recording the order).
+      if (o.forward_prefetch && k > 1) prefetch(ui, true);
     };
     hooks.post_forward = [&](int ui) {
       FlatParam& u = units[ui];
@@ -278,13 +272,13 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       // The root's pre-backward (it was not resharded).
       units[0].needs_pre_backward = false;
       unshard(units[0]);
-      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(0);
+      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(0, false);
     };
     hooks.pre_backward = [&](int ui) {
       // _pre_backward_hook: unshard unless prefetched, then prefetch.
       units[ui].needs_pre_backward = false;
       unshard(units[ui]);
-      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(ui);
+      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(ui, false);
     };
     hooks.post_backward = post_backward;
     if (!walk_fsdp_step(*in.no_grads, part, split_tie_bytes, step, label, hooks, ledger, unit_grads, outputs,
