@@ -219,11 +219,8 @@ void Engine::build_grad_buckets() {
 
 // One bucket's slice of the flat grad, averaged in place over the world.
 void Engine::launch_bucket(int b) {
-  if (bucket_launched_[b]) return;
   if (!buckets_.ready(b))  // launched when backward ends: its missing gradients are zeros
     spdlog::debug("{}gradient bucket {} had parameters without a gradient; all-reduced when backward ended", prefix_, b);
-  buckets_.force_ready(b);
-  bucket_launched_[b] = true;
   const spec::GradBucket& bucket = buckets_.buckets()[b];
   torch::NoGradGuard no_grad;
   bucket_work_[b] = world_->all_reduce_async(flat_grad_.narrow(0, bucket.offset, bucket.numel), ReduceOp::kAvg);
@@ -264,7 +261,6 @@ void Engine::train_step(int64_t step, DataSource& data, double* loss_out) {
       models::ScopedModuleRunner scoped(this);
       loss = model_->forward_loss(batch);
       buckets_.begin_backward();
-      bucket_launched_.assign(buckets_.buckets().size(), false);
       run_hook(spec::Hook::kBackwardStart, -1);
       // The backward seed: 1 (as loss.backward()), divided over the
       // micro-batches and multiplied by fp16's loss scale.

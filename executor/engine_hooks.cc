@@ -71,8 +71,7 @@ void Engine::apply(spec::Op op, int u) {
       return;
     case spec::Op::kAllReduce:
       // A bucket (at kGradReady), or every bucket not launched yet (u < 0).
-      for (int b = u < 0 ? 0 : u; b < (u < 0 ? static_cast<int>(bucket_launched_.size()) : u + 1); ++b)
-        launch_bucket(b);
+      for (int b : buckets_.launch(u)) launch_bucket(b);
       return;
     case spec::Op::kWaitReduce:
       // Every reduction in flight, in the order they were launched: a

@@ -129,7 +129,6 @@ class Engine final : public models::ModuleRunner {
   // ddp/zero1: DDP's gradient buckets over flat_grad_ (spec/grad_buckets.h),
   // told by each parameter's AccumulateGrad when its gradient is in.
   spec::GradBuckets buckets_;
-  std::vector<bool> bucket_launched_;  // in this backward
   std::vector<std::unique_ptr<PendingCollective>> bucket_work_;
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;  // keep the hooks alive
   // Units in the order their forward first began: backward prefetch (FSDP's

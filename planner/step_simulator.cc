@@ -123,7 +123,6 @@ class StepReplay {
   // gradient buckets (ddp/zero1, buckets_).
   std::vector<int> in_flight_;
   spec::GradBuckets buckets_;
-  std::vector<bool> bucket_launched_;  // in this backward
   std::vector<bool> gather_in_flight_;  // prefetched (async_gather), not yet waited for
   std::vector<bool> optimizer_state_live_;
   std::vector<uint8_t> id_category_;
@@ -293,7 +292,6 @@ bool StepReplay::replay_trace() {
         break;
       case StepSimulator::Event::kBackwardStart:
         buckets_.begin_backward();
-        bucket_launched_.assign(buckets_.buckets().size(), false);
         if (!run_hook(spec::Hook::kBackwardStart, -1)) return false;
         break;
       case StepSimulator::Event::kForwardBegin:
@@ -312,9 +310,11 @@ bool StepReplay::replay_trace() {
         // unit's gradients counts as arrived when its backward ends (the
         // engine counts them as autograd accumulates each; reduced in
         // place, the buckets cost no memory either way).
-        for (size_t i = 0; i < (sharded_params() ? 0 : sim_.unit_params_[ev.unit].size()); ++i) {
-          const int b = buckets_.param_ready(ev.unit, static_cast<int>(i));
-          if (b >= 0 && !run_hook(spec::Hook::kGradReady, b)) return false;
+        if (!sharded_params()) {
+          for (size_t i = 0; i < sim_.unit_params_[ev.unit].size(); ++i) {
+            const int b = buckets_.param_ready(ev.unit, static_cast<int>(i));
+            if (b >= 0 && !run_hook(spec::Hook::kGradReady, b)) return false;
+          }
         }
         mark(step_base_ + num_units_ + ev.unit);
         break;
@@ -374,12 +374,7 @@ bool StepReplay::apply(spec::Op op, int u) {
     case spec::Op::kAllReduce:
       // A bucket (u), or every bucket not launched yet (u < 0): in place,
       // nothing to allocate.
-      for (int b = u < 0 ? 0 : u; b < (u < 0 ? static_cast<int>(bucket_launched_.size()) : u + 1); ++b) {
-        if (bucket_launched_[b]) continue;
-        buckets_.force_ready(b);
-        bucket_launched_[b] = true;
-        in_flight_.push_back(b);
-      }
+      for (int b : buckets_.launch(u)) in_flight_.push_back(b);
       return true;
     case spec::Op::kWaitReduce:
       return wait_reduce();

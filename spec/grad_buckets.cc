@@ -76,6 +76,7 @@ void GradBuckets::begin_backward() {
   for (size_t u = 0; u < bucket_of_.size(); ++u) seen_[u].assign(bucket_of_[u].size(), false);
   missing_.clear();
   for (const GradBucket& b : buckets_) missing_.push_back(static_cast<int>(b.params.size()));
+  launched_.assign(buckets_.size(), false);
   unreduced_ = buckets_per_unit_;
 }
 
@@ -83,12 +84,18 @@ int GradBuckets::param_ready(int unit, int param) {
   if (seen_[unit][param]) return -1;
   seen_[unit][param] = true;
   const int b = bucket_of_[unit][param];
-  return --missing_[b] == 0 ? b : -1;
+  return --missing_[b] == 0 && !launched_[b] ? b : -1;
 }
 
-void GradBuckets::force_ready(int bucket) {
-  for (const GradParamRef& p : buckets_[bucket].params) seen_[p.unit][p.param] = true;
-  missing_[bucket] = 0;
+std::vector<int> GradBuckets::launch(int bucket) {
+  std::vector<int> now;
+  const int end = bucket < 0 ? static_cast<int>(buckets_.size()) : bucket + 1;
+  for (int b = bucket < 0 ? 0 : bucket; b < end; ++b) {
+    if (launched_[b]) continue;
+    launched_[b] = true;
+    now.push_back(b);
+  }
+  return now;
 }
 
 std::vector<int> GradBuckets::bucket_reduced(int bucket) {

@@ -67,14 +67,17 @@ class GradBuckets {
   // The buckets' sizes in elements, in the order they become ready.
   std::vector<int64_t> numels() const;
 
-  // A reducing backward begins: every bucket waits for all its parameters.
+  // A reducing backward begins: every bucket waits for all its parameters,
+  // none is launched.
   void begin_backward();
   // Parameter `param` of `unit` has its gradient: the bucket it completed,
-  // or -1 (not complete yet, or already counted in this backward).
+  // or -1 (not complete yet, launched already, or the parameter counted
+  // already in this backward).
   int param_ready(int unit, int param);
-  // Bucket `bucket` launched with parameters still missing (they got no
-  // gradient in this backward): every one counted, so none completes it again.
-  void force_ready(int bucket);
+  // The buckets to launch now, marked launched: `bucket` (>= 0) unless it
+  // was; or (bucket < 0, when backward ends) every one not launched yet,
+  // whose missing parameters got no gradient.
+  std::vector<int> launch(int bucket);
   bool ready(int bucket) const { return missing_[bucket] == 0; }
   // Bucket `bucket`'s reduction completed: the units whose every bucket now
   // has, in unit order.
@@ -87,6 +90,7 @@ class GradBuckets {
   std::vector<int> buckets_per_unit_;          // how many buckets touch a unit
   std::vector<std::vector<bool>> seen_;        // [unit][param]: gradient counted
   std::vector<int> missing_;                   // [bucket]: parameters still to come
+  std::vector<bool> launched_;                 // [bucket]: in this backward
   std::vector<int> unreduced_;                 // [unit]: buckets still to reduce
 };
 

@@ -66,8 +66,9 @@ TEST(GradBuckets, ABucketIsReadyWhenItsLastGradientArrivesAndAUnitWhenItsBuckets
   // a gradient missing is not completed again by it.
   g.begin_backward();
   EXPECT_FALSE(g.ready(1));
-  g.force_ready(1);
-  EXPECT_TRUE(g.ready(1));
+  EXPECT_EQ(g.launch(0), (std::vector<int>{0}));
+  EXPECT_EQ(g.launch(0), std::vector<int>{}) << "launched once per backward";
+  EXPECT_EQ(g.launch(-1), (std::vector<int>{1})) << "when backward ends: every bucket not launched yet";
   EXPECT_EQ(g.param_ready(0, 0), -1);
 }
 
