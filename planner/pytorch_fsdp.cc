@@ -16,8 +16,8 @@ namespace {
 struct FlatParam {
   int64_t numel = 0, shard = 0;  // the sharded flat parameter stays allocated from init (on the GPU unless offloaded)
   int64_t unsharded = -1;    // the padded unsharded flat parameter, while gathered
-  int64_t grad_shard = -1;   // .grad / _saved_grad_shard (the reduced shard)
-  bool grad_low = false;     // grad_shard is param_dtype (keep_low_precision_grads)
+  int64_t grad_shard = -1;   // .grad / _saved_grad_shard (the reduced shard; NO_SHARD: the whole gradient)
+  int64_t grad_elem = 4;     // grad_shard's element size (keep_low_precision_grads: param_dtype's)
   bool needs_pre_forward = false, needs_pre_backward = false, prefetched = false, backward_done = false;
 };
 
@@ -35,7 +35,10 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   // A world of one runs as NO_SHARD (fully_sharded_data_parallel.py: "We
   // clamp the strategy to NO_SHARD for world size of 1"): each unit's flat
   // parameter whole and unpadded, never gathered; its gradient all-reduced in
-  // place and kept as .grad.
+  // place and kept as .grad. With MixedPrecision, `_mp_shard` is the whole
+  // flat parameter in param_dtype, made by each pre_unshard and freed by each
+  // post_reshard (flat_param.py: "For `NO_SHARD`, `_mp_shard` is not freed in
+  // the post-unshard ... we delay the free until the reshard").
   const bool no_shard = W == 1;
   // MixedPrecision: the element size of what FSDP gathers and computes with
   // (param_dtype), and of what it reduces (reduce_dtype: param_dtype's or
@@ -44,10 +47,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   const int64_t low = dtype_bytes(o.mixed_precision);
   const bool reduce_cast = mixed && o.reduce_in_fp32;
   const int64_t reduce = reduce_cast ? 4 : low;
-  if (mixed && no_shard)
-    throw std::invalid_argument("--stack pytorch FSDP: MixedPrecision on one GPU (NO_SHARD) is not simulated in this "
-                                "version");
-  if (o.forward_prefetch && no_shard && o.offload_params)
+  if (o.forward_prefetch && no_shard && o.offload_params && !mixed)
     throw std::invalid_argument("--stack pytorch FSDP: forward_prefetch (--prefetch 2) on one GPU with CPU offload "
                                 "is not simulated in this version");
   StepSimResult out;
@@ -114,6 +114,16 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // post_unshard frees _mp_shard.
     auto unshard = [&](FlatParam& u) {
       if (u.numel == 0) return;
+      if (no_shard && mixed) {
+        // pre_unshard whatever the unit's state (NO_SHARD never "needs" an
+        // unshard): _use_low_precision_shard makes _mp_shard unless its
+        // storage is there already (_alloc_storage), and copies the fp32 flat
+        // parameter into it, that first copied to the GPU under
+        // offload_params and dropped with the statement.
+        if (u.unsharded < 0) u.unsharded = alloc(Category::kParams, low * u.numel, kPreAllGatherStream);
+        if (o.offload_params) ledger.free(alloc(Category::kParams, 4 * u.numel, kPreAllGatherStream));
+        return;
+      }
       if (u.unsharded >= 0 && (no_shard || !o.offload_params)) return;
       if (no_shard) {
         // Nothing to gather; with offload_params, pre_unshard copies the
@@ -145,6 +155,14 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     };
     // NO_SHARD's post-forward reshard: the forward's GPU copy is held by the
     // module's views until the unit's next forward has made its own.
+    // NO_SHARD's reshard frees no gathered parameter (so the unit stays
+    // prefetched, _handles_prefetched not popped): post_reshard frees
+    // _mp_shard (MixedPrecision); under offload_params the backward's GPU
+    // copy, which no view refers to, goes as flat_param points at the host.
+    auto reshard_no_shard = [&](FlatParam& u) {
+      ledger.free(u.unsharded);
+      u.unsharded = -1;
+    };
     auto reshard_forward_copy = [&](int ui) {
       const int64_t previous = forward_copy[ui];
       forward_copy[ui] = units[ui].unsharded;
@@ -189,20 +207,44 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       u.backward_done = true;
       const int64_t flat = alloc(Category::kGrads, low * u.numel, kFsdpComputeStream);
       ledger.free_all(unit_grads[ui]);  // each parameter's gradient, waiting for the flat one
-      reshard(u);
       if (no_shard) {
-        // The all-reduce is in place and .grad keeps the flat gradient (with
-        // offload_params until _finalize_params, having copied it to the
-        // host); a .grad kept from the last step takes it by AccumulateGrad's
-        // in-place add, and the new one goes.
-        if (u.grad_shard >= 0 && !o.offload_params) {
-          ledger.free(flat);
-        } else {
-          u.grad_shard = flat;
-        }
-        return;
+        reshard_no_shard(u);
+      } else {
+        reshard(u);
       }
       if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui, false);
+      if (no_shard) {
+        // .grad is the new flat gradient, or one kept from the last step
+        // (zero_grad(set_to_none=False)) that AccumulateGrad added the new
+        // one into, in place, dropping it. With MixedPrecision, on the
+        // post-backward stream: `.to(reduce_dtype)` (a new tensor unless it
+        // is that dtype; the old one held by orig_grad_data until the hook
+        // returns), the in-place all-reduce, then, unless
+        // keep_low_precision_grads, _cast_grad_to_param_dtype to fp32 (the
+        // low one dropped). .grad stays (with offload_params until
+        // _finalize_params, having been copied to the host).
+        int64_t grad = flat, elem = low;
+        if (u.grad_shard >= 0 && !o.offload_params) {
+          ledger.free(flat);
+          grad = u.grad_shard;
+          elem = u.grad_elem;
+        }
+        const int64_t orig = grad;
+        if (mixed && elem != reduce) {
+          grad = alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream);
+          elem = reduce;
+        }
+        if (mixed && !o.keep_low_precision_grads && elem != 4) {
+          const int64_t fp32 = alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream);
+          if (grad != orig) ledger.free(grad);
+          grad = fp32;
+          elem = 4;
+        }
+        if (grad != orig) ledger.free(orig);
+        u.grad_shard = grad;
+        u.grad_elem = elem;
+        return;
+      }
       ledger.free(in_flight_grad);
       const int64_t cast = reduce_cast ? alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream) : -1;
       const int64_t padded = alloc(Category::kCommBuffers, reduce * u.shard * W, kPostBackwardStream);
@@ -216,6 +258,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         ledger.free(shard);
       } else {
         u.grad_shard = shard;
+        u.grad_elem = 4;
       }
       ledger.free(padded);
       ledger.free(cast);
@@ -228,7 +271,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       for (auto& u : units) {
         ledger.free(u.grad_shard);
         u.grad_shard = -1;
-        u.grad_low = false;
+        u.grad_elem = 4;
       }
     // _fsdp_root_pre_forward marks every unit as needing its pre-forward
     // unshard when forward_prefetch is on.
@@ -253,7 +296,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       if (k == 1) forward_order.push_back(ui);
       unshard(units[ui]);  // _pre_forward_unshard
       units[ui].needs_pre_forward = false;
-      if (no_shard && o.offload_params) reshard_forward_copy(ui);
+      if (no_shard && o.offload_params && !mixed) reshard_forward_copy(ui);
       // ... then _prefetch_handles, from the second iteration (the first
       // is still recording the order).
       if (o.forward_prefetch && k > 1) prefetch(ui, true);
@@ -262,7 +305,8 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       FlatParam& u = units[ui];
       // _post_forward: FULL_SHARD frees all but the root's.
       if (o.reshard_after_forward && ui != 0 && !no_shard) reshard(u);
-      if (no_shard) u.unsharded = -1;  // the forward's copy: reshard_forward_copy holds it
+      if (no_shard && mixed) reshard_no_shard(u);
+      if (no_shard) u.unsharded = -1;  // fp32 under offload_params: reshard_forward_copy holds the forward's copy
       u.needs_pre_backward = true;     // _register_pre_backward_hooks
     };
     hooks.backward_begins = [&] {
@@ -300,13 +344,14 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // keep_low_precision_grads: `p.grad.data = p.grad.to(param_dtype)` for
     // each unit whose hook ran, the fp32 shard dropped; a .grad kept from the
     // step before is param_dtype already (the new shard was added into it).
-    if (mixed && o.keep_low_precision_grads && !o.offload_params)
+    // NO_SHARD's hook left it in reduce_dtype (no _saved_grad_shard to cast).
+    if (mixed && o.keep_low_precision_grads && !o.offload_params && !no_shard)
       for (auto& u : units)
-        if (u.grad_shard >= 0 && !u.grad_low) {
+        if (u.grad_shard >= 0 && u.grad_elem != low) {
           const int64_t cast = alloc(Category::kGrads, low * u.shard, kFsdpComputeStream);
           ledger.free(u.grad_shard);
           u.grad_shard = cast;
-          u.grad_low = true;
+          u.grad_elem = low;
         }
     previous_outputs.swap(outputs);
     outputs.clear();

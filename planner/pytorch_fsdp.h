@@ -48,11 +48,11 @@ struct PytorchFsdpOptions {
   // (_ExecOrderData, forward_prefetch_limit 1), so from step 2 on.
   bool forward_prefetch = false;
   // MixedPrecision(param_dtype=d, reduce_dtype=d, buffer_dtype=d), d bf16
-  // or fp16 (with grad_scaler), or none (kF32). With one, the traces are the model's cast to d (trace_recorder.py
-  // --param-dtype): FSDP computes with the gathered low-precision flat
-  // parameter, so activations and the parameters' gradients are d; the
-  // shards, the reduced gradient shards and AdamW stay fp32. Sharded
-  // strategies only (a world of 2 or more).
+  // or fp16 (with grad_scaler), or none (kF32). With one, the traces are
+  // the model's cast to d (trace_recorder.py --param-dtype): FSDP computes
+  // with the gathered low-precision flat parameter (NO_SHARD: the whole one
+  // cast), so activations and the parameters' gradients are d; the shards,
+  // the reduced gradient shards and AdamW stay fp32.
   DType mixed_precision = DType::kF32;
   // MixedPrecision(reduce_dtype=torch.float32) with a low param_dtype
   // (`--fsdp-reduce-dtype fp32`): the flat gradient cast to fp32 before its

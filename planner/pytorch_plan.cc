@@ -217,10 +217,11 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                     (bf16 ? "bfloat16" : "float16") + ") needs the model's traces in " + name +
                                     ": record the trace file with trace_recorder.py --target cuda --param-dtype " +
                                     name);
-      if ((want.sharding == Sharding::kHybrid ? r.gpus_per_node : r.gpus_per_node * r.nodes) == 1)
-        throw std::invalid_argument("--strategies " + s + ": FSDP's mixed precision sharded over one GPU is not "
-                                    "simulated in "
-                                    "this version");
+      // 1.13's FSDP runs a world of one as NO_SHARD, cast as a whole
+      // (planner/pytorch_fsdp.cc); FSDP2's world of one computes in fp32.
+      if (fsdp2 && (want.sharding == Sharding::kHybrid ? r.gpus_per_node : r.gpus_per_node * r.nodes) == 1)
+        throw std::invalid_argument("--strategies " + s + ": FSDP2's MixedPrecisionPolicy sharded over one GPU is "
+                                    "not simulated in this version (its world of one copies each shard in fp32)");
     }
     if (fsdp && want.wrap == "block" &&
         std::none_of(file->modules.begin(), file->modules.end(), [](const ModuleNode& m) { return m.is_block; }))

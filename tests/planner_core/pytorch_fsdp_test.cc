@@ -223,9 +223,56 @@ TEST(PytorchFsdp, MixedPrecisionGathersAndReducesInBf16AndKeepsFp32Shards) {
   // 185 with its activation.
   EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 13 + 8 + 148);
   EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 185);
-  // One rank (NO_SHARD) with MixedPrecision is refused, not guessed.
-  o.offload_params = false;
-  EXPECT_THROW(f.run(o, 1), std::invalid_argument);
+}
+
+// One rank (NO_SHARD) with MixedPrecision: each unit's whole flat parameter
+// stays fp32 (root 16, lin 48); its bf16 copy (_mp_shard: 8, 24) is made by
+// each pre-unshard and freed by each reshard, after the unit's forward and
+// after its backward. The bf16 flat gradient is cast to fp32 and kept.
+TEST(PytorchFsdp, MixedPrecisionOnOneRankCopiesEachWholeUnitToBf16AroundItsPasses) {
+  MixedFixture f;
+  PytorchFsdpOptions& o = f.o;
+  StepSimResult r = f.run(o, 1);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 64 + 23);
+  // The float buffer cast (77); the root's copy (85), 100 B (185); lin's
+  // copy (209) and 40 B (249, the peak), its copy freed (225); the loss
+  // (233); the root's copy freed: 225.
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 249);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 225);
+  // Backward: the root's copy again (233), the loss freed (225), lin's copy
+  // (249) and its bf16 gradients 20 + 4: 273, the peak. Lin's flat gradient
+  // (24) replaces them, its copy goes (209), the gradient cast to fp32 (48)
+  // and the bf16 one dropped: 233; the root's likewise. Left: the fp32
+  // parameters (64), the buffers (13), the fp32 gradients (64).
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 273);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 141);
+  EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 141 + 128);
+  // Step 2 from 269, the fp32 .grad kept (zero_grad(set_to_none=False)):
+  // the forward leaves 148 B (417); the root's copy (425), the loss freed,
+  // lin's copy and gradients: 465, the peak. Lin's new bf16 flat gradient is
+  // added into the kept one and dropped; reduce_dtype bf16 casts that down
+  // (24) and back up (48) before the old one goes (449 at most): the same
+  // 269 after backward.
+  EXPECT_EQ(at(r, "step2/backward").peak_allocated_bytes, 465);
+  EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 269);
+  // keep_low_precision_grads: the gradients stay bf16 (24 + 8), not cast.
+  o.keep_low_precision_grads = true;
+  r = f.run(o, 1);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 77 + 32);
+  EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 77 + 32 + 128);
+  // offload_params: only the buffers stay on the GPU; each pre-unshard also
+  // copies the unit's fp32 parameter up (16, 48) and drops it once cast:
+  // lin's 24 + 48 over 121 B is the forward's top, 193.
+  o.keep_low_precision_grads = false;
+  o.offload_params = true;
+  r = f.run(o, 1);
+  ASSERT_FALSE(r.oom);
+  EXPECT_EQ(at(r, "init").allocated_bytes, 23);
+  EXPECT_EQ(at(r, "step1/forward").peak_allocated_bytes, 193);
+  EXPECT_EQ(at(r, "step1/forward").allocated_bytes, 13 + 148);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 13);
 }
 
 // MixedPrecision(param_dtype=bf16, reduce_dtype=float32): each unit's bf16

@@ -356,6 +356,18 @@ class TraceTest(unittest.TestCase):
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
             self.assertIn(message, out.stderr)
+        # One GPU: 1.13 runs FSDP as NO_SHARD, each unit cast to bf16 whole around its passes; FSDP2's
+        # world of one computes in fp32, so its MixedPrecisionPolicy there is refused.
+        one = [SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb", "--gpus", "1",
+               "--gpu-mem", "2GiB", "--strategies", "zero3/fp32/wrap=block,zero3/bf16/wrap=block", "--json"]
+        out = subprocess.run(one, capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        batch1 = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
+        self.assertGreater(batch1["zero3/bf16/wrap=block"], batch1["zero3/fp32/wrap=block"])
+        out = subprocess.run(one + ["--fsdp-version", "2"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("FSDP2's MixedPrecisionPolicy sharded over one GPU", out.stderr)
         # shardfit's own engine holds a bf16 model so too: --stack shardfit plans bf16 from the same traces.
         out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--device", "a100-40gb", "--gpus", "2",
                               "--gpu-mem", "2GiB", "--strategies", "zero3/bf16/wrap=block", "--json"],
