@@ -290,8 +290,11 @@ void FlatParam::grads_reduced() {
   shard_grad_.copy_(flat_grad_.narrow(0, rank_ * s, s));
 }
 
+// free_now, not reset: under hybrid the shard grad was the output of the
+// replicas' all-reduce, whose gloo work may still hold it (seen: a rank
+// whose worker thread ran late kept 290,948 B through the next forward).
 void FlatParam::free_shard_grad() {
-  if (config_.sharded_params) shard_grad_.reset();
+  if (config_.sharded_params) free_now(shard_grad_);
 }
 
 torch::Tensor FlatParam::optimizer_grad() const {
