@@ -94,12 +94,15 @@ int run(const PlanArgs& a) {
     throw BadInput("--fsdp-backward-prefetch " + bp + ": FSDP2 (--fsdp-version 2) has no such option; it "
                    "gathers the next group when a group's backward starts, as pre does");
   r.fsdp_version = a.fsdp_version;
-  if (a.fsdp_reduce_dtype != "param" && a.fsdp_reduce_dtype != "fp32")
-    throw BadInput("--fsdp-reduce-dtype " + a.fsdp_reduce_dtype + ": expected param or fp32");
-  if (a.fsdp_reduce_dtype == "fp32" && r.stack != planner::Stack::kPytorch)
+  try {
+    planner::parse_fsdp_reduce_dtype(a.fsdp_reduce_dtype);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput("--fsdp-reduce-dtype " + a.fsdp_reduce_dtype + ": " + e.what());
+  }
+  if (a.fsdp_reduce_dtype != "param" && r.stack != planner::Stack::kPytorch)
     throw BadInput("--fsdp-reduce-dtype: a PyTorch FSDP option; give --stack pytorch (shardfit's engine reduces "
                    "in the compute dtype)");
-  r.fsdp_reduce_fp32 = a.fsdp_reduce_dtype == "fp32";
+  r.fsdp_reduce_dtype = a.fsdp_reduce_dtype;
   if (a.fsdp_keep_low_precision_grads && r.stack != planner::Stack::kPytorch)
     throw BadInput("--fsdp-keep-low-precision-grads: a PyTorch FSDP option; give --stack pytorch");
   if (a.fsdp_keep_low_precision_grads && a.fsdp_version == 2)
@@ -259,8 +262,9 @@ Command add_plan_command(CLI::App& app) {
                 "FSDP: over the shards), the multi-tensor step (PyTorch 2.x's default on CUDA: each temporary "
                 "made for every parameter at once); without it the for-loop step (1.13's default)");
   sub->add_option("--fsdp-reduce-dtype", a->fsdp_reduce_dtype,
-                  "--stack pytorch, FSDP bf16 candidates: MixedPrecision(Policy)'s reduce_dtype: param (the "
-                  "param_dtype's) or fp32 (torch.float32: the gradients reduced in fp32, torchtitan's recipe)")
+                  "--stack pytorch, FSDP candidates: MixedPrecision(Policy)'s reduce_dtype: param (none: the "
+                  "gradients reduced in the dtype they are computed in), fp32 (torch.float32: beside bf16 "
+                  "parameters, torchtitan's recipe), bf16 or fp16 (beside fp32 parameters: half the reduce-scatter)")
       ->capture_default_str();
   sub->add_flag("--fsdp-keep-low-precision-grads", a->fsdp_keep_low_precision_grads,
                 "--stack pytorch, FSDP1 bf16 candidates: MixedPrecision(keep_low_precision_grads=True), the reduced "

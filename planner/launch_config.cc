@@ -35,6 +35,16 @@ const char* fsdp_sharding(Sharding s, LaunchFormat format, const std::string& id
 
 const char* torch_dtype(Precision p) { return p == Precision::kBf16 ? "bfloat16" : "float16"; }
 
+// The reduce_dtype the plan simulated, as torch names it: the plan's
+// fsdp_reduce_dtype, or with none given ("param") the candidate's own
+// dtype; nullptr for fp32 candidates reducing in fp32 (no MixedPrecision).
+const char* reduce_torch_dtype(const Plan& plan, const Candidate& c) {
+  const std::string d = plan.pytorch_job ? plan.pytorch_job->fsdp_reduce_dtype : "param";
+  if (d == "param") return c.precision == Precision::kFp32 ? nullptr : torch_dtype(c.precision);
+  if (d == "fp32") return c.precision == Precision::kFp32 ? nullptr : "float32";
+  return d == "bf16" ? "bfloat16" : "float16";
+}
+
 // FSDP's auto_wrap_policy, as data: the policy function's name and argument.
 ojson fsdp_wrap_policy(const WrapPolicyText& wrap, const std::string& block_class) {
   if (wrap.kind == "none") return nullptr;
@@ -95,12 +105,11 @@ LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPo
   if (c.sharding == Sharding::kHybrid)
     kwargs["mesh"] = ojson{{"shape", ojson::array({plan.hardware.nodes, plan.hardware.gpus_per_node})},
                            {"mesh_dim_names", ojson::array({"replicate", "shard"})}};
-  if (c.precision == Precision::kFp32) {
-    kwargs["mp_policy"] = nullptr;
+  const char* reduce = reduce_torch_dtype(plan, c);
+  if (c.precision == Precision::kFp32) {  // MixedPrecisionPolicy(reduce_dtype=...) alone, or none
+    kwargs["mp_policy"] = reduce ? ojson{{"reduce_dtype", reduce}} : ojson(nullptr);
   } else {
-    const char* d = torch_dtype(c.precision);
-    kwargs["mp_policy"] =
-        ojson{{"param_dtype", d}, {"reduce_dtype", plan.pytorch_job->fsdp_reduce_dtype == "fp32" ? "float32" : d}};
+    kwargs["mp_policy"] = ojson{{"param_dtype", torch_dtype(c.precision)}, {"reduce_dtype", reduce}};
   }
   kwargs["offload_policy"] = c.offload ? ojson("CPUOffloadPolicy") : ojson(nullptr);
   LaunchConfig out;
@@ -138,13 +147,12 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
   kwargs["sharding_strategy"] = fsdp_sharding(c.sharding, LaunchFormat::kFsdp, c.to_id());
   kwargs["auto_wrap_policy"] = fsdp_wrap_policy(wrap, block_class);
   kwargs["cpu_offload"] = ojson{{"offload_params", c.offload}};
-  if (c.precision == Precision::kFp32) {
-    kwargs["mixed_precision"] = nullptr;
+  const char* reduce = reduce_torch_dtype(plan, c);
+  if (c.precision == Precision::kFp32) {  // MixedPrecision(reduce_dtype=...) alone, or none
+    kwargs["mixed_precision"] = reduce ? ojson{{"reduce_dtype", reduce}} : ojson(nullptr);
   } else {
     const char* d = torch_dtype(c.precision);
-    const bool fp32_reduce = plan.pytorch_job && plan.pytorch_job->fsdp_reduce_dtype == "fp32";
-    kwargs["mixed_precision"] = ojson{{"param_dtype", d}, {"reduce_dtype", fp32_reduce ? "float32" : d},
-                                      {"buffer_dtype", d}};
+    kwargs["mixed_precision"] = ojson{{"param_dtype", d}, {"reduce_dtype", reduce}, {"buffer_dtype", d}};
     if (plan.pytorch_job && plan.pytorch_job->fsdp_keep_low_precision_grads)
       kwargs["mixed_precision"]["keep_low_precision_grads"] = true;
   }
@@ -200,10 +208,14 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
                                                                                   : backward_prefetch(plan);
   // Accelerate builds MixedPrecision from `mixed_precision` alone: every
   // dtype the same, grads upcast.
-  if (plan.pytorch_job && c.precision != Precision::kFp32 &&
-      (plan.pytorch_job->fsdp_reduce_dtype == "fp32" || plan.pytorch_job->fsdp_keep_low_precision_grads))
-    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' as planned (reduce_dtype float32 or "
-                                 "keep_low_precision_grads): its config has no key for them; use --format fsdp");
+  const char* reduce = reduce_torch_dtype(plan, c);
+  const bool own_reduce = c.precision == Precision::kFp32 ? reduce == nullptr
+                                                          : std::string(reduce) == torch_dtype(c.precision);
+  if (plan.pytorch_job && (!own_reduce || (c.precision != Precision::kFp32 &&
+                                           plan.pytorch_job->fsdp_keep_low_precision_grads)))
+    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' as planned (reduce_dtype " +
+                                 (reduce ? reduce : "float32") + " or keep_low_precision_grads): its config has "
+                                 "no key for them; use --format fsdp");
   fsdp["fsdp_activation_checkpointing"] = c.recompute;
   if (!fsdp2) {
     fsdp["fsdp_forward_prefetch"] = plan.schedule.prefetch >= 2;

@@ -49,11 +49,12 @@ struct PlanRequest {
   // has it, planner/pytorch_fsdp.h) or 2 (fully_shard, planner/pytorch_fsdp2.h)
   // (`--fsdp-version`).
   int fsdp_version = 1;
-  // --stack pytorch, FSDP's bf16 candidates: MixedPrecision(reduce_dtype=
-  // torch.float32) (FSDP1) or MixedPrecisionPolicy(reduce_dtype=
-  // torch.float32) (FSDP2) (`--fsdp-reduce-dtype fp32`) instead of reducing
-  // in param_dtype.
-  bool fsdp_reduce_fp32 = false;
+  // --stack pytorch, FSDP candidates: MixedPrecision(reduce_dtype=...)
+  // (FSDP1) or MixedPrecisionPolicy(reduce_dtype=...) (FSDP2)
+  // (`--fsdp-reduce-dtype`): "param" (the gradients reduced in the dtype
+  // they are computed in: param_dtype's, fp32 without mixed precision),
+  // "fp32", "bf16" or "fp16" (parse_fsdp_reduce_dtype).
+  std::string fsdp_reduce_dtype = "param";
   // --stack pytorch: torch.optim.AdamW(foreach=True) (the multi-tensor
   // step, PyTorch 2.x's default on CUDA; `--adamw-foreach`), for zero1 and
   // FSDP composed over the partition or the shards (planner/adamw_steps.h)

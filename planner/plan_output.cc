@@ -188,8 +188,9 @@ Plan plan_from(const json& j, const std::string& origin) {
       job.fsdp_keep_low_precision_grads = p.boolean("fsdp_keep_low_precision_grads");
     if (p.has("fsdp_reduce_dtype")) {
       job.fsdp_reduce_dtype = p.text("fsdp_reduce_dtype");
-      if (job.fsdp_reduce_dtype != "param" && job.fsdp_reduce_dtype != "fp32")
-        p.fail("fsdp_reduce_dtype", "must be \"param\" or \"fp32\"");
+      const std::string& d = job.fsdp_reduce_dtype;
+      if (d != "param" && d != "fp32" && d != "bf16" && d != "fp16")
+        p.fail("fsdp_reduce_dtype", "must be \"param\", \"fp32\", \"bf16\" or \"fp16\"");
     }
     plan.pytorch_job = job;
   }

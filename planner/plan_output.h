@@ -145,7 +145,7 @@ struct Plan {
     std::string fsdp_backward_prefetch;  // "pre", "post" or "none"
     int steps = 0;                       // training steps simulated (2: the steady state)
     int fsdp_version = 1;                // FSDP candidates: 1 (FullyShardedDataParallel) or 2 (fully_shard); absent in older plans = 1
-    std::string fsdp_reduce_dtype = "param";  // FSDP's reduce_dtype: "param" (param_dtype's) or "fp32"; absent = "param"
+    std::string fsdp_reduce_dtype = "param";  // FSDP's reduce_dtype: "param" (none given), "fp32", "bf16", "fp16"; absent = "param"
     bool adamw_foreach = false;  // torch.optim.AdamW(foreach=True); absent = false (the for-loop step)
     // FSDP1's MixedPrecision(keep_low_precision_grads=True); absent = false
     bool fsdp_keep_low_precision_grads = false;

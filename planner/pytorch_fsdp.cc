@@ -17,7 +17,7 @@ struct FlatParam {
   int64_t numel = 0, shard = 0;  // the sharded flat parameter stays allocated from init (on the GPU unless offloaded)
   int64_t unsharded = -1;    // the padded unsharded flat parameter, while gathered
   int64_t grad_shard = -1;   // .grad / _saved_grad_shard (the reduced shard; NO_SHARD: the whole gradient)
-  int64_t grad_elem = 4;     // grad_shard's element size (keep_low_precision_grads: param_dtype's)
+  DType grad_dtype = DType::kF32;  // grad_shard's (keep_low_precision_grads: param_dtype; NO_SHARD: reduce_dtype)
   bool needs_pre_forward = false, needs_pre_backward = false, prefetched = false, backward_done = false;
 };
 
@@ -45,8 +45,14 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   // fp32's); 4 without it.
   const bool mixed = o.mixed_precision != DType::kF32;
   const int64_t low = dtype_bytes(o.mixed_precision);
-  const bool reduce_cast = mixed && o.reduce_in_fp32;
-  const int64_t reduce = reduce_cast ? 4 : low;
+  // reduce_dtype: unless it is the gradients' own dtype, `param.grad.data =
+  // param.grad.data.to(reduce_dtype)` makes a copy first; unless it is fp32,
+  // _cast_grad_to_param_dtype casts what was reduced back to fp32.
+  const DType reduce_dtype = o.reduce_dtype.value_or(o.mixed_precision);
+  const bool reduce_cast = reduce_dtype != o.mixed_precision;
+  const int64_t reduce = dtype_bytes(reduce_dtype);
+  const bool casts = mixed || o.reduce_dtype;  // _mixed_precision_enabled_for_params() or ..._for_reduce()
+  const bool keep_low_grads = mixed && o.keep_low_precision_grads;
   if (o.forward_prefetch && no_shard && o.offload_params && !mixed)
     throw std::invalid_argument("--stack pytorch FSDP: forward_prefetch (--prefetch 2) on one GPU with CPU offload "
                                 "is not simulated in this version");
@@ -194,13 +200,13 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // padded (F.pad: a copy of world x shard) and reduce-scattered into a new
     // shard (torch.zeros_like(chunks[0])), kept as _saved_grad_shard, or
     // added into it (steps after the first, grads kept by zero_grad) and
-    // dropped. With MixedPrecision the flat gradient is param_dtype. With
-    // reduce_dtype the same, so are the padded copy and the reduced shard,
-    // and _cast_grad_to_param_dtype makes the shard fp32 (`output.to(
-    // param.dtype)`), the low-precision one dropped. With reduce_dtype fp32,
-    // `param.grad.data = param.grad.data.to(reduce_dtype)` first makes an
-    // fp32 flat gradient on the post-backward stream (held by the hook's
-    // `grad` until it returns), padded and reduced in fp32: no cast after.
+    // dropped. With MixedPrecision the flat gradient is param_dtype. The
+    // padded copy and the reduced shard are reduce_dtype; when that is not
+    // the gradient's, `param.grad.data = param.grad.data.to(reduce_dtype)`
+    // first makes a flat gradient in it on the post-backward stream (held by
+    // the hook's `grad` until it returns); when it is not fp32,
+    // _cast_grad_to_param_dtype makes the shard fp32 (`output.to(
+    // param.dtype)`), the low-precision one dropped.
     auto post_backward = [&](int ui) {
       FlatParam& u = units[ui];
       if (u.backward_done || u.numel == 0) return;
@@ -216,40 +222,41 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       if (no_shard) {
         // .grad is the new flat gradient, or one kept from the last step
         // (zero_grad(set_to_none=False)) that AccumulateGrad added the new
-        // one into, in place, dropping it. With MixedPrecision, on the
-        // post-backward stream: `.to(reduce_dtype)` (a new tensor unless it
-        // is that dtype; the old one held by orig_grad_data until the hook
-        // returns), the in-place all-reduce, then, unless
-        // keep_low_precision_grads, _cast_grad_to_param_dtype to fp32 (the
-        // low one dropped). .grad stays (with offload_params until
-        // _finalize_params, having been copied to the host).
-        int64_t grad = flat, elem = low;
+        // one into, in place, dropping it. With MixedPrecision or a
+        // reduce_dtype, on the post-backward stream: `.to(reduce_dtype)` (a
+        // new tensor unless it is that dtype; the old one held by
+        // orig_grad_data until the hook returns), the in-place all-reduce,
+        // then, unless keep_low_precision_grads, _cast_grad_to_param_dtype
+        // to fp32 (the low one dropped). .grad stays (with offload_params
+        // until _finalize_params, having been copied to the host).
+        int64_t grad = flat;
+        DType dtype = o.mixed_precision;
         if (u.grad_shard >= 0 && !o.offload_params) {
           ledger.free(flat);
           grad = u.grad_shard;
-          elem = u.grad_elem;
+          dtype = u.grad_dtype;
         }
         const int64_t orig = grad;
-        if (mixed && elem != reduce) {
+        if (casts && dtype != reduce_dtype) {
           grad = alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream);
-          elem = reduce;
+          dtype = reduce_dtype;
         }
-        if (mixed && !o.keep_low_precision_grads && elem != 4) {
+        if (casts && !keep_low_grads && dtype != DType::kF32) {
           const int64_t fp32 = alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream);
           if (grad != orig) ledger.free(grad);
           grad = fp32;
-          elem = 4;
+          dtype = DType::kF32;
         }
         if (grad != orig) ledger.free(orig);
         u.grad_shard = grad;
-        u.grad_elem = elem;
+        u.grad_dtype = dtype;
         return;
       }
       ledger.free(in_flight_grad);
-      const int64_t cast = reduce_cast ? alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream) : -1;
+      const int64_t cast = reduce_cast ? alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream) : -1;
       const int64_t padded = alloc(Category::kCommBuffers, reduce * u.shard * W, kPostBackwardStream);
       int64_t shard = alloc(Category::kGrads, reduce * u.shard, kPostBackwardStream);
-      if (mixed && !reduce_cast) {
+      if (reduce_dtype != DType::kF32) {
         const int64_t fp32 = alloc(Category::kGrads, 4 * u.shard, kPostBackwardStream);
         ledger.free(shard);
         shard = fp32;
@@ -258,7 +265,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         ledger.free(shard);
       } else {
         u.grad_shard = shard;
-        u.grad_elem = 4;
+        u.grad_dtype = DType::kF32;
       }
       ledger.free(padded);
       ledger.free(cast);
@@ -271,7 +278,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       for (auto& u : units) {
         ledger.free(u.grad_shard);
         u.grad_shard = -1;
-        u.grad_elem = 4;
+        u.grad_dtype = DType::kF32;
       }
     // _fsdp_root_pre_forward marks every unit as needing its pre-forward
     // unshard when forward_prefetch is on.
@@ -345,13 +352,13 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // each unit whose hook ran, the fp32 shard dropped; a .grad kept from the
     // step before is param_dtype already (the new shard was added into it).
     // NO_SHARD's hook left it in reduce_dtype (no _saved_grad_shard to cast).
-    if (mixed && o.keep_low_precision_grads && !o.offload_params && !no_shard)
+    if (keep_low_grads && !o.offload_params && !no_shard)
       for (auto& u : units)
-        if (u.grad_shard >= 0 && u.grad_elem != low) {
+        if (u.grad_shard >= 0 && u.grad_dtype != o.mixed_precision) {
           const int64_t cast = alloc(Category::kGrads, low * u.shard, kFsdpComputeStream);
           ledger.free(u.grad_shard);
           u.grad_shard = cast;
-          u.grad_elem = low;
+          u.grad_dtype = o.mixed_precision;
         }
     previous_outputs.swap(outputs);
     outputs.clear();

@@ -54,10 +54,12 @@ struct PytorchFsdpOptions {
   // cast), so activations and the parameters' gradients are d; the shards,
   // the reduced gradient shards and AdamW stay fp32.
   DType mixed_precision = DType::kF32;
-  // MixedPrecision(reduce_dtype=torch.float32) with a low param_dtype
-  // (`--fsdp-reduce-dtype fp32`): the flat gradient cast to fp32 before its
-  // reduce-scatter, which then runs in fp32.
-  bool reduce_in_fp32 = false;
+  // MixedPrecision(reduce_dtype=d) (`--fsdp-reduce-dtype`), d other than
+  // the dtype the gradients are computed in (param_dtype, or fp32 without
+  // one): the flat gradient cast to d before its reduce-scatter, which then
+  // runs in d; the reduced shard cast to fp32 unless d is. None: reduced
+  // in param_dtype.
+  std::optional<DType> reduce_dtype;
   // MixedPrecision(keep_low_precision_grads=True) (`--fsdp-keep-low-precision-
   // grads`): _finalize_params casts each reduced fp32 shard to param_dtype
   // for the optimizer.

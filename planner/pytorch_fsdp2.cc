@@ -47,7 +47,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
   // What is gathered and computed with: param_dtype's element; what is
   // reduced: reduce_dtype's (param_dtype's unless fp32 is asked for).
   const int64_t low = dtype_bytes(o.mixed_precision);
-  const int64_t reduce = o.reduce_in_fp32 ? 4 : low;
+  const int64_t reduce = dtype_bytes(o.reduce_dtype.value_or(o.mixed_precision));
   // A world of one copies each shard into an fp32 `empty_like` of it
   // (_fsdp_param_group.py wait_for_unshard), so the model would compute in
   // fp32, not what a low-precision trace recorded.

@@ -49,10 +49,11 @@ struct PytorchFsdp2Options {
   // ShardedGradScaler around the step (fp16), as for FSDP1
   // (PytorchFsdpOptions::grad_scaler).
   bool grad_scaler = false;
-  // MixedPrecisionPolicy(reduce_dtype=torch.float32) beside a low
-  // param_dtype (torchtitan's recipe): gradients reduce-scattered in fp32.
-  // False: reduce_dtype None, so param_dtype's.
-  bool reduce_in_fp32 = false;
+  // MixedPrecisionPolicy(reduce_dtype=d): gradients reduce-scattered in d
+  // (fp32 beside a low param_dtype is torchtitan's recipe; bf16 beside fp32
+  // parameters halves the reduce-scatter), the output cast to fp32 unless d
+  // is. None: reduce_dtype None, so param_dtype's.
+  std::optional<DType> reduce_dtype;
   // HSDP (the hybrid candidates: fully_shard(mesh=2-D DeviceMesh)): sharded
   // within a group of world_size ranks (a node), replicated across groups;
   // each reduce-scatter's output then all-reduced across the replicas.

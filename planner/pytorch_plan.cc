@@ -63,7 +63,8 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid) {
     ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
     ti.schedule.prefetch = r.schedule.prefetch;  // 2: forward_prefetch (FSDP1)
-    ti.fp32_grads = r.fsdp_reduce_fp32;  // MixedPrecision(Policy)(reduce_dtype=float32)
+    if (const auto d = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype))  // MixedPrecision(Policy)(reduce_dtype=d)
+      ti.reduce_elem_bytes = static_cast<int>(dtype_bytes(*d));
     const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
     for (const auto& u : part.units) {
       int64_t padded = fsdp_shard_numel(u.numel, world) * world;  // FSDP1: one flat parameter
@@ -74,7 +75,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
       ti.unit_padded_numel.push_back(padded);
     }
   } else {
-    ti.fp32_grads = true;
+    ti.reduce_elem_bytes = 4;
     if (r.single_gpu_unwrapped) {
       ti.unit_padded_numel.push_back(file.param_count());  // no DDP: nothing reduced
     } else {
@@ -351,7 +352,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                           : c.precision == Precision::kFp16 ? DType::kF16
                                                             : DType::kF32;
       f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
-      f.reduce_in_fp32 = r.fsdp_reduce_fp32;
+      f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
       f.hsdp = c.sharding == Sharding::kHybrid;  // sharded within a node, replicated across nodes
       f.world_size = f.hsdp ? r.gpus_per_node : world;
       f.steps = o.steps;
@@ -382,7 +383,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                           : c.precision == Precision::kFp16 ? DType::kF16
                                                             : DType::kF32;
       f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
-      f.reduce_in_fp32 = r.fsdp_reduce_fp32;
+      f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
       f.keep_low_precision_grads = r.fsdp_keep_low_precision_grads;
       CudaCachingAllocatorModel a(budget);
       ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
@@ -415,7 +416,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kBackwardPost ? "post"
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
-                                      r.steps, r.fsdp_version, r.fsdp_reduce_fp32 ? "fp32" : "param",
+                                      r.steps, r.fsdp_version, r.fsdp_reduce_dtype,
                                       r.adamw_foreach, r.fsdp_keep_low_precision_grads};
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
   plan.hardware.profile = r.profile.name;

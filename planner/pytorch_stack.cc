@@ -29,6 +29,14 @@ bool broadcast(Ledger& ledger, const std::vector<int64_t>& flats, const std::str
 
 }  // namespace
 
+std::optional<DType> parse_fsdp_reduce_dtype(const std::string& name) {
+  if (name == "param") return std::nullopt;
+  if (name == "fp32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "fp16") return DType::kF16;
+  throw std::invalid_argument("expected param, fp32, bf16 or fp16");
+}
+
 bool grad_scaler_init(Ledger& ledger, const std::string& label) {
   for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
     if (ledger.alloc(Category::kOptimizer, b, label) < 0) return false;

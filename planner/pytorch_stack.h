@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,13 @@ namespace shardfit::planner {
 // FullyShardedDataParallel(backward_prefetch=...) (`plan --stack pytorch
 // --fsdp-backward-prefetch`): BACKWARD_PRE, BACKWARD_POST or None.
 enum class FsdpBackwardPrefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
+
+// FSDP's reduce_dtype (`plan --stack pytorch --fsdp-reduce-dtype`, the plan's
+// pytorch_job.fsdp_reduce_dtype): "param" (none given: the gradients are
+// reduced in the dtype they were computed in, param_dtype's) or "fp32",
+// "bf16", "fp16" (MixedPrecision(reduce_dtype=...), or the policy's for
+// FSDP2). Anything else: std::invalid_argument.
+std::optional<DType> parse_fsdp_reduce_dtype(const std::string& name);
 
 // DistributedDataParallel's default bucket_cap_mb, in bytes: spec's, which
 // shardfit's engine buckets by too.

@@ -132,8 +132,8 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   int optimizer_shard_ranks = 1;  // the optimizer updates model / this many
   int gather_passes = 0;          // param gathers per step (for offload copies)
   // What a gradient reduction moves per element: the compute dtype's, or
-  // fp32's (fp32_grads).
-  const double grad_elem_bytes = in.fp32_grads ? kMasterBytes : elem_bytes;
+  // reduce_elem_bytes.
+  const double grad_elem_bytes = in.reduce_elem_bytes > 0 ? in.reduce_elem_bytes : elem_bytes;
   if (!traits.shard_grads) {
     // ddp, zero1: the flat grad all-reduced bucket by bucket as backward
     // fills them; the last bucket has nothing left to hide behind. (No

@@ -28,7 +28,7 @@
 //             grad shard across nodes over the inter-node link.
 //    Params travel in the compute dtype, grads are reduced in it (SPEC: mixed
 //    precision reduces in low precision; PyTorch's autocast keeps fp32
-//    gradients: fp32_grads). Rates: the GPU link inside a node;
+//    gradients, FSDP's reduce_dtype picks one: reduce_elem_bytes). Rates: the GPU link inside a node;
 //    a ring that spans nodes runs at the slower of GPU and inter-node link.
 //  - Overlap, per phase, as the schedule runs it (spec/schedule.h; the
 //    inputs' prefetch, async_reduce, async_gather): phase time = max(compute,
@@ -93,11 +93,12 @@ struct StepTimeInputs {
                              // hybrid: GPUs per node, ddp: ignored)
   int nodes = 1;
   int optimizer_states = 2;  // fp32 states per param: AdamW 2, SGD 0
-  // The gradients' reductions move fp32 whatever the compute dtype: ddp/
-  // zero1 under PyTorch's autocast (AMP: the parameters, so their gradients
-  // and DDP's all-reduce, stay fp32); FSDP2 with reduce_dtype=float32 (its
-  // reduce-scatter and HSDP's all-reduce; the gathers stay in the compute dtype).
-  bool fp32_grads = false;
+  // What a gradient reduction moves per element when not the compute
+  // dtype's (0): 4 for ddp/zero1 under PyTorch's autocast (AMP: the
+  // parameters, so their gradients and DDP's all-reduce, stay fp32); FSDP's
+  // reduce_dtype's (its reduce-scatter and HSDP's all-reduce; the gathers
+  // stay in the compute dtype).
+  int reduce_elem_bytes = 0;
   // shardfit's engine on CPU ranks: c10d 1.13's Gloo has no reduce-scatter
   // and the engine gathers through an all-reduce too (executor/comm.cc), so
   // both move an all-reduce's bytes, 2(n−1)/n·M.

@@ -142,6 +142,22 @@ TEST(LaunchConfig, AnFsdp1PlanExportsTheJobItSimulated) {
   EXPECT_EQ(export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block")
                 .settings["fsdp_config"]["fsdp_backward_prefetch"],
             "NO_PREFETCH");
+  // fp32 parameters reduced in bf16: MixedPrecision(reduce_dtype=bfloat16)
+  // alone, which Accelerate cannot say; reduced in fp32, no MixedPrecision.
+  Plan fp32 = plan_with("zero3/fp32/wrap=block", 12, 2, 1);
+  fp32.stack = "pytorch";
+  fp32.pytorch_job = plan.pytorch_job;
+  fp32.pytorch_job->fsdp_reduce_dtype = "bf16";
+  EXPECT_EQ(export_launch_config(fp32, fp32.candidates[0], LaunchFormat::kFsdp, "GPT2Block")
+                .settings["fsdp_kwargs"]["mixed_precision"],
+            ojson({{"reduce_dtype", "bfloat16"}}));
+  EXPECT_THROW(export_launch_config(fp32, fp32.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),
+               InexpressibleCandidate);
+  fp32.pytorch_job->fsdp_reduce_dtype = "fp32";
+  EXPECT_TRUE(export_launch_config(fp32, fp32.candidates[0], LaunchFormat::kFsdp, "GPT2Block")
+                  .settings["fsdp_kwargs"]["mixed_precision"]
+                  .is_null());
+  EXPECT_NO_THROW(export_launch_config(fp32, fp32.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"));
 }
 
 TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {

@@ -115,6 +115,12 @@ TEST(PlanOutputTest, RoundTrips) {
   EXPECT_FALSE(parse_plan(older.dump()).pytorch_job->fsdp_keep_low_precision_grads);
   older["pytorch_job"]["fsdp_version"] = 3;
   EXPECT_THROW(parse_plan(older.dump()), std::invalid_argument);
+  // reduce_dtype: param_dtype's or one named; nothing else.
+  older["pytorch_job"]["fsdp_version"] = 1;
+  older["pytorch_job"]["fsdp_reduce_dtype"] = "bf16";
+  EXPECT_EQ(parse_plan(older.dump()).pytorch_job->fsdp_reduce_dtype, "bf16");
+  older["pytorch_job"]["fsdp_reduce_dtype"] = "int8";
+  EXPECT_THROW(parse_plan(older.dump()), std::invalid_argument);
   EXPECT_TRUE(back.single_gpu_unwrapped);
   EXPECT_EQ(back.hardware.allocator_budget_bytes, int64_t{22} << 30);
 

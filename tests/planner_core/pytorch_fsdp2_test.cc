@@ -219,7 +219,7 @@ TEST(PytorchFsdp2, ReduceDtypeFp32ReduceScattersInFp32) {
   f.trace = root_allocates_after_lin(step(2));
   PytorchFsdp2Options o;
   o.mixed_precision = DType::kBF16;
-  o.reduce_in_fp32 = true;
+  o.reduce_dtype = DType::kF32;
   const StepSimResult r = f.run(o);
   ASSERT_FALSE(r.oom);
   EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 428);

@@ -282,7 +282,7 @@ TEST(PytorchFsdp, MixedPrecisionOnOneRankCopiesEachWholeUnitToBf16AroundItsPasse
 TEST(PytorchFsdp, ReduceDtypeAndLowPrecisionGradsChangeTheGradientsDtype) {
   MixedFixture f;
   PytorchFsdpOptions& o = f.o;
-  o.reduce_in_fp32 = true;
+  o.reduce_dtype = DType::kF32;
   StepSimResult r = f.run(o);
   ASSERT_FALSE(r.oom);
   // Lin's hook (MixedPrecisionGathersAndReduces...'s backward, there at
@@ -291,7 +291,7 @@ TEST(PytorchFsdp, ReduceDtypeAndLowPrecisionGradsChangeTheGradientsDtype) {
   // cast after. The backward ends as with bf16 reductions: fp32 shards.
   EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 297);
   EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 32 + 13 + 32);
-  o.reduce_in_fp32 = false;
+  o.reduce_dtype.reset();
   o.keep_low_precision_grads = true;
   r = f.run(o);
   ASSERT_FALSE(r.oom);
@@ -302,6 +302,35 @@ TEST(PytorchFsdp, ReduceDtypeAndLowPrecisionGradsChangeTheGradientsDtype) {
   EXPECT_EQ(at(r, "step1/optimizer").allocated_bytes, 61 + 64);
   // Step 2: the kept bf16 .grad takes the new shards; nothing cast again.
   EXPECT_EQ(at(r, "step2/backward").allocated_bytes, 125);
+}
+
+// MixedPrecision(reduce_dtype=torch.bfloat16) alone, beside fp32
+// parameters: computed in fp32, each flat gradient cast to bf16 for its
+// reduction and what was reduced cast back to fp32. On one rank (NO_SHARD)
+// that cast is the backward's peak.
+TEST(PytorchFsdp, ReduceDtypeBf16BesideFp32ParametersCastsEachFlatGradient) {
+  Fixture f;
+  PytorchFsdpOptions o;
+  StepSimResult r = f.run(o, 1);
+  ASSERT_FALSE(r.oom);
+  // Reduced in fp32: lin's flat gradient (48) over the 212 B its own
+  // gradients leave is the top, 260.
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 260);
+  o.reduce_dtype = DType::kBF16;
+  r = f.run(o, 1);
+  ASSERT_FALSE(r.oom);
+  // In bf16: beside the flat gradient (212 once lin's own gradients go),
+  // its bf16 copy (24) and the fp32 one made from it (48): 284, the copy
+  // dropped, then the original. The same fp32 parameters and gradients
+  // left (64 + 64).
+  EXPECT_EQ(at(r, "step1/backward").peak_allocated_bytes, 284);
+  EXPECT_EQ(at(r, "step1/backward").allocated_bytes, 128);
+  // Two ranks: the reduced shards end fp32 as when reduced in fp32; the
+  // peak is lin's flat gradient beside its gradients either way (292).
+  const StepSimResult fp32 = f.run(PytorchFsdpOptions{}), bf16 = f.run(o);
+  ASSERT_FALSE(bf16.oom);
+  EXPECT_EQ(at(bf16, "step1/backward").allocated_bytes, at(fp32, "step1/backward").allocated_bytes);
+  EXPECT_EQ(at(bf16, "step1/backward").peak_allocated_bytes, 292);
 }
 
 // MixedPrecision(param_dtype=torch.float16) with ShardedGradScaler: fp16 is

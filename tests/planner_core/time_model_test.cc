@@ -69,7 +69,7 @@ TEST(TimeModelTest, DdpByHand) {
 }
 
 // PyTorch's autocast (AMP) computes in fp16 but keeps fp32 parameters, so
-// DDP all-reduces fp32 gradients: fp32_grads doubles the fp16 bytes.
+// DDP all-reduces fp32 gradients: reduce_elem_bytes 4 doubles the fp16 bytes.
 TEST(TimeModelTest, AutocastKeepsFp32GradientsForDdp) {
   StepTimeInputs in;
   in.candidate = parse_candidate("ddp/fp16/wrap=none");
@@ -79,7 +79,7 @@ TEST(TimeModelTest, AutocastKeepsFp32GradientsForDdp) {
   in.shard_group_size = 2;
   // fp16 gradients: 2·(1/2)·1e8 B = 1e8 B at 5e9 B/s = 0.02 s.
   EXPECT_DOUBLE_EQ(estimate_step_time(in, fake_device()).intra_node_comm_bytes, 1e8);
-  in.fp32_grads = true;
+  in.reduce_elem_bytes = 4;
   const StepTime t = estimate_step_time(in, fake_device());
   EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 2e8);
   EXPECT_DOUBLE_EQ(t.comm_s, 0.04);
@@ -167,7 +167,7 @@ TEST(TimeModelTest, Zero3OffloadMixedPrecisionByHand) {
   // reduce-scatter moves 1.5e8 B (0.03 s), the two gathers stay fp16; the
   // first unit's RS, exposed, 0.006 s.
   in.schedule.prefetch = 1;
-  in.fp32_grads = true;
+  in.reduce_elem_bytes = 4;
   t = estimate_step_time(in, fake_device());
   EXPECT_DOUBLE_EQ(t.intra_node_comm_bytes, 2 * 7.5e7 + 1.5e8);
   EXPECT_NEAR(t.comm_s, 0.06, 1e-12);

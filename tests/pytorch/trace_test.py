@@ -418,8 +418,8 @@ class TraceTest(unittest.TestCase):
                                (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-keep-low-precision-grads"],
                                 "FSDP2 (--fsdp-version 2) has no such option"),
                                (["--adamw-foreach"], "--adamw-foreach: a PyTorch optimizer option"),
-                               (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-reduce-dtype", "bf16"],
-                                "--fsdp-reduce-dtype bf16: expected param or fp32"),
+                               (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-reduce-dtype", "int8"],
+                                "--fsdp-reduce-dtype int8: expected param, fp32, bf16 or fp16"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-backward-prefetch", "none"],
                                 "FSDP2 (--fsdp-version 2) has no such option"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--strategies",
@@ -467,6 +467,19 @@ class TraceTest(unittest.TestCase):
         self.assertLessEqual(fp32["batch"], bf16["batch"])
         if fp32["batch"] == bf16["batch"]:
             self.assertEqual(fp32["allocated_bytes"], bf16["allocated_bytes"])
+        # fp32 parameters reduced in bf16 (MixedPrecision(reduce_dtype=torch.bfloat16) alone), for both
+        # FSDPs: the reduce-scatter moves half the bytes, the two gathers stay fp32: 5/6 of the comm time.
+        for version in ("1", "2"):
+            def comm(reduce):
+                out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device",
+                                      "a100-40gb", "--gpus", "2", "--gpu-mem", "2GiB", "--strategies",
+                                      "zero3/fp32/wrap=block", "--fsdp-version", version, "--fsdp-reduce-dtype",
+                                      reduce, "--json"], capture_output=True, text=True, timeout=120)
+                self.assertEqual(out.returncode, 0, out.stderr)
+                plan = json.loads(out.stdout)
+                self.assertEqual(plan["pytorch_job"]["fsdp_reduce_dtype"], reduce)
+                return plan["candidates"][0]["predicted"]["time_breakdown_s"]["comm"]
+            self.assertAlmostEqual(comm("bf16") / comm("param"), 5 / 6, delta=0.01)
         # fp16: MixedPrecision(param_dtype=torch.float16) with ShardedGradScaler,
         # from the model cast to fp16 (its scaled loss's backward traced), on
         # a card without bf16; as many bytes as bf16's but the scaler's.
