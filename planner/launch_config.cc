@@ -4,6 +4,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "planner/pytorch_stack.h"
+
 namespace shardfit::planner {
 namespace {
 
@@ -33,16 +35,16 @@ const char* fsdp_sharding(Sharding s, LaunchFormat format, const std::string& id
   return "";
 }
 
-const char* torch_dtype(Precision p) { return p == Precision::kBf16 ? "bfloat16" : "float16"; }
+const char* torch_dtype(DType d) {
+  return d == DType::kBF16 ? "bfloat16" : d == DType::kF16 ? "float16" : "float32";
+}
+const char* torch_dtype(Precision p) { return torch_dtype(compute_dtype(p)); }
 
-// The reduce_dtype the plan simulated, as torch names it: the plan's
-// fsdp_reduce_dtype, or with none given ("param") the candidate's own
-// dtype; nullptr for fp32 candidates reducing in fp32 (no MixedPrecision).
-const char* reduce_torch_dtype(const Plan& plan, const Candidate& c) {
-  const std::string d = plan.pytorch_job ? plan.pytorch_job->fsdp_reduce_dtype : "param";
-  if (d == "param") return c.precision == Precision::kFp32 ? nullptr : torch_dtype(c.precision);
-  if (d == "fp32") return c.precision == Precision::kFp32 ? nullptr : "float32";
-  return d == "bf16" ? "bfloat16" : "float16";
+// The reduce_dtype the plan simulated: the plan's fsdp_reduce_dtype, or with
+// none given ("param") the candidate's own dtype.
+DType reduce_dtype(const Plan& plan, const Candidate& c) {
+  const DType own = compute_dtype(c.precision);
+  return plan.pytorch_job ? parse_fsdp_reduce_dtype(plan.pytorch_job->fsdp_reduce_dtype).value_or(own) : own;
 }
 
 // FSDP's auto_wrap_policy, as data: the policy function's name and argument.
@@ -105,11 +107,11 @@ LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPo
   if (c.sharding == Sharding::kHybrid)
     kwargs["mesh"] = ojson{{"shape", ojson::array({plan.hardware.nodes, plan.hardware.gpus_per_node})},
                            {"mesh_dim_names", ojson::array({"replicate", "shard"})}};
-  const char* reduce = reduce_torch_dtype(plan, c);
+  const DType reduce = reduce_dtype(plan, c);
   if (c.precision == Precision::kFp32) {  // MixedPrecisionPolicy(reduce_dtype=...) alone, or none
-    kwargs["mp_policy"] = reduce ? ojson{{"reduce_dtype", reduce}} : ojson(nullptr);
+    kwargs["mp_policy"] = reduce != DType::kF32 ? ojson{{"reduce_dtype", torch_dtype(reduce)}} : ojson(nullptr);
   } else {
-    kwargs["mp_policy"] = ojson{{"param_dtype", torch_dtype(c.precision)}, {"reduce_dtype", reduce}};
+    kwargs["mp_policy"] = ojson{{"param_dtype", torch_dtype(c.precision)}, {"reduce_dtype", torch_dtype(reduce)}};
   }
   kwargs["offload_policy"] = c.offload ? ojson("CPUOffloadPolicy") : ojson(nullptr);
   LaunchConfig out;
@@ -147,12 +149,12 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
   kwargs["sharding_strategy"] = fsdp_sharding(c.sharding, LaunchFormat::kFsdp, c.to_id());
   kwargs["auto_wrap_policy"] = fsdp_wrap_policy(wrap, block_class);
   kwargs["cpu_offload"] = ojson{{"offload_params", c.offload}};
-  const char* reduce = reduce_torch_dtype(plan, c);
+  const DType reduce = reduce_dtype(plan, c);
   if (c.precision == Precision::kFp32) {  // MixedPrecision(reduce_dtype=...) alone, or none
-    kwargs["mixed_precision"] = reduce ? ojson{{"reduce_dtype", reduce}} : ojson(nullptr);
+    kwargs["mixed_precision"] = reduce != DType::kF32 ? ojson{{"reduce_dtype", torch_dtype(reduce)}} : ojson(nullptr);
   } else {
     const char* d = torch_dtype(c.precision);
-    kwargs["mixed_precision"] = ojson{{"param_dtype", d}, {"reduce_dtype", reduce}, {"buffer_dtype", d}};
+    kwargs["mixed_precision"] = ojson{{"param_dtype", d}, {"reduce_dtype", torch_dtype(reduce)}, {"buffer_dtype", d}};
     if (plan.pytorch_job && plan.pytorch_job->fsdp_keep_low_precision_grads)
       kwargs["mixed_precision"]["keep_low_precision_grads"] = true;
   }
@@ -208,14 +210,12 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
                                                                                   : backward_prefetch(plan);
   // Accelerate builds MixedPrecision from `mixed_precision` alone: every
   // dtype the same, grads upcast.
-  const char* reduce = reduce_torch_dtype(plan, c);
-  const bool own_reduce = c.precision == Precision::kFp32 ? reduce == nullptr
-                                                          : std::string(reduce) == torch_dtype(c.precision);
-  if (plan.pytorch_job && (!own_reduce || (c.precision != Precision::kFp32 &&
-                                           plan.pytorch_job->fsdp_keep_low_precision_grads)))
+  const DType reduce = reduce_dtype(plan, c);
+  if (plan.pytorch_job && (reduce != compute_dtype(c.precision) ||
+                           (c.precision != Precision::kFp32 && plan.pytorch_job->fsdp_keep_low_precision_grads)))
     throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' as planned (reduce_dtype " +
-                                 (reduce ? reduce : "float32") + " or keep_low_precision_grads): its config has "
-                                 "no key for them; use --format fsdp");
+                                 torch_dtype(reduce) + " or keep_low_precision_grads): its config has no key for "
+                                 "them; use --format fsdp");
   fsdp["fsdp_activation_checkpointing"] = c.recompute;
   if (!fsdp2) {
     fsdp["fsdp_forward_prefetch"] = plan.schedule.prefetch >= 2;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "planner/profile.h"
+#include "planner/pytorch_stack.h"
 #include "spec/json_fields.h"
 
 namespace shardfit::planner {
@@ -188,9 +189,11 @@ Plan plan_from(const json& j, const std::string& origin) {
       job.fsdp_keep_low_precision_grads = p.boolean("fsdp_keep_low_precision_grads");
     if (p.has("fsdp_reduce_dtype")) {
       job.fsdp_reduce_dtype = p.text("fsdp_reduce_dtype");
-      const std::string& d = job.fsdp_reduce_dtype;
-      if (d != "param" && d != "fp32" && d != "bf16" && d != "fp16")
-        p.fail("fsdp_reduce_dtype", "must be \"param\", \"fp32\", \"bf16\" or \"fp16\"");
+      try {
+        parse_fsdp_reduce_dtype(job.fsdp_reduce_dtype);
+      } catch (const std::invalid_argument& e) {
+        p.fail("fsdp_reduce_dtype", e.what());
+      }
     }
     plan.pytorch_job = job;
   }

@@ -154,21 +154,16 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     };
     // _reshard; freeing the gathered parameter also forgets that it was
     // prefetched (_handles_prefetched.pop), so it can be prefetched again.
+    // NO_SHARD's frees no gathered parameter (the unit stays prefetched):
+    // what goes is _mp_shard (MixedPrecision, post_reshard) or, under
+    // offload_params, the backward's GPU copy, which no view refers to.
     auto reshard = [&](FlatParam& u) {
-      if (u.unsharded >= 0) u.prefetched = false;
+      if (u.unsharded >= 0 && !no_shard) u.prefetched = false;
       ledger.free(u.unsharded);
       u.unsharded = -1;
     };
     // NO_SHARD's post-forward reshard: the forward's GPU copy is held by the
     // module's views until the unit's next forward has made its own.
-    // NO_SHARD's reshard frees no gathered parameter (so the unit stays
-    // prefetched, _handles_prefetched not popped): post_reshard frees
-    // _mp_shard (MixedPrecision); under offload_params the backward's GPU
-    // copy, which no view refers to, goes as flat_param points at the host.
-    auto reshard_no_shard = [&](FlatParam& u) {
-      ledger.free(u.unsharded);
-      u.unsharded = -1;
-    };
     auto reshard_forward_copy = [&](int ui) {
       const int64_t previous = forward_copy[ui];
       forward_copy[ui] = units[ui].unsharded;
@@ -213,11 +208,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       u.backward_done = true;
       const int64_t flat = alloc(Category::kGrads, low * u.numel, kFsdpComputeStream);
       ledger.free_all(unit_grads[ui]);  // each parameter's gradient, waiting for the flat one
-      if (no_shard) {
-        reshard_no_shard(u);
-      } else {
-        reshard(u);
-      }
+      reshard(u);
       if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui, false);
       if (no_shard) {
         // .grad is the new flat gradient, or one kept from the last step
@@ -312,7 +303,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       FlatParam& u = units[ui];
       // _post_forward: FULL_SHARD frees all but the root's.
       if (o.reshard_after_forward && ui != 0 && !no_shard) reshard(u);
-      if (no_shard && mixed) reshard_no_shard(u);
+      if (no_shard && mixed) reshard(u);
       if (no_shard) u.unsharded = -1;  // fp32 under offload_params: reshard_forward_copy holds the forward's copy
       u.needs_pre_backward = true;     // _register_pre_backward_hooks
     };

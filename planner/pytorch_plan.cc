@@ -348,9 +348,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.reshard_after_forward = c.sharding == Sharding::kZero3;
       f.offload_params = c.offload;
       f.wrap_blocks = c.wrap == "block";
-      f.mixed_precision = c.precision == Precision::kBf16   ? DType::kBF16
-                          : c.precision == Precision::kFp16 ? DType::kF16
-                                                            : DType::kF32;
+      f.mixed_precision = compute_dtype(c.precision);
       f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
       f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
       f.hsdp = c.sharding == Sharding::kHybrid;  // sharded within a node, replicated across nodes
@@ -379,9 +377,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.zero_grad_set_to_none = o.zero_grad_set_to_none;
       f.backward_prefetch = r.fsdp_backward_prefetch;
       f.forward_prefetch = r.schedule.prefetch >= 2;  // --prefetch 2: FSDP(forward_prefetch=True)
-      f.mixed_precision = c.precision == Precision::kBf16   ? DType::kBF16
-                          : c.precision == Precision::kFp16 ? DType::kF16
-                                                            : DType::kF32;
+      f.mixed_precision = compute_dtype(c.precision);
       f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
       f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
       f.keep_low_precision_grads = r.fsdp_keep_low_precision_grads;
