@@ -30,6 +30,13 @@ Usage: fsdp_reference.py [--rows-file rows.json] [--gpu-mem 24GiB] [--seq-len 12
                          [--budget-s S] [--out result.json] [--dry-run]
 rows.json: [{"row": 1, "model": "gpt2-large", "world": 2,
              "id": "zero3/fp32/wrap=size:2000", "hint": 15}, ...]
+  optional per row: "fsdp": 1 (FullyShardedDataParallel, default) or 2
+  (fully_shard); "seq_len"; "attn": "eager" (default) or "sdpa"; "gpu_mem":
+  a size, or "card" (the whole card less what this process holds outside the
+  allocator); "reduce": "fp32" (MixedPrecision reduce_dtype float32 under
+  bf16/fp16; default: the compute dtype); "history_batch": N (after the
+  search, one more trial at batch N with the caching allocator's history
+  recorded: every alloc/free of the step, written to <out>.row<R>-history.json.gz).
 """
 import argparse
 import functools
@@ -66,6 +73,32 @@ GPT2 = {
 }
 VOCAB, POSITIONS = 50257, 1024
 
+# Decoder-only models of today, as transformers builds them from their Hub
+# config.json (values copied from meta-llama/Llama-3.2-1B's and
+# Qwen/Qwen2.5-1.5B's config.json; random weights, nothing downloaded). The
+# parameter counts are those configs' (tied embeddings), checked after
+# building. "-tiny" shapes exist to exercise the code on a CPU.
+DECODERS = {
+    "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", "LlamaDecoderLayer", 1_235_814_400, dict(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=500000.0,
+        rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
+                          original_max_position_embeddings=8192, rope_type="llama3"))),
+    "qwen2.5-1.5b": ("Qwen2Config", "Qwen2ForCausalLM", "Qwen2DecoderLayer", 1_543_714_304, dict(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)),
+    "llama-tiny": ("LlamaConfig", "LlamaForCausalLM", "LlamaDecoderLayer", None, dict(
+        vocab_size=1000, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)),
+}
+MODELS = sorted(GPT2) + sorted(DECODERS)
+
+
+def vocab_of(name):
+    return DECODERS[name][4]["vocab_size"] if name in DECODERS else VOCAB
+
 
 def parse_size(text):
     m = re.fullmatch(r"\s*([0-9.]+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*", text)
@@ -91,34 +124,48 @@ def parse_candidate(cid):
 # the model
 # ---------------------------------------------------------------------------
 
-def build_model(torch, name, device, prefer_transformers=True):
-    """GPT-2 on `device`, training mode. Returns (model, impl, loss_fn, block_class)."""
+def build_model(torch, name, device, prefer_transformers=True, attn="eager"):
+    """The model on `device`, training mode. Returns (model, impl, loss_fn,
+    block_class, expected parameter count or None)."""
+    def loss_fn(m, x):
+        return m(input_ids=x, labels=x).loss
+    if name in DECODERS:
+        import transformers
+        config_cls, model_cls, block_name, params, fields = DECODERS[name]
+        cfg = getattr(transformers, config_cls)(use_cache=False, attn_implementation=attn, **fields)
+        block_class = getattr(__import__(getattr(transformers, model_cls).__module__, fromlist=[block_name]), block_name)
+        with torch.device(device):
+            model = getattr(transformers, model_cls)(cfg)
+        model.train()
+        return (model, "transformers %s %s (%s attention)" % (transformers.__version__, model_cls, attn),
+                loss_fn, block_class, params)
     shape = GPT2[name]
     if prefer_transformers:
         try:
             import transformers  # noqa: F401
             from transformers import GPT2Config, GPT2LMHeadModel
             from transformers.models.gpt2.modeling_gpt2 import GPT2Block
-            # The 2022 write-up's attention: probabilities materialised.
+            # eager: the 2022 write-up's attention (probabilities materialised).
             cfg = GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=shape["n_embd"],
                              n_layer=shape["n_layer"], n_head=shape["n_head"], use_cache=False,
-                             attn_implementation="eager")
-            cfg._attn_implementation = "eager"
+                             attn_implementation=attn)
+            cfg._attn_implementation = attn
             with torch.device(device):
                 model = GPT2LMHeadModel(cfg)
             model.train()
-
-            def loss_fn(m, x):
-                return m(input_ids=x, labels=x).loss
-            return model, "transformers %s GPT2LMHeadModel (eager attention)" % transformers.__version__, loss_fn, GPT2Block
+            return (model, "transformers %s GPT2LMHeadModel (%s attention)" % (transformers.__version__, attn),
+                    loss_fn, GPT2Block, shape["params"])
         except ImportError:
             pass
+    if attn != "eager":
+        raise NotImplementedError("the plain-torch GPT-2 has eager attention only")
     model = MinimalGPT2(torch, shape).to(device)
     model.train()
 
-    def loss_fn(m, x):
+    def minimal_loss(m, x):
         return m(x)
-    return model, "minimal plain-torch GPT-2 (eager attention, HF names and shapes)", loss_fn, model.block_class
+    return (model, "minimal plain-torch GPT-2 (eager attention, HF names and shapes)", minimal_loss,
+            model.block_class, shape["params"])
 
 
 def MinimalGPT2(torch, shape):
@@ -145,9 +192,10 @@ def count_params(model):
 # wrapping: DDP or FSDP as the candidate says
 # ---------------------------------------------------------------------------
 
-def wrap(torch, model, cand, block_class, device):
+def wrap(torch, model, cand, block_class, device, fsdp_version=1, reduce=None):
     """Returns (wrapped model, api description). Raises NotImplementedError
-    for what PyTorch has no counterpart of."""
+    for what PyTorch has no counterpart of. reduce: "fp32" for
+    reduce_dtype=float32 under bf16/fp16, else the compute dtype."""
     import torch.distributed as dist
     if cand["sharding"] == "ddp":
         if cand["offload"]:
@@ -173,19 +221,23 @@ def wrap(torch, model, cand, block_class, device):
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, block_class))
     dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cand["precision"]]
+    reduce_dtype = torch.float32 if reduce == "fp32" else dtype
+    if fsdp_version == 2:
+        return (wrap_fsdp2(torch, model, cand, block_class, dtype, reduce_dtype),
+                "FSDP2 fully_shard (%s)" % ("param %s, reduce %s" % (dtype, reduce_dtype) if dtype else "fp32"))
     try:
         from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy,
                                             FullyShardedDataParallel as FSDP)
         from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
     except ImportError:
-        return wrap_fsdp2(torch, model, cand, block_class, dtype), "FSDP2 fully_shard (FSDP1 not in this torch)"
+        raise NotImplementedError("FSDP1 is not in this torch")
     if cand["wrap"] == "none":
         policy = None
     elif cand["wrap"] == "block":
         policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={block_class})
     else:
         policy = functools.partial(size_based_auto_wrap_policy, min_num_params=int(cand["wrap"].split(":")[1]))
-    mp = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype) if dtype else None
+    mp = MixedPrecision(param_dtype=dtype, reduce_dtype=reduce_dtype, buffer_dtype=dtype) if dtype else None
     fsdp = FSDP(model,
                 sharding_strategy=ShardingStrategy.FULL_SHARD if cand["sharding"] == "zero3"
                 else ShardingStrategy.SHARD_GRAD_OP,
@@ -195,12 +247,13 @@ def wrap(torch, model, cand, block_class, device):
     return fsdp, "FSDP1 (FullyShardedDataParallel, backward_prefetch BACKWARD_PRE, limit_all_gathers)"
 
 
-def wrap_fsdp2(torch, model, cand, block_class, dtype):
+def wrap_fsdp2(torch, model, cand, block_class, dtype, reduce_dtype):
+    """fully_shard per unit, then the root (the FSDP2 examples' order)."""
     from torch.distributed.fsdp import fully_shard, CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
     kwargs = dict(reshard_after_forward=cand["sharding"] == "zero3",
                   offload_policy=CPUOffloadPolicy() if cand["offload"] else OffloadPolicy())
     if dtype:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
     wrapped = set()
     if cand["wrap"].startswith("size:"):
         # FSDP1's size policy, bottom-up: a module holding more than N
@@ -232,12 +285,13 @@ class Trial:
     def __init__(self, torch, args, device):
         self.torch, self.args, self.device = torch, args, device
 
-    def run(self, model_name, cand, batch, steps=2):
-        """Returns dict(fits=True, peak_reserved, peak_allocated, step_s) or
-        dict(fits=False, oom=message)."""
+    def run(self, row, batch, steps=2, history=None):
+        """Returns dict(fits=True, peak_reserved, peak_allocated, step_s,
+        phases) or dict(fits=False, oom=message). history: a path to write
+        the caching allocator's trace of the trial to (gzip'd JSON)."""
         torch = self.torch
         try:
-            return self._run(model_name, cand, batch, steps)
+            return self._run(row, batch, steps, history)
         except Exception as e:  # noqa: BLE001 -- an OOM is a result; anything else is re-raised below
             oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
                                           getattr(torch.cuda, "OutOfMemoryError", None)) if t)
@@ -247,53 +301,97 @@ class Trial:
                 raise
             result = dict(fits=False, oom=msg)
         finally:
+            if history:
+                torch.cuda.memory._record_memory_history(enabled=None)
             gc.collect()
             torch.cuda.empty_cache()
         return result
 
-    def _run(self, model_name, cand, batch, steps):
+    def _run(self, row, batch, steps, history):
         torch = self.torch
-        model, impl, loss_fn, block_class = build_model(torch, model_name, self.device, not self.args.minimal)
+        cand = row["candidate"]
+        seq_len = row.get("seq_len", self.args.seq_len)
+        model, impl, loss_fn, block_class, expected = build_model(
+            torch, row["model"], self.device, not self.args.minimal, row.get("attn", "eager"))
         n = count_params(model)
-        expected = GPT2[model_name]["params"]
         if expected and n != expected:
-            raise RuntimeError("%s has %d parameters, expected %d" % (model_name, n, expected))
+            raise RuntimeError("%s has %d parameters, expected %d" % (row["model"], n, expected))
         if cand["offload"]:
             model = model.to("cpu")  # FSDP moves each unit to the GPU to shard it, then offloads
             torch.cuda.empty_cache()
-        model, api = wrap(torch, model, cand, block_class, self.device)
+        model, api = wrap(torch, model, cand, block_class, self.device, row.get("fsdp", 1), row.get("reduce"))
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=5e-5, weight_decay=0.0)  # the write-up's optimizer
         amp = cand["sharding"] == "ddp" and cand["precision"] != "fp32"
         amp_dtype = torch.float16 if cand["precision"] == "fp16" else torch.bfloat16
         scaler = torch.amp.GradScaler("cuda") if amp and cand["precision"] == "fp16" else None
-        x = torch.randint(0, VOCAB, (batch, self.args.seq_len), device=self.device)
+        x = torch.randint(0, vocab_of(row["model"]), (batch, seq_len), device=self.device)
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        step_s = []
+        if history:
+            # Every alloc/free with its size and the Python frames that made it.
+            torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
+        step_s, phases = [], []
+        allocated = functools.partial(torch.cuda.memory_allocated, self.device)
         for _ in range(steps):
             torch.cuda.synchronize(self.device)
             t0 = time.perf_counter()
+            at = dict(start=allocated())
             with torch.autocast("cuda", dtype=amp_dtype, enabled=amp):
                 loss = loss_fn(model, x)
+            at["forward"] = allocated()
             if scaler:
                 scaler.scale(loss).backward()
+                at["backward"] = allocated()
                 scaler.step(opt)
                 scaler.update()
             else:
                 loss.backward()
+                at["backward"] = allocated()
                 opt.step()
+            at["optimizer"] = allocated()
             opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize(self.device)
             step_s.append(time.perf_counter() - t0)
+            at["peak_so_far"] = torch.cuda.max_memory_allocated(self.device)
+            phases.append(at)
         stats = torch.cuda.memory_stats(self.device)
         result = dict(fits=True, peak_reserved=torch.cuda.max_memory_reserved(self.device),
                       peak_allocated=torch.cuda.max_memory_allocated(self.device),
                       num_alloc_retries=stats.get("num_alloc_retries", 0),
-                      step_s=step_s, impl=impl, api=api)
+                      step_s=step_s, phases=phases, impl=impl, api=api)
+        if history:
+            write_history(torch.cuda.memory._snapshot(), history)
         del model, opt, params, x, loss
         return result
+
+
+def write_history(snapshot, path):
+    """The snapshot's device trace, compacted: per event its action, size,
+    stream and the innermost frames outside torch's own Python (which op of
+    the model made it), gzip'd JSON."""
+    import gzip
+
+    def frames(ev):
+        out = []
+        for f in ev.get("frames", []):
+            name = f.get("filename", "")
+            if "/torch/" in name and "/nn/modules/" not in name and "/distributed/" not in name:
+                continue
+            out.append("%s:%s:%s" % (os.path.basename(name), f.get("line"), f.get("name")))
+            if len(out) == 3:
+                break
+        return out
+    events = []
+    for device_trace in snapshot.get("device_traces", []):
+        for ev in device_trace:
+            events.append(dict(action=ev["action"], addr=ev.get("addr"), size=ev.get("size"),
+                               stream=ev.get("stream"), frames=frames(ev)))
+    segments = [dict(address=s["address"], total_size=s["total_size"], segment_type=s.get("segment_type"),
+                     allocated_size=s.get("allocated_size")) for s in snapshot.get("segments", [])]
+    with gzip.open(path, "wt") as f:
+        json.dump(dict(schema="shardfit.allocator-history/1", events=events, segments=segments), f)
 
 
 def search(run_trial, hint, deadline, log, tried=None, on_trial=None):
@@ -346,9 +444,10 @@ def search(run_trial, hint, deadline, log, tried=None, on_trial=None):
 
 # ---------------------------------------------------------------------------
 
-def setup_cuda(torch, args, cap):
+def setup_cuda(torch, gpu_mem, cap_mode):
     """The card, context and cuBLAS first (so what is outside the allocator is
-    there), then the cap. Returns (device, facts about the card)."""
+    there), then the cap. gpu_mem "card": the whole card (cap_mode card).
+    Returns (device, facts about the card)."""
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     a = torch.randn(256, 256, device=device)
@@ -357,7 +456,11 @@ def setup_cuda(torch, args, cap):
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     outside = total - free - torch.cuda.memory_reserved(device)
-    budget = cap if args.cap_mode == "allocator" else cap - outside
+    if gpu_mem == "card":
+        cap, cap_mode = total, "card"
+    else:
+        cap = parse_size(gpu_mem)
+    budget = cap if cap_mode == "allocator" else cap - outside
     torch.cuda.set_per_process_memory_fraction(budget / total, device)
     return device, dict(card=torch.cuda.get_device_name(device), card_total_bytes=total, cap_bytes=budget,
                         outside_allocator_bytes=outside)
@@ -385,7 +488,8 @@ def worker(args):
     if not torch.cuda.is_available():
         emit(error="no CUDA device")
         return 1
-    device, facts = setup_cuda(torch, args, parse_size(args.gpu_mem))
+    r = job["row"]
+    device, facts = setup_cuda(torch, r.get("gpu_mem", args.gpu_mem), args.cap_mode)
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore
     except ImportError as e:
@@ -393,18 +497,17 @@ def worker(args):
         return 1
     facts["process_group"] = "fake (torch.testing._internal.distributed.fake_pg.FakeStore)"
     emit(setup=facts)
-    r = job["row"]
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=r["world"])
     baseline = torch.cuda.memory_allocated(device)
     trial = Trial(torch, args, device)
-    cand = parse_candidate(r["id"])
+    r["candidate"] = parse_candidate(r["id"])
 
     class Tainted(Exception):
         pass
 
     def run_trial(b):
         t0 = time.time()
-        res = trial.run(r["model"], cand, b)
+        res = trial.run(r, b)
         res["trial_s"] = round(time.time() - t0, 1)
         left = torch.cuda.memory_allocated(device) - baseline
         # Up to 64 MiB stays by design: cuBLAS keeps a workspace per thread
@@ -418,6 +521,12 @@ def worker(args):
 
     tried = {int(b): t for b, t in job["tried"].items()}
     try:
+        if r.get("search", True) is False:  # only the allocator's history at history_batch
+            path = "%s-row%s-history.json.gz" % (os.path.splitext(args.out)[0], r.get("row"))
+            rec = trial.run(r, r["history_batch"], history=path)
+            emit(history=dict(batch=r["history_batch"], path=os.path.basename(path), result=rec))
+            emit(final=dict(lo=0, hi=None, complete=False, step_s=None, history_only=True))
+            return 0
         lo, hi, tried, complete = search(run_trial, r["hint"], job["deadline"], log, tried,
                                          lambda b, t: emit(trial=b, result=t))
         step_s = None
@@ -425,9 +534,16 @@ def worker(args):
             best = tried[lo]
             step_s = best["step_s"][1:]  # the first step creates AdamW's state
             if args.timed_steps > 0 and time.time() + 3 * best["trial_s"] < job["deadline"]:
-                again = trial.run(r["model"], cand, lo, steps=1 + args.timed_steps)
+                again = trial.run(r, lo, steps=1 + args.timed_steps)
                 if again.get("fits"):
                     step_s = again["step_s"][1:]
+        history = None
+        hb = r.get("history_batch")
+        if hb and (hb in tried and tried[hb]["fits"] or hb <= lo) and time.time() + 30 < job["deadline"]:
+            history = "%s-row%s-history.json.gz" % (os.path.splitext(args.out)[0], r.get("row"))
+            log("batch %d again, the allocator's history recorded into %s" % (hb, history))
+            rec = trial.run(r, hb, history=history)
+            emit(history=dict(batch=hb, path=os.path.basename(history), result=rec))
         emit(final=dict(lo=lo, hi=hi, complete=complete, step_s=step_s))
     except Tainted as e:
         log("a fresh worker follows: %s" % e)
@@ -446,13 +562,14 @@ def run_row(r, args, deadline, log):
     result or an error. Returns (entry fields, setup facts)."""
     import subprocess
     import tempfile
-    tried, facts, restarts = {}, None, 0
+    tried, facts, restarts, history = {}, None, 0, None
     while True:
         fd, job_path = tempfile.mkstemp(prefix="fsdp_row%s_" % r.get("row"), suffix=".json")
         with os.fdopen(fd, "w") as f:
             json.dump(dict(row={k: v for k, v in r.items() if k != "candidate"}, tried=tried, deadline=deadline), f)
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", job_path, "--gpu-mem", args.gpu_mem,
-               "--cap-mode", args.cap_mode, "--seq-len", str(args.seq_len), "--timed-steps", str(args.timed_steps)]
+               "--cap-mode", args.cap_mode, "--seq-len", str(args.seq_len), "--timed-steps", str(args.timed_steps),
+               "--out", args.out]
         if args.minimal:
             cmd.append("--minimal")
         try:
@@ -468,6 +585,7 @@ def run_row(r, args, deadline, log):
                 facts = rec.get("setup", facts)
                 final = rec.get("final", final)
                 error = rec.get("error", error)
+                history = rec.get("history", history)
             os.remove(job_path + ".results")
         os.remove(job_path)
         if final is not None or error is not None:
@@ -477,6 +595,12 @@ def run_row(r, args, deadline, log):
             break
         restarts += 1
     entry = dict(worker_restarts=restarts)
+    for k in ("fsdp", "seq_len", "attn", "gpu_mem", "reduce"):
+        if k in r:
+            entry[k] = r[k]
+    if history:
+        entry["history"] = {k: v for k, v in history.items() if k != "result"}
+        entry["history"]["phases"] = history["result"].get("phases")
     if error is not None:
         entry["status"] = "error: %s" % error if not error.startswith("no PyTorch") else error
         return entry, facts
@@ -484,6 +608,9 @@ def run_row(r, args, deadline, log):
     entry["trials"] = {b: {k: v for k, v in t.items() if k not in ("impl", "api")}
                        for b, t in sorted(tried.items(), key=lambda kv: int(kv[0]))}
     entry["max_batch"] = lo if complete else None
+    if final.get("history_only"):
+        entry["status"] = "history only (no search)"
+        return entry, facts
     entry["status"] = "done" if complete else "partial: time budget (max >= %d%s)" % (
         lo, "" if hi is None else ", < %d" % hi)
     if lo > 0:
@@ -527,8 +654,12 @@ def main():
         rows = [dict(row=i, model=m, world=w, id=c, hint=h) for i, (m, w, c, h) in enumerate(DEFAULT_ROWS, 1)]
     for r in rows:
         r["candidate"] = parse_candidate(r["id"])
-        if r["model"] not in GPT2:
-            raise SystemExit("row %s: model %s: one of %s" % (r.get("row"), r["model"], ", ".join(GPT2)))
+        if r["model"] not in MODELS:
+            raise SystemExit("row %s: model %s: one of %s" % (r.get("row"), r["model"], ", ".join(MODELS)))
+        if r.get("fsdp", 1) not in (1, 2) or r.get("attn", "eager") not in ("eager", "sdpa"):
+            raise SystemExit("row %s: fsdp is 1 or 2, attn eager or sdpa" % r.get("row"))
+        if r.get("gpu_mem", "card") != "card":
+            parse_size(r["gpu_mem"])
     # Cheap rows first, so a short budget still covers most of the table:
     # offload rows (CPU AdamW) last, GPT-2 XL after Large.
     rows.sort(key=lambda r: (r["candidate"]["offload"], r["model"] == "gpt2-xl", r.get("row", 0)))

@@ -177,7 +177,10 @@ def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
         out["plans"].append(dict(r, ok=j is not None))
     fsdp = load("fsdp_reference.json")
     out["fsdp_reference"] = fsdp
-    fsdp_rows = {(x.get("model"), str(x.get("world")), x.get("id")): x for x in (fsdp or {}).get("rows", [])}
+    # The reference rows' own (FSDP1/DDP) results; FSDP2 rows of the same
+    # candidate are listed in the section below.
+    fsdp_rows = {(x.get("model"), str(x.get("world")), x.get("id")): x for x in (fsdp or {}).get("rows", [])
+                 if x.get("fsdp", 1) == 1 and str(x.get("row")) in [str(i) for i in range(1, 11)]}
     L.append("## Reference scenario, capped to %s (loopback ranks)" % gpu_mem)
     L.append("")
     L.append("Predicted max batch: `shardfit plan --device titan-rtx-24gb` (Titan), and the same with `--gpu-mem %s` (cap), "
@@ -226,9 +229,18 @@ def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
                   "notes"):
             if k in fsdp:
                 L.append("- %s: %s" % (k, fsdp[k]))
+        L.append("")
+        L.append("| # | model | world | candidate | FSDP | seq | attention | cap | max batch | status | peak reserved | peak allocated | tokens/s |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for x in fsdp.get("rows", []):
-            L.append("- %s world %s `%s`: %s" % (x.get("model"), x.get("world"), x.get("id"),
-                     {k: v for k, v in x.items() if k not in ("model", "world", "id")}))
+            gib = lambda k: "%.3f GiB" % (x[k] / 2**30) if x.get(k) else ""
+            L.append("| %s | %s | %s | `%s` | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                x.get("row"), x.get("model"), x.get("world"), x.get("id"), x.get("fsdp", 1),
+                x.get("seq_len", fsdp.get("seq_len")), x.get("attn", "eager"), x.get("gpu_mem", fsdp.get("gpu_mem")),
+                x.get("max_batch", ""), x.get("status", ""), gib("peak_reserved_bytes"), gib("peak_allocated_bytes"),
+                ("%.0f" % x["tokens_per_s"]) if x.get("tokens_per_s") else ""))
+        L.append("")
+        L.append("Every trial (batch, fits, peak bytes, bytes at each phase of each step) is in the JSON beside this file.")
     else:
         fr = next((r for r in recs if r["kind"] == "fsdp"), None)
         if fr:
