@@ -139,9 +139,18 @@ TEST(EngineCuda, ReservedCoversAllocatedAtThePlannersLabels) {
     EXPECT_GE(p.peak_reserved_bytes + slack, p.peak_allocated_bytes) << p.label;
   }
   // The meter marks at the simulator's labels, so the report lines them up.
+  // The simulator steps twice (step 2 is the steady state every later step
+  // repeats), the run ten times: a measured "stepN/..." past step 2 is
+  // compared as "step2/...".
   const planner::CandidatePrediction pred = predict(o);
   std::set<std::string> measured, predicted;
-  for (const auto& p : r.timeline) measured.insert(p.label);
+  for (const auto& p : r.timeline) {
+    std::string label = p.label;
+    const size_t slash = label.find('/');
+    if (label.rfind("step", 0) == 0 && slash != std::string::npos && std::stoi(label.substr(4, slash - 4)) > 2)
+      label = "step2" + label.substr(slash);
+    measured.insert(label);
+  }
   for (const auto& p : pred.sim.timeline) predicted.insert(p.label);
   EXPECT_EQ(measured, predicted);
   RecordProperty("measured_peak_allocated_bytes", std::to_string(r.peak_allocated_bytes));
