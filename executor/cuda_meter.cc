@@ -119,6 +119,8 @@ int64_t CudaMeter::device_free_bytes() const {
   return static_cast<int64_t>(free);
 }
 
+// cudaMemGetInfo is the whole card's: memory of other processes on the same
+// card counts here too, so a measurement wants the card to itself.
 int64_t CudaMeter::outside_allocator_bytes() const {
   return device_total_bytes() - device_free_bytes() - reserved_bytes();
 }
@@ -141,8 +143,9 @@ int64_t CudaMeter::set_device_memory_bytes(int64_t card_bytes) {
   const int64_t outside = outside_allocator_bytes();
   const int64_t budget = card_bytes - outside;
   if (budget <= 0)
-    throw std::invalid_argument("--gpu-mem " + gib(card_bytes) + ": this process already holds " + gib(outside) +
-                                " outside the caching allocator (context, NCCL, libraries); nothing would be left");
+    throw std::invalid_argument("--gpu-mem " + gib(card_bytes) + ": " + gib(outside) +
+                                " of the card is already held outside this process's caching allocator (its context, "
+                                "NCCL, libraries, or other processes on the card); nothing would be left");
   set_budget_bytes(budget);
   return budget;
 }

@@ -319,7 +319,7 @@ Plan build_plan(const PlanRequest& r) {
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
-  const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
+  const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, r.nccl_communicator ? world : 1) : kUnlimitedBytes;
   if (r.stack == Stack::kPytorch) return build_pytorch_plan(r, budget, device_mem);
 
   const models::ModelConfig model = file ? r.model : model_on_device(r.model, r.profile);
@@ -540,7 +540,7 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
-  const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, world) : kUnlimitedBytes;
+  const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, r.nccl_communicator ? world : 1) : kUnlimitedBytes;
   if (r.trace_file)
     throw std::invalid_argument("--trace: a traced model is planned, not run by shardfit's engine");
   const Strategy s = strategy_for(c, r);  // validates c for this world

@@ -78,6 +78,10 @@ struct PlanRequest {
   int nodes = 1;
   DeviceProfile profile;
   int64_t device_mem_bytes = 0;  // 0: the profile's memory (CPU: unlimited)
+  // Whether the job opens an NCCL communicator (world > 1 on CUDA, backend
+  // nccl), whose buffers the profile charges outside the allocator; false
+  // for `shardfit run --backend loopback`, which has no peer to talk to.
+  bool nccl_communicator = true;
   CandidateOptions candidates;   // strategies/precisions filters; the rest is filled in
   Optimizer optimizer = Optimizer::kAdamW;
   Objective objective = Objective::kThroughput;
