@@ -284,13 +284,16 @@ Command add_plan_command(CLI::App& app) {
                   "log-sum-exp per row; CUDA devices of compute capability 8.0+, fp16/bf16; gpt2 and llama "
                   "families). A CPU build of shardfit plans flash but runs only eager")
       ->capture_default_str();
-  sub->add_option("--gpus", a->gpus, "GPUs per node")->capture_default_str()->check(AtLeastOne);
-  sub->add_option("--nodes", a->nodes, "Nodes")->capture_default_str()->check(AtLeastOne);
+  sub->add_option("--gpus", a->gpus, "GPUs per node")->capture_default_str()->check(IntRange(1, kMaxGpusPerNode));
+  sub->add_option("--nodes", a->nodes, "Nodes")->capture_default_str()->check(IntRange(1, kMaxNodes));
   sub->add_option("--device", a->device, "Device profile name (profiles/*.json) or path")->required();
   sub->add_option("--gpu-mem", a->gpu_mem, "Override the device memory (24GiB, 512MiB, bytes)")->check(MemorySize);
   sub->add_option("--strategies", a->strategies,
-                  "Comma-separated candidate ids or shardings (ddp, zero1, zero2, zero3, hybrid); default all");
-  sub->add_option("--precision", a->precision, "fp32, fp16, bf16 or all (comma-separated)")->capture_default_str();
+                  "Comma-separated candidate ids or shardings (ddp, zero1, zero2, zero3, hybrid); default all")
+      ->check(NonEmptyItems);
+  sub->add_option("--precision", a->precision, "fp32, fp16, bf16 or all (comma-separated)")
+      ->capture_default_str()
+      ->check(NonEmptyItems);
   sub->add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
   sub->add_option("--objective", a->objective, "throughput (fastest that fits) or batch (largest batch)")
       ->capture_default_str();
@@ -298,7 +301,7 @@ Command add_plan_command(CLI::App& app) {
                   "Micro-batches per optimizer step; max batch is then per micro-batch (run it with the same "
                   "--grad-accum)")
       ->capture_default_str()
-      ->check(AtLeastOne);
+      ->check(IntRange(1, kMaxGradAccum));
   sub->add_option("--prefetch", a->prefetch,
                   "Units gathered ahead of the one running (zero3/hybrid): N in backward (1 = FSDP's "
                   "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); gathers stay synchronous. "

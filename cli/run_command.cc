@@ -558,7 +558,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)");
   sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one");
   auto* grad_accum = sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step (default 1, or the plan's)")->capture_default_str()
-      ->check(AtLeastOne);
+      ->check(IntRange(1, kMaxGradAccum));
   auto* prefetch = sub->add_option("--prefetch", a->prefetch,
                                    "Units gathered ahead (zero3/hybrid): N in backward, N - 1 in forward (default 1, "
                                    "or the plan's); gathers stay synchronous")

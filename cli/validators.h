@@ -120,4 +120,29 @@ inline const CLI::Validator MemorySize(
     },
     "SIZE");
 
+// The bounds a real job reaches, for the options that size a job: a node of
+// up to 1,024 GPUs (a rack-scale NVLink domain is 72), up to 65,536 nodes,
+// up to 4,096 micro-batches a step. Beyond them a plan would only spend
+// time and memory on a job no one runs.
+constexpr long long kMaxGpusPerNode = 1024;
+constexpr long long kMaxNodes = 65536;
+constexpr long long kMaxGradAccum = 4096;
+
+// A comma-separated list option (--strategies, --precision): each item
+// named, none empty ('', ',,' and 'fp32,,bf16' name nothing where an item
+// stands, and would otherwise be read as the default).
+inline const CLI::Validator NonEmptyItems(
+    [](std::string& text) -> std::string {
+      size_t begin = 0;
+      while (true) {
+        const size_t comma = text.find(',', begin);
+        const std::string item = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+        if (item.find_first_not_of(" \t") == std::string::npos)
+          return "'" + text + "' has an empty item: name each one, separated by commas";
+        if (comma == std::string::npos) return {};
+        begin = comma + 1;
+      }
+    },
+    "LIST");
+
 }  // namespace shardfit::cli

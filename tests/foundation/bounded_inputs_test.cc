@@ -180,4 +180,21 @@ TEST(BoundedInputs, CompareWithEmptyRanksOrBadMaxPeakErrorIsExitTwo) {
   fs::remove_all(d);
 }
 
+// A list option with an empty item names nothing where the item stands: it
+// was read as the default (every strategy, every precision) without a word.
+TEST(BoundedInputs, EmptyListItemsAreExitTwo) {
+  for (const char* list : {"", ",,", "ddp,,zero3"})
+    expect_bad_input({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--strategies", list}, "--strategies");
+  expect_bad_input({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--precision", "fp32,,bf16"}, "--precision");
+}
+
+// Job sizes past any real job are refused at once: --grad-accum 99999999
+// planned for ever, and --gpus 2147483647 or --nodes 99999999 planned.
+TEST(BoundedInputs, JobSizesPastARealJobAreExitTwo) {
+  expect_bad_input({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--grad-accum", "99999999"}, "--grad-accum");
+  expect_bad_input({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpus", "2147483647"}, "--gpus");
+  expect_bad_input({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--nodes", "99999999"}, "--nodes");
+  expect_bad_input(run_tiny({"--grad-accum", "99999999"}), "--grad-accum");
+}
+
 }  // namespace
