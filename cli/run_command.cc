@@ -464,8 +464,11 @@ int run(const RunArgs& a) {
   job.resume_changes = check_checkpoint_args(a, job, world, gpus_per_node, backend);
   if (!a.init.empty() && (!a.resume.empty() || a.reference_trainer))
     throw BadInput("--init " + a.init + ": not with --resume (it restores weights) or --reference-trainer");
-  try {  // headers against the model's names, shapes and dtypes: no tensor data read
-    if (!a.init.empty()) executor::check_hf_checkpoint(a.init, job.model);
+  try {  // headers against the model's names, shapes and dtypes; the data against its checksums once a job:
+         // by this launcher, or by rank 0 under an outside one (torchrun, Slurm)
+    const char* env_rank = std::getenv("RANK");
+    const bool verify_data = !in_job || (env_rank && std::string(env_rank) == "0");
+    if (!a.init.empty()) executor::check_hf_checkpoint(a.init, job.model, verify_data);
   } catch (const std::invalid_argument& e) {
     throw BadInput(std::string("--init: ") + e.what());
   }

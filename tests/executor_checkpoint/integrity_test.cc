@@ -141,10 +141,20 @@ TEST(Integrity, ExportedSafetensorsCarryChecksumsInMetadataAndVerify) {
   EXPECT_GT(tensors, 10u);
   EXPECT_EQ(shardfit(dir, {"verify", out.string()}).exit_code, 0);
 
+  // The intact export starts a run (--init reads it back).
+  EXPECT_EQ(shardfit(dir, job(1, {"--init", out.string()})).exit_code, 0);
+
   clobber_tail(out, 1);
   const Result bad = shardfit(dir, {"verify", out.string()});
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_NE(bad.err.find("model.safetensors: tensor '"), std::string::npos) << bad.err;
+  // --init checks the same checksums before any rank starts: one line, exit
+  // 2, naming the file and the tensor (it trained from the damaged file).
+  const Result init = shardfit(dir, job(1, {"--init", out.string()}));
+  EXPECT_EQ(init.exit_code, 2) << init.err;
+  EXPECT_NE(init.err.find("model.safetensors: tensor '"), std::string::npos) << init.err;
+  EXPECT_EQ(lines(init.err), 1u) << init.err;
+  EXPECT_EQ(init.out.find("step 1"), std::string::npos) << init.out;
   fs::remove_all(dir);
 }
 
