@@ -2,6 +2,8 @@
 
 #include "reports/json_whole.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -149,6 +151,50 @@ nlohmann::json to_json(const RunReport& r) {
           {"created", r.created}};
 }
 
+// What no run can write: a report that says so is damaged or edited, and
+// `compare` would pass it or `report` draw it. Derived figures (each rank's
+// peak_error_pct) must be what their bytes give.
+void check_consistent(const RunReport& r, const std::string& origin) {
+  // 1 PiB: above any device or host a rank has; 2^62 bytes is a made-up figure.
+  constexpr int64_t kMaxBytes = int64_t{1} << 50;
+  auto bad = [&](const std::string& what) { throw std::invalid_argument(origin + ": " + what); };
+  if (r.world_size < 1 || r.world_size > (1 << 20)) bad("run.world_size " + std::to_string(r.world_size) + ": must be 1 to 1048576");
+  if (r.batch_per_gpu < 1) bad("run.batch_per_gpu " + std::to_string(r.batch_per_gpu) + ": must be at least 1");
+  if (r.steps < 0) bad("run.steps " + std::to_string(r.steps) + ": must not be negative");
+  if (r.first_step < 1) bad("run.first_step " + std::to_string(r.first_step) + ": must be at least 1");
+  if (r.ranks.size() > static_cast<size_t>(r.world_size))
+    bad(std::to_string(r.ranks.size()) + " ranks in a world of " + std::to_string(r.world_size));
+  // Every rank writes its figures into the one report, except loopback
+  // (rank 0 alone, standing in for the world).
+  if ((r.backend == "gloo" || r.backend == "nccl") && r.ranks.size() != static_cast<size_t>(r.world_size))
+    bad(std::to_string(r.ranks.size()) + " ranks for a " + r.backend + " world of " + std::to_string(r.world_size));
+  std::vector<bool> seen(static_cast<size_t>(r.world_size), false);
+  for (const RankReport& rk : r.ranks) {
+    const std::string who = "rank " + std::to_string(rk.rank);
+    if (rk.rank < 0 || rk.rank >= r.world_size)
+      bad(who + ": outside a world of " + std::to_string(r.world_size));
+    if (seen[static_cast<size_t>(rk.rank)]) bad(who + ": listed twice");
+    seen[static_cast<size_t>(rk.rank)] = true;
+    for (const auto* f : {&rk.measured, rk.predicted ? &*rk.predicted : nullptr}) {
+      if (!f) continue;
+      for (int64_t b : {f->peak_allocated_bytes, f->peak_reserved_bytes})
+        if (b < 0 || b > kMaxBytes) bad(who + ": a peak of " + std::to_string(b) + " bytes (0 to 2^50)");
+    }
+    // peak_error_pct on the figure that decides OOM: reserved on CUDA, allocated on the CPU.
+    const bool cuda = r.device == "cuda";
+    const int64_t measured = cuda ? rk.measured.peak_reserved_bytes : rk.measured.peak_allocated_bytes;
+    std::optional<double> derived;
+    if (rk.predicted && measured > 0) {
+      const int64_t predicted = cuda ? rk.predicted->peak_reserved_bytes : rk.predicted->peak_allocated_bytes;
+      derived = 100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured);
+    }
+    if (rk.peak_error_pct.has_value() != derived.has_value() ||
+        (derived && std::fabs(*rk.peak_error_pct - *derived) > 1e-9 * std::max(1.0, std::fabs(*derived))))
+      bad(who + ": peak_error_pct " + (rk.peak_error_pct ? std::to_string(*rk.peak_error_pct) : "null") +
+          " is not what its bytes give (" + (derived ? std::to_string(*derived) : "null") + ")");
+  }
+}
+
 RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object() || !j.contains("schema") || j["schema"] != kSchema)
     throw std::invalid_argument(origin + ": not a shardfit report (expected \"schema\": \"" +
@@ -233,6 +279,7 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
     r.machine = machine_from_json(j["machine"], origin + ": machine");
   r.command = j.value("command", "");
   r.created = j.value("created", "");
+  check_consistent(r, origin);
   return r;
 }
 

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <fstream>
 
 namespace shardfit::reports {
@@ -26,9 +28,14 @@ RunReport report(double tokens_per_s, double peak_error_pct, const Machine& m) {
   r.device = "cpu";
   r.tokens_per_s = tokens_per_s;
   r.machine = m;
+  r.batch_per_gpu = 8;
   RankReport rank;
   rank.measured.peak_allocated_bytes = 1000;
-  rank.peak_error_pct = peak_error_pct;
+  // The predicted bytes the error says (whole percent tenths are exact).
+  MemoryFigures predicted;
+  predicted.peak_allocated_bytes = std::llround(1000 * (1 + peak_error_pct / 100));
+  rank.predicted = predicted;
+  rank.peak_error_pct = 100.0 * static_cast<double>(predicted.peak_allocated_bytes - 1000) / 1000.0;
   r.ranks.push_back(rank);
   r.max_batch_predicted = r.max_batch_measured = 8;
   return r;
@@ -155,6 +162,7 @@ TEST(RunReport, CarriesWhatInitRead) {
   RunReport r = report(1024, 0, epyc());
   r.init_from = "/ckpt/model.safetensors";
   r.init_data_bytes = 4000;
+  r.world_size = 2;
   r.ranks.resize(2);
   r.ranks[0].init_read_bytes = 2000;
   r.ranks[1].rank = 1;
@@ -187,6 +195,49 @@ TEST(StepTime, ComparePrintsItAndGatesOnlyWhenAsked) {
   EXPECT_FALSE(compare_reports(r, nullptr, tight).passed());
   tight.max_step_time_error_pct = 25;
   EXPECT_TRUE(compare_reports(r, nullptr, tight).passed());
+}
+
+}  // namespace
+}  // namespace shardfit::reports
+
+namespace shardfit::reports {
+namespace {
+
+// What no run writes is refused on reading, one line naming the field:
+// `compare` passed a report predicting 0 B against 2.76 MB measured whose
+// stored error said 0%, and duplicate ranks, a world of 8 with 2 gloo ranks,
+// negative steps; `report` drew 2^62-byte peaks.
+TEST(RunReport, ImpossibleReportsAreRefusedNamingTheField) {
+  RunReport good = report(1024, 0, epyc());
+  good.world_size = 2;
+  good.backend = "gloo";
+  good.ranks.push_back(good.ranks[0]);
+  good.ranks[1].rank = 1;
+  ASSERT_NO_THROW(report_from_json(to_json(good), "r.json"));
+  auto refused = [&](nlohmann::json j, const std::string& names) {
+    try {
+      report_from_json(j, "r.json");
+      ADD_FAILURE() << "accepted, expected a refusal naming " << names;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json j = to_json(good);
+  j["ranks"][0]["predicted"]["peak_allocated_bytes"] = 0;
+  j["ranks"][0]["measured"]["peak_allocated_bytes"] = 2760000;
+  refused(j, "peak_error_pct");
+  j = to_json(good);
+  j["ranks"][1]["rank"] = 0;
+  refused(j, "listed twice");
+  j = to_json(good);
+  j["run"]["world_size"] = 8;
+  refused(j, "2 ranks for a gloo world of 8");
+  j = to_json(good);
+  j["run"]["steps"] = -3;
+  refused(j, "run.steps");
+  j = to_json(good);
+  j["ranks"][0]["measured"]["peak_allocated_bytes"] = int64_t{1} << 62;
+  refused(j, "bytes");
 }
 
 }  // namespace
