@@ -35,6 +35,7 @@
 #include <torch/torch.h>
 
 #include "cli/commands.h"
+#include "cli/run_support.h"
 #include "executor/comm.h"
 #include "executor/launcher.h"
 #include "planner/profile.h"
@@ -303,6 +304,7 @@ Command add_calibrate_command(CLI::App& app) {
             if (a->device != "cpu")
               throw BadInput("--device " + a->device + ": calibrate measures CPU ranks (cpu); a CUDA card's "
                              "figures come from scripts/gpu-check (reports/gpu/)");
+            check_output_file("--out", a->out);  // before minutes of measuring, not after
             const planner::DeviceProfile base = [&] {
               try {
                 return planner::load_profile(a->base, profiles_dir());
@@ -395,10 +397,7 @@ Command add_calibrate_command(CLI::App& app) {
             p["description"] = "CPU ranks on " + m.cpu_model + ", calibrated by shardfit calibrate on " + today() +
                                " from " + base.name + " (matmul, memory and gloo rates measured; efficiencies as " +
                                base.name + ")";
-            std::ofstream out(a->out);
-            if (!out) throw BadInput("--out " + a->out + ": cannot write file");
-            out << p.dump(2) << "\n";
-            out.close();
+            write_output_file("--out", a->out, p.dump(2) + "\n");
             planner::load_profile(a->out, profiles_dir());  // what plan and run will read: it must load
             std::printf("wrote %s (profile %s)\n", a->out.c_str(), a->name.c_str());
             return kExitOk;

@@ -158,11 +158,7 @@ void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
     if (rk.oom && rk.rank == r.ranks.front().rank) std::printf("out of memory: %s\n", rk.oom_message.c_str());
   }
   std::fflush(stdout);
-  if (!a.out.empty()) {
-    std::ofstream f(a.out);
-    if (!f) throw BadInput("--out " + a.out + ": cannot write file");
-    f << reports::to_json(r).dump(2) << "\n";
-  }
+  if (!a.out.empty()) write_output_file("--out", a.out, reports::to_json(r).dump(2) + "\n");
 }
 
 reports::RunReport report_skeleton(const Job& job, int64_t params, int world, int gpus_per_node,
@@ -474,6 +470,7 @@ int run(const RunArgs& a) {
   }
   const executor::EngineOptions checked = engine_options(a, job, gpus_per_node);
   executor::check_engine_options(checked, world);  // one line, before any rank starts
+  if (!a.out.empty()) check_output_file("--out", a.out);  // the report must land where it is asked to
 
   if (nproc > 0 && !in_job) return launch(a, job, nproc, gpus_per_node);
   if (a.save_on_signal) executor::install_save_on_signal_handlers();  // before the rendezvous

@@ -62,17 +62,33 @@ void check_save_dir(const std::string& dir) {
     throw BadInput("--save " + dir + ": the directory is not writable");
 }
 
-void check_export_path(const std::string& file) {
-  if (file.empty()) throw BadInput("--export \"\": needs a file name");
+void check_export_path(const std::string& file) { check_output_file("--export", file); }
+
+void check_output_file(const std::string& option, const std::string& file) {
+  if (file.empty()) throw BadInput(option + " \"\": needs a file name");
   std::error_code ec;
-  if (fs::is_directory(file, ec))
-    throw BadInput("--export " + file + ": is a directory, expected a file name");
+  if (fs::is_directory(file, ec)) throw BadInput(option + " " + file + ": is a directory, expected a file name");
+  if (fs::exists(file, ec) && !fs::is_regular_file(file, ec))
+    throw BadInput(option + " " + file + ": not a regular file (a device, socket or pipe)");
+  const fs::path absolute = fs::absolute(file, ec);
+  for (const char* pseudo : {"/proc", "/sys"}) {
+    const std::string prefix = std::string(pseudo) + "/";
+    if (absolute.string().rfind(prefix, 0) == 0)
+      throw BadInput(option + " " + file + ": " + pseudo + " is the kernel's, not a place for files");
+  }
   fs::path parent = fs::path(file).parent_path();
   if (parent.empty()) parent = ".";
-  if (!fs::is_directory(parent, ec))
-    throw BadInput("--export " + file + ": no directory " + parent.string());
+  if (!fs::is_directory(parent, ec)) throw BadInput(option + " " + file + ": no directory " + parent.string());
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
-    throw BadInput("--export " + file + ": directory " + parent.string() + " is not writable");
+    throw BadInput(option + " " + file + ": directory " + parent.string() + " is not writable");
+}
+
+void write_output_file(const std::string& option, const std::string& file, const std::string& text) {
+  std::ofstream f(file, std::ios::binary | std::ios::trunc);
+  if (!f) throw BadInput(option + " " + file + ": cannot write file");
+  f << text;
+  f.close();
+  if (!f) throw BadInput(option + " " + file + ": the write failed (disk full?); the file is incomplete");
 }
 
 std::string export_stop_note_path() {

@@ -36,6 +36,14 @@ void check_local_ranks(int nproc, bool oversubscribe);
 void check_save_dir(const std::string& dir);
 // --export FILE: not a directory, in an existing writable directory.
 void check_export_path(const std::string& file);
+// An output file (`option` FILE: run --out, --export, calibrate --out),
+// before any work: a regular file or none yet (not a directory, a device
+// such as /dev/full, or a file under /proc or /sys), in an existing
+// writable directory. One line naming the option, as BadInput.
+void check_output_file(const std::string& option, const std::string& file);
+// Writes `text` to `file` whole or throws (one line naming `option`): a
+// short write or a full disk is an error, not a lost report.
+void write_output_file(const std::string& option, const std::string& file, const std::string& text);
 
 // --save-on-signal: what the ranks did when a stop signal reached the job.
 struct SavedOnSignal {

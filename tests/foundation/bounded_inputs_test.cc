@@ -197,4 +197,21 @@ TEST(BoundedInputs, JobSizesPastARealJobAreExitTwo) {
   expect_bad_input(run_tiny({"--grad-accum", "99999999"}), "--grad-accum");
 }
 
+// Output files are checked before the work, not after: `run --out
+// /dev/full` exited 0 with the report lost, `--export /proc/...` and
+// `calibrate --out` failed with exit 3 after minutes.
+TEST(BoundedInputs, OutputFilesThatCannotBeWrittenAreExitTwoBeforeTheWork) {
+  const fs::path d = dir();
+  for (const std::string& out : {std::string("/dev/full"), d.string(), std::string("/proc/shardfit-report.json"),
+                                 (d / "missing" / "r.json").string()}) {
+    const Result r = expect_bad_input(run_tiny({"--out", out}), "--out");
+    EXPECT_EQ(r.out.find("loss"), std::string::npos) << out << ": it trained first";
+  }
+  expect_bad_input(run_tiny({"--nproc", "1", "--save", (d / "k").string(), "--export", "/proc/x.safetensors"}),
+                   "--export");
+  const Result c = expect_bad_input({"calibrate", "--device", "cpu", "--out", "/dev/full"}, "--out");
+  EXPECT_LT(c.seconds, 10.0) << "calibrate measured before checking --out";
+  fs::remove_all(d);
+}
+
 }  // namespace
