@@ -427,6 +427,14 @@ int run(const RunArgs& a) {
     throw BadInput("--profile " + job.profile + ": not a CUDA profile (--device cuda predicts with the caching "
                    "allocator model of a card, e.g. " + kDefaultCudaProfile + ")");
 
+  // Options of one mode only: given without it they would be ignored.
+  if (backend != executor::Backend::kLoopback && (a.rank >= 0 || a.world_size > 0))
+    throw BadInput(std::string(a.rank >= 0 ? "--rank" : "--world-size") +
+                   ": only with --backend loopback (ranks of a real job are --nproc's, torchrun's or Slurm's)");
+  if (!a.candidate.empty() && a.plan.empty())
+    throw BadInput("--candidate " + a.candidate + ": only with --plan (without one, --strategy names the candidate)");
+  const int loopback_rank = std::max(a.rank, 0);
+
   // How many ranks, and who am I.
   int nproc = a.nproc;
   if (backend == executor::Backend::kLoopback && nproc > 0)
@@ -442,8 +450,8 @@ int run(const RunArgs& a) {
     world = std::atoi(std::getenv("WORLD_SIZE"));
   } else if (backend == executor::Backend::kLoopback) {
     world = a.world_size > 0 ? a.world_size : (job.plan_world > 0 ? job.plan_world : 1);
-    if (a.rank < 0 || a.rank >= world)
-      throw BadInput("--rank " + std::to_string(a.rank) + ": outside the world of " + std::to_string(world));
+    if (loopback_rank >= world)
+      throw BadInput("--rank " + std::to_string(loopback_rank) + ": outside the world of " + std::to_string(world));
   }
   if (cuda && nproc > 0 && !in_job && static_cast<int>(torch::cuda::device_count()) < nproc)
     throw BadInput("--nproc " + std::to_string(nproc) + " --device cuda: " +
@@ -488,7 +496,7 @@ int run(const RunArgs& a) {
     if (backend == executor::Backend::kLoopback) {
       executor::CommOptions co;
       co.backend = executor::Backend::kLoopback;
-      co.rank = a.rank;
+      co.rank = loopback_rank;
       co.world_size = world;
       auto comm = executor::make_communicator(co);
       return run_rank(a, job, *comm, gpus_per_node, "loopback");
@@ -547,7 +555,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--backend", a->backend,
                   "gloo (CPU ranks; the default on cpu), nccl (CUDA ranks; the default with --device cuda) or "
                   "loopback (one process rehearses rank --rank of --world-size)");
-  sub->add_option("--rank", a->rank, "loopback: the rank this process stands in for")->capture_default_str();
+  sub->add_option("--rank", a->rank, "loopback: the rank this process stands in for (default 0)")
+      ->check(IntRange(0, kMaxWorld - 1));
   sub->add_option("--world-size", a->world_size, "loopback: the world it rehearses")->check(IntRange(1, kMaxWorld));
   sub->add_option("--gpus-per-node", a->gpus_per_node,
                   "hybrid: ranks per (emulated) node, the shard group (default: LOCAL_WORLD_SIZE or the world)")

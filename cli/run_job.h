@@ -31,7 +31,7 @@ struct RunArgs {
   int nproc = 0;
   std::string backend;  // "": nccl with --device cuda, else gloo
   std::string profile;  // the prediction's device profile; "": see resolve_job
-  int rank = 0;        // loopback
+  int rank = -1;       // loopback; -1 = not given (rank 0)
   int world_size = 0;  // loopback; 0 = 1
   int gpus_per_node = 0;
   double timeout_s = 300;

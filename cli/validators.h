@@ -81,16 +81,17 @@ inline CLI::Validator IntRange(long long lo, long long hi) {
       "N in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }
 
-// A finite number of seconds in (0, one week]: milliseconds fit an int64.
+// A finite number of seconds from a millisecond (the least a rank can wait:
+// timeouts are whole milliseconds) to a week (milliseconds fit an int64).
 inline const CLI::Validator Seconds(
     [](std::string& text) -> std::string {
       try {
         size_t used = 0;
         const double v = std::stod(text, &used);
-        if (used == text.size() && std::isfinite(v) && v > 0 && v <= 7 * 86400) return {};
+        if (used == text.size() && std::isfinite(v) && v >= 0.001 && v <= 7 * 86400) return {};
       } catch (const std::exception&) {
       }
-      return "'" + text + "' must be a number of seconds > 0 and at most 604800 (a week)";
+      return "'" + text + "' must be a number of seconds from 0.001 (a millisecond) to 604800 (a week)";
     },
     "SECONDS");
 

@@ -214,4 +214,14 @@ TEST(BoundedInputs, OutputFilesThatCannotBeWrittenAreExitTwoBeforeTheWork) {
   fs::remove_all(d);
 }
 
+// Options of one mode given without it were ignored without a word; a
+// timeout under a millisecond was accepted and then refused by every rank.
+TEST(BoundedInputs, OptionsWithoutTheirModeAndSubMillisecondTimeoutsAreExitTwo) {
+  expect_bad_input(run_tiny({"--rank", "1"}), "--rank");
+  expect_bad_input(run_tiny({"--world-size", "4"}), "--world-size");
+  expect_bad_input(run_tiny({"--candidate", "zero3/fp32/wrap=block"}), "--candidate");
+  expect_bad_input(run_tiny({"--timeout", "1e-300"}), "--timeout");
+  EXPECT_EQ(shardfit(run_tiny({"--backend", "loopback", "--world-size", "2", "--rank", "1"})).exit_code, 0);
+}
+
 }  // namespace
