@@ -31,6 +31,9 @@ Job resolve_job(const RunArgs& a) {
   std::string model_name = a.model;
   if (!a.plan.empty()) {
     const planner::Plan plan = planner::read_plan_file(a.plan);
+    if (plan.optimizer != "adamw")
+      throw BadInput("--plan " + a.plan + ": planned for " + plan.optimizer +
+                     "; shardfit run trains with AdamW (plan it with --optimizer adamw)");
     const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
     if (id.empty())
       throw BadInput("--plan " + a.plan + ": no candidate fits batch 1, so there is none to run (name one with --candidate)");

@@ -118,6 +118,9 @@ PlanCandidate candidate_from(const FieldReader& r) {
   if (canonical_wrap != c.wrap) disagree("wrap", wrap);
 
   pc.max_batch_per_gpu = r.integer("max_batch_per_gpu", 0);
+  // The planner's search stops at 2^20 (run --batch's bound): a larger
+  // figure was never a plan's, and `run --plan` would allocate it.
+  if (pc.max_batch_per_gpu > (int64_t{1} << 20)) r.fail("max_batch_per_gpu", "is above 1048576, no plan's batch");
   pc.predicted = prediction_from(r.object("predicted"));
   pc.limit = r.text("limit");
   if (r.has("oom")) {
@@ -156,11 +159,20 @@ Plan plan_from(const json& j, const std::string& origin) {
   plan.hardware.profile = hw.text("profile");
   plan.hardware.device_mem_bytes = hw.integer("device_mem_bytes", 0);
   plan.hardware.allocator_budget_bytes = hw.optional_integer("allocator_budget_bytes", 0);
-  plan.hardware.gpus_per_node = static_cast<int>(hw.integer("gpus_per_node", 1));
-  plan.hardware.nodes = static_cast<int>(hw.integer("nodes", 1));
+  // plan --gpus, --nodes and --grad-accum's bounds (cli/validators.h).
+  const int64_t gpus = hw.integer("gpus_per_node", 1), nodes = hw.integer("nodes", 1);
+  if (gpus > 1024) hw.fail("gpus_per_node", "is above 1024");
+  if (nodes > 65536) hw.fail("nodes", "is above 65536");
+  plan.hardware.gpus_per_node = static_cast<int>(gpus);
+  plan.hardware.nodes = static_cast<int>(nodes);
 
   if (r.has("optimizer")) plan.optimizer = r.text("optimizer");
-  if (r.has("grad_accum")) plan.grad_accum = static_cast<int>(r.integer("grad_accum", 1));
+  if (plan.optimizer != "adamw" && plan.optimizer != "sgd") r.fail("optimizer", "must be \"adamw\" or \"sgd\"");
+  if (r.has("grad_accum")) {
+    const int64_t accum = r.integer("grad_accum", 1);
+    if (accum > 4096) r.fail("grad_accum", "is above 4096");
+    plan.grad_accum = static_cast<int>(accum);
+  }
   if (r.has("prefetch")) plan.schedule.prefetch = static_cast<int>(r.integer("prefetch", 1));
   if (r.has("ddp_bucket_cap_bytes")) plan.schedule.ddp_bucket_cap_bytes = r.integer("ddp_bucket_cap_bytes", 1);
   if (r.has("async_reduce")) plan.schedule.async_reduce = r.boolean("async_reduce");

@@ -224,4 +224,33 @@ TEST(BoundedInputs, OptionsWithoutTheirModeAndSubMillisecondTimeoutsAreExitTwo) 
   EXPECT_EQ(shardfit(run_tiny({"--backend", "loopback", "--world-size", "2", "--rank", "1"})).exit_code, 0);
 }
 
+// A plan file is input too: its max batch of 1e12 ended in std::bad_alloc,
+// and a plan for SGD ran AdamW without a word.
+TEST(BoundedInputs, PlanFilesPastAnyPlanOrForAnotherOptimizerAreExitTwo) {
+  const fs::path d = dir();
+  const std::string plan = (d / "plan.json").string();
+  ASSERT_EQ(shardfit({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpu-mem", "64MiB", "--strategies",
+                      "ddp/fp32/wrap=none", "--seq-len", "16", "--out", plan})
+                .exit_code,
+            0);
+  const std::string text = read_file(plan);
+  auto edited = [&](const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    const fs::path p = d / ("edited" + std::to_string(at) + ".json");
+    std::ofstream(p) << text.substr(0, at) + to + text.substr(at + from.size());
+    return p.string();
+  };
+  const size_t mb = text.find("\"max_batch_per_gpu\": ");
+  ASSERT_NE(mb, std::string::npos);
+  const std::string max_field = text.substr(mb, text.find_first_of(",\n}", mb) - mb);
+  expect_bad_input({"run", "--plan", edited(max_field, "\"max_batch_per_gpu\": 1000000000000"), "--steps", "1"},
+                   "max_batch_per_gpu");
+  expect_bad_input({"run", "--plan", edited("\"optimizer\": \"adamw\"", "\"optimizer\": \"sgd\""), "--steps", "1"},
+                   "sgd");
+  expect_bad_input({"run", "--plan", edited("\"optimizer\": \"adamw\"", "\"optimizer\": \"lion\""), "--steps", "1"},
+                   "optimizer");
+  fs::remove_all(d);
+}
+
 }  // namespace
