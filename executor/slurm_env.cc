@@ -35,10 +35,16 @@ bool all_digits(const std::string& s) {
   return true;
 }
 
+// A job of more hosts than this is no job (plan's --nodes bound); the
+// expansion stops there instead of listing every name of a typo's range.
+constexpr size_t kMaxHosts = 65536;
+
 // One name, maybe with bracket groups: expand the first, recurse on the rest.
 void expand_name(const std::string& name, const std::string& whole, std::vector<std::string>& out) {
   const size_t open = name.find('[');
   if (open == std::string::npos) {
+    if (out.size() >= kMaxHosts)
+      throw std::invalid_argument("hostlist '" + whole + "': more than " + std::to_string(kMaxHosts) + " hosts");
     out.push_back(name);
     return;
   }
@@ -56,6 +62,8 @@ void expand_name(const std::string& name, const std::string& whole, std::vector<
     if (!all_digits(lo) || !all_digits(hi))
       throw std::invalid_argument("hostlist '" + whole + "': '" + item +
                                   "' is not a number or a range");
+    if (lo.size() > 9 || hi.size() > 9)  // std::stol's range, and more hosts than any job
+      throw std::invalid_argument("hostlist '" + whole + "': '" + item + "' is past any host number");
     const long a = std::stol(lo), b = std::stol(hi);
     if (b < a)
       throw std::invalid_argument("hostlist '" + whole + "': range '" + item + "' runs backwards");
@@ -72,12 +80,17 @@ const char* env(const char* name) {
   return v && *v ? v : nullptr;
 }
 
+// Slurm's counts and ids here (tasks, ranks, nodes, job id): whole numbers
+// read exactly, never wrapped (SLURM_NTASKS=99999999999 once read as
+// 1215752191). 2^31 - 1 bounds them all; the world's own bound is the
+// engine's.
 int env_int(const char* name, int fallback) {
   const char* v = env(name);
   if (!v) return fallback;
-  if (!all_digits(v))
-    throw std::invalid_argument(std::string(name) + "='" + v + "': expected a whole number");
-  return std::atoi(v);
+  const std::string text(v);
+  if (!all_digits(text) || text.size() > 10 || std::stoll(text) > 2147483647)
+    throw std::invalid_argument(std::string(name) + "='" + text + "': expected a whole number up to 2147483647");
+  return static_cast<int>(std::stoll(text));
 }
 
 // SLURM_TASKS_PER_NODE's first entry: "2(x3),1" -> 2.

@@ -23,6 +23,21 @@ TEST(Hostlist, ExpandsSlurmsCompressedForm) {
   EXPECT_THROW(expand_hostlist("node[a-b]"), std::invalid_argument);
 }
 
+// A typo's range is not expanded name by name (node[0-99999999999] listed
+// every one), and a number std::stol cannot hold is the same one line.
+TEST(Hostlist, RangesPastAnyJobAreOneLine) {
+  for (const char* list : {"node[0-99999999]", "node[0-99999999999]", "node[1-99999999999999999999]",
+                           "a[1-300]b[1-300]"}) {
+    try {
+      expand_hostlist(list);
+      ADD_FAILURE() << list << " was expanded";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(list), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(expand_hostlist("n[1-65536]").size(), 65536u);
+}
+
 class SlurmEnv : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -65,6 +80,18 @@ TEST_F(SlurmEnv, SetsTorchrunsVariablesFromSlurms) {
   EXPECT_EQ(get("LOCAL_WORLD_SIZE"), "4");
   EXPECT_EQ(get("MASTER_ADDR"), "gpu07");  // the first host
   EXPECT_EQ(get("MASTER_PORT"), "29956");  // 29500 + 123456 % 1000
+}
+
+TEST_F(SlurmEnv, CountsAreReadExactlyNeverWrapped) {
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "99999999999", 1);
+  ::setenv("SLURM_NODELIST", "gpu1", 1);
+  try {
+    apply_slurm_env();
+    ADD_FAILURE() << "SLURM_NTASKS=99999999999 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_NTASKS='99999999999'"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(SlurmEnv, WhatIsAlreadySetWins) {
