@@ -533,7 +533,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--device", a->device,
                   std::string("Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; ") +
                       (executor::engine_supports_cuda() ? "this build has CUDA" : "not in this build: LibTorch for CPU") +
-                      "). The CUDA path was compiled but NOT yet run on a card (2026-11-29): its figures are unchecked")
+                      "); measured on an H200 against its plan: reports/gpu/README.md")
       ->capture_default_str();
   sub->add_option("--profile", a->profile,
                   std::string("Device profile the prediction beside the measurement is for (cpu runs: cpu; cuda "

@@ -1,5 +1,5 @@
-// `shardfit plan --stack pytorch` for PyTorch's FullyShardedDataParallel
-// (issue 12 item 2, issue 13 item 2): torch.distributed.fsdp as of 1.13
+// `shardfit plan --stack pytorch` for PyTorch's FullyShardedDataParallel:
+// torch.distributed.fsdp as of 1.13
 // (Debian's python3-torch; its source, torch/distributed/fsdp/
 // fully_sharded_data_parallel.py and flat_param.py, is what each rule below
 // cites), wrapping by size_based_auto_wrap_policy(min_num_params),
@@ -9,8 +9,9 @@
 // torch.optim.AdamW over the flat parameters, in the loop
 //     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
 // on CUDA ranks (1.13's FSDP runs only there), through the CUDA caching
-// allocator's model with one pool per stream FSDP uses. Not measured here:
-// no GPU has been lent (scripts/gpu-check will compare it when one is).
+// allocator's model with one pool per stream FSDP uses. Checked by hand
+// against 1.13's source; torch 2.11's FSDP1 on an H200 measured otherwise
+// (reports/gpu/README.md: its own kernels and allocator), not yet modelled.
 // A world size of 1 runs as NO_SHARD, as 1.13 clamps it.
 #pragma once
 

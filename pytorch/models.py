@@ -1,5 +1,5 @@
 """Models written in plain PyTorch, as a user of PyTorch writes them, for
-the PyTorch-stack checks (issue 12): traced by pytorch/trace_recorder.py,
+the PyTorch-stack checks: traced by pytorch/trace_recorder.py,
 trained by pytorch/validate.py under PyTorch's own DDP and
 ZeroRedundancyOptimizer. Nothing here is shardfit's engine.
 
