@@ -225,6 +225,22 @@ Manifest read_manifest(const fs::path& dir) {
     if (e.file != rank_file_name(r, out.world_size)) bad(path, where + ".file is '" + e.file + "'");
     out.ranks.push_back(std::move(e));
   }
+  // The job and layout the manifest states are copies of rank 0's header,
+  // whose bytes the manifest's header_fnv1a64 pins: a manifest whose step,
+  // learning rate, shapes or optimizer-state list were edited disagrees
+  // with the file it names, and is refused here, for verify and resume alike.
+  const fs::path rank0 = dir / out.ranks[0].file;
+  if (!fs::exists(rank0, ec)) bad(rank0, "missing: the manifest lists it");
+  const RankFile rf = read_rank_header(rank0, 0, out.world_size);
+  if (rf.header_hash != out.ranks[0].header_hash)
+    bad(rank0, "is not the file manifest.json committed (header " + rf.header_hash + "; manifest says header " +
+                   out.ranks[0].header_hash + ")");
+  if (!m.contains("metadata") || m["metadata"] != rf.metadata)
+    bad(path, "manifest.metadata differs from " + out.ranks[0].file + "'s header: edited or damaged");
+  json units = json::array();
+  for (const UnitShardLayout& u : rf.units) units.push_back(unit_to_json(u, /*with_shard=*/false));
+  if (!m.contains("units") || m["units"] != units)
+    bad(path, "manifest.units differs from " + out.ranks[0].file + "'s header: edited or damaged");
   return out;
 }
 

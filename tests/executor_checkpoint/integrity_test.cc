@@ -117,6 +117,30 @@ TEST(Integrity, VerifyChecksACheckpointAndNamesTheCorruptFileAndTensor) {
   fs::remove_all(dir);
 }
 
+// The manifest's job and layout (step, learning rate, shapes, the
+// optimizer-state list) are rank 0's header's: an edit to any of them passed
+// verify and resumed; now both refuse it in one line naming the manifest.
+TEST(Integrity, AnEditedManifestFailsVerifyAndResume) {
+  const fs::path dir = test_dir();
+  const fs::path step = saved_checkpoint(dir);
+  const fs::path manifest = step / "manifest.json";
+  const std::string original = read_file(manifest);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"step\": 2", "\"step\": 7"}, {"\"lr\": 0.0006", "\"lr\": 0.06"}}) {
+    const size_t at = original.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " in\n" << original;
+    std::ofstream(manifest, std::ios::trunc) << original.substr(0, at) + to + original.substr(at + from.size());
+    const Result v = shardfit(dir, {"verify", step.string()});
+    EXPECT_EQ(v.exit_code, 2) << to << ": " << v.out << v.err;
+    EXPECT_NE(v.err.find("manifest.metadata differs"), std::string::npos) << v.err;
+    EXPECT_EQ(lines(v.err), 1u) << v.err;
+    const Result r = shardfit(dir, job(4, {"--resume", step.string()}));
+    EXPECT_EQ(r.exit_code, 2) << to << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find("manifest.metadata differs"), std::string::npos) << r.err;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Integrity, ExportedSafetensorsCarryChecksumsInMetadataAndVerify) {
   const fs::path dir = test_dir();
   const fs::path out = dir / "model.safetensors";
