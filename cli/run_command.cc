@@ -525,7 +525,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--device", a->device,
                   std::string("Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; ") +
                       (executor::engine_supports_cuda() ? "this build has CUDA" : "not in this build: LibTorch for CPU") +
-                      "). The CUDA path was compiled but NOT yet run on a card (2026-11-29): its figures are unchecked")
+                      "). The CUDA path has run on one card (an H200, 2026-11-30; "
+                      "reports/gpu/README.md): its predictions there are not yet exact")
       ->capture_default_str();
   sub->add_option("--profile", a->profile,
                   std::string("Device profile the prediction beside the measurement is for (cpu runs: cpu; cuda "

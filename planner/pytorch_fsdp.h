@@ -1,5 +1,5 @@
 // `shardfit plan --stack pytorch` for PyTorch's FullyShardedDataParallel
-// (issue 12 item 2, issue 13 item 2): torch.distributed.fsdp as of 1.13
+// (and the 2022 reference scenario's FSDP rows): torch.distributed.fsdp as of 1.13
 // (Debian's python3-torch; its source, torch/distributed/fsdp/
 // fully_sharded_data_parallel.py and flat_param.py, is what each rule below
 // cites), wrapping by size_based_auto_wrap_policy(min_num_params),
@@ -9,8 +9,9 @@
 // torch.optim.AdamW over the flat parameters, in the loop
 //     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
 // on CUDA ranks (1.13's FSDP runs only there), through the CUDA caching
-// allocator's model with one pool per stream FSDP uses. Not measured here:
-// no GPU has been lent (scripts/gpu-check will compare it when one is).
+// allocator's model with one pool per stream FSDP uses. Checked by hand
+// (tests/planner_core/pytorch_fsdp_test.cc); PyTorch's FSDP measured on an
+// H200 (torch 2.11, reports/gpu/) is not yet compared with this 1.13 model.
 // A world size of 1 runs as NO_SHARD, as 1.13 clamps it.
 #pragma once
 

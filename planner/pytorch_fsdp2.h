@@ -1,4 +1,4 @@
-// `shardfit plan --stack pytorch --fsdp-version 2` (issue 12 item 2):
+// `shardfit plan --stack pytorch --fsdp-version 2`:
 // PyTorch's FSDP2, `fully_shard` (torch.distributed.fsdp.fully_shard; in
 // torch/distributed/fsdp/_fully_shard/), applied to every block and then to
 // the root (wrap=block), or to the root alone (wrap=none), with
@@ -15,8 +15,8 @@
 // dim 0 (a DTensor): no flat parameter is kept, the all-gather's flat buffer
 // and the reduce-scatter's are made per collective, and a group's gradients
 // on each rank are views of one flat reduce-scatter output. Not in Debian's
-// PyTorch 1.13, so never run here: scripts/fsdp_reference.py's wrap_fsdp2
-// runs it on a card (scripts/gpu-check), and no GPU has been lent yet.
+// PyTorch 1.13, so no CPU test runs it: scripts/fsdp_reference.py's
+// wrap_fsdp2 is what runs it on a card (scripts/gpu-check).
 #pragma once
 
 #include <cstdint>

@@ -3,10 +3,11 @@
 // scripts/gpu-check does). Built only with a CUDA LibTorch; every test
 // skips with the reason when no device is visible.
 //
-// Written on 2026-11-29 without a card (issue #6): compiled, NOT yet run.
-// The bounds below are what the design implies, not measurements; the first
-// run on a card confirms or corrects them (scripts/gpu-check reports the
-// figures these tests record as properties).
+// Written before any card had run them, so the bounds below are what the
+// design implies, not measurements. First run on an H200 on 2026-11-30
+// (reports/gpu/README.md: which passed, which failed and why); a run on a
+// card confirms or corrects them (scripts/gpu-check reports the figures
+// these tests record as properties).
 //
 //  - zero3 fp32 trains gpt2-tiny on the GPU to the losses the CPU engine
 //    reaches from the same host-built initial values;
@@ -43,7 +44,7 @@ constexpr int64_t kMiB = 1024 * 1024;
 constexpr int kWorld = 2;  // loopback: rank 0 of 2, the reference scenario's world
 // The card the prediction is for. The allocator model is the same for
 // every CUDA profile; the profile's cuBLAS workspace is subtracted where it
-// matters (see InitState), so the lent H200's own profile serves any card.
+// matters (see InitState), so the H200's measured profile serves any card.
 constexpr const char* kProfile = "h200-141gb";
 
 #define SKIP_WITHOUT_DEVICE()                                                              \
