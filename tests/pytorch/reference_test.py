@@ -17,7 +17,7 @@ if not os.path.isfile(TABLES):
     print("skipped: the reference tables are not at %s (the project's ../shared/reference/, or "
           "SHARDFIT_REFERENCE)" % TABLES)
     sys.exit(77)
-# (model, GPUs, method, min_num_params) -> the prediction the README explains.
+# (model, GPUs, method, min_num_params) -> the prediction docs/accuracy.md explains.
 KNOWN_OFF = {("gpt2-large", 2, "zero3+offload", 1000000): 22}  # the write-up: 20 (and 22 at 2000)
 SHARDFIT = os.environ.get("SHARDFIT_BINARY", os.path.join(ROOT, "build", "cli", "shardfit"))
 
