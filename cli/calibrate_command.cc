@@ -1,5 +1,5 @@
 // `shardfit calibrate --device cpu [--nproc N] --out FILE`: measures what the
-// time model's cpu profile otherwise guesses (issue 11) and writes a
+// time model's cpu profile otherwise guesses and writes a
 // profile with those figures, for `plan --device FILE` and `run --profile
 // FILE`:
 //   peak_flops_per_s.{fp32,bf16,fp16}  a square matmul at the size where one

@@ -29,7 +29,7 @@ struct EnvironmentFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// SIGTERM/SIGINT stopped the job (issue 14): main prints the one line and
+// SIGTERM/SIGINT stopped the job: main prints the one line and
 // exits 128 + signal (130 SIGINT, 143 SIGTERM).
 struct Interrupted : std::runtime_error {
   Interrupted(const std::string& what, int sig) : std::runtime_error(what), signal(sig) {}

@@ -65,7 +65,7 @@ inline const CLI::Validator BucketCapMb(
     },
     "MB");
 
-// A whole number in [lo, hi] (issue 14: every numeric option bounded, so
+// A whole number in [lo, hi] (every numeric option is bounded, so
 // that no size overflows downstream into an internal error).
 inline CLI::Validator IntRange(long long lo, long long hi) {
   return CLI::Validator(

@@ -1,8 +1,10 @@
 # Layering rules checked when the build is configured: which libraries a
 # target must never link, directly or through another. The executor depends
 # on spec/ and models/ (and reports/, comm), never on the planner's tracer or
-# plan builder (issue 11), so a target_link_libraries that brings the planner
-# back fails the configure step, naming the path. The closure is also written
+# plan builder: the two share one description (spec/), the planner simulates
+# what the engine runs, and neither reaches into the other. A
+# target_link_libraries that brings the planner back fails the configure
+# step, naming the path. The closure is also written
 # to ${CMAKE_BINARY_DIR}/link_rules/<target>.txt, which the ctest
 # `executor_links_no_planner` (tests/spec) checks again.
 
@@ -68,7 +70,7 @@ function(shardfit_forbid_links target)
         endif()
       endforeach()
       message(FATAL_ERROR "${target} links ${bad} (via ${via}): the executor depends on spec/ and models/, "
-                          "not on the planner (issue 11); move what it needs into spec/ or models/")
+                          "not on the planner; move what it needs into spec/ or models/")
     endif()
   endforeach()
 endfunction()

@@ -1,4 +1,4 @@
-// SIGTERM / SIGINT. Two kinds of process catch them (issue 14):
+// SIGTERM / SIGINT. Two kinds of process catch them:
 //  - processes that own children (`run`'s launcher, `validate`): the handler
 //    only records the signal; the owner's wait loop sees it, stops its
 //    children (SIGTERM, then SIGKILL after a grace), writes what it has, and

@@ -1,4 +1,4 @@
-// A deadline for a wait this process cannot bound itself (issue 14): Gloo's
+// A deadline for a wait this process cannot bound itself: Gloo's
 // connect and the TCPStore handshake can block past --timeout (a busy
 // MASTER_PORT whose owner never answers). If the guarded scope is still
 // running `limit` after it began, the watchdog prints one line naming what

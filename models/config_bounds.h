@@ -1,5 +1,5 @@
 // Bounds on a model configuration, checked before anything is allocated or
-// traced (issue 14): a config.json that no planner trace or machine could
+// traced: a config.json that no planner trace or machine could
 // hold (n_layer 1e9, vocab_size 2^63-1, n_embd 1e9) is one line naming the
 // key, at once, instead of minutes of allocation and a bad_alloc. Also the
 // floating fields a model cannot train with (a negative layer_norm_epsilon

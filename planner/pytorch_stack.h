@@ -1,5 +1,5 @@
 // `shardfit plan --stack pytorch`: one training job as PyTorch's own stack
-// runs it, replayed from a model's traces (issue 12, item 2): this file's
+// runs it, replayed from a model's traces: this file's
 // torch.nn.parallel.DistributedDataParallel with torch.optim.AdamW or
 // ZeroRedundancyOptimizer(AdamW), on CPU ranks or through the CUDA caching
 // allocator's model (PyTorch FSDP: pytorch_fsdp.h), in the loop a PyTorch

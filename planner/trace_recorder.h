@@ -1,6 +1,6 @@
 // The tracer's machinery, for whoever runs the model: the C++ tracer
 // (planner/trace.cc, for built-in models) and a Python process tracing a
-// model written in Python (pytorch/trace_capi.cc, issue 12). While a
+// model written in Python (pytorch/trace_capi.cc). While a
 // TraceRecording is alive, every meta-device storage allocated and freed is
 // recorded into its ModelTrace (a recording allocator for kMeta), with the op
 // that made it (a RecordFunction observer), the innermost module and the

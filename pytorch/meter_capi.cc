@@ -1,4 +1,4 @@
-// The meter inside a real PyTorch process (issue 12): a C ABI over the
+// The meter inside a real PyTorch process: a C ABI over the
 // engine's own TrackingAllocator (executor/tracking_allocator.h), built as a
 // shared library that Python loads with ctypes after `import torch`. Debian's
 // python3-torch links the same LibTorch 1.13 (libc10.so) this project builds

@@ -1,7 +1,7 @@
 """Models written in plain PyTorch, as a user of PyTorch writes them, for
-the PyTorch-stack checks (issue 12): traced by pytorch/trace_recorder.py,
-trained by pytorch/validate.py under PyTorch's own DDP and
-ZeroRedundancyOptimizer. Nothing here is shardfit's engine.
+the PyTorch-stack checks (`plan --stack pytorch`): traced by
+pytorch/trace_recorder.py, trained by pytorch/validate.py under PyTorch's
+own DDP and ZeroRedundancyOptimizer. Nothing here is shardfit's engine.
 
 Each factory takes a Hugging Face-style config dict and returns a module
 whose forward(idx) returns the loss of predicting idx shifted by one.

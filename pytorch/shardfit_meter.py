@@ -1,4 +1,4 @@
-"""The shardfit meter inside a PyTorch process (issue 12).
+"""The shardfit meter inside a PyTorch process.
 
 Loads libshardfit_torch.so (pytorch/meter_capi.cc) with ctypes and
 installs the engine's tracking allocator as LibTorch's CPU allocator, so that

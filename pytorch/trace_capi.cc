@@ -1,4 +1,4 @@
-// The tracer inside a Python process (issue 12, item 1): a C ABI over the
+// The tracer inside a Python process (`plan --trace`): a C ABI over the
 // C++ tracer's own machinery (planner/trace_recorder.h: the meta-device
 // recording allocator, the op observer, the CPU-imitating meta kernels),
 // which pytorch/trace_recorder.py drives with ctypes. Python builds the

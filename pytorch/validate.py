@@ -1,4 +1,4 @@
-"""Real PyTorch training jobs measured by shardfit's meter (issue 12).
+"""Real PyTorch training jobs measured by shardfit's meter.
 
 Runs a model from pytorch/models.py under PyTorch's own data parallelism on
 N Gloo ranks of this host (torch.multiprocessing, one process per rank, as

@@ -1,5 +1,5 @@
 // `shardfit calibrate`: this machine's rates into a profile that plan and
-// run then predict step time with (issue 11). The rates themselves depend
+// run then predict step time with. The rates themselves depend
 // on the machine and its load, so what is checked is that they were
 // measured, recorded with their source, and used.
 #include <nlohmann/json.hpp>

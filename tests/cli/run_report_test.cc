@@ -71,7 +71,7 @@ TEST(RunReport, TheRecordedCommandReRunsTheSameJob) {
   EXPECT_EQ(rep2["run"]["loss"], rep["run"]["loss"]);
 }
 
-// Issue 11: the report says how long a step took and what the time model
+// The report says how long a step took and what the time model
 // predicted for it, on the report's profile (cpu here). The error's size is
 // the time model's accuracy on this machine, not checked here (a speed on a
 // shared VM gates nothing); its arithmetic and presence are.

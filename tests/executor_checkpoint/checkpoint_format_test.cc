@@ -1,4 +1,4 @@
-// The LibTorch-free readers of outside input (issue 14): checkpoint rank
+// The LibTorch-free readers of outside input: checkpoint rank
 // files and safetensors with their data checksums, the llm.c token-file
 // header, the model config bounds. Files are crafted byte by byte here, so
 // each check is pinned to the format, not to what the writer happens to do.

@@ -236,7 +236,7 @@ TEST(CheckpointTest, CorruptHeaderIsAOneLineErrorNamingIt) {
           "padded 12, 6 per rank");
 }
 
-// Issue 14: the header hash says nothing about the data; its checksums do.
+// The header hash says nothing about the data; its checksums do.
 TEST(CheckpointTest, CorruptTensorDataIsAnErrorNamingTheFileAndTheTensor) {
   TempDir dir;
   save_committed(dir.path(), {varied_state(0, 1), varied_state(1, 1)});

@@ -1,4 +1,4 @@
-// Issue 14, integrity: what a user gets back from a checkpoint is what was
+// Integrity: what a user gets back from a checkpoint is what was
 // saved, or an error naming the file and the tensor. The binary as a
 // subprocess (two gloo ranks of gpt2-tiny), every run bounded by timeout(1).
 // No LibTorch here; files are read and damaged by hand.
@@ -68,7 +68,8 @@ size_t lines(const std::string& s) {
   return n;
 }
 
-// Overwrites the last `n` floats of a file with 1e30 (as the issue did).
+// Overwrites the last `n` floats of a file with 1e30: plausible numbers, wrong
+// data, which only a data checksum catches.
 void clobber_tail(const fs::path& file, int n) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
   ASSERT_TRUE(f.good()) << file;

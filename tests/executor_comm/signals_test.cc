@@ -1,4 +1,4 @@
-// Issue 14, signals and process hygiene: SIGTERM/SIGINT to `run`'s
+// Signals and process hygiene: SIGTERM/SIGINT to `run`'s
 // launcher or to `validate` stops every process of the job within 5 s,
 // writes the report so far ("interrupted": true), and exits 143/130 with
 // one line; with `run --save-on-signal` every rank first finishes its step

@@ -1,6 +1,6 @@
-// Issue 14, items 4-6: every bad input the issue lists is exit 2 with one
+// Bounded inputs: every kind of out-of-range input is exit 2 with one
 // line on stderr naming the input, fast, before anything trains or forks.
-// One test per defect, named after it. The binary as a subprocess (bounded
+// One test per kind, named after it. The binary as a subprocess (bounded
 // by timeout(1)); no LibTorch in this file.
 #include <gtest/gtest.h>
 #include <sys/wait.h>

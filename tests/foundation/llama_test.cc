@@ -36,7 +36,7 @@ struct Expected {
   const char* name;
   int64_t params;
 };
-// The numbers: sum of numel over transformers' named_parameters() of
+// The expected counts: sum of numel over transformers' named_parameters() of
 // each model built from its hub config.json (tied lm_head counted once), as
 // the model cards state them (1.24B, 3.21B, 8.03B, 70.6B, 0.49B, 7.62B, 7.24B).
 const Expected kCounts[] = {

@@ -1,9 +1,9 @@
 """scripts/reference-tables --stack pytorch: the 2022 write-up's rows predicted
-for the stack that measured them (issue 13). Every row it predicts is within
+for the stack that measured them. Every row it predicts is within
 the target (±1 of the measured max batch per GPU; OOM at 1 as 0) but the
-residues the README explains (KNOWN_OFF: pinned, so that a change shows),
+residues docs/accuracy.md explains (KNOWN_OFF: pinned, so that a change shows),
 every row it does not predict names the mechanism missing, and --json
-carries the fields the issue asks for. The predictions are deterministic (bytes and
+carries the fields a user of the table needs. The predictions are deterministic (bytes and
 batches, no timing)."""
 import json
 import os

@@ -1,7 +1,7 @@
 // compare's checks on reports built in memory: memory gates everywhere, and
-// throughput only against a baseline measured on the same machine (issue:
-// CI was red on a CPU without AVX-512 because bf16 baselines' tokens/s came
-// from a CPU with it).
+// throughput only against a baseline measured on the same machine (a bf16
+// baseline's tokens/s from a CPU with AVX-512 would fail every run on a CPU
+// without it).
 #include "reports/compare.h"
 
 #include <gtest/gtest.h>
@@ -122,7 +122,7 @@ TEST(Machine, ReadsThisMachinesL2WhereSysfsHasIt) {
 namespace shardfit::reports {
 namespace {
 
-// Issue 11: the report carries the step time, measured and predicted. 4
+// The report carries the step time, measured and predicted. 4
 // ranks x batch 2 x seq 64 = 512 tokens a step at 1024 tokens/s is 0.5 s.
 TEST(StepTime, MeasuredFromTokensPerSecondBesideTheModelsPrediction) {
   RunReport r = report(1024, 0, epyc());
