@@ -14,7 +14,8 @@
 //             inputs; values are what N identical ranks would produce, and
 //             shapes and memory are those of rank r. Any device.
 //   nccl      CUDA tensors, NCCL on its own streams (executor/nccl_comm.h);
-//             built when NCCL and the CUDA runtime are found, unmeasured on a card.
+//             built when NCCL and the CUDA runtime are found; run on one card
+//             (a world of one, 2026-11-30: reports/gpu/README.md), not yet across GPUs.
 //
 // Memory: every collective states what it allocates beyond its inputs and
 // outputs (collective_extra_memory below, which the planner charges and the

@@ -33,8 +33,8 @@
 // Devices (EngineOptions::device): the same engine on the CPU (the tracking
 // allocator meters it) or on a GPU (a CUDA LibTorch; the caching
 // allocator's statistics meter it, meter.h's DeviceMeter), with nccl or
-// loopback ranks. The CUDA path is compiled but, as of 2026-11-29, not yet
-// run on a card (reports/gpu/README.md).
+// loopback ranks. The CUDA path has run on one card (an H200, LibTorch
+// 2.11, 2026-11-30): reports/gpu/README.md says what it measured.
 #pragma once
 
 #include <cstdint>
@@ -165,8 +165,8 @@ EngineResult train_data_parallel(const EngineOptions& options, Communicator& wor
 void check_engine_options(const EngineOptions& options, int world_size);
 
 // True when this build trains on CUDA (LibTorch with CUDA). The CUDA path
-// was compiled against LibTorch 1.13's CUDA headers but, as of 2026-11-29,
-// not yet run on a card (reports/gpu/README.md).
+// has run on one card (an H200 with LibTorch 2.11, 2026-11-30:
+// reports/gpu/README.md).
 bool engine_supports_cuda();
 // True when this build has the nccl backend (NCCL and the CUDA runtime were
 // found at build time; cmake/ShardfitCuda.cmake).

@@ -3,7 +3,7 @@
 
     /usr/bin/python3 pytorch/trace_recorder.py --model mypkg.models:build \\
         --input mypkg.models:make_batch --seq-len 512 --out model.trace.json
-    shardfit plan --trace model.trace.json --profile a100-80gb ...
+    shardfit plan --trace model.trace.json --device a100-80gb ...
 
 --model names a factory (module:function, importable from the current
 directory or PYTHONPATH, or a name in pytorch/models.py) that returns an

@@ -18,7 +18,7 @@ namespace shardfit::reports {
 
 struct CompareOptions {
   // |peak_error_pct| allowed per rank. CPU's tracking allocator is exact, so
-  // 1% there; the CUDA caching-allocator model is checked at 3% (issue
+  // 1% there; the CUDA caching-allocator model is checked at 3% (the
   // target for a real card).
   std::optional<double> max_peak_error_pct;  // unset: 1 (cpu) or 3 (cuda)
   // Against a baseline: allowed growth of |peak error| in percentage points,

@@ -1,7 +1,7 @@
 // The machine a run was measured on: what a run report records so that a
 // later check compares only like with like. Memory on the CPU is a function
 // of the code and, for bf16, of the ISA, the L2 cache and the threads per
-// rank (oneDNN sizes its matmul scratchpads by them, README); speed is a
+// rank (oneDNN sizes its matmul scratchpads by them, docs/accuracy.md); speed is a
 // function of the whole machine. A baseline made on one machine is a memory
 // reference everywhere its memory fingerprint matches, and a speed reference
 // only on the same machine. No LibTorch here.

@@ -150,7 +150,7 @@ TEST(PredictionExact, OddSizesBeyondTheMatrix) {
   check({gpt72, "ddp/fp32/wrap=none", 3, 3, 256, 2});
 }
 
-// The llama family (#10): RMSNorm, rotary embeddings, repeat_kv, SwiGLU,
+// The llama family: RMSNorm, rotary embeddings, repeat_kv, SwiGLU,
 // q/k/v biases and a tied head (qwen-tiny, whose vocabulary 509 no rank
 // count divides), and --loss chunked:N (logits recomputed in backward).
 TEST(PredictionExact, LlamaFamily) {
