@@ -38,6 +38,7 @@
 #include "cli/run_outcome.h"
 #include "cli/run_support.h"
 #include "cli/validators.h"
+#include "executor/checkpoint_format.h"
 #include "executor/comm.h"
 #include "executor/engine.h"
 #include "executor/hf_init.h"
@@ -321,6 +322,11 @@ std::vector<std::string> check_checkpoint_args(const RunArgs& a, const Job& job,
     try {
       dir = executor::resolve_resume_dir(a.resume);
       info = executor::read_checkpoint_info(dir);
+      // Every rank file and every tensor's data against its checksum, once,
+      // before any rank starts: a damaged checkpoint is one line here, not a
+      // line from each rank after the job began. Ranks under an outside
+      // launcher (RANK set) check their own files as they load them.
+      if (std::getenv("RANK") == nullptr) executor::ckpt::verify_path(dir);
     } catch (const std::invalid_argument& e) {
       throw BadInput(std::string("--resume: ") + e.what());
     }

@@ -93,6 +93,9 @@ TEST(Integrity, CorruptedTensorDataIsRefusedOnResumeNamingFileAndTensor) {
   EXPECT_NE(r.err.find("rank-1-of-2.shardfit"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tensor '"), std::string::npos) << r.err;
+  // Found before any rank started: one line, nothing trained.
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 
