@@ -40,6 +40,7 @@
 #include "cli/validators.h"
 #include "executor/checkpoint_format.h"
 #include "executor/comm.h"
+#include "executor/data.h"
 #include "executor/engine.h"
 #include "executor/hf_init.h"
 #include "executor/launcher.h"
@@ -474,6 +475,13 @@ int run(const RunArgs& a) {
   job.resume_changes = check_checkpoint_args(a, job, world, gpus_per_node, backend);
   if (!a.init.empty() && (!a.resume.empty() || a.reference_trainer))
     throw BadInput("--init " + a.init + ": not with --resume (it restores weights) or --reference-trainer");
+  if (a.data != "synthetic" && std::getenv("RANK") == nullptr) {  // the whole token file, once a job
+    try {
+      executor::check_token_file(a.data, job.model, job.seq_len);
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(std::string("--data ") + e.what());
+    }
+  }
   try {  // headers against the model's names, shapes and dtypes; the data against its checksums once a job:
          // by this launcher, or by rank 0 under an outside one (torchrun, Slurm)
     const char* env_rank = std::getenv("RANK");

@@ -137,6 +137,23 @@ std::unique_ptr<DataSource> make_synthetic(const models::ModelConfig& cfg, int64
   return std::make_unique<SyntheticData>(cfg, seq_len, seed);
 }
 
+void check_token_file(const std::string& path, const models::ModelConfig& cfg, int64_t seq_len) {
+  TokenFileData header_checks(path, cfg, seq_len, 1);  // family, readable, header, length
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(kLlmcHeaderBytes);
+  std::vector<uint16_t> buf(1 << 19);
+  int64_t index = 0;
+  while (in) {
+    in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(buf.size() * 2));
+    const int64_t n = in.gcount() / 2;
+    for (int64_t t = 0; t < n; ++t, ++index)
+      if (buf[t] >= cfg.vocab_size)
+        throw std::invalid_argument(path + ": token " + std::to_string(buf[t]) + " at index " +
+                                    std::to_string(index) + " is outside the model's vocabulary of " +
+                                    std::to_string(cfg.vocab_size));
+  }
+}
+
 std::unique_ptr<DataSource> make_token_file(const std::string& path,
                                             const models::ModelConfig& cfg, int64_t seq_len,
                                             int64_t global_batch) {

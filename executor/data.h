@@ -41,6 +41,12 @@ std::unique_ptr<DataSource> make_synthetic(const models::ModelConfig& cfg, int64
 std::unique_ptr<DataSource> make_token_file(const std::string& path,
                                             const models::ModelConfig& cfg, int64_t seq_len,
                                             int64_t global_batch);
+// The whole token file checked before any rank starts (`run`'s launcher):
+// make_token_file's checks, and every token inside the vocabulary (read in
+// 1 MiB pieces: a 100M-token shard in well under a second), so a bad token
+// is one line naming the file and the token's index, not an error from each
+// rank after init.
+void check_token_file(const std::string& path, const models::ModelConfig& cfg, int64_t seq_len);
 
 // The batch on `device`: every tensor copied there (undefined ones stay
 // undefined); on the CPU the same tensors, no copy. Sources build batches on
