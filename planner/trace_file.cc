@@ -226,6 +226,9 @@ void events_from(const FieldReader& r, size_t modules, ModelTrace* t) {
     ev.bytes = e[4].get<int64_t>();
     if (ev.kind == MemEvent::kAlloc) {
       if (ev.bytes < 0) bad("allocates a negative size");
+      // 1 TiB: more than any tensor of a traced batch of 1 or 2; a larger
+      // size would only overflow once the planner scales it with the batch.
+      if (ev.bytes > (int64_t{1} << 40)) bad("allocates " + std::to_string(ev.bytes) + " bytes, above 2^40 (1 TiB)");
       if (!live.insert(ev.tensor).second) bad("allocates storage " + std::to_string(ev.tensor) + " twice");
     } else if (ev.kind == MemEvent::kFree) {
       if (live.erase(ev.tensor) == 0) bad("frees storage " + std::to_string(ev.tensor) + ", which is not live");

@@ -153,6 +153,12 @@ TEST(TraceFile, EventsThatCannotReplayAreRefusedNamingTheEvent) {
   j = json::parse(seed_text());
   j["traces"][0]["events"][2][5] = 3;
   EXPECT_EQ(error_of(j.dump()), "--trace t.json: field 'traces[0].events[2]' names an op the trace lacks");
+  // A size the planner would overflow when it scales the trace with the
+  // batch ("allocation of -9223372036854775808 bytes") is named where it is.
+  j = json::parse(seed_text());
+  j["traces"][0]["events"][2][4] = int64_t{9223372036854775807};
+  EXPECT_EQ(error_of(j.dump()),
+            "--trace t.json: field 'traces[0].events[2]' allocates 9223372036854775807 bytes, above 2^40 (1 TiB)");
 }
 
 TEST(TraceFile, ParametersMustAddUpAndTracesMustNotRepeat) {
