@@ -294,6 +294,14 @@ StepTimeInputs time_inputs(const Candidate& c, const PlanRequest& r, const UnitP
   return ti;
 }
 
+// What the caching allocator may reserve: the device's memory less the
+// profile's fixed overheads (NCCL's buffers only where the job opens a
+// communicator); unlimited without a memory figure.
+int64_t allocator_budget(const PlanRequest& r, int64_t device_mem, int world) {
+  return device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, r.nccl_communicator ? world : 1)
+                        : kUnlimitedBytes;
+}
+
 }  // namespace
 
 Plan build_plan(const PlanRequest& r) {
@@ -319,7 +327,7 @@ Plan build_plan(const PlanRequest& r) {
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
-  const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, r.nccl_communicator ? world : 1) : kUnlimitedBytes;
+  const int64_t budget = allocator_budget(r, device_mem, world);
   if (r.stack == Stack::kPytorch) return build_pytorch_plan(r, budget, device_mem);
 
   const models::ModelConfig model = file ? r.model : model_on_device(r.model, r.profile);
@@ -540,7 +548,7 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   const int world = r.gpus_per_node * r.nodes;
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
-  const int64_t budget = device_mem > 0 ? r.profile.allocator_budget_bytes(device_mem, r.nccl_communicator ? world : 1) : kUnlimitedBytes;
+  const int64_t budget = allocator_budget(r, device_mem, world);
   if (r.trace_file)
     throw std::invalid_argument("--trace: a traced model is planned, not run by shardfit's engine");
   const Strategy s = strategy_for(c, r);  // validates c for this world
