@@ -13,10 +13,12 @@
 #include <mutex>
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <spdlog/spdlog.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include "planner/trace.h"
 #include "planner/trace_recorder.h"
@@ -469,6 +471,37 @@ std::vector<at::Tensor> meta_foreach_add_scalar(at::TensorList self, const at::S
   return meta_foreach_new(self);
 }
 
+#if TORCH_VERSION_MAJOR >= 2
+// resize_ on kMeta. A real device grows a storage by allocating a buffer of
+// the new size, copying, and freeing the old one (CPU: resize_bytes_cpu,
+// aten/src/ATen/native/Resize.cpp, the same in 1.13 and 2.11); 1.13's meta
+// resize_ did the same through the meta allocator, so the trace saw the
+// allocation. LibTorch 2.x's meta resize_ only sets the storage's byte count
+// (maybe_resize_storage_meta), and every output an op grows by resizing
+// (arange's positions, the out= forms) went unrecorded: a GPT-2 plan on 2.11
+// was seq x 8 bytes low from its first forward. This kernel allocates as the
+// real devices do.
+const at::Tensor& meta_resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                               std::optional<at::MemoryFormat> memory_format) {
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  impl->set_sizes_contiguous(sizes);
+  const at::MemoryFormat format = memory_format.value_or(at::MemoryFormat::Contiguous);
+  if (format != at::MemoryFormat::Contiguous && format != at::MemoryFormat::Preserve)
+    impl->empty_tensor_restride(format);
+  if (self.numel() == 0) return self;
+  const int64_t needed = static_cast<int64_t>(at::detail::computeStorageNbytes(
+      sizes, impl->strides(), self.dtype().itemsize(), impl->storage_offset()));
+  c10::Storage storage = self.storage();
+  if (needed > static_cast<int64_t>(storage.nbytes())) {
+    c10::Allocator* allocator = storage.allocator() ? storage.allocator() : c10::GetAllocator(at::kMeta);
+    storage.set_data_ptr_noswap(allocator->allocate(static_cast<size_t>(needed)));  // then the old one goes
+    storage.set_nbytes(static_cast<size_t>(needed));
+  }
+  return self;
+}
+#endif
+
 void register_meta_kernels(bool override_existing) {
   static std::mutex mu;
   static std::vector<std::unique_ptr<torch::Library>> libs;
@@ -494,6 +527,10 @@ void register_meta_kernels(bool override_existing) {
     lib->impl("native_dropout_backward", TORCH_FN(meta_native_dropout_backward));
   if (wanted("aten::embedding_dense_backward"))
     lib->impl("embedding_dense_backward", TORCH_FN(meta_embedding_dense_backward));
+#if TORCH_VERSION_MAJOR >= 2
+  // Always: 2.x has a meta resize_, the one that allocates nothing.
+  lib->impl("resize_", TORCH_FN(meta_resize_));
+#endif
   auto overload_wanted = [&](const char* name, const char* overload) {
     return override_existing || !has_meta_kernel(name, overload);
   };
