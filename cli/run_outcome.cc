@@ -68,13 +68,7 @@ void attach_prediction(std::vector<reports::RankReport>& ranks,
   if (!pred) return;
   for (auto& r : ranks) {
     r.predicted = predicted_figures(pred->sim);
-    const int64_t predicted =
-        on_reserved ? pred->sim.peak_reserved_bytes : pred->sim.peak_allocated_bytes;
-    const int64_t measured =
-        on_reserved ? r.measured.peak_reserved_bytes : r.measured.peak_allocated_bytes;
-    if (measured > 0)
-      r.peak_error_pct =
-          100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured);
+    if (auto err = reports::peak_error_pct(*r.predicted, r.measured, on_reserved)) r.peak_error_pct = err;
   }
 }
 

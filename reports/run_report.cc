@@ -151,6 +151,14 @@ nlohmann::json to_json(const RunReport& r) {
           {"created", r.created}};
 }
 
+std::optional<double> peak_error_pct(const MemoryFigures& predicted, const MemoryFigures& measured,
+                                     bool on_reserved) {
+  const int64_t p = on_reserved ? predicted.peak_reserved_bytes : predicted.peak_allocated_bytes;
+  const int64_t m = on_reserved ? measured.peak_reserved_bytes : measured.peak_allocated_bytes;
+  if (m <= 0) return std::nullopt;
+  return 100.0 * static_cast<double>(p - m) / static_cast<double>(m);
+}
+
 // What no run can write: a report that says so is damaged or edited, and
 // `compare` would pass it or `report` draw it. Derived figures (each rank's
 // peak_error_pct) must be what their bytes give.
@@ -180,14 +188,8 @@ void check_consistent(const RunReport& r, const std::string& origin) {
       for (int64_t b : {f->peak_allocated_bytes, f->peak_reserved_bytes})
         if (b < 0 || b > kMaxBytes) bad(who + ": a peak of " + std::to_string(b) + " bytes (0 to 2^50)");
     }
-    // peak_error_pct on the figure that decides OOM: reserved on CUDA, allocated on the CPU.
-    const bool cuda = r.device == "cuda";
-    const int64_t measured = cuda ? rk.measured.peak_reserved_bytes : rk.measured.peak_allocated_bytes;
-    std::optional<double> derived;
-    if (rk.predicted && measured > 0) {
-      const int64_t predicted = cuda ? rk.predicted->peak_reserved_bytes : rk.predicted->peak_allocated_bytes;
-      derived = 100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured);
-    }
+    const std::optional<double> derived =
+        rk.predicted ? peak_error_pct(*rk.predicted, rk.measured, r.device == "cuda") : std::nullopt;
     if (rk.peak_error_pct.has_value() != derived.has_value() ||
         (derived && std::fabs(*rk.peak_error_pct - *derived) > 1e-9 * std::max(1.0, std::fabs(*derived))))
       bad(who + ": peak_error_pct " + (rk.peak_error_pct ? std::to_string(*rk.peak_error_pct) : "null") +

@@ -100,6 +100,12 @@ struct RunReport {
 // nothing was timed (tokens_per_s or tokens_per_step not > 0).
 void set_step_time(RunReport& r, double tokens_per_step, std::optional<double> predicted_step_time_s);
 
+// A rank's peak_error_pct (SPEC): 100 × (predicted − measured) / measured on
+// the figure that decides OOM on the device, reserved on CUDA
+// (`on_reserved`), allocated on the CPU; nullopt when nothing was measured.
+std::optional<double> peak_error_pct(const MemoryFigures& predicted, const MemoryFigures& measured,
+                                     bool on_reserved);
+
 nlohmann::json to_json(const RunReport& r);
 // Validates the schema tag and the fields; throws std::invalid_argument
 // with one line naming `origin` and the field.
