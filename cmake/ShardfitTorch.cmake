@@ -7,7 +7,7 @@
 #           names (any LibTorch >= 2.3), else Debian's libtorch-dev 1.13,
 #           the LibTorch every byte-exact test is modelled on today.
 #   venv    the pinned stack's (requirements.lock): the torch wheel that
-#           SHARDFIT_TORCH_PYTHON imports (default .venv/bin/python, made by
+#           SHARDFIT_VENV_PYTHON imports (default .venv/bin/python, made by
 #           scripts/install-deps), found through torch.utils.cmake_prefix_path.
 #           CPU and CUDA: the wheel is a CUDA build.
 # The wheel's folder goes on CMAKE_PREFIX_PATH twice: share/cmake for
@@ -17,24 +17,35 @@
 # otherwise, and the build would mix two LibTorch versions).
 set(SHARDFIT_LIBTORCH "search" CACHE STRING "Which LibTorch: search (CMake's search) or venv (the pinned stack's wheel)")
 set_property(CACHE SHARDFIT_LIBTORCH PROPERTY STRINGS search venv)
-set(SHARDFIT_TORCH_PYTHON "${CMAKE_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
+set(SHARDFIT_VENV_PYTHON "${CMAKE_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
     "Python whose torch provides LibTorch with SHARDFIT_LIBTORCH=venv (default: the pinned stack's .venv)")
 if(SHARDFIT_LIBTORCH STREQUAL "venv")
   execute_process(
-    COMMAND "${SHARDFIT_TORCH_PYTHON}" -c "import os, torch; print(os.path.dirname(torch.__file__))"
+    COMMAND "${SHARDFIT_VENV_PYTHON}" -c "import os, torch; print(os.path.dirname(torch.__file__))"
     OUTPUT_VARIABLE _shardfit_torch_root OUTPUT_STRIP_TRAILING_WHITESPACE
     RESULT_VARIABLE _shardfit_torch_rc ERROR_VARIABLE _shardfit_torch_err)
   if(NOT _shardfit_torch_rc EQUAL 0 OR NOT EXISTS "${_shardfit_torch_root}/share/cmake/Torch/TorchConfig.cmake")
-    message(FATAL_ERROR "SHARDFIT_LIBTORCH=venv: ${SHARDFIT_TORCH_PYTHON} gives no torch with CMake files "
+    message(FATAL_ERROR "SHARDFIT_LIBTORCH=venv: ${SHARDFIT_VENV_PYTHON} gives no torch with CMake files "
                         "(scripts/install-deps makes .venv/ from requirements.lock): ${_shardfit_torch_err}")
   endif()
   list(PREPEND CMAKE_PREFIX_PATH "${_shardfit_torch_root}" "${_shardfit_torch_root}/share/cmake")
-  message(STATUS "shardfit: LibTorch from ${SHARDFIT_TORCH_PYTHON}'s torch (${_shardfit_torch_root})")
+  message(STATUS "shardfit: LibTorch from ${SHARDFIT_VENV_PYTHON}'s torch (${_shardfit_torch_root})")
 elseif(NOT SHARDFIT_LIBTORCH STREQUAL "search")
   message(FATAL_ERROR "SHARDFIT_LIBTORCH=${SHARDFIT_LIBTORCH}: choose search or venv")
 endif()
 
 find_package(Torch REQUIRED)
+# A build folder keeps the LibTorch it found first (Torch_DIR, TORCH_LIBRARY
+# are cached): asking one configured with `search` for the wheel would build
+# against the old LibTorch without a word. Refused instead.
+if(SHARDFIT_LIBTORCH STREQUAL "venv")
+  string(FIND "${TORCH_LIBRARY}" "${_shardfit_torch_root}/" _shardfit_torch_at)
+  if(NOT _shardfit_torch_at EQUAL 0)
+    message(FATAL_ERROR "SHARDFIT_LIBTORCH=venv: ${CMAKE_BINARY_DIR} already found LibTorch at ${TORCH_LIBRARY}, "
+                        "and CMake keeps it: configure a new build folder (cmake -S ${CMAKE_SOURCE_DIR} -B build-venv "
+                        "-DSHARDFIT_LIBTORCH=venv), or give -DSHARDFIT_LIBTORCH=search here")
+  endif()
+endif()
 if(Torch_VERSION VERSION_LESS 2.3 AND NOT Torch_VERSION VERSION_EQUAL 1.13)
   message(FATAL_ERROR "shardfit: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}): "
                       "shardfit builds against LibTorch >= 2.3 (or Debian's 1.13)")
@@ -43,11 +54,11 @@ endif()
 # tests/pytorch/, scripts/pytorch-validate): the one whose torch is this
 # LibTorch, so that one c10, one allocator and one dispatcher serve both.
 if(SHARDFIT_LIBTORCH STREQUAL "venv")
-  set(SHARDFIT_PYTHON "${SHARDFIT_TORCH_PYTHON}")
+  set(SHARDFIT_PYTHON "${SHARDFIT_VENV_PYTHON}")
 elseif(Torch_VERSION VERSION_EQUAL 1.13 AND EXISTS /usr/bin/python3)
   set(SHARDFIT_PYTHON /usr/bin/python3)  # Debian's python3-torch
-elseif(EXISTS "${SHARDFIT_TORCH_PYTHON}")
-  set(SHARDFIT_PYTHON "${SHARDFIT_TORCH_PYTHON}")
+elseif(EXISTS "${SHARDFIT_VENV_PYTHON}")
+  set(SHARDFIT_PYTHON "${SHARDFIT_VENV_PYTHON}")
 else()
   set(SHARDFIT_PYTHON python3)
 endif()
