@@ -57,9 +57,52 @@ class BadInput(Exception):
     pass
 
 
+def use_the_cpp_meta_kernels():
+    """PyTorch 2.x registers Python meta functions (torch/_meta_registrations.py)
+    over the C++ ones for the Meta key when `torch` is imported: decompositions
+    that allocate their own temporaries (prims' intermediates, empty + copy)
+    where the CPU and CUDA kernels allocate one output. shardfit's C++ tracer
+    runs without Python and so sees the C++ meta kernels, whose outputs are
+    the devices' allocations (planner/meta_kernels.cc fills the gaps): the
+    Python registrations are dropped here so a trace recorded in Python is the
+    same trace, and put back only for the ops that have no C++ meta kernel
+    (aten::where.self, for one), as the C++ tracer would find none for them
+    either. Idempotent; a no-op on 1.13, which has no such library."""
+    global _PYTHON_ONLY_METAS
+    import torch
+    meta = getattr(torch, "_meta_registrations", None)
+    lib = getattr(meta, "_meta_lib_dont_use_me_use_register_meta", None)
+    if lib is None or getattr(lib, "m", None) is None:
+        return
+    from torch._decomp import global_decomposition_table
+    lib._destroy()
+    # What torch registered (activate_meta in 2.11's _meta_registrations.py):
+    # per op the most specific of the meta, post- and pre-autograd tables.
+    table = {}
+    for kind in ("meta", "post_autograd", "pre_autograd"):
+        for op, fn in global_decomposition_table[kind].items():
+            table.setdefault(op, fn)
+    # A C++ kernel that serves Meta: its own, or a CompositeExplicitAutograd one.
+    def served(name, _key):
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        return any(has(name, k) for k in ("Meta", "CompositeExplicitAutograd",
+                                          "CompositeExplicitAutogradNonFunctional", "CompositeImplicitAutograd"))
+    _PYTHON_ONLY_METAS = torch.library.Library("aten", "IMPL", "Meta")
+    for op, fn in table.items():
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op.is_view:
+            continue
+        if served(op.name(), "Meta"):
+            continue
+        _PYTHON_ONLY_METAS.impl(op, fn)
+
+
+_PYTHON_ONLY_METAS = None  # the Library holding them: registrations live as long as it does
+
+
 def library():
     import shardfit_meter
     lib = shardfit_meter.load_library()
+    use_the_cpp_meta_kernels()
     if not getattr(lib, "_trace_set", False):
         i64, c = ctypes.c_int64, ctypes.c_char_p
         lib.shardfit_trace_error.restype = c

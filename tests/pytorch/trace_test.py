@@ -149,13 +149,13 @@ class TraceTest(unittest.TestCase):
             peak, left = replay_peak(step["events"])
             self.assertEqual(peak, meter.peak - base)
             self.assertEqual(left, meter.allocated - base)
-        # zero_grad(set_to_none=True): what it allocates itself (the
-        # profiler's record_function it runs under), then the gradients go.
+        # zero_grad(set_to_none=True): what it allocates itself (1.13's
+        # profiler record_function holds a few hundred host bytes; 2.11's
+        # nothing, and the file then has no zero_grad), then the gradients go.
         meter.reset_peak()
         base = meter.allocated
         opt.zero_grad(set_to_none=True)
-        peak, left = replay_peak(self.file["optimizer"]["zero_grad"]["events"])
-        self.assertGreater(peak, 0)
+        peak, left = replay_peak(self.file["optimizer"].get("zero_grad", {"events": []})["events"])
         self.assertEqual(peak, meter.peak - base)
         self.assertEqual(left - 141056 * 4, meter.allocated - base)
 
@@ -430,9 +430,12 @@ class TraceTest(unittest.TestCase):
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
             self.assertIn(message, out.stderr)
         # AdamW(foreach=True) over FSDP's flat shards (planner/adamw_steps.h):
-        # the square roots and the denominators of every shard alive at once,
-        # as many bytes as the state it made in step 1 (exp_avg, exp_avg_sq);
-        # the for-loop step holds them one shard at a time.
+        # every shard's temporaries alive at once. 1.13's _multi_tensor_adamw
+        # makes two lists, the square roots and the denominators
+        # (torch._foreach_add), as many bytes as the state it made in step 1
+        # (exp_avg, exp_avg_sq); 2.x's divides and adds in place on the one
+        # list of square roots (optim/adam.py, _multi_tensor_adam), half the
+        # state. The for-loop step holds them one shard at a time.
         def optimizer_rise(*extra):
             out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb",
                                   "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", "zero3/fp32/wrap=block",
@@ -444,7 +447,8 @@ class TraceTest(unittest.TestCase):
             return step2["peak_allocated_bytes"] - step2["allocated_bytes"], state
         rise, state = optimizer_rise("--adamw-foreach")
         self.assertGreater(state, 0)
-        self.assertEqual(rise, state)
+        lists = 2 if torch.__version__.startswith("1.") else 1
+        self.assertEqual(2 * rise, lists * state)
         rise, state = optimizer_rise()
         self.assertLess(rise, state)
         # FSDP1's MixedPrecision(reduce_dtype=torch.float32): each unit's bf16
