@@ -15,7 +15,8 @@ the autograd graph and in the trace as they are in a real run:
   fp32 (never cached);
 - every other op runs in whatever dtypes its arguments have.
 
-The lists are 1.13's for the CPU (lower_precision_fp: conv1d/2d/3d, bmm,
+The lists are the CPU's of the PyTorch that runs (1.13's below; 2.x's
+differ as the comment at PyTorch 2.x's lists says) (1.13's lower_precision_fp: conv1d/2d/3d, bmm,
 mm, baddbmm, addmm, addbmm, linear, matmul; fp32: conv_transpose1d/2d/3d and
 the losses), each entry probed on this machine's python3-torch 1.13 under
 torch.autocast("cpu", torch.bfloat16) with real tensors: the dispatched
@@ -83,6 +84,18 @@ CUDA_SET_OPT_DTYPE = {torch.sum, T.sum, torch.prod, T.prod, torch.cumsum, T.cums
 CUDA_PROMOTE = {torch.addcmul, T.addcmul, torch.addcdiv, T.addcdiv, torch.atan2, T.atan2, torch.dot, T.dot,
                 torch.cross, T.cross, torch.tensordot, F.bilinear}
 
+# PyTorch 2.x's CPU lists (2.11's autocast_mode.cpp, KERNEL_CPU): the
+# transposed convolutions moved from fp32 to lower_precision_fp, and prelu,
+# scaled_dot_product_attention, linalg_vecdot and conv_tbc joined it; each
+# probed under 2.11's torch.autocast("cpu", torch.bfloat16) with real tensors
+# (tests/pytorch/autocast_test.py). The CUDA lists above stay 1.13's.
+TORCH_1 = torch.__version__.startswith("1.")
+if not TORCH_1:
+    _TRANSPOSED = {F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d}
+    LOWER_PRECISION = LOWER_PRECISION | _TRANSPOSED | {
+        F.prelu, torch.prelu, F.scaled_dot_product_attention, torch.linalg.vecdot, torch.conv_tbc}
+    FP32 = FP32 - _TRANSPOSED
+
 
 def _arg(args, kwargs, i, name, default=None):
     return args[i] if len(args) > i else kwargs.get(name, default)
@@ -122,11 +135,12 @@ class AutocastEmulation(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.device == "cuda":
             return self._cuda(func, args, kwargs)
-        if func is F.layer_norm:
+        if func is F.layer_norm and TORCH_1:
             # 1.13's CPU layer_norm takes no mixed dtypes (layer_norm_kernel.cpp
             # checks the weight's against the input's); under autocast a bf16
             # input with fp32 weights raises, so the real job cannot run
             # (a BERT MLM head's LayerNorm(gelu(dense(x)))). Refused the same way.
+            # 2.x's takes them (mixed-type layer_norm on the CPU).
             x = args[0] if args else kwargs.get("input")
             w = args[2] if len(args) > 2 else kwargs.get("weight")
             if isinstance(w, torch.Tensor) and isinstance(x, torch.Tensor) and w.dtype != x.dtype:

@@ -67,9 +67,12 @@ def use_the_cpp_meta_kernels():
     Python registrations are dropped here so a trace recorded in Python is the
     same trace, and put back only for the ops that have no C++ meta kernel
     (aten::where.self, for one), as the C++ tracer would find none for them
-    either. Idempotent; a no-op on 1.13, which has no such library."""
+    either. Idempotent. On 1.13 nothing changes: its traces match the CPU
+    step as they are (tests/pytorch/trace_test.py)."""
     global _PYTHON_ONLY_METAS
     import torch
+    if torch.__version__.startswith("1."):
+        return
     meta = getattr(torch, "_meta_registrations", None)
     lib = getattr(meta, "_meta_lib_dont_use_me_use_register_meta", None)
     if lib is None or getattr(lib, "m", None) is None:
