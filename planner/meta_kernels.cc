@@ -20,6 +20,7 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include "planner/cpu_matmul_probe.h"
 #include "planner/trace.h"
 #include "planner/trace_recorder.h"
 
@@ -108,8 +109,10 @@ bool has_meta_kernel(const char* name, const char* overload) {
   return op && op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
 }
 
+#if TORCH_VERSION_MAJOR < 2
 // ---------------------------------------------------------------------------
-// CPU bf16 matmuls: the oneDNN scratchpad.
+// CPU bf16 matmuls: the oneDNN scratchpad (LibTorch 1.13; 2.x measures the
+// kernel itself: planner/cpu_matmul_probe.cc).
 //
 // LibTorch 1.13 on a CPU with AVX-512 BW/VL/DQ (mkldnn_bf16_device_check)
 // hands bf16 matrix products to oneDNN through ideep
@@ -418,6 +421,7 @@ void bmm_temporaries(const at::Tensor& b1, const at::Tensor& b2, float alpha, fl
   const auto dst = onednn::operand({B, M, N}, {M * N, N, 1});
   out->push_back(onednn::matmul_scratchpad_bytes(src, weights, dst, alpha, beta, threads));
 }
+#endif  // TORCH_VERSION_MAJOR < 2
 
 }  // namespace
 
@@ -425,6 +429,9 @@ void set_meta_kernels_target_cuda(bool cuda) { g_target_cuda = cuda; }
 
 std::vector<int64_t> cpu_bf16_matmul_temporaries(const char* op, c10::ArrayRef<const c10::IValue> in,
                                                  int threads) {
+#if TORCH_VERSION_MAJOR >= 2
+  return probe_cpu_bf16_matmul(op, in, threads);
+#else
   std::vector<int64_t> out;
   auto bf16 = [&](size_t i) {
     return in.size() > i && in[i].isTensor() && in[i].toTensor().scalar_type() == at::kBFloat16;
@@ -441,6 +448,7 @@ std::vector<int64_t> cpu_bf16_matmul_temporaries(const char* op, c10::ArrayRef<c
   else if (std::strcmp(op, "aten::baddbmm") == 0 && bf16(1) && bf16(2))
     bmm_temporaries(in[1].toTensor(), in[2].toTensor(), scalar(4), scalar(3), threads, &out);
   return out;
+#endif
 }
 
 // torch.optim.AdamW(foreach=True)'s ops (optim/adamw.py

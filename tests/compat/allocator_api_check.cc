@@ -12,7 +12,7 @@
 #include "executor/tracking_allocator.h"
 #include "planner/meta_recording_allocator.h"
 #include "tests/executor_comm/counting_allocator.h"
-#include "tests/planner/recording_cpu_allocator.h"
+#include "planner/recording_cpu_allocator.h"
 
 // The ctest says which form it compiles against, so that a version header
 // read wrongly cannot pass as the other form.

@@ -1,0 +1,143 @@
+// LibTorch 2.x's bf16 matrix products on a CPU allocate more than their
+// output: on a CPU with AVX-512 they go to oneDNN (through ideep:
+// aten/src/ATen/native/mkldnn/Matmul.cpp), which takes a scratchpad from
+// LibTorch's CPU allocator for the length of the call (brgemm's packed
+// operands and fp32 accumulators, per thread, blocked for the ISA and the
+// cache sizes), and copy an operand first when its strides do not suit. The
+// size is oneDNN's own arithmetic. LibTorch 1.13 loads oneDNN 2 as a shared
+// library whose C API the tracer asks (planner/meta_kernels.cc); the 2.x
+// wheels link oneDNN 3 statically and export none of it. So here the kernel
+// itself is asked: it runs once on CPU tensors of the same sizes and strides
+// under the same thread count, and every CPU allocation it makes on this
+// thread is recorded. The output is preallocated (the _out form, which the
+// functional op's structured kernel shares), so what is recorded is exactly
+// what the op adds to it. A step repeats a few shapes; each is run once.
+#include "planner/cpu_matmul_probe.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "planner/recording_cpu_allocator.h"
+
+namespace shardfit::planner {
+namespace {
+
+thread_local std::vector<int64_t>* t_sink = nullptr;  // the probe running on this thread
+
+void observe(size_t nbytes) {
+  if (t_sink) t_sink->push_back(static_cast<int64_t>(nbytes));
+}
+
+// Installed once, wrapping the CPU allocator of the moment (LibTorch's, or
+// `shardfit run`'s meter, which in turn wraps this one if it comes later:
+// both are priority 100, and c10 lets an equal priority replace).
+void install_recorder() {
+  static RecordingCpuAllocator* recorder = [] {
+    auto* r = new RecordingCpuAllocator(c10::GetCPUAllocator(), &observe);  // lives as long as storages
+    c10::SetCPUAllocator(r, /*priority=*/100);
+    return r;
+  }();
+  (void)recorder;
+}
+
+at::Tensor cpu_like(const at::Tensor& t) {
+  return at::empty_strided(t.sizes(), t.strides(), at::TensorOptions().dtype(t.scalar_type())).zero_();
+}
+
+float scalar(c10::ArrayRef<const c10::IValue> in, size_t i) {
+  return in.size() > i && in[i].isScalar() ? in[i].toScalar().to<float>() : 1.0f;
+}
+
+bool bf16(c10::ArrayRef<const c10::IValue> in, size_t i) {
+  return in.size() > i && in[i].isTensor() && in[i].toTensor().scalar_type() == at::kBFloat16;
+}
+
+enum class Product { kMm, kAddmm, kBmm, kBaddbmm };
+
+std::vector<int64_t> run(Product p, c10::ArrayRef<const c10::IValue> in, int threads) {
+  // The probe's own ops are not the traced step's: no callbacks (the tracer's
+  // included), no autograd, no autocast.
+  at::RecordFunctionGuard no_callbacks(/*is_enabled=*/false);
+  at::NoGradGuard no_grad;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  install_recorder();
+  const bool add = p == Product::kAddmm || p == Product::kBaddbmm;
+  const at::Tensor a = cpu_like(in[add ? 1 : 0].toTensor());
+  const at::Tensor b = cpu_like(in[add ? 2 : 1].toTensor());
+  const at::Tensor self = add ? cpu_like(in[0].toTensor()) : at::Tensor();
+  const bool batched = p == Product::kBmm || p == Product::kBaddbmm;
+  at::Tensor out = batched ? at::empty({a.size(0), a.size(1), b.size(2)}, a.options())
+                           : at::empty({a.size(0), b.size(1)}, a.options());
+  const int saved_threads = at::get_num_threads();
+  at::set_num_threads(threads);
+  std::vector<int64_t> bytes;
+  struct Sink {
+    explicit Sink(std::vector<int64_t>* s) { t_sink = s; }
+    ~Sink() { t_sink = nullptr; }
+  };
+  try {
+    Sink sink(&bytes);
+    switch (p) {
+      case Product::kMm: at::mm_out(out, a, b); break;
+      case Product::kAddmm: at::addmm_out(out, self, a, b, scalar(in, 3), scalar(in, 4)); break;
+      case Product::kBmm: at::bmm_out(out, a, b); break;
+      case Product::kBaddbmm: at::baddbmm_out(out, self, a, b, scalar(in, 3), scalar(in, 4)); break;
+    }
+  } catch (...) {
+    at::set_num_threads(saved_threads);
+    throw;
+  }
+  at::set_num_threads(saved_threads);
+  return bytes;
+}
+
+}  // namespace
+
+std::vector<int64_t> probe_cpu_bf16_matmul(const char* op, c10::ArrayRef<const c10::IValue> in, int threads) {
+  // Schemas: mm(self, mat2), bmm(self, mat2), addmm(self, mat1, mat2, beta, alpha),
+  // baddbmm(self, batch1, batch2, beta, alpha).
+  Product p;
+  if (std::strcmp(op, "aten::mm") == 0 && bf16(in, 0) && bf16(in, 1))
+    p = Product::kMm;
+  else if (std::strcmp(op, "aten::addmm") == 0 && bf16(in, 1) && bf16(in, 2) && in[0].isTensor())
+    p = Product::kAddmm;
+  else if (std::strcmp(op, "aten::bmm") == 0 && bf16(in, 0) && bf16(in, 1))
+    p = Product::kBmm;
+  else if (std::strcmp(op, "aten::baddbmm") == 0 && bf16(in, 1) && bf16(in, 2) && in[0].isTensor())
+    p = Product::kBaddbmm;
+  else
+    return {};
+  // The key: the op, every tensor's dtype, sizes and strides, the scalars, the threads.
+  std::string key = std::string(op) + "/" + std::to_string(threads);
+  for (const c10::IValue& v : in) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      key += "|" + std::string(c10::toString(t.scalar_type()));
+      for (int64_t s : t.sizes()) key += " " + std::to_string(s);
+      key += ":";
+      for (int64_t s : t.strides()) key += " " + std::to_string(s);
+    } else if (v.isScalar()) {
+      key += "|" + std::to_string(v.toScalar().to<double>());
+    }
+  }
+  static std::mutex mu;
+  static std::map<std::string, std::vector<int64_t>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  std::vector<int64_t> bytes = run(p, in, threads);
+  std::lock_guard<std::mutex> lock(mu);
+  return cache.emplace(std::move(key), std::move(bytes)).first->second;
+}
+
+}  // namespace shardfit::planner

@@ -1,0 +1,21 @@
+// What LibTorch 2.x's own CPU kernels allocate inside a bf16 matrix product,
+// measured on the kernel itself (planner/cpu_matmul_probe.cc).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace shardfit::planner {
+
+// The bytes of every CPU allocation LibTorch's kernel makes inside one bf16
+// aten::mm, addmm, bmm or baddbmm besides its output (operand copies, the
+// oneDNN scratchpad), in order, all freed when the op returns. `inputs` are
+// the op's (meta) arguments; the kernel runs once on CPU tensors of their
+// sizes, strides and dtypes with `threads` intra-op threads (oneDNN books
+// its scratchpad per thread). Cached per shape. Empty for any other op.
+std::vector<int64_t> probe_cpu_bf16_matmul(const char* op, c10::ArrayRef<const c10::IValue> inputs, int threads);
+
+}  // namespace shardfit::planner
