@@ -25,24 +25,43 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
-#include "planner/recording_cpu_allocator.h"
+#include "planner/probe_cpu_allocator.h"
 
 namespace shardfit::planner {
 namespace {
 
-thread_local std::vector<int64_t>* t_sink = nullptr;  // the probe running on this thread
+// The probe running on this thread: its events (as probe_cpu_bf16_matmul
+// returns them) and which of its allocations each live address is.
+struct Sink {
+  std::vector<int64_t> events;
+  std::unordered_map<const void*, int64_t> index;
+  int64_t allocations = 0;
+};
+thread_local Sink* t_sink = nullptr;
 
-void observe(size_t nbytes) {
-  if (t_sink) t_sink->push_back(static_cast<int64_t>(nbytes));
+bool observe_alloc(const void* data, size_t nbytes) {
+  if (!t_sink) return false;
+  t_sink->events.push_back(static_cast<int64_t>(nbytes));
+  t_sink->index[data] = t_sink->allocations++;
+  return true;  // follow it to its free
+}
+
+void observe_free(const void* data) {
+  if (!t_sink) return;
+  auto it = t_sink->index.find(data);
+  if (it == t_sink->index.end()) return;
+  t_sink->events.push_back(-(it->second + 1));
+  t_sink->index.erase(it);
 }
 
 // Installed once, wrapping the CPU allocator of the moment (LibTorch's, or
 // `shardfit run`'s meter, which in turn wraps this one if it comes later:
 // both are priority 100, and c10 lets an equal priority replace).
 void install_recorder() {
-  static RecordingCpuAllocator* recorder = [] {
-    auto* r = new RecordingCpuAllocator(c10::GetCPUAllocator(), &observe);  // lives as long as storages
+  static ProbeCpuAllocator* recorder = [] {
+    auto* r = new ProbeCpuAllocator(c10::GetCPUAllocator(), &observe_alloc, &observe_free);  // outlives storages
     c10::SetCPUAllocator(r, /*priority=*/100);
     return r;
   }();
@@ -79,13 +98,13 @@ std::vector<int64_t> run(Product p, c10::ArrayRef<const c10::IValue> in, int thr
                            : at::empty({a.size(0), b.size(1)}, a.options());
   const int saved_threads = at::get_num_threads();
   at::set_num_threads(threads);
-  std::vector<int64_t> bytes;
-  struct Sink {
-    explicit Sink(std::vector<int64_t>* s) { t_sink = s; }
-    ~Sink() { t_sink = nullptr; }
+  Sink sink;
+  struct Active {
+    explicit Active(Sink* s) { t_sink = s; }
+    ~Active() { t_sink = nullptr; }
   };
   try {
-    Sink sink(&bytes);
+    Active active(&sink);
     switch (p) {
       case Product::kMm: at::mm_out(out, a, b); break;
       case Product::kAddmm: at::addmm_out(out, self, a, b, scalar(in, 3), scalar(in, 4)); break;
@@ -97,7 +116,7 @@ std::vector<int64_t> run(Product p, c10::ArrayRef<const c10::IValue> in, int thr
     throw;
   }
   at::set_num_threads(saved_threads);
-  return bytes;
+  return std::move(sink.events);
 }
 
 }  // namespace

@@ -10,9 +10,11 @@
 
 namespace shardfit::planner {
 
-// The bytes of every CPU allocation LibTorch's kernel makes inside one bf16
+// What LibTorch's kernel allocates and frees on the CPU inside one bf16
 // aten::mm, addmm, bmm or baddbmm besides its output (operand copies, the
-// oneDNN scratchpad), in order, all freed when the op returns. `inputs` are
+// oneDNN scratchpad), in order: n >= 0 an allocation of n bytes, -(k + 1)
+// the free of the k-th allocation (from 0); one still live when the op
+// returns is freed then. `inputs` are
 // the op's (meta) arguments; the kernel runs once on CPU tensors of their
 // sizes, strides and dtypes with `threads` intra-op threads (oneDNN books
 // its scratchpad per thread). Cached per shape. Empty for any other op.

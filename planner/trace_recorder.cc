@@ -165,8 +165,11 @@ double input_bytes(const at::RecordFunction& fn) {
 // its meta kernel cannot show: sized when the op starts (its inputs are only
 // readable then), recorded when it ends, after the outputs, as the real
 // kernel allocates them. All are freed before the op returns.
+// What a kernel allocates besides its outputs, in order: n >= 0 an
+// allocation of n bytes, -(k + 1) the free of the k-th (from 0); those not
+// freed in the list are freed as the op returns, the last made first.
 struct KernelTemporaries final : at::ObserverContext {
-  std::vector<int64_t> bytes;  // in allocation order
+  std::vector<int64_t> bytes;
 };
 
 // A Python number given to a binary op arrives as a 0-dim CPU tensor of
@@ -238,7 +241,17 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     }
   }
   if (r.cpu_bf16_threads > 0 && fn.scope() == at::RecordScope::FUNCTION) {
-    std::vector<int64_t> bytes = cpu_bf16_matmul_temporaries(fn.name(), fn.inputs(), r.cpu_bf16_threads);
+    // On LibTorch 2.x this runs the CPU kernel once (planner/cpu_matmul_probe.cc):
+    // its CPU storages are not the traced step's host storages.
+    r.active = false;
+    std::vector<int64_t> bytes;
+    try {
+      bytes = cpu_bf16_matmul_temporaries(fn.name(), fn.inputs(), r.cpu_bf16_threads);
+    } catch (...) {
+      r.active = true;
+      throw;
+    }
+    r.active = true;
     if (!bytes.empty()) {
       auto t = std::make_unique<KernelTemporaries>();
       t->bytes = std::move(bytes);
@@ -254,11 +267,20 @@ void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   Recorder& r = *rec;
   if (auto* t = static_cast<KernelTemporaries*>(ctx)) {
     std::vector<int64_t> ids;
-    for (int64_t bytes : t->bytes) {
-      ids.push_back(r.next_tensor++);
-      r.push(MemEvent::kAlloc, r.current_module(), ids.back(), bytes);
+    std::vector<bool> freed;
+    for (int64_t e : t->bytes) {
+      if (e >= 0) {
+        ids.push_back(r.next_tensor++);
+        freed.push_back(false);
+        r.push(MemEvent::kAlloc, r.current_module(), ids.back(), e);
+      } else {
+        const size_t k = static_cast<size_t>(-e - 1);
+        r.push(MemEvent::kFree, r.current_module(), ids.at(k));
+        freed.at(k) = true;
+      }
     }
-    for (auto id = ids.rbegin(); id != ids.rend(); ++id) r.push(MemEvent::kFree, r.current_module(), *id);
+    for (size_t k = ids.size(); k-- > 0;)
+      if (!freed[k]) r.push(MemEvent::kFree, r.current_module(), ids[k]);
   }
   if (r.record_ops && !r.op_stack.empty()) {
     r.op_stack.pop_back();

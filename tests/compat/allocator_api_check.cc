@@ -11,8 +11,9 @@
 #include "compat/c10_allocator.h"
 #include "executor/tracking_allocator.h"
 #include "planner/meta_recording_allocator.h"
+#include "planner/probe_cpu_allocator.h"
 #include "tests/executor_comm/counting_allocator.h"
-#include "planner/recording_cpu_allocator.h"
+#include "tests/planner/recording_cpu_allocator.h"
 
 // The ctest says which form it compiles against, so that a version header
 // read wrongly cannot pass as the other form.
@@ -52,5 +53,6 @@ static_assert(overrides_this_form<shardfit::executor::TrackingAllocator>());
 static_assert(overrides_this_form<shardfit::planner::MetaRecordingAllocator>());
 static_assert(overrides_this_form<shardfit::executor::CountingAllocator>());
 static_assert(overrides_this_form<shardfit::planner::RecordingCpuAllocator>());
+static_assert(overrides_this_form<shardfit::planner::ProbeCpuAllocator>());
 
 }  // namespace

@@ -21,7 +21,7 @@
 
 #include "models/model.h"
 #include "planner/trace.h"
-#include "planner/recording_cpu_allocator.h"
+#include "tests/planner/recording_cpu_allocator.h"
 
 namespace shardfit::planner {
 namespace {

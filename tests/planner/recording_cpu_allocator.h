@@ -1,6 +1,5 @@
-// A CPU allocator that tells an observer the size of every allocation, then
-// passes it to the allocator it wraps: the bf16 matmul probe
-// (planner/cpu_matmul_probe.cc) and tests/planner/cpu_kernels_test.cc.
+// A CPU allocator for tests/planner/cpu_kernels_test.cc: tells an observer
+// the size of every allocation, then passes it to the allocator it wraps.
 //
 // Includes only c10's allocator interface (compat/c10_allocator.h): tests/
 // compat/ compiles it against LibTorch 2.3+'s form of c10::Allocator too.
