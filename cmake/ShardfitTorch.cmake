@@ -2,21 +2,26 @@
 # translation unit sees.
 #
 # LibTorch, by SHARDFIT_LIBTORCH:
-#   search  CMake's own search (the default while the byte models move to
-#           2.11): what -DCMAKE_PREFIX_PATH=/path/to/libtorch or -DTorch_DIR
-#           names (any LibTorch >= 2.3), else Debian's libtorch-dev 1.13,
-#           the LibTorch every byte-exact test is modelled on today.
-#   venv    the pinned stack's (requirements.lock): the torch wheel that
-#           SHARDFIT_VENV_PYTHON imports (default .venv/bin/python, made by
-#           scripts/install-deps), found through torch.utils.cmake_prefix_path.
-#           CPU and CUDA: the wheel is a CUDA build.
+#   venv    the default: the pinned stack's (requirements.lock), the torch
+#           wheel that SHARDFIT_VENV_PYTHON imports (default .venv/bin/python,
+#           made by scripts/install-deps), found through its
+#           share/cmake/Torch. CPU and CUDA: the wheel is a CUDA build.
+#   search  CMake's own search: what -DCMAKE_PREFIX_PATH=/path/to/libtorch or
+#           -DTorch_DIR names (any LibTorch >= 2.3, or Debian's
+#           libtorch-dev 1.13). The default when either is given.
 # The wheel's folder goes on CMAKE_PREFIX_PATH twice: share/cmake for
 # TorchConfig.cmake, and the folder itself, so that TorchConfig's
 # find_library(torch ...) finds the wheel's lib/libtorch.so before a system
 # copy (Debian's /usr/lib/x86_64-linux-gnu/libtorch.so would be found first
 # otherwise, and the build would mix two LibTorch versions).
-set(SHARDFIT_LIBTORCH "search" CACHE STRING "Which LibTorch: search (CMake's search) or venv (the pinned stack's wheel)")
-set_property(CACHE SHARDFIT_LIBTORCH PROPERTY STRINGS search venv)
+if(CMAKE_PREFIX_PATH OR Torch_DIR)
+  set(_shardfit_libtorch_default search)
+else()
+  set(_shardfit_libtorch_default venv)
+endif()
+set(SHARDFIT_LIBTORCH "${_shardfit_libtorch_default}" CACHE STRING
+    "Which LibTorch: venv (the pinned stack's wheel, the default) or search (CMake's search)")
+set_property(CACHE SHARDFIT_LIBTORCH PROPERTY STRINGS venv search)
 set(SHARDFIT_VENV_PYTHON "${CMAKE_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
     "Python whose torch provides LibTorch with SHARDFIT_LIBTORCH=venv (default: the pinned stack's .venv)")
 if(SHARDFIT_LIBTORCH STREQUAL "venv")
@@ -31,7 +36,7 @@ if(SHARDFIT_LIBTORCH STREQUAL "venv")
   list(PREPEND CMAKE_PREFIX_PATH "${_shardfit_torch_root}" "${_shardfit_torch_root}/share/cmake")
   message(STATUS "shardfit: LibTorch from ${SHARDFIT_VENV_PYTHON}'s torch (${_shardfit_torch_root})")
 elseif(NOT SHARDFIT_LIBTORCH STREQUAL "search")
-  message(FATAL_ERROR "SHARDFIT_LIBTORCH=${SHARDFIT_LIBTORCH}: choose search or venv")
+  message(FATAL_ERROR "SHARDFIT_LIBTORCH=${SHARDFIT_LIBTORCH}: choose venv or search")
 endif()
 
 find_package(Torch REQUIRED)

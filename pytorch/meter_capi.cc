@@ -1,8 +1,8 @@
 // The meter inside a real PyTorch process: a C ABI over the
 // engine's own TrackingAllocator (executor/tracking_allocator.h), built as a
-// shared library that Python loads with ctypes after `import torch`. Debian's
-// python3-torch links the same LibTorch 1.13 (libc10.so) this project builds
-// against, so c10::SetCPUAllocator here replaces the CPU allocator of the
+// shared library that Python loads with ctypes after `import torch`. That
+// torch links the same LibTorch (libc10.so) this project builds against
+// (.venv's, the pinned stack), so c10::SetCPUAllocator here replaces the CPU allocator of the
 // PyTorch process itself: every storage PyTorch's DDP, ZeroRedundancyOptimizer,
 // torch.utils.checkpoint and torch.optim allocate on the CPU is counted with
 // the same rule as `shardfit run`'s reports (the requested nbytes).

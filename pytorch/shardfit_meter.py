@@ -4,8 +4,8 @@ Loads libshardfit_torch.so (pytorch/meter_capi.cc) with ctypes and
 installs the engine's tracking allocator as LibTorch's CPU allocator, so that
 every CPU storage this process allocates from then on is counted as
 `shardfit run` counts its own: the bytes each storage asks for, their peak,
-and a timeline at named phases. Works with Debian's python3-torch, which
-links the same LibTorch 1.13 shardfit builds against.
+and a timeline at named phases. Works in the Python whose torch is the
+LibTorch shardfit builds against (.venv's, the pinned stack).
 
     import torch, shardfit_meter
     meter = shardfit_meter.Meter()       # install: counting starts now

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trace a model written in Python into a shardfit.trace/1 file.
 
-    /usr/bin/python3 pytorch/trace_recorder.py --model mypkg.models:build \\
+    .venv/bin/python pytorch/trace_recorder.py --model mypkg.models:build \\
         --input mypkg.models:make_batch --seq-len 512 --out model.trace.json
     shardfit plan --trace model.trace.json --device a100-80gb ...
 

@@ -10,6 +10,6 @@ sys.path.insert(0, os.path.join(ROOT, "pytorch"))
 try:
     import torch  # noqa: F401
 except ImportError:
-    print("skipped: this python3 (%s) cannot import torch: install Debian's python3-torch "
-          "(scripts/install-deps)" % sys.executable)
+    print("skipped: this python3 (%s) cannot import torch: scripts/install-deps makes .venv/ "
+          "with the pinned stack's" % sys.executable)
     sys.exit(77)
