@@ -51,6 +51,12 @@ if(SHARDFIT_LIBTORCH STREQUAL "venv")
                         "-DSHARDFIT_LIBTORCH=venv), or give -DSHARDFIT_LIBTORCH=search here")
   endif()
 endif()
+if(Torch_VERSION VERSION_EQUAL 1.13 AND EXISTS "${SHARDFIT_VENV_PYTHON}")
+  # A folder configured before the pinned stack became the default keeps
+  # SHARDFIT_LIBTORCH=search, and so Debian's 1.13, in its cache.
+  message(WARNING "shardfit: ${CMAKE_BINARY_DIR} builds against LibTorch 1.13; the tests and the accuracy "
+                  "matrix follow the pinned stack's 2.11 (.venv): configure a new build folder for it")
+endif()
 if(Torch_VERSION VERSION_LESS 2.3 AND NOT Torch_VERSION VERSION_EQUAL 1.13)
   message(FATAL_ERROR "shardfit: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}): "
                       "shardfit builds against LibTorch >= 2.3 (or Debian's 1.13)")
