@@ -96,26 +96,27 @@ std::vector<int64_t> run(Product p, c10::ArrayRef<const c10::IValue> in, int thr
   const bool batched = p == Product::kBmm || p == Product::kBaddbmm;
   at::Tensor out = batched ? at::empty({a.size(0), a.size(1), b.size(2)}, a.options())
                            : at::empty({a.size(0), b.size(1)}, a.options());
-  const int saved_threads = at::get_num_threads();
-  at::set_num_threads(threads);
   Sink sink;
-  struct Active {
-    explicit Active(Sink* s) { t_sink = s; }
-    ~Active() { t_sink = nullptr; }
-  };
-  try {
-    Active active(&sink);
+  {
+    // This thread's allocations go to `sink`, under `threads` intra-op threads, until the product returns.
+    struct Active {
+      Active(Sink* s, int threads) : saved_threads(at::get_num_threads()) {
+        at::set_num_threads(threads);
+        t_sink = s;
+      }
+      ~Active() {
+        t_sink = nullptr;
+        at::set_num_threads(saved_threads);
+      }
+      int saved_threads;
+    } active(&sink, threads);
     switch (p) {
       case Product::kMm: at::mm_out(out, a, b); break;
       case Product::kAddmm: at::addmm_out(out, self, a, b, scalar(in, 3), scalar(in, 4)); break;
       case Product::kBmm: at::bmm_out(out, a, b); break;
       case Product::kBaddbmm: at::baddbmm_out(out, self, a, b, scalar(in, 3), scalar(in, 4)); break;
     }
-  } catch (...) {
-    at::set_num_threads(saved_threads);
-    throw;
   }
-  at::set_num_threads(saved_threads);
   return std::move(sink.events);
 }
 
@@ -155,9 +156,9 @@ std::vector<int64_t> probe_cpu_bf16_matmul(const char* op, c10::ArrayRef<const c
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  std::vector<int64_t> bytes = run(p, in, threads);
+  std::vector<int64_t> events = run(p, in, threads);
   std::lock_guard<std::mutex> lock(mu);
-  return cache.emplace(std::move(key), std::move(bytes)).first->second;
+  return cache.emplace(std::move(key), std::move(events)).first->second;
 }
 
 }  // namespace shardfit::planner

@@ -25,7 +25,7 @@ class ProbeCpuAllocator final : public c10::Allocator {
   using Observer = bool (*)(const void* data, size_t nbytes);
   using OnFree = void (*)(const void* data);
   // One per process (the raw deleter below is a plain function).
-  ProbeCpuAllocator(c10::Allocator* base, Observer on_allocate, OnFree on_free = nullptr)
+  ProbeCpuAllocator(c10::Allocator* base, Observer on_allocate, OnFree on_free)
       : base_(base), on_allocate_(on_allocate), on_free_(on_free) {
     base_raw_deleter() = base->raw_deleter();
   }
@@ -78,7 +78,7 @@ class ProbeCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate_observed(size_t nbytes) const {
     c10::DataPtr d = base_->allocate(nbytes);
     const bool follow = on_allocate_(d.get(), nbytes);
-    if (!follow || !on_free_ || d.get() == nullptr || d.get() != d.get_context()) return d;
+    if (!follow || d.get() == nullptr || d.get() != d.get_context()) return d;
     const c10::Device device = d.device();
     const c10::DeleterFnPtr deleter = d.get_deleter();
     void* data = d.release_context();

@@ -169,7 +169,7 @@ double input_bytes(const at::RecordFunction& fn) {
 // allocation of n bytes, -(k + 1) the free of the k-th (from 0); those not
 // freed in the list are freed as the op returns, the last made first.
 struct KernelTemporaries final : at::ObserverContext {
-  std::vector<int64_t> bytes;
+  std::vector<int64_t> events;
 };
 
 // A Python number given to a binary op arrives as a 0-dim CPU tensor of
@@ -236,25 +236,22 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (r.record_host_storages && fn.scope() == at::RecordScope::FUNCTION) {
     if (const int64_t cast = wrapped_number_cast_bytes(fn)) {
       auto t = std::make_unique<KernelTemporaries>();
-      t->bytes = {cast};
+      t->events = {cast};
       return t;
     }
   }
   if (r.cpu_bf16_threads > 0 && fn.scope() == at::RecordScope::FUNCTION) {
     // On LibTorch 2.x this runs the CPU kernel once (planner/cpu_matmul_probe.cc):
     // its CPU storages are not the traced step's host storages.
+    struct Paused {
+      bool& active;
+      ~Paused() { active = true; }
+    } paused{r.active};
     r.active = false;
-    std::vector<int64_t> bytes;
-    try {
-      bytes = cpu_bf16_matmul_temporaries(fn.name(), fn.inputs(), r.cpu_bf16_threads);
-    } catch (...) {
-      r.active = true;
-      throw;
-    }
-    r.active = true;
-    if (!bytes.empty()) {
+    std::vector<int64_t> events = cpu_bf16_matmul_temporaries(fn.name(), fn.inputs(), r.cpu_bf16_threads);
+    if (!events.empty()) {
       auto t = std::make_unique<KernelTemporaries>();
-      t->bytes = std::move(bytes);
+      t->events = std::move(events);
       return t;
     }
   }
@@ -268,7 +265,7 @@ void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (auto* t = static_cast<KernelTemporaries*>(ctx)) {
     std::vector<int64_t> ids;
     std::vector<bool> freed;
-    for (int64_t e : t->bytes) {
+    for (int64_t e : t->events) {
       if (e >= 0) {
         ids.push_back(r.next_tensor++);
         freed.push_back(false);

@@ -85,8 +85,8 @@ def use_the_cpp_meta_kernels():
     for kind in ("meta", "post_autograd", "pre_autograd"):
         for op, fn in global_decomposition_table[kind].items():
             table.setdefault(op, fn)
-    # A C++ kernel that serves Meta: its own, or a CompositeExplicitAutograd one.
-    def served(name, _key):
+    # A C++ kernel that serves Meta: its own, or a composite one.
+    def served(name):
         has = torch._C._dispatch_has_kernel_for_dispatch_key
         return any(has(name, k) for k in ("Meta", "CompositeExplicitAutograd",
                                           "CompositeExplicitAutogradNonFunctional", "CompositeImplicitAutograd"))
@@ -94,7 +94,7 @@ def use_the_cpp_meta_kernels():
     for op, fn in table.items():
         if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op.is_view:
             continue
-        if served(op.name(), "Meta"):
+        if served(op.name()):
             continue
         _PYTHON_ONLY_METAS.impl(op, fn)
 
