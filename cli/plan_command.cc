@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
 #include "cli/progress.h"
@@ -23,8 +24,9 @@ struct PlanArgs {
   bool ddp_static_graph = false;
   bool single_gpu_unwrapped = false;
   double ddp_bucket_cap_mb = planner::kDdpBucketCapBytes / (1024.0 * 1024);
-  std::string zero_grad = "none";
-  std::string checkpoint = "non-reentrant";
+  std::string torch = planner::kPinnedTorch;
+  std::string zero_grad;   // empty: --torch's default
+  std::string checkpoint;  // empty: --torch's default
   std::string fsdp_backward_prefetch = "pre";
   int fsdp_version = 1;
   std::string fsdp_reduce_dtype = "param";
@@ -69,16 +71,29 @@ int run(const PlanArgs& a) {
   r.single_gpu_unwrapped = a.single_gpu_unwrapped;
   // DDP's buckets, PyTorch's or the engine's (spec/grad_buckets.h).
   r.schedule.ddp_bucket_cap_bytes = bucket_cap_bytes(a.ddp_bucket_cap_mb);
-  if (a.zero_grad != "none" && a.zero_grad != "zero")
-    throw BadInput("--zero-grad " + a.zero_grad + ": expected none (set_to_none=True) or zero (set_to_none=False)");
-  if (a.zero_grad != "none" && r.stack != planner::Stack::kPytorch)
+  // --torch: which PyTorch runs the job, and so what the loop's calls do
+  // when the script passes nothing (planner::torch_defaults).
+  planner::TorchDefaults defaults;
+  try {
+    defaults = planner::torch_defaults(a.torch);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput("--torch " + a.torch + ": " + e.what());
+  }
+  if (a.torch != planner::kPinnedTorch && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--torch: whose PyTorch runs the job; give --stack pytorch");
+  r.torch = a.torch;
+  const std::string zero_grad = a.zero_grad.empty() ? defaults.zero_grad : a.zero_grad;
+  if (zero_grad != "none" && zero_grad != "zero")
+    throw BadInput("--zero-grad " + zero_grad + ": expected none (set_to_none=True) or zero (set_to_none=False)");
+  if (!a.zero_grad.empty() && r.stack != planner::Stack::kPytorch)
     throw BadInput("--zero-grad: a PyTorch optimizer option; give --stack pytorch");
-  r.zero_grad_set_to_none = a.zero_grad == "none";
-  if (a.checkpoint != "non-reentrant" && a.checkpoint != "reentrant")
-    throw BadInput("--checkpoint " + a.checkpoint + ": expected non-reentrant or reentrant");
-  if (a.checkpoint != "non-reentrant" && r.stack != planner::Stack::kPytorch)
+  r.zero_grad_set_to_none = zero_grad == "none";
+  const std::string checkpoint = a.checkpoint.empty() ? defaults.checkpoint : a.checkpoint;
+  if (checkpoint != "non-reentrant" && checkpoint != "reentrant")
+    throw BadInput("--checkpoint " + checkpoint + ": expected non-reentrant or reentrant");
+  if (!a.checkpoint.empty() && r.stack != planner::Stack::kPytorch)
     throw BadInput("--checkpoint: torch.utils.checkpoint's kind; give --stack pytorch");
-  r.ckpt_reentrant = a.checkpoint == "reentrant";
+  r.ckpt_reentrant = checkpoint == "reentrant";
   const std::string& bp = a.fsdp_backward_prefetch;
   if (bp != "pre" && bp != "post" && bp != "none")
     throw BadInput("--fsdp-backward-prefetch " + bp + ": expected pre (BACKWARD_PRE), post (BACKWARD_POST) or none");
@@ -133,6 +148,12 @@ int run(const PlanArgs& a) {
       throw BadInput(e.what());
     }
     if (!a.seq_len_given) r.seq_len = r.trace_file->seq_len;
+    // It names the PyTorch whose kernels it recorded; planned as another,
+    // its temporaries are still that one's.
+    const std::string& recorded = r.trace_file->torch_version;
+    if (r.stack == planner::Stack::kPytorch && !recorded.empty() && recorded.rfind(r.torch + ".", 0) != 0)
+      spdlog::warn("--trace {}: recorded under PyTorch {}, planned as --torch {}: its kernels' temporaries are "
+                   "{}'s", a.trace, recorded, r.torch, recorded);
   } else {
     r.model = models::resolve_model(a.model);
     try {
@@ -243,10 +264,16 @@ Command add_plan_command(CLI::App& app) {
                 "--stack pytorch, --gpus 1: the ddp candidates' model is not wrapped in DDP (no buckets, no "
                 "broadcasts), as Accelerate and the Hugging Face Trainer run a one-process job; without it, "
                 "DistributedDataParallel on a world of one, as a torchrun script builds it");
+  sub->add_option("--torch", a->torch,
+                  "--stack pytorch: the PyTorch the job runs, whose defaults the plan follows where the job "
+                  "passes nothing: 2.11 (the pinned stack: zero_grad(set_to_none=True), transformers' "
+                  "use_reentrant=False) or 1.13 (2022's, the reference scenario's: set_to_none=False, "
+                  "use_reentrant=True); --zero-grad and --checkpoint override them")
+      ->capture_default_str();
   sub->add_option("--zero-grad", a->zero_grad,
                   "--stack pytorch: what the loop's opt.zero_grad() does: none (set_to_none=True, PyTorch 2.x's "
-                  "default, the gradients dropped) or zero (set_to_none=False, PyTorch 1.x's default, zeroed in place)")
-      ->capture_default_str();
+                  "default, the gradients dropped) or zero (set_to_none=False, PyTorch 1.x's default, zeroed in "
+                  "place); default: --torch's");
   sub->add_option("--fsdp-backward-prefetch", a->fsdp_backward_prefetch,
                   "--stack pytorch, FSDP candidates: FSDP(backward_prefetch=...): pre (BACKWARD_PRE: the next "
                   "unit gathered when a unit's backward starts; Accelerate's default), post (BACKWARD_POST: when "
@@ -270,9 +297,9 @@ Command add_plan_command(CLI::App& app) {
                 "--stack pytorch, FSDP1 bf16 candidates: MixedPrecision(keep_low_precision_grads=True), the reduced "
                 "gradient shards cast to param_dtype for the optimizer");
   sub->add_option("--checkpoint", a->checkpoint,
-                  "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False) "
-                  "or reentrant (use_reentrant=True, 1.13's default)")
-      ->capture_default_str();
+                  "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False, "
+                  "what transformers' gradient_checkpointing_enable() passes) or reentrant (use_reentrant=True, "
+                  "1.13's default); default: --torch's");
   auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
   sub->add_option("--loss", a->loss,
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "

@@ -43,6 +43,8 @@ struct PlanRequest {
   // use_reentrant=True (`--checkpoint reentrant`, 1.13's default) instead of
   // False (`--checkpoint non-reentrant`, the default here).
   bool ckpt_reentrant = false;
+  // --stack pytorch: the PyTorch the job runs (`--torch`, kPinnedTorch or "1.13").
+  std::string torch = kPinnedTorch;
   // --stack pytorch, FSDP candidates: BackwardPrefetch (`--fsdp-backward-prefetch`).
   FsdpBackwardPrefetch fsdp_backward_prefetch = FsdpBackwardPrefetch::kBackwardPre;
   // --stack pytorch, FSDP candidates: 1 (FullyShardedDataParallel as 1.13

@@ -187,6 +187,14 @@ Plan plan_from(const json& j, const std::string& origin) {
   if (r.has("pytorch_job")) {
     const FieldReader p = r.object("pytorch_job");
     Plan::PytorchJob job;
+    if (p.has("torch")) {
+      job.torch = p.text("torch");
+      try {
+        torch_defaults(job.torch);
+      } catch (const std::invalid_argument& e) {
+        p.fail("torch", e.what());
+      }
+    }
     job.zero_grad = p.text("zero_grad");
     job.checkpoint = p.text("checkpoint");
     job.ddp_bucket_cap_bytes = p.integer("ddp_bucket_cap_bytes", 1);
@@ -392,6 +400,7 @@ void to_json(json& j, const Plan& plan) {
                         {"fsdp_reduce_dtype", plan.pytorch_job->fsdp_reduce_dtype},
                         {"adamw_foreach", plan.pytorch_job->adamw_foreach},
                         {"fsdp_keep_low_precision_grads", plan.pytorch_job->fsdp_keep_low_precision_grads}};
+  if (plan.pytorch_job && !plan.pytorch_job->torch.empty()) j["pytorch_job"]["torch"] = plan.pytorch_job->torch;
   if (plan.schedule.async_reduce) j["async_reduce"] = true;
   if (plan.schedule.async_gather) j["async_gather"] = true;
 }

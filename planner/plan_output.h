@@ -139,6 +139,7 @@ struct Plan {
   // options of the same names say it; written with stack "pytorch" (absent
   // in older plans: then not known).
   struct PytorchJob {
+    std::string torch;                   // the PyTorch the job runs: "2.11" or "1.13"; absent in older plans = ""
     std::string zero_grad;               // "none" (set_to_none=True) or "zero"
     std::string checkpoint;              // the +ckpt candidates': "non-reentrant" or "reentrant"
     int64_t ddp_bucket_cap_bytes = 0;    // DDP(bucket_cap_mb=...) in bytes

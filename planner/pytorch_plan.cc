@@ -407,7 +407,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   plan.ddp_bucket_view = r.ddp_bucket_view;
   plan.ddp_static_graph = r.ddp_static_graph;
   plan.single_gpu_unwrapped = r.single_gpu_unwrapped;
-  plan.pytorch_job = Plan::PytorchJob{r.zero_grad_set_to_none ? "none" : "zero",
+  plan.pytorch_job = Plan::PytorchJob{r.torch, r.zero_grad_set_to_none ? "none" : "zero",
                                       r.ckpt_reentrant ? "reentrant" : "non-reentrant", r.schedule.ddp_bucket_cap_bytes,
                                       r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kBackwardPost ? "post"
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"

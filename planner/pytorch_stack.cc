@@ -37,6 +37,19 @@ std::optional<DType> parse_fsdp_reduce_dtype(const std::string& name) {
   throw std::invalid_argument("expected param, fp32, bf16 or fp16");
 }
 
+TorchDefaults torch_defaults(const std::string& torch) {
+  // 1.13: Optimizer.zero_grad(set_to_none=False), checkpoint(use_reentrant=True)
+  // (torch/optim/optimizer.py, torch/utils/checkpoint.py at v1.13.0).
+  if (torch == "1.13") return {"zero", "reentrant"};
+  // 2.11: zero_grad(set_to_none=True) (optimizer.py at v2.11.0); checkpoint()
+  // given no use_reentrant warns and runs True, but transformers 5.17's
+  // gradient_checkpointing_enable() passes use_reentrant=False
+  // (modeling_utils.py), as torch's warning recommends.
+  if (torch == kPinnedTorch) return {"none", "non-reentrant"};
+  throw std::invalid_argument(std::string("expected ") + kPinnedTorch +
+                              " (the pinned stack) or 1.13 (2022's, the reference scenario's)");
+}
+
 bool grad_scaler_init(Ledger& ledger, const std::string& label) {
   for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
     if (ledger.alloc(Category::kOptimizer, b, label) < 0) return false;

@@ -40,6 +40,20 @@ enum class FsdpBackwardPrefetch : uint8_t { kNone, kBackwardPre, kBackwardPost }
 // FSDP2). Anything else: std::invalid_argument.
 std::optional<DType> parse_fsdp_reduce_dtype(const std::string& name);
 
+// The PyTorch a job runs (`plan --stack pytorch --torch`, the plan's
+// pytorch_job.torch): the pinned stack's (requirements.lock), or 1.13, the
+// 2022 reference scenario's.
+inline constexpr const char* kPinnedTorch = "2.11";
+
+// What the training loop's calls do when the script passes nothing, by the
+// PyTorch that runs it (`--zero-grad` and `--checkpoint` override them).
+struct TorchDefaults {
+  std::string zero_grad;   // "none" (set_to_none=True) or "zero"
+  std::string checkpoint;  // the +ckpt candidates': "non-reentrant" or "reentrant"
+};
+// `torch`: "2.11" or "1.13"; anything else: std::invalid_argument.
+TorchDefaults torch_defaults(const std::string& torch);
+
 // DistributedDataParallel's default bucket_cap_mb, in bytes: spec's, which
 // shardfit's engine buckets by too.
 using spec::kDdpBucketCapBytes;

@@ -24,6 +24,9 @@ struct TraceFile {
   std::string input;    // what made its inputs (informative)
   int64_t seq_len = 0;
   bool target_cuda = false;  // whose kernels the meta kernels imitated
+  // The PyTorch whose operators were traced (its LibTorch's TORCH_VERSION,
+  // e.g. "2.11.0"); empty in files written before it was recorded.
+  std::string torch_version;
   std::vector<ModuleNode> modules;
   std::vector<ModelTrace> traces;  // each with modules left empty (they are the file's)
   // The optimizer's own steps, traced on the model's parameters (all of

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <torch/version.h>
+
 #include "executor/tracking_allocator.h"
 #include "planner/trace_file.h"
 #include "planner/trace_recorder.h"
@@ -198,6 +200,7 @@ int shardfit_trace_write(const char* path, const char* name, const char* factory
     f.input = input;
     f.seq_len = seq_len;
     f.target_cuda = target_cuda != 0;
+    f.torch_version = TORCH_VERSION;  // this library's LibTorch, the one the recording process runs
     f.modules = parse_module_table(modules_json, "the module table");
     f.traces = std::move(g_traces);
     g_traces.clear();

@@ -123,7 +123,7 @@ TEST(LaunchConfig, FsdpMapsEveryShardingWrapPrecisionAndCheckpointing) {
 TEST(LaunchConfig, AnFsdp1PlanExportsTheJobItSimulated) {
   Plan plan = plan_with("zero3/bf16/wrap=block", 12, 2, 1);
   plan.stack = "pytorch";
-  plan.pytorch_job = Plan::PytorchJob{"none", "non-reentrant", 25 << 20, "post", 2, 1, "fp32", false, true};
+  plan.pytorch_job = Plan::PytorchJob{"2.11", "none", "non-reentrant", 25 << 20, "post", 2, 1, "fp32", false, true};
   const LaunchConfig f = export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
   const ojson& k = f.settings["fsdp_kwargs"];
   EXPECT_EQ(k["mixed_precision"], ojson({{"param_dtype", "bfloat16"},
@@ -194,7 +194,7 @@ TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
 TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
   Plan plan = plan_with("zero2+offload/bf16/wrap=block", 12, 2, 1);
   plan.stack = "pytorch";
-  plan.pytorch_job = Plan::PytorchJob{"none", "non-reentrant", 25 << 20, "pre", 2, 2, "fp32"};
+  plan.pytorch_job = Plan::PytorchJob{"2.11", "none", "non-reentrant", 25 << 20, "pre", 2, 2, "fp32"};
   const LaunchConfig f = export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
   EXPECT_EQ(ojson::parse(f.text), f.settings);
   EXPECT_FALSE(f.settings.contains("fsdp_kwargs"));

@@ -86,7 +86,7 @@ TEST(PlanOutputTest, RoundTrips) {
   plan.candidates[5].oom = PlanCandidate::Oom{1, "init", 1000, 2 << 20, 5 << 20, 20 << 20};
   plan.stack = "pytorch";
   plan.single_gpu_unwrapped = true;
-  plan.pytorch_job = Plan::PytorchJob{"zero", "reentrant", 5 << 20, "post", 3, 2, "fp32", true, true};
+  plan.pytorch_job = Plan::PytorchJob{"1.13", "zero", "reentrant", 5 << 20, "post", 3, 2, "fp32", true, true};
   plan.hardware.allocator_budget_bytes = int64_t{22} << 30;
   std::string text = plan_to_json_text(plan);
   EXPECT_EQ(json::parse(text)["candidates"][5]["oom"]["allocation_bytes"], 2 << 20);
@@ -105,8 +105,14 @@ TEST(PlanOutputTest, RoundTrips) {
   EXPECT_EQ(back.pytorch_job->fsdp_version, 2);
   EXPECT_EQ(back.pytorch_job->fsdp_reduce_dtype, "fp32");
   EXPECT_TRUE(back.pytorch_job->fsdp_keep_low_precision_grads);
+  EXPECT_EQ(back.pytorch_job->torch, "1.13");
   // An older plan has no fsdp_version: FSDP1; an unknown one is refused.
+  // Nor a torch version: none is assumed; one no plan makes is refused.
   json older = json::parse(text);
+  older["pytorch_job"]["torch"] = "1.12";
+  EXPECT_THROW(parse_plan(older.dump()), std::invalid_argument);
+  older["pytorch_job"].erase("torch");
+  EXPECT_EQ(parse_plan(older.dump()).pytorch_job->torch, "");
   older["pytorch_job"].erase("fsdp_version");
   older["pytorch_job"].erase("fsdp_reduce_dtype");
   older["pytorch_job"].erase("fsdp_keep_low_precision_grads");

@@ -181,6 +181,37 @@ class TraceTest(unittest.TestCase):
                          ["ddp+ckpt/fp32/wrap=none", "ddp/bf16/wrap=none", "ddp/fp32/wrap=none",
                           "zero1+ckpt/fp32/wrap=none", "zero1/bf16/wrap=none", "zero1/fp32/wrap=none"])
 
+    def test_the_trace_names_its_pytorch_and_plan_follows_torchs_defaults(self):
+        import torch
+        self.assertEqual(self.file["torch"], torch.__version__.split("+")[0])
+        base = [SHARDFIT, "plan", "--trace", self.trace, "--stack", "pytorch", "--device", "cpu", "--gpus", "2",
+                "--gpu-mem", "16MiB", "--json"]
+        jobs = {}
+        for torch_flag in ([], ["--torch", "2.11"], ["--torch", "1.13"], ["--torch", "1.13", "--zero-grad", "none"]):
+            out = subprocess.run(base + torch_flag, capture_output=True, text=True, timeout=300)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            job = json.loads(out.stdout)["pytorch_job"]
+            jobs[" ".join(torch_flag)] = (job["torch"], job["zero_grad"], job["checkpoint"])
+            # Planned as a PyTorch the trace was not recorded under: said, once.
+            self.assertEqual("recorded under PyTorch" in out.stderr,
+                             not self.file["torch"].startswith(job["torch"] + "."), out.stderr)
+        # 2.x drops the gradients, transformers checkpoints non-reentrant;
+        # 1.13 zeroes them and checkpoints reentrant; an option given wins.
+        self.assertEqual(jobs, {"": ("2.11", "none", "non-reentrant"),
+                                "--torch 2.11": ("2.11", "none", "non-reentrant"),
+                                "--torch 1.13": ("1.13", "zero", "reentrant"),
+                                "--torch 1.13 --zero-grad none": ("1.13", "none", "reentrant")})
+        for bad, said in ((["--torch", "1.12"], "--torch 1.12: expected 2.11"),
+                          (["--torch", "2.11", "--zero-grad", "some"], "--zero-grad some: expected none")):
+            out = subprocess.run(base + bad, capture_output=True, text=True, timeout=120)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+            self.assertIn(said, out.stderr)
+        out = subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--device", "cpu", "--torch", "1.13"],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("--torch: whose PyTorch runs the job; give --stack pytorch", out.stderr)
+
     def test_gradient_accumulation_is_per_micro_batch_and_refused_where_not_simulated(self):
         def plan(*extra):
             return subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--stack", "pytorch", "--device", "cpu",
