@@ -58,6 +58,12 @@ CONFIGS = {
     "llama-tiny": dict(family="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, intermediate_size=176, vocab_size=512,
                        rms_norm_eps=1e-5, rope_theta=500000.0),
+    # llama-tiny with its keys and values repeated by repeat_interleave(int), as some GQA code
+    # writes it. 1.13's meta device refuses it ("cannot repeat_interleave a meta tensor without
+    # output_size"); 2.x's runs it, and the trace is the CPU step's to the byte (trace_test.py).
+    "llama-tiny-ri": dict(family="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, intermediate_size=176, vocab_size=512,
+                          rms_norm_eps=1e-5, rope_theta=500000.0, kv_repeat="repeat_interleave"),
     # gpt2-tiny's shapes in the 2022 model (its mask buffers at n_positions 128).
     "gpt2-hf2022-tiny": dict(family="gpt2-hf2022", n_embd=64, n_layer=2, n_head=4, vocab_size=512,
                              n_positions=128),
@@ -296,6 +302,7 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, d, bias=False)
+        self.kv_repeat = cfg.get("kv_repeat", "expand")
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -304,8 +311,11 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         rep = self.heads // self.kv_heads  # keys and values repeated, as eager attention does
-        k = k[:, :, None].expand(B, self.kv_heads, rep, T, self.head_dim).reshape(B, self.heads, T, self.head_dim)
-        v = v[:, :, None].expand(B, self.kv_heads, rep, T, self.head_dim).reshape(B, self.heads, T, self.head_dim)
+        if self.kv_repeat == "repeat_interleave":
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        else:
+            k = k[:, :, None].expand(B, self.kv_heads, rep, T, self.head_dim).reshape(B, self.heads, T, self.head_dim)
+            v = v[:, :, None].expand(B, self.kv_heads, rep, T, self.head_dim).reshape(B, self.heads, T, self.head_dim)
         w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
         mask = torch.full((T, T), torch.finfo(w.dtype).min, device=x.device).triu(1)
         w = F.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)

@@ -109,6 +109,11 @@ class TraceTest(unittest.TestCase):
     def test_every_batch_traced_is_what_the_cpu_step_allocates(self):
         self.check_every_batch("gpt2-tiny", self.file)
 
+    @unittest.skipIf(torch.__version__.startswith("1."), "1.13's meta device cannot run repeat_interleave with a Python int")
+    def test_gqa_by_repeat_interleave_is_traced_exactly(self):
+        _, file = self.record("llama-tiny-ri")
+        self.check_every_batch("llama-tiny-ri", file)
+
     def test_a_model_with_buffers_is_traced_exactly_and_its_buffers_listed(self):
         self.check_every_batch("gpt2-hf2022-tiny", self.hf_file)
         buffers = [b for m in self.hf_file["modules"] for b in m.get("buffers", [])]
