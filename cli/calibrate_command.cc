@@ -325,7 +325,8 @@ Command add_calibrate_command(CLI::App& app) {
             settle_malloc();
             const reports::Machine m = reports::this_machine(threads);
             const std::string where = "measured by `shardfit calibrate --device cpu --nproc " +
-                                      std::to_string(a->nproc) + "` on " + today() + ", " + m.cpu_model + ", " +
+                                      std::to_string(a->nproc) + "` on " + today() + ", " + m.cpu_model + ", LibTorch " +
+                                      TORCH_VERSION + ", " +
                                       std::to_string(threads) + " intra-op thread(s) per rank: ";
             std::fprintf(stderr, "calibrate: %s, %d thread(s) per rank\n", m.cpu_model.c_str(), threads);
             auto& src = p["sources"];

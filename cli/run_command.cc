@@ -137,6 +137,7 @@ void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
   r.command = a.command_line;
   r.created = now_iso8601();
   r.machine = reports::this_machine(torch::get_num_threads());
+  r.machine->libtorch = TORCH_VERSION;
   std::printf("%s  %s  %d rank(s) x batch %lld x seq %lld  steps %zu\n", job.model.name.c_str(), r.candidate.c_str(),
               r.world_size, static_cast<long long>(r.batch_per_gpu), static_cast<long long>(job.seq_len),
               r.loss.size());

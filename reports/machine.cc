@@ -77,10 +77,12 @@ Machine this_machine(int threads_per_rank) {
 }
 
 nlohmann::json to_json(const Machine& m) {
-  return {{"cpu_model", m.cpu_model},
-          {"isa_flags", m.isa_flags},
-          {"l2_cache_bytes", m.l2_cache_bytes},
-          {"threads_per_rank", m.threads_per_rank}};
+  nlohmann::json j = {{"cpu_model", m.cpu_model},
+                      {"isa_flags", m.isa_flags},
+                      {"l2_cache_bytes", m.l2_cache_bytes},
+                      {"threads_per_rank", m.threads_per_rank}};
+  if (!m.libtorch.empty()) j["libtorch"] = m.libtorch;
+  return j;
 }
 
 Machine machine_from_json(const nlohmann::json& j, const std::string& where) {
@@ -91,6 +93,7 @@ Machine machine_from_json(const nlohmann::json& j, const std::string& where) {
     m.isa_flags = j.at("isa_flags").get<std::vector<std::string>>();
     m.l2_cache_bytes = json_whole<int64_t>(j.at("l2_cache_bytes"), where + ": machine.l2_cache_bytes");
     m.threads_per_rank = json_whole<int>(j.at("threads_per_rank"), where + ": machine.threads_per_rank");
+    if (j.contains("libtorch")) m.libtorch = j.at("libtorch").get<std::string>();
   } catch (const nlohmann::json::exception&) {
     throw std::invalid_argument(where +
                                 ": machine needs cpu_model, isa_flags, l2_cache_bytes and threads_per_rank");
@@ -103,14 +106,16 @@ std::string describe(const Machine& m) {
   for (const auto& f : m.isa_flags) isa += (isa.empty() ? "" : " ") + f;
   return (m.cpu_model.empty() ? std::string("unknown CPU") : m.cpu_model) + " (" +
          (isa.empty() ? std::string("no AVX2") : isa) + "; L2 " + std::to_string(m.l2_cache_bytes >> 10) +
-         " KiB; " + std::to_string(m.threads_per_rank) + " thread(s)/rank)";
+         " KiB; " + std::to_string(m.threads_per_rank) + " thread(s)/rank" +
+         (m.libtorch.empty() ? std::string() : "; LibTorch " + m.libtorch) + ")";
 }
 
 std::optional<std::string> speed_not_comparable(const std::optional<Machine>& a,
                                                 const std::optional<Machine>& b) {
   if (!a || !b) return std::string("a report does not record its machine");
   if (a->cpu_model != b->cpu_model || a->isa_flags != b->isa_flags ||
-      a->threads_per_rank != b->threads_per_rank || a->l2_cache_bytes != b->l2_cache_bytes)
+      a->threads_per_rank != b->threads_per_rank || a->l2_cache_bytes != b->l2_cache_bytes ||
+      (!a->libtorch.empty() && !b->libtorch.empty() && a->libtorch != b->libtorch))
     return "measured on " + describe(*a) + ", baseline on " + describe(*b);
   return std::nullopt;
 }

@@ -21,6 +21,9 @@ struct Machine {
   std::vector<std::string> isa_flags;  // the kIsaFlagsThatMatter this CPU has, in that order
   int64_t l2_cache_bytes = 0;          // per core (sysfs cache index 2)
   int threads_per_rank = 0;            // intra-op threads each rank ran with
+  // The LibTorch it trained with (its TORCH_VERSION, set by the caller: no
+  // LibTorch here); empty in reports written before it was recorded.
+  std::string libtorch;
 };
 
 // The CPU flags that change which kernels LibTorch 1.13 and its oneDNN pick

@@ -17,10 +17,11 @@ Machine epyc() {
   return {"AMD EPYC 9R14 96-Core Processor",
           {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"},
           1 << 20,
-          1};
+          1,
+          ""};
 }
 
-Machine no_avx512() { return {"Intel(R) Xeon(R) CPU E5-2680 v4", {"avx2"}, 256 << 10, 1}; }
+Machine no_avx512() { return {"Intel(R) Xeon(R) CPU E5-2680 v4", {"avx2"}, 256 << 10, 1, ""}; }
 
 RunReport report(double tokens_per_s, double peak_error_pct, const Machine& m) {
   RunReport r;
@@ -104,6 +105,18 @@ TEST(Machine, RoundTripsThroughTheReport) {
   const RunReport back = report_from_json(to_json(r), "test");
   ASSERT_TRUE(back.machine.has_value());
   EXPECT_EQ(describe(*back.machine), describe(epyc()));
+  // The LibTorch it trained with, where recorded: a speed measured under
+  // another is not compared; a report from before it was recorded is.
+  Machine with_torch = epyc();
+  with_torch.libtorch = "2.11.0";
+  r.machine = with_torch;
+  const RunReport with = report_from_json(to_json(r), "test");
+  EXPECT_EQ(with.machine->libtorch, "2.11.0");
+  EXPECT_NE(describe(*with.machine).find("; LibTorch 2.11.0)"), std::string::npos) << describe(*with.machine);
+  EXPECT_FALSE(speed_not_comparable(with.machine, epyc()));
+  Machine older_torch = with_torch;
+  older_torch.libtorch = "1.13.0";
+  EXPECT_TRUE(speed_not_comparable(with.machine, older_torch));
   nlohmann::json bad = to_json(r);
   bad["machine"] = {{"cpu_model", 3}};
   EXPECT_THROW(report_from_json(bad, "test"), std::invalid_argument);
