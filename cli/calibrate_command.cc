@@ -258,7 +258,7 @@ Rate all_reduce_rate(int ranks, int threads_per_rank, double latency_s) {
 }
 
 // glibc's malloc maps a block at or above its mmap threshold afresh, every
-// page faulted on first touch (microseconds a page on this VM), and raises
+// page faulted on first touch (microseconds a page), and raises
 // the threshold to the size of a mapped block when it is freed, up to 32 MiB
 // (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: glibc malloc.c, free()'s "dynamic
 // mmap threshold"). A fresh process starts at 128 KiB, so a 4 MiB benchmark

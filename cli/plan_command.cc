@@ -334,8 +334,7 @@ Command add_plan_command(CLI::App& app) {
                   "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); gathers stay synchronous. "
                   "--stack pytorch: 2 is FSDP1's forward_prefetch=True; with --fsdp-version 2, FSDP2's "
                   "set_modules_to_forward_prefetch (N - 1 blocks) and set_modules_to_backward_prefetch (N)")
-      ->capture_default_str()
-      ->check(AtLeastOne);
+      ->capture_default_str();
   sub->add_flag("--async-reduce", a->async_reduce,
                 "Gradients reduce beside the rest of backward, as FSDP2's and DDP's do: one reduce-scatter in "
                 "flight (its unsharded grad lives through the next unit's backward), DDP's all-reduces waited "

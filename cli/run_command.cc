@@ -586,8 +586,7 @@ Command add_run_command(CLI::App& app) {
   auto* prefetch = sub->add_option("--prefetch", a->prefetch,
                                    "Units gathered ahead (zero3/hybrid): N in backward, N - 1 in forward (default 1, "
                                    "or the plan's); gathers stay synchronous")
-                       ->capture_default_str()
-                       ->check(AtLeastOne);
+                       ->capture_default_str();
   sub->add_flag("--async-reduce", a->async_reduce,
                 "Reduce gradients beside the rest of backward (default off, or the plan's): one reduce-scatter "
                 "in flight as FSDP2 keeps, DDP's all-reduces waited for at backward's end");

@@ -10,6 +10,7 @@
 #include "executor/engine.h"
 #include "planner/plan_output.h"
 #include "planner/profile.h"
+#include "spec/schedule.h"
 
 namespace shardfit::cli {
 
@@ -66,6 +67,11 @@ Job resolve_job(const RunArgs& a) {
     job.batch = a.batch;
     job.grad_accum = a.grad_accum;
     job.schedule = {a.prefetch, a.async_reduce, a.async_gather, bucket_cap_bytes(a.ddp_bucket_cap_mb)};
+  }
+  try {
+    spec::check_schedule_options(job.schedule);  // before any rank starts
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
   }
   job.model = models::resolve_model(model_name);
   if (!a.loss.empty()) job.loss = a.loss;

@@ -21,6 +21,7 @@
 #include "models/model.h"
 #include "models/module_table.h"
 #include "spec/recompute.h"
+#include "spec/schedule.h"
 #include "spec/strategy.h"
 #include "spec/wrap_policy.h"
 
@@ -70,8 +71,7 @@ void check_engine_options(const EngineOptions& o, int world_size) {
   if (o.steps < 1) throw std::invalid_argument("--steps " + std::to_string(o.steps) + ": must be at least 1");
   if (o.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(o.grad_accum) + ": must be at least 1");
-  if (o.schedule.prefetch < 1)
-    throw std::invalid_argument("--prefetch " + std::to_string(o.schedule.prefetch) + ": must be at least 1");
+  spec::check_schedule_options(o.schedule);
   models::check_seq_len(m, o.seq_len);
   if (o.stop_requested && o.checkpoint.save_dir.empty())
     throw std::invalid_argument("--save-on-signal: needs --save DIR (where the step it stops at is saved)");

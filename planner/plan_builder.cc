@@ -18,6 +18,7 @@
 #include "planner/trace.h"
 #include "spec/grad_buckets.h"
 #include "spec/recompute.h"
+#include "spec/schedule.h"
 #include "spec/shard_layout.h"
 #include "spec/strategy.h"
 #include "spec/wrap_policy.h"
@@ -309,8 +310,7 @@ Plan build_plan(const PlanRequest& r) {
   if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
   if (r.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(r.grad_accum) + ": must be at least 1");
-  if (r.schedule.prefetch < 1)
-    throw std::invalid_argument("--prefetch " + std::to_string(r.schedule.prefetch) + ": must be at least 1");
+  spec::check_schedule_options(r.schedule);
   const TraceFile* file = r.trace_file.get();
   if (file) {
     if (r.seq_len != file->seq_len)

@@ -24,15 +24,16 @@ using namespace shardfit::planner;
 
 namespace {
 
-struct Session {
+// The trace being recorded: between shardfit_trace_begin and shardfit_trace_end.
+struct ActiveTrace {
   ModelTrace trace;
   std::unique_ptr<TraceRecording> recording;
   int64_t outputs_from = -1, outputs_to = -1;  // event indices (shardfit_trace_outputs_dropped)
 };
-std::unique_ptr<Session> g_session;
+std::unique_ptr<ActiveTrace> g_active;
 std::vector<ModelTrace> g_traces;      // finished steps, in order
 std::vector<ModelTrace> g_optimizer;   // finished optimizer steps, in order
-bool g_session_is_optimizer = false;
+bool g_active_is_optimizer = false;
 std::string g_error;
 
 int fail(const std::string& what) {
@@ -55,9 +56,9 @@ const char* shardfit_trace_error() { return g_error.c_str(); }
 int shardfit_trace_begin(const char* modules_json, int64_t batch, int64_t seq_len, const char* dtype,
                          const char* recompute_json, const char* grads, int target_cuda, int cpu_threads) {
   try {
-    if (g_session) return fail("a trace is already being recorded");
-    auto s = std::make_unique<Session>();
-    g_session_is_optimizer = batch == 0;
+    if (g_active) return fail("a trace is already being recorded");
+    auto s = std::make_unique<ActiveTrace>();
+    g_active_is_optimizer = batch == 0;
     s->trace.grads_at_start = grads == nullptr || std::string(grads) != "none";
     s->trace.modules = parse_module_table(modules_json, "the module table");
     s->trace.batch = batch;
@@ -85,7 +86,7 @@ int shardfit_trace_begin(const char* modules_json, int64_t batch, int64_t seq_le
       TrackingAllocator::set_observer(&TraceRecording::host_storage);
     }
     s->recording->start();
-    g_session = std::move(s);
+    g_active = std::move(s);
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what());
@@ -103,17 +104,17 @@ void shardfit_trace_backward_phase() { TraceRecording::begin_backward_phase(); }
 // The trace begun last checkpoints its recomputed modules with
 // use_reentrant=True (ModelTrace::recompute_reentrant).
 int shardfit_trace_reentrant() {
-  if (!g_session) return fail("no trace is being recorded");
-  g_session->trace.recompute_reentrant = true;
+  if (!g_active) return fail("no trace is being recorded");
+  g_active->trace.recompute_reentrant = true;
   return 0;
 }
 
 // The trace begun last ran its forward under torch.autocast of its dtype
 // (ModelTrace::autocast).
 int shardfit_trace_autocast() {
-  if (!g_session) return fail("no trace is being recorded");
-  if (g_session->trace.compute_dtype == DType::kF32) return fail("autocast needs a bf16 or fp16 trace");
-  g_session->trace.autocast = true;
+  if (!g_active) return fail("no trace is being recorded");
+  if (g_active->trace.compute_dtype == DType::kF32) return fail("autocast needs a bf16 or fp16 trace");
+  g_active->trace.autocast = true;
   return 0;
 }
 
@@ -129,18 +130,18 @@ int shardfit_trace_forget_autocast() {
 // the storages freed in between are the outputs a training loop keeps
 // (ModelTrace::kept_outputs); their frees are left out of the trace.
 int shardfit_trace_outputs_dropped(int begin) {
-  if (!g_session) return fail("no trace is being recorded");
-  (begin ? g_session->outputs_from : g_session->outputs_to) = static_cast<int64_t>(g_session->trace.events.size());
+  if (!g_active) return fail("no trace is being recorded");
+  (begin ? g_active->outputs_from : g_active->outputs_to) = static_cast<int64_t>(g_active->trace.events.size());
   return 0;
 }
 
 // The bytes of each tensor with a grad_fn the forward of the trace begun last
 // returned (ModelTrace::output_tensor_bytes): a JSON list.
 int shardfit_trace_output_tensors(const char* bytes_json) {
-  if (!g_session) return fail("no trace is being recorded");
+  if (!g_active) return fail("no trace is being recorded");
   try {
     for (const auto& b : nlohmann::json::parse(bytes_json ? bytes_json : "[]"))
-      g_session->trace.output_tensor_bytes.push_back(b.get<int64_t>());
+      g_active->trace.output_tensor_bytes.push_back(b.get<int64_t>());
   } catch (const std::exception& e) {
     return fail(std::string("output tensors: ") + e.what());
   }
@@ -150,32 +151,32 @@ int shardfit_trace_output_tensors(const char* bytes_json) {
 // Ends the trace begun last (closing the backward of modules whose inputs
 // need no gradient) and keeps it for shardfit_trace_write.
 int shardfit_trace_end() {
-  if (!g_session) return fail("no trace is being recorded");
+  if (!g_active) return fail("no trace is being recorded");
   TraceRecording::end_open_backwards();
   shardfit::executor::TrackingAllocator::set_observer(nullptr);
-  g_session->recording.reset();
-  ModelTrace t = std::move(g_session->trace);
+  g_active->recording.reset();
+  ModelTrace t = std::move(g_active->trace);
   t.modules.clear();  // the file's
-  if (g_session->outputs_from >= 0 && g_session->outputs_to >= g_session->outputs_from) {
+  if (g_active->outputs_from >= 0 && g_active->outputs_to >= g_active->outputs_from) {
     std::vector<MemEvent> events;
     for (int64_t i = 0; i < static_cast<int64_t>(t.events.size()); ++i) {
       const MemEvent& e = t.events[i];
-      if (i >= g_session->outputs_from && i < g_session->outputs_to && e.kind == MemEvent::kFree)
+      if (i >= g_active->outputs_from && i < g_active->outputs_to && e.kind == MemEvent::kFree)
         t.kept_outputs.push_back(e.tensor);
       else
         events.push_back(e);
     }
     t.events = std::move(events);
   }
-  (g_session_is_optimizer ? g_optimizer : g_traces).push_back(std::move(t));
-  g_session.reset();
+  (g_active_is_optimizer ? g_optimizer : g_traces).push_back(std::move(t));
+  g_active.reset();
   return 0;
 }
 
 // Peak bytes of the last finished trace (or optimizer step, if that was last)'s storages (what replaying its
 // events reaches), for checks against a measurement.
 int64_t shardfit_trace_last_peak() {
-  const auto& list = g_session_is_optimizer ? g_optimizer : g_traces;
+  const auto& list = g_active_is_optimizer ? g_optimizer : g_traces;
   if (list.empty()) return -1;
   int64_t live = 0, peak = 0;
   std::unordered_map<int64_t, int64_t> sizes;

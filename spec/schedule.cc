@@ -33,12 +33,15 @@ const char* op_name(Op op) {
   return "?";
 }
 
-Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options) : traits_(traits), options_(options) {
-  if (options.prefetch < 0)
-    throw std::invalid_argument("--prefetch " + std::to_string(options.prefetch) + ": must be at least 0");
+void check_schedule_options(const ScheduleOptions& options) {
+  if (options.prefetch < 1)
+    throw std::invalid_argument("--prefetch " + std::to_string(options.prefetch) + ": must be at least 1");
   if (options.ddp_bucket_cap_bytes < 1)
     throw std::invalid_argument("--ddp-bucket-cap-mb: " + std::to_string(options.ddp_bucket_cap_bytes) +
                                 " bytes; must be at least 1");
+}
+
+Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options) : traits_(traits), options_(options) {
   for (int h = 0; h < kNumHooks; ++h)
     for (int root = 0; root < 2; ++root)
       for (int last = 0; last < 2; ++last)
