@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/help_markdown.h"
 #include "cli/progress.h"
 
 namespace {
@@ -48,6 +49,10 @@ int main(int argc, char** argv) {
       "environment failed, 4 `run` went out of memory (report written; --oom-ok makes it 0).");
   app.fallthrough();  // --quiet and --log-level also after the subcommand
   std::vector<Command> commands = make_commands(app);
+  if (argc == 2 && std::strcmp(argv[1], "--help-markdown") == 0) {  // docs/cli.md (scripts/cli-docs)
+    std::cout << help_markdown(app);
+    return kExitOk;
+  }
   command_line() = "shardfit";
   for (int i = 1; i < argc; ++i) command_line() += " " + shell_word(argv[i]);
   if (argc > 1 && argv[1][0] != '-') {

@@ -546,9 +546,9 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str()->check(Seed);
   sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str();
   sub->add_option("--device", a->device,
-                  std::string("Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; ") +
-                      (executor::engine_supports_cuda() ? "this build has CUDA" : "not in this build: LibTorch for CPU") +
-                      "); measured on an H200 against its plan: reports/gpu/README.md")
+                  "Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; needs a build against a CUDA "
+                  "LibTorch, as `shardfit --version` says); measured on an H200 against its plan: "
+                  "reports/gpu/README.md")
       ->capture_default_str();
   sub->add_option("--profile", a->profile,
                   std::string("Device profile the prediction beside the measurement is for (cpu runs: cpu; cuda "
