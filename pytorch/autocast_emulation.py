@@ -26,9 +26,10 @@ layer_norm, softmax, gelu, prelu or embedding. pytorch/autocast_test.py
 checks every entry, and three models op by op, against the real thing. An
 op outside these lists that 1.13's CPU autocast would cast is not emulated.
 
-`device="cuda"` (a trace for CUDA's kernels, fp16): 1.13's CUDA lists
-instead (autocast_mode.cpp, `TORCH_LIBRARY_IMPL(aten, Autocast, m)`), which
-differ from the CPU's:
+`device="cuda"` (a trace for CUDA's kernels, fp16): the running PyTorch's
+CUDA lists instead -- 1.13's (autocast_mode.cpp, `TORCH_LIBRARY_IMPL(aten,
+Autocast, m)`) as follows, 2.x's additions below them -- which differ from
+the CPU's:
 - lower_precision_fp: the matmuls, linear, the convolutions and transposed
   convolutions, einsum, addmv, addr, mv, prelu, chain_matmul, multi_dot;
 - fp32 (the lower-precision arguments cast up): pow, exp, log, rsqrt and
@@ -88,13 +89,40 @@ CUDA_PROMOTE = {torch.addcmul, T.addcmul, torch.addcdiv, T.addcdiv, torch.atan2,
 # transposed convolutions moved from fp32 to lower_precision_fp, and prelu,
 # scaled_dot_product_attention, linalg_vecdot and conv_tbc joined it; each
 # probed under 2.11's torch.autocast("cpu", torch.bfloat16) with real tensors
-# (tests/pytorch/autocast_test.py). The CUDA lists above stay 1.13's.
+# (tests/pytorch/autocast_test.py).
+#
+# PyTorch 2.x's CUDA lists: the AT_FORALL_LOWER_PRECISION_FP, AT_FORALL_FP32,
+# AT_FORALL_FP32_SET_OPT_DTYPE, AT_FORALL_PROMOTE and
+# AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE macros of the wheel's own
+# torch/include/ATen/autocast_mode.h (2.11.0), which autocast_mode.cpp's
+# AutocastCUDA block registers (every entry has an AutocastCUDA kernel in
+# 2.11's dispatcher). Beside 1.13's: scaled_dot_product_attention,
+# linalg_vecdot, conv_tbc and the RNN cells in lower precision; the
+# upsampling ops, native_layer_norm, nll_loss2d and the Frobenius and nuclear
+# norms in fp32; the vector and matrix norms (and norm, whose dtype is
+# appended) given dtype=float32; vdot, grid_sampler, index_put and
+# scatter_add promoted. tests/pytorch/autocast_test.py reads the header and
+# fails when a list entry a model can reach from Python is not emulated.
 TORCH_1 = torch.__version__.startswith("1.")
 if not TORCH_1:
     _TRANSPOSED = {F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d}
     LOWER_PRECISION = LOWER_PRECISION | _TRANSPOSED | {
         F.prelu, torch.prelu, F.scaled_dot_product_attention, torch.linalg.vecdot, torch.conv_tbc}
     FP32 = FP32 - _TRANSPOSED
+    _NN = torch._C._nn
+    CUDA_LOWER_PRECISION = CUDA_LOWER_PRECISION | {
+        F.scaled_dot_product_attention, torch.linalg.vecdot, torch.conv_tbc, torch.lstm_cell, torch.gru_cell,
+        torch.rnn_tanh_cell, torch.rnn_relu_cell}
+    CUDA_FP32 = CUDA_FP32 | {
+        torch.native_layer_norm, _NN.nll_loss2d, torch.frobenius_norm, torch.nuclear_norm,
+        _NN.upsample_nearest1d, _NN._upsample_nearest_exact1d, _NN.upsample_nearest2d,
+        _NN._upsample_nearest_exact2d, _NN.upsample_nearest3d, _NN._upsample_nearest_exact3d,
+        _NN.upsample_linear1d, _NN.upsample_bilinear2d, _NN._upsample_bilinear2d_aa, _NN.upsample_trilinear3d,
+        _NN.upsample_bicubic2d, _NN._upsample_bicubic2d_aa}
+    CUDA_SET_OPT_DTYPE = CUDA_SET_OPT_DTYPE | {
+        torch.linalg.vector_norm, torch.linalg.matrix_norm, torch.norm, T.norm}
+    CUDA_PROMOTE = CUDA_PROMOTE | {torch.vdot, T.vdot, torch.grid_sampler, torch.index_put, T.index_put,
+                                   torch.scatter_add, T.scatter_add}
 
 
 def _arg(args, kwargs, i, name, default=None):
@@ -102,8 +130,8 @@ def _arg(args, kwargs, i, name, default=None):
 
 
 class AutocastEmulation(TorchFunctionMode):
-    """with AutocastEmulation(torch.bfloat16): loss = model(x)      (1.13's CPU lists)
-    with AutocastEmulation(torch.float16, "cuda"): loss = model(x)  (1.13's CUDA lists)"""
+    """with AutocastEmulation(torch.bfloat16): loss = model(x)      (the running PyTorch's CPU lists)
+    with AutocastEmulation(torch.float16, "cuda"): loss = model(x)  (its CUDA lists)"""
 
     def __init__(self, dtype, device="cpu"):
         super().__init__()
@@ -162,7 +190,7 @@ class AutocastEmulation(TorchFunctionMode):
         return args, kwargs
 
     def _cuda(self, func, args, kwargs):
-        """1.13's CUDA autocast (see the module's docstring)."""
+        """The running PyTorch's CUDA autocast (see the module's docstring)."""
         if func in CUDA_LOWER_PRECISION or func in CUDA_FP32:
             to, cache = (self.dtype, True) if func in CUDA_LOWER_PRECISION else (torch.float32, False)
             args, kwargs = self._cast_all(args, kwargs, to, cache)

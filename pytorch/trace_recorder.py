@@ -27,7 +27,7 @@ present (zeros; as the shardfit tracer: the trace holds each backward op's
 transient gradient, not the accumulated one) and with none (PyTorch after
 zero_grad(set_to_none=True): AccumulateGrad keeps the gradient an op made).
 Then the same under torch.autocast, emulated (autocast_emulation.py): bf16
-with 1.13's CPU lists for a CPU target; fp16 with 1.13's CUDA lists and
+with the running PyTorch's CPU lists for a CPU target; fp16 with its CUDA lists and
 torch.cuda.amp.GradScaler's scaled backward for a CUDA one (--fp32-outputs:
 the forward's outputs converted to fp32 as Accelerate does). With
 --param-dtype bf16 (a CUDA target), the same again with the model cast to

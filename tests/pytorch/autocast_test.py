@@ -117,8 +117,8 @@ class AutocastEmulationTest(unittest.TestCase):
 
 
 class CudaAutocastEmulationTest(unittest.TestCase):
-    """AutocastEmulation(torch.float16, "cuda"): 1.13's CUDA lists
-    (autocast_mode.cpp), on meta tensors as the recorder runs them. There is
+    """AutocastEmulation(torch.float16, "cuda"): the running PyTorch's CUDA
+    lists (autocast_mode.cpp; 2.x's read from its autocast_mode.h), on meta tensors as the recorder runs them. There is
     no CUDA here to compare against, so each case asserts the rule the
     source states: which op casts which argument to which dtype, and which
     does not."""
@@ -218,6 +218,44 @@ class CudaAutocastEmulationTest(unittest.TestCase):
                 self.assertEqual(op[1:], (("torch.float16",), ("torch.float32",)))
         self.assertEqual(sum(op[0] == "aten._softmax.default" for op in ops), 2)  # one per layer
         self.assertEqual(sum(op[0] == "aten.pow.Tensor_Scalar" and op[2] == ("torch.float32",) for op in ops), 2)
+
+    @unittest.skipIf(TORCH_1, "1.13's wheel-less Debian build ships no autocast_mode.h lists to read")
+    def test_every_cuda_list_entry_a_model_can_call_is_emulated(self):
+        """2.x's CUDA lists, read from the running PyTorch's own
+        torch/include/ATen/autocast_mode.h: each entry registered for
+        AutocastCUDA, and each one Python can call by its name is in the
+        emulation's matching set; a PyTorch that adds one fails here."""
+        import os
+        import re
+        import autocast_emulation as ae
+        header = os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "autocast_mode.h")
+        with open(header) as f:
+            text = f.read()
+
+        def entries(macro):
+            """{op name: its dispatcher name (with the overload)}."""
+            body = re.search(r"#define %s\(_\)(.*?)\n\n" % macro, text, re.S).group(1)
+            named = re.findall(r'_\(ADD_NS\((\w+)\),[\s\\]*"([\w.]+)"', body)  # the redispatched ones
+            if named:
+                return dict(named)
+            return {op: op + ("." + overload if overload else "")
+                    for op, overload in re.findall(r"_\((\w+)(?:,\s*(\w+))?\)", body)}
+
+        # Reached only inside another listed op, never by a model's Python.
+        inner = {"_convolution", "convolution", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
+                 "_scaled_dot_product_flash_attention"}
+        names = lambda fns: {getattr(f, "__name__", "") for f in fns}  # noqa: E731
+        softmax = names(ae.CUDA_SOFTMAX)
+        for macro, emulated in (("AT_FORALL_LOWER_PRECISION_FP", names(ae.CUDA_LOWER_PRECISION)),
+                                ("AT_FORALL_FP32", names(ae.CUDA_FP32)),
+                                ("AT_FORALL_FP32_SET_OPT_DTYPE", names(ae.CUDA_SET_OPT_DTYPE) | softmax),
+                                ("AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE", names(ae.CUDA_SET_OPT_DTYPE)),
+                                ("AT_FORALL_PROMOTE", names(ae.CUDA_PROMOTE) | {"grid_sampler"})):
+            listed = entries(macro)
+            self.assertTrue(listed, macro)
+            for op in listed.values():
+                self.assertTrue(torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + op, "AutocastCUDA"), op)
+            self.assertEqual(set(listed) - inner - emulated, set(), macro)
 
 
 if __name__ == "__main__":
