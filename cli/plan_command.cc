@@ -30,7 +30,8 @@ struct PlanArgs {
   std::string fsdp_backward_prefetch = "pre";
   int fsdp_version = 1;
   std::string fsdp_reduce_dtype = "param";
-  bool adamw_foreach = false;
+  bool adamw_foreach = false;  // the older spelling of --adamw-step foreach
+  std::string adamw_step;      // empty: each candidate's PyTorch default
   bool fsdp_keep_low_precision_grads = false;
   int steps = 2;
   int64_t seq_len = 128;
@@ -124,10 +125,15 @@ int run(const PlanArgs& a) {
     throw BadInput("--fsdp-keep-low-precision-grads: FSDP1's MixedPrecision option; FSDP2 (--fsdp-version 2) has "
                    "no such option");
   r.fsdp_keep_low_precision_grads = a.fsdp_keep_low_precision_grads;
-  if (a.adamw_foreach && r.stack != planner::Stack::kPytorch)
-    throw BadInput("--adamw-foreach: a PyTorch optimizer option; give --stack pytorch (shardfit's engine steps "
-                   "AdamW unit by unit)");
-  r.adamw_foreach = a.adamw_foreach;
+  const std::string adamw_step = a.adamw_foreach ? "foreach" : a.adamw_step;
+  if (a.adamw_foreach && !a.adamw_step.empty() && a.adamw_step != "foreach")
+    throw BadInput("--adamw-foreach with --adamw-step " + a.adamw_step + ": one AdamW step; give one of them");
+  if (!adamw_step.empty() && adamw_step != "foreach" && adamw_step != "for-loop")
+    throw BadInput("--adamw-step " + adamw_step + ": expected for-loop (foreach=False) or foreach (foreach=True)");
+  if (!adamw_step.empty() && r.stack != planner::Stack::kPytorch)
+    throw BadInput(std::string(a.adamw_foreach ? "--adamw-foreach" : "--adamw-step") +
+                   ": a PyTorch optimizer option; give --stack pytorch (shardfit's engine steps AdamW unit by unit)");
+  if (!adamw_step.empty()) r.adamw_foreach = adamw_step == "foreach";
   r.fsdp_backward_prefetch = bp == "post"   ? planner::FsdpBackwardPrefetch::kBackwardPost
                              : bp == "none" ? planner::FsdpBackwardPrefetch::kNone
                                             : planner::FsdpBackwardPrefetch::kBackwardPre;
@@ -284,10 +290,13 @@ Command add_plan_command(CLI::App& app) {
                   "flat parameters, wrap=size:N or block) or 2 (FSDP2's fully_shard on each block then the "
                   "root, wrap=block, or on the root alone, wrap=none: each parameter sharded on dim 0)")
       ->capture_default_str();
-  sub->add_flag("--adamw-foreach", a->adamw_foreach,
-                "--stack pytorch: torch.optim.AdamW(foreach=True) (zero1: ZeroRedundancyOptimizer's local AdamW; "
-                "FSDP: over the shards), the multi-tensor step (PyTorch 2.x's default on CUDA: each temporary "
-                "made for every parameter at once); without it the for-loop step (1.13's default)");
+  sub->add_option("--adamw-step", a->adamw_step,
+                  "--stack pytorch: torch.optim.AdamW's step: foreach (foreach=True, the multi-tensor step: each "
+                  "temporary made for every parameter at once; zero1: ZeroRedundancyOptimizer's local AdamW, "
+                  "FSDP: over the shards) or for-loop (foreach=False); default: what --torch's AdamW picks given "
+                  "no foreach, per candidate: 2.11 the multi-tensor step on CUDA for DDP, zero1 and FSDP2 "
+                  "parameters, the for-loop for FSDP1's flat ones and on a CPU; 1.13 the for-loop");
+  sub->add_flag("--adamw-foreach", a->adamw_foreach, "--stack pytorch: --adamw-step foreach");
   sub->add_option("--fsdp-reduce-dtype", a->fsdp_reduce_dtype,
                   "--stack pytorch, FSDP candidates: MixedPrecision(Policy)'s reduce_dtype: param (none: the "
                   "gradients reduced in the dtype they are computed in), fp32 (torch.float32: beside bf16 "

@@ -85,10 +85,12 @@ ojson backward_prefetch(const Plan& plan) {
   return nullptr;
 }
 
-// The optimizer a --stack pytorch plan simulated (`plan --adamw-foreach`).
-std::string adamw_assumed(const Plan& plan) {
-  return std::string("the plan assumed torch.optim.AdamW(foreach=") +
-         (plan.pytorch_job && plan.pytorch_job->adamw_foreach ? "True" : "False") + ")";
+// The optimizer a --stack pytorch plan simulated for the candidate (`plan
+// --adamw-step`, else its PyTorch's default; a plan from before candidates
+// recorded it: the job's).
+std::string adamw_assumed(const Plan& plan, const PlanCandidate& pc) {
+  const bool foreach = pc.adamw_foreach ? *pc.adamw_foreach : plan.pytorch_job && plan.pytorch_job->adamw_foreach;
+  return std::string("the plan assumed torch.optim.AdamW(foreach=") + (foreach ? "True" : "False") + ")";
 }
 
 // A plan made with --fsdp-version 2: FSDP2's fully_shard keyword arguments
@@ -123,7 +125,7 @@ LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPo
       "fsdp: call fully_shard(module, **fully_shard_kwargs) on each of fully_shard_modules in order, building "
       "MixedPrecisionPolicy(param_dtype=torch.<dtype>, ...), CPUOffloadPolicy() and the mesh (init_device_mesh) "
       "from their names; " +
-      adamw_assumed(plan));
+      adamw_assumed(plan, pc));
   // --prefetch N: explicit prefetching, as planner/pytorch_fsdp2.cc simulated
   // it (PyTorch's FSDP2 example's lists).
   if (plan.schedule.prefetch >= 2 && wrap.kind == "block") {
@@ -178,7 +180,7 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
       "fsdp: build each value from its name: ShardingStrategy[...], CPUOffload(**cpu_offload), "
       "MixedPrecision(param_dtype=torch.<dtype>, ...), BackwardPrefetch[...], "
       "functools.partial(<policy>, ...) for auto_wrap_policy" +
-      (plan.pytorch_job ? "; " + adamw_assumed(plan) : std::string()));
+      (plan.pytorch_job ? "; " + adamw_assumed(plan, pc) : std::string()));
   if (c.precision == Precision::kFp16)
     out.notes.push_back("fsdp: fp16 needs ShardedGradScaler for loss scaling");
   out.text = out.settings.dump(2) + "\n";

@@ -57,11 +57,12 @@ struct PlanRequest {
   // they are computed in: param_dtype's, fp32 without mixed precision),
   // "fp32", "bf16" or "fp16" (parse_fsdp_reduce_dtype).
   std::string fsdp_reduce_dtype = "param";
-  // --stack pytorch: torch.optim.AdamW(foreach=True) (the multi-tensor
-  // step, PyTorch 2.x's default on CUDA; `--adamw-foreach`), for zero1 and
-  // FSDP composed over the partition or the shards (planner/adamw_steps.h)
-  // instead of the for-loop step (1.13's default).
-  bool adamw_foreach = false;
+  // --stack pytorch: torch.optim.AdamW's step (`--adamw-step`): true the
+  // multi-tensor one (foreach=True), for zero1 and FSDP composed over the
+  // partition or the shards (planner/adamw_steps.h), false the for-loop one;
+  // unset, what the job's PyTorch picks for each candidate when the script
+  // passes no foreach (adamw_foreach_default in pytorch_plan.cc).
+  std::optional<bool> adamw_foreach;
   // --stack pytorch, FSDP1 bf16 candidates: MixedPrecision(
   // keep_low_precision_grads=True) (`--fsdp-keep-low-precision-grads`).
   bool fsdp_keep_low_precision_grads = false;

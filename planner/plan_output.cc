@@ -135,6 +135,7 @@ PlanCandidate candidate_from(const FieldReader& r) {
     pc.oom = oom;
   }
   pc.units = static_cast<int>(r.optional_integer("units", 0));
+  if (r.has("adamw_foreach")) pc.adamw_foreach = r.boolean("adamw_foreach");
   return pc;
 }
 
@@ -346,6 +347,7 @@ void to_json(json& j, const PlanCandidate& c) {
                 {"allocation_bytes", c.oom->allocation_bytes},
                 {"allocated_bytes", c.oom->allocated_bytes},
                 {"reserved_bytes", c.oom->reserved_bytes}};
+  if (c.adamw_foreach) j["adamw_foreach"] = *c.adamw_foreach;
   if (!p.rank_peak_allocated_bytes.empty()) j["predicted"]["rank_peak_allocated_bytes"] = p.rank_peak_allocated_bytes;
   if (!p.rank_timelines.empty()) {
     json timelines = json::array();

@@ -90,6 +90,10 @@ struct PlanCandidate {
   };
   std::optional<Oom> oom;
   int units = 0;  // extra: wrapped units (FSDP instances); 0 = unknown
+  // extra, --stack pytorch: the AdamW step simulated for it, true
+  // foreach=True, false the for-loop; absent in shardfit's plans (and in
+  // older PyTorch-stack plans: pytorch_job.adamw_foreach then).
+  std::optional<bool> adamw_foreach;
   std::string id() const { return candidate.to_id(); }
 };
 
@@ -147,7 +151,9 @@ struct Plan {
     int steps = 0;                       // training steps simulated (2: the steady state)
     int fsdp_version = 1;                // FSDP candidates: 1 (FullyShardedDataParallel) or 2 (fully_shard); absent in older plans = 1
     std::string fsdp_reduce_dtype = "param";  // FSDP's reduce_dtype: "param" (none given), "fp32", "bf16", "fp16"; absent = "param"
-    bool adamw_foreach = false;  // torch.optim.AdamW(foreach=True); absent = false (the for-loop step)
+    // torch.optim.AdamW(foreach=True) for every candidate (`--adamw-step
+    // foreach`); absent = false: each candidate's adamw_foreach says which.
+    bool adamw_foreach = false;
     // FSDP1's MixedPrecision(keep_low_precision_grads=True); absent = false
     bool fsdp_keep_low_precision_grads = false;
   };

@@ -256,9 +256,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   if (r.optimizer != Optimizer::kAdamW || file->optimizer_steps.size() != 2)
     throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
                                 "steps (record it again with pytorch/trace_recorder.py)");
-  if (r.adamw_foreach && file->optimizer_foreach_steps.size() != 2)
-    throw std::invalid_argument("--adamw-foreach: the trace file has no AdamW(foreach=True) steps (recorded since "
-                                "2026-12-03: record it again with pytorch/trace_recorder.py)");
+  const bool has_foreach = file->optimizer_foreach_steps.size() == 2;
+  if (r.adamw_foreach.value_or(false) && !has_foreach)
+    throw std::invalid_argument("--adamw-step foreach: the trace file has no AdamW(foreach=True) steps (recorded "
+                                "since 2026-12-03: record it again with pytorch/trace_recorder.py)");
   if (r.grad_accum != 1 && r.ddp_bucket_view)
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version (a no_sync "
                                 "micro-batch makes .grad tensors of its own that the synced one replaces by bucket "
@@ -291,24 +292,36 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   PytorchDdpInputs in;
   in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
   // AdamW(foreach=True): its multi-tensor step over every parameter, as traced.
-  const std::vector<ModelTrace>& adamw = r.adamw_foreach ? file->optimizer_foreach_steps : file->optimizer_steps;
-  in.optimizer_first = &adamw[0];
-  in.optimizer_later = &adamw[1];
+  in.optimizer_first = &file->optimizer_steps[0];
+  in.optimizer_later = &file->optimizer_steps[1];
   in.param_numels = file->param_numels();
   in.buffers = file->buffers();
   if (!file->optimizer_zero_grad.events.empty()) in.zero_grad = &file->optimizer_zero_grad;
   in.optimizer_param_steps = &file->optimizer_param_steps;
-  // zero1's partition and FSDP's shards compose their multi-tensor steps
-  // from the traced ones (planner/adamw_steps.h); split once, here.
+  // The same with AdamW(foreach=True): zero1's partition and FSDP's shards
+  // compose their multi-tensor steps from the traced ones
+  // (planner/adamw_steps.h); split once, here.
+  PytorchDdpInputs in_foreach = in;
   std::optional<MultiTensorAdamwStep> foreach_first, foreach_later;
-  if (r.adamw_foreach) {
+  if (has_foreach) {
+    const std::vector<ModelTrace>& adamw = file->optimizer_foreach_steps;
+    in_foreach.optimizer_first = &adamw[0];
+    in_foreach.optimizer_later = &adamw[1];
     std::vector<int64_t> param_bytes;
     for (int64_t numel : in.param_numels) param_bytes.push_back(numel * dtype_bytes(DType::kF32));
     foreach_first.emplace(adamw[0], param_bytes);
     foreach_later.emplace(adamw[1], param_bytes);
-    in.foreach_first = &*foreach_first;
-    in.foreach_later = &*foreach_later;
+    in_foreach.foreach_first = &*foreach_first;
+    in_foreach.foreach_later = &*foreach_later;
   }
+  // Each candidate's AdamW step: --adamw-step's, else its PyTorch's default.
+  bool foreach_unrecorded = false;
+  auto foreach_for = [&](const Candidate& c) {
+    if (r.adamw_foreach) return *r.adamw_foreach;
+    const bool wanted = adamw_foreach_default(r.torch, cuda, is_fsdp(c) && r.fsdp_version == 1);
+    foreach_unrecorded = foreach_unrecorded || (wanted && !has_foreach);
+    return wanted && has_foreach;
+  };
   // The traces a candidate replays (at1 / affine's first index).
   auto kind_of = [&](const Candidate& c) {
     return is_fsdp(c) && c.precision == Precision::kBf16   ? kMixed
@@ -322,7 +335,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     const int k = kind_of(c);
     const ModelTrace none = batch == 1 ? *at1[k][0] : affine[k][0]->at(batch);
     const ModelTrace with = batch == 1 ? *at1[k][1] : affine[k][1]->at(batch);
-    PytorchDdpInputs at = in;
+    PytorchDdpInputs at = foreach_for(c) ? in_foreach : in;
     at.no_grads = &none;
     at.with_grads = &with;
     PytorchDdpOptions o;
@@ -413,7 +426,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
                                       r.steps, r.fsdp_version, r.fsdp_reduce_dtype,
-                                      r.adamw_foreach, r.fsdp_keep_low_precision_grads};
+                                      r.adamw_foreach.value_or(false), r.fsdp_keep_low_precision_grads};
   plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
   plan.hardware.profile = r.profile.name;
   plan.hardware.device_mem_bytes = device_mem;
@@ -427,6 +440,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     PlanCandidate pc;
     pc.candidate = c;
     pc.units = is_fsdp(c) ? static_cast<int>(fsdp_units(file->modules, c, r.fsdp_version).units.size()) : 1;
+    pc.adamw_foreach = foreach_for(c);
     pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(simulate(c, b)); }, r.max_batch);
     const auto at_fit = simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
     const StepSimResult& fit = worst(at_fit);
@@ -452,6 +466,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     }
     plan.candidates.push_back(pc);
   }
+  if (foreach_unrecorded)
+    spdlog::warn("--trace: no AdamW(foreach=True) steps in the file (recorded since 2026-12-03), the step PyTorch {} "
+                 "takes on CUDA when the script passes no foreach: planned with the for-loop step; record the trace "
+                 "again for it", r.torch);
   if (auto best = choose(plan.candidates, r.objective)) plan.chosen = plan.candidates[*best].id();
   return plan;
 }

@@ -50,6 +50,10 @@ TorchDefaults torch_defaults(const std::string& torch) {
                               " (the pinned stack) or 1.13 (2022's, the reference scenario's)");
 }
 
+bool adamw_foreach_default(const std::string& torch, bool cuda, bool flat_parameters) {
+  return torch != "1.13" && cuda && !flat_parameters;
+}
+
 bool grad_scaler_init(Ledger& ledger, const std::string& label) {
   for (int64_t b : {kGradScalerScaleBytes, kGradScalerGrowthTrackerBytes})
     if (ledger.alloc(Category::kOptimizer, b, label) < 0) return false;

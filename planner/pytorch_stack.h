@@ -54,6 +54,15 @@ struct TorchDefaults {
 // `torch`: "2.11" or "1.13"; anything else: std::invalid_argument.
 TorchDefaults torch_defaults(const std::string& torch);
 
+// Whether torch.optim.AdamW given no foreach= takes its multi-tensor step
+// on a candidate's parameters: 1.13 never (optim/adamw.py: a foreach of None
+// is False); 2.x when every parameter is a plain Tensor, Parameter or
+// DTensor on CUDA (optim/optimizer.py _default_to_fused_or_foreach and
+// _foreach_supported_types, to which torch/distributed/tensor/__init__.py
+// adds DTensor): DDP's, ZeroRedundancyOptimizer's and FSDP2's parameters,
+// not FSDP1's FlatParameters (`flat_parameters`, use_orig_params=False).
+bool adamw_foreach_default(const std::string& torch, bool cuda, bool flat_parameters);
+
 // DistributedDataParallel's default bucket_cap_mb, in bytes: spec's, which
 // shardfit's engine buckets by too.
 using spec::kDdpBucketCapBytes;

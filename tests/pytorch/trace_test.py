@@ -487,6 +487,23 @@ class TraceTest(unittest.TestCase):
         self.assertEqual(2 * rise, lists * state)
         rise, state = optimizer_rise()
         self.assertLess(rise, state)
+        self.assertEqual(optimizer_rise("--adamw-step", "foreach"), optimizer_rise("--adamw-foreach"))
+        # Given no foreach=, each candidate's AdamW step is its PyTorch's: 2.x
+        # the multi-tensor one on CUDA for plain, Parameter and DTensor
+        # parameters (DDP, zero1, FSDP2), the for-loop for FSDP1's
+        # FlatParameters and on a CPU; 1.13 always the for-loop.
+        def steps(device, *extra):
+            out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", device,
+                                  "--gpus", "2", "--gpu-mem", "2GiB", "--json", "--strategies",
+                                  "ddp/fp32/wrap=none,zero1/fp32/wrap=none,zero3/fp32/wrap=block"] + list(extra),
+                                 capture_output=True, text=True, timeout=120)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            return {c["id"].split("/")[0]: c["adamw_foreach"] for c in json.loads(out.stdout)["candidates"]}
+        self.assertEqual(steps("a100-40gb"), {"ddp": True, "zero1": True, "zero3": False})
+        self.assertEqual(steps("a100-40gb", "--fsdp-version", "2"), {"ddp": True, "zero1": True, "zero3": True})
+        self.assertEqual(steps("a100-40gb", "--torch", "1.13"), {"ddp": False, "zero1": False, "zero3": False})
+        self.assertEqual(steps("a100-40gb", "--adamw-step", "for-loop"), {"ddp": False, "zero1": False, "zero3": False})
+        self.assertEqual(steps("a100-40gb", "--adamw-step", "foreach"), {"ddp": True, "zero1": True, "zero3": True})
         # FSDP1's MixedPrecision(reduce_dtype=torch.float32): each unit's bf16
         # flat gradient cast to fp32 and reduced so (the figures by hand:
         # tests/planner_core/pytorch_fsdp_test.cc), the same fp32 shards at
