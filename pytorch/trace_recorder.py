@@ -44,6 +44,7 @@ line naming it on stderr, exit code 2.
 import argparse
 import contextlib
 import ctypes
+import functools
 import importlib
 import json
 import os
@@ -303,15 +304,19 @@ class Checkpointed:
         for m, idx in modules.items():
             inner = m.forward
 
-            def run(*a, _f=inner, _idx=idx):
+            def run(*a, _f=inner, _idx=idx, **kw):
                 if not self.in_backward:
-                    return _f(*a)
+                    return _f(*a, **kw)
                 lib.shardfit_trace_recompute_begin(_idx)
-                out = _f(*a)
+                out = _f(*a, **kw)
                 lib.shardfit_trace_recompute_end(_idx)
                 return out
 
-            m.forward = lambda *a, _run=run: checkpoint(_run, *a, use_reentrant=reentrant)
+            # Keyword arguments (transformers' blocks take the mask so) bound
+            # as transformers' own gradient checkpointing binds them: the
+            # reentrant kind takes positional ones only.
+            m.forward = lambda *a, _run=run, **kw: checkpoint(functools.partial(_run, **kw), *a,
+                                                              use_reentrant=reentrant)
             self._saved.append((m, inner))
         self.indices = sorted(modules.values())
 
@@ -515,15 +520,30 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
 
 
 def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,
-           fp32_outputs=False, param_dtype=None):
+           fp32_outputs=False, param_dtype=None, config=None):
     import torch
     lib = library()
-    factory = resolve(model_spec, "model")
-    import models
-    if not input_spec and model_spec not in models.CONFIGS:
-        raise BadInput("--input: needed with --model %s (module:function(batch, seq_len, device) returning the "
-                       "forward's arguments)" % model_spec)
-    input_fn = resolve(input_spec or model_spec, "input")
+    if model_spec.startswith("hf:"):
+        # transformers' own class from a config (hf_models.py): its inputs too.
+        import hf_models
+        if not config:
+            raise BadInput("--model %s: needs --config (a config.json or a model directory)" % model_spec)
+        try:
+            factory, input_fn, arch = hf_models.factory(model_spec[3:], config)
+            name = name or arch
+        except hf_models.BadConfig as e:
+            raise BadInput(str(e))
+        if input_spec:
+            input_fn = resolve(input_spec, "input")
+    else:
+        if config:
+            raise BadInput("--config: a transformers config for --model hf:<Architecture>")
+        factory = resolve(model_spec, "model")
+        import models
+        if not input_spec and model_spec not in models.CONFIGS:
+            raise BadInput("--input: needed with --model %s (module:function(batch, seq_len, device) returning the "
+                           "forward's arguments)" % model_spec)
+        input_fn = resolve(input_spec or model_spec, "input")
     try:
         with on_meta():
             model = factory()
@@ -597,7 +617,10 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="module:function returning the nn.Module, or a built-in name")
+    p.add_argument("--model", required=True, help="module:function returning the nn.Module, a built-in name, or "
+                                                  "hf:<ArchitectureName> (transformers' own class, with --config)")
+    p.add_argument("--config", help="--model hf:...: a transformers config.json or a model directory holding one "
+                                    "(no weights are read)")
     p.add_argument("--input", help="module:function(batch, seq_len, device) -> forward's arguments")
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--name", help="the model's name in plans (default: --model)")
@@ -620,7 +643,7 @@ def main():
             raise BadInput("--param-dtype %s: FSDP's MixedPrecision, traced for CUDA only (--target cuda): "
                            "PyTorch 1.13's FSDP runs on CUDA" % a.param_dtype)
         record(a.model, a.input, a.seq_len, a.out, a.name, target_cuda=a.target == "cuda",
-               fp32_outputs=a.fp32_outputs, param_dtype=a.param_dtype)
+               fp32_outputs=a.fp32_outputs, param_dtype=a.param_dtype, config=a.config)
     except BadInput as e:
         print("trace_recorder: %s" % e, file=sys.stderr)
         sys.exit(2)

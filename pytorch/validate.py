@@ -125,13 +125,17 @@ def checkpoint_blocks(torch, model, reentrant=False):
     given: False by default here, True is 1.13's default); a model with
     use_cache turns it off (as Hugging Face's do under gradient
     checkpointing)."""
+    import functools
     from torch.utils.checkpoint import checkpoint
     if hasattr(model, "use_cache"):
         model.use_cache = False
     for m in model.modules():
         if isinstance(m, model.block_class):
             inner = m.forward
-            m.forward = lambda *a, _f=inner: checkpoint(_f, *a, use_reentrant=reentrant)
+            # Keyword arguments (a transformers block's mask) bound, as
+            # transformers binds them: the reentrant kind takes none.
+            m.forward = lambda *a, _f=inner, **kw: checkpoint(functools.partial(_f, **kw), *a,
+                                                              use_reentrant=reentrant)
 
 
 def run(args):

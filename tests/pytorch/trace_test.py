@@ -67,7 +67,7 @@ class TraceTest(unittest.TestCase):
         self.assertIn("transformer.h.1.attn.c_attn.weight", names)
         self.assertEqual(len(names), len(set(names)))
 
-    def check_every_batch(self, name, file):
+    def check_every_batch(self, name, file, build=None, inputs=None):
         # The same model on the CPU, one forward + loss + backward with the
         # gradients in place or none, its blocks checkpointed or not, its
         # forward under torch.autocast("cpu", torch.bfloat16) or not (as each
@@ -79,7 +79,7 @@ class TraceTest(unittest.TestCase):
         params = file["model"]["params"] * 4
         for t in file["traces"]:
             torch.manual_seed(0)
-            model = models.build(name)
+            model = build() if build else models.build(name)
             model.train()
             if t["recompute"]:
                 validate.checkpoint_blocks(torch, model, reentrant=t.get("checkpoint") == "reentrant")
@@ -87,10 +87,10 @@ class TraceTest(unittest.TestCase):
                 p.grad = torch.zeros_like(p) if t["grads"] == "accumulate" else None
             meter.reset_peak()
             base = meter.allocated
-            x = models.token_input(models.vocab_size(name))(t["batch"], 64, "cpu")
+            x = (inputs or (lambda *a: (models.token_input(models.vocab_size(name))(*a),)))(t["batch"], 64, "cpu")
             with (torch.autocast("cpu", dtype=torch.bfloat16) if t.get("autocast") else contextlib.nullcontext()):
-                out = model(x)
-            loss = out[0] if isinstance(out, tuple) else out
+                out = model(*x)
+            loss = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
             loss.backward()
             del out, loss, x
             peak, left = replay_peak(t["events"])
@@ -113,6 +113,43 @@ class TraceTest(unittest.TestCase):
     def test_gqa_by_repeat_interleave_is_traced_exactly(self):
         _, file = self.record("llama-tiny-ri")
         self.check_every_batch("llama-tiny-ri", file)
+
+    @unittest.skipIf(torch.__version__.startswith("1."), "the pinned stack's transformers needs torch 2.x")
+    def test_transformers_own_models_from_a_config_are_traced_exactly(self):
+        import hf_models
+        # Small configs of GPT-2 (tied head, Conv1D, LayerNorm) and Llama
+        # (GQA, RMSNorm, SwiGLU, rotary, untied), as a Hub config.json names
+        # them; no weights.
+        configs = {
+            "GPT2LMHeadModel": dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=2,
+                                    n_head=4, vocab_size=512, n_positions=128, bos_token_id=0, eos_token_id=0),
+            "LlamaForCausalLM": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     head_dim=16, intermediate_size=176, vocab_size=512,
+                                     max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=0,
+                                     eos_token_id=0)}
+        for arch, fields in configs.items():
+            config = os.path.join(self.tmp.name, arch + ".json")
+            with open(config, "w") as f:
+                json.dump(fields, f)
+            path = os.path.join(self.tmp.name, arch + ".trace.json")
+            out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                                  "--out", path], capture_output=True, text=True, timeout=300)
+            self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+            with open(path) as f:
+                file = json.load(f)
+            self.assertEqual(file["model"]["name"], arch)  # the config's architecture, its class
+            self.assertEqual(sum(m["is_block"] for m in file["modules"]), 2)  # its _no_split_modules
+            build, inputs, _ = hf_models.factory("", config)
+            self.check_every_batch(arch, file, build, inputs)
+        # sdpa is refused in one line, naming why.
+        fields = dict(configs["GPT2LMHeadModel"], attn_implementation="sdpa")
+        with open(config, "w") as f:
+            json.dump(fields, f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:GPT2LMHeadModel", "--config", config,
+                              "--seq-len", "64", "--out", path], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("attn_implementation sdpa is not traced yet", out.stderr.strip().splitlines()[-1])
 
     def test_a_model_with_buffers_is_traced_exactly_and_its_buffers_listed(self):
         self.check_every_batch("gpt2-hf2022-tiny", self.hf_file)
