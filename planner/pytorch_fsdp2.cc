@@ -94,18 +94,36 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
   // Init: what exists before the model (the cuBLAS workspaces), the buffers
   // (MixedPrecisionPolicy casts none), each parameter's padded shard, fp32,
   // its own allocation (_fsdp_param.py _init_sharded_param: new_zeros of the
-  // padded size; pinned host memory under CPUOffloadPolicy). The unsharded
-  // originals fully_shard frees are not simulated: the caching allocator
-  // gives them back on its first retry.
+  // padded size; pinned host memory under CPUOffloadPolicy). On CUDA the
+  // unsharded originals fully_shard frees are not simulated: the caching
+  // allocator gives them back on its first retry. On a CPU every byte
+  // counts: the model is built whole (each parameter its own tensor), then
+  // fully_shard, in the order it is called (each block, then the root),
+  // makes each of its group's shards and, as it returns, drops the group's
+  // originals (_init_sharded_param's `_setattr_on_modules`: "Let `param_data`
+  // be freed normally when its ref count reaches 0 when the `fully_shard`
+  // call returns").
   const std::string init = "init";
   for (int64_t b : o.overhead_bytes)
     if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
+  std::vector<std::vector<int64_t>> originals(groups.size());
+  if (o.cpu)
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (const ParamInfo& p : part.units[g].params) {
+        originals[g].push_back(ledger.alloc(Category::kParams, 4 * p.numel, init));
+        if (originals[g].back() < 0) return out;
+      }
   for (const auto& b : in.buffers)
     if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
-  if (!o.offload_params)
-    for (const Group& g : groups)
-      for (int64_t s : g.shard)
+  std::vector<int> shard_order = blocks;
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (block_index(static_cast<int>(g)) < 0) shard_order.push_back(static_cast<int>(g));
+  for (int g : shard_order) {
+    if (!o.offload_params)
+      for (int64_t s : groups[g].shard)
         if (ledger.alloc(Category::kParams, 4 * s, init) < 0) return out;
+    ledger.free_all(originals[g]);
+  }
   ledger.point(init);
 
   // FSDPCommContext: the last forward all-gather's output, kept until the
@@ -239,10 +257,11 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
         for (int j = 1; j <= o.forward_prefetch; ++j) unshard(groups[blocks[b + j]]);
     };
     hooks.post_forward = [&](int gi) {
-      // FSDPParamGroup.post_forward: reshard (not the root), then the
+      // FSDPParamGroup.post_forward: reshard (the root only when asked:
+      // reshard_root_after_forward), then the
       // post-forward order recorded; the root's (_fsdp_state.py
       // _post_forward) frees the last all-gather's output.
-      if (o.reshard_after_forward && gi != 0) reshard(groups[gi]);
+      if (o.reshard_after_forward && (gi != 0 || o.reshard_root_after_forward)) reshard(groups[gi]);
       groups[gi].post_forward_index = static_cast<int>(post_forward_order.size());
       post_forward_order.push_back(gi);
       if (gi == 0) {

@@ -34,9 +34,16 @@ struct PytorchFsdp2Options {
   // fully_shard(reshard_after_forward=True): each block's parameters freed
   // after its forward and gathered again for its backward (zero3); False
   // keeps them from the forward to the end of the block's backward (zero2).
-  // The root is never resharded after its forward (_fsdp_state.py
-  // _lazy_init sets its post_forward_mesh_info to None).
+  // The root is resharded after its forward only with
+  // reshard_root_after_forward (below).
   bool reshard_after_forward = true;
+  // The root too resharded after its forward (and gathered again when its
+  // backward begins). torch 2.11's _fsdp_state.py _lazy_init keeps the root
+  // unsharded only when its fully_shard was called with
+  // reshard_after_forward left None (_auto_reshard_after_forward); given
+  // explicitly, as `plan` assumes (reshard_after_forward=True for zero3, on
+  // the blocks and the root alike), the root's group reshards as any other.
+  bool reshard_root_after_forward = false;
   // CPUOffloadPolicy: the sharded parameters, their gradients and AdamW on
   // the host.
   bool offload_params = false;
@@ -67,6 +74,9 @@ struct PytorchFsdp2Options {
   // the root does. 0, 0: FSDP2's defaults.
   int forward_prefetch = 0;
   int backward_prefetch = 0;
+  // CPU ranks (Gloo): no caching allocator, so what a CUDA job's cache
+  // hides is counted: the model built whole before fully_shard shards it.
+  bool cpu = false;
   int world_size = 2;  // the shard group's size (with hsdp, the ranks of a node)
   int steps = 2;
   std::vector<int64_t> overhead_bytes;  // the profile's cuBLAS workspaces
