@@ -420,7 +420,8 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
                     const std::unordered_map<int, int64_t>& split_tie_bytes, const std::string& step,
                     std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
                     std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
-                    std::vector<int64_t>& previous_outputs) {
+                    std::vector<int64_t>& previous_outputs,
+                    std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins) {
   std::unordered_map<int, int> unit_at;  // wrapped module -> unit
   for (size_t u = 0; u < part.units.size(); ++u) unit_at[part.units[u].root_module] = static_cast<int>(u);
   std::unordered_set<int64_t> freed_in_trace, kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
@@ -462,6 +463,7 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
       if (output) outputs.push_back(id);
       if (grad) {
         unit_grads[part.module_unit[e.module]].push_back(id);
+        if (grad_origins) (*grad_origins)[part.module_unit[e.module]].emplace_back(e.module, e.bytes);
         held_grads.insert(e.tensor);
       }
     } else if (e.kind == MemEvent::kFree && !held_grads.count(e.tensor)) {

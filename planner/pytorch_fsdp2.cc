@@ -26,6 +26,45 @@ struct Group {
   bool pre_backward_done = false, post_backward_done = false;
 };
 
+// What ProcessGroupGloo allocates itself on CPU ranks, read in the meter's
+// allocation log of real 2.11 jobs (pytorch/validate.py --log-allocations):
+//
+// dist.all_gather_into_tensor (_allgather_base): a tensor of the output's
+// size made and dropped on the calling thread before the work runs, then
+// the work's own flat output (AsyncAllgatherWork: newLikeFlat of the
+// output's chunks) made on Gloo's worker thread and dropped once copied
+// into the output. One after the other: one transient of the output's
+// bytes beside FSDP2's all-gather output.
+bool gloo_all_gather(Ledger& ledger, int64_t output_bytes, const std::string& label) {
+  const int64_t flat = ledger.alloc(Category::kCommBuffers, output_bytes, label);
+  if (flat < 0) return false;
+  ledger.free(flat);
+  return true;
+}
+
+// dist.reduce_scatter_tensor (_reduce_scatter_base ->
+// reduce_scatter_tensor_coalesced): the input cloned on the calling thread
+// (`buffers.push_back(inputTensors[i].clone())`) and all-reduced, the
+// output copied from the clone's chunk; while the clone lives the worker
+// thread makes and drops an 8-byte and a 4-byte tensor (ReduceOp.AVG's
+// in-place division by the world size: the divisor wrapped as a 0-dim
+// int64 tensor and its fp32 cast, as any CPU division by a Python number
+// makes them). The clone goes when the work does; Gloo's worker thread
+// sometimes holds the all-reduce's work, and with it the clone, longer
+// (docs/pytorch-stack.md, "Late frees"): the plan is the program order.
+bool gloo_reduce_scatter(Ledger& ledger, int64_t input_bytes, const std::string& label) {
+  const int64_t clone = ledger.alloc(Category::kCommBuffers, input_bytes, label);
+  if (clone < 0) return false;
+  const int64_t divisor = ledger.alloc(Category::kTemporaries, 8, label);
+  if (divisor < 0) return false;
+  const int64_t cast = ledger.alloc(Category::kTemporaries, 4, label);
+  if (cast < 0) return false;
+  ledger.free(cast);
+  ledger.free(divisor);
+  ledger.free(clone);
+  return true;
+}
+
 }  // namespace
 
 int64_t fsdp2_shard_numel(const ParamInfo& p, int world) {
@@ -133,6 +172,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
   std::vector<int> post_forward_order;
   std::vector<int64_t> outputs, previous_outputs;
   std::vector<std::vector<int64_t>> unit_grads(groups.size());
+  std::vector<std::vector<std::pair<int, int64_t>>> grad_origins(groups.size());  // beside unit_grads
   for (int k = 1; k <= o.steps; ++k) {
     const std::string step = "step" + std::to_string(k);
     std::string label = step + "/forward";
@@ -164,6 +204,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
         inputs.push_back(alloc(Category::kCommBuffers, low * g.shard_sum, kAllGatherCopyInStream));
       }
       g.pending = alloc(Category::kCommBuffers, low * g.shard_sum * W, kAllGatherCopyInStream);
+      if (o.cpu) gloo_all_gather(ledger, low * g.shard_sum * W, label);
       ledger.free_all(inputs);
     };
     // FSDPParamGroup.wait_for_unshard: in forward the previous group's flat
@@ -208,6 +249,26 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     // (_all_reduce_state, "to keep it alive until the end of backward")
     // until the group's backward is finalized; under a policy its fp32 cast
     // is made on that stream, the low-precision output kept beside it.
+    // The id of group gi's last parameter's gradient (its fsdp_params are
+    // its modules' parameters in named_parameters() order, as the unit's),
+    // taken out of unit_grads[gi]: the last gradient the trace made in the
+    // module owning that parameter, of its bytes. -1 when none is.
+    auto take_last_param_grad = [&](int gi) -> int64_t {
+      const spec::Unit& u = part.units[gi];
+      int owner = -1;
+      for (int m : u.modules)
+        if (!modules[m].params.empty()) owner = m;
+      if (owner < 0) return -1;
+      const int64_t bytes = low * modules[owner].params.back().numel;
+      for (size_t i = unit_grads[gi].size(); i-- > 0;)
+        if (grad_origins[gi][i] == std::make_pair(owner, bytes)) {
+          const int64_t id = unit_grads[gi][i];
+          unit_grads[gi].erase(unit_grads[gi].begin() + static_cast<std::ptrdiff_t>(i));
+          grad_origins[gi].erase(grad_origins[gi].begin() + static_cast<std::ptrdiff_t>(i));
+          return id;
+        }
+      return -1;
+    };
     auto post_backward = [&](int gi) {
       Group& g = groups[gi];
       if (g.post_backward_done) return;
@@ -216,8 +277,16 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       if (unit_grads[gi].empty()) return;
       ledger.free(reduce_scatter_state);
       const int64_t input = alloc(Category::kCommBuffers, reduce * g.shard_sum * W, kFsdp2ComputeStream);
-      ledger.free_all(unit_grads[gi]);
+      // foreach_reduce's loop over zip(fsdp_params, unsharded_grads) (for
+      // Shard(i > 0), run whenever world_size > 1) leaves its variable
+      // `unsharded_grad` bound to the group's last gradient, so
+      // `unsharded_grads.clear()` frees every gradient but that one, which
+      // goes when foreach_reduce returns (_fsdp_collectives.py).
+      const int64_t last_grad = W > 1 ? take_last_param_grad(gi) : -1;
+      ledger.free_all(unit_grads[gi]);  // and clears the list
+      grad_origins[gi].clear();
       int64_t reduced = alloc(Category::kGrads, reduce * g.shard_sum, kReduceScatterStream);
+      if (o.cpu) gloo_reduce_scatter(ledger, reduce * g.shard_sum * W, label);
       if (o.hsdp) {
         g.all_reduce_state = reduced;
         if (reduce != 4) reduced = alloc(Category::kGrads, 4 * g.shard_sum, kAllReduceStream);
@@ -233,6 +302,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       }
       g.has_grads = true;
       reduce_scatter_state = input;
+      ledger.free(last_grad);
     };
 
     // opt.zero_grad(): set_to_none drops every sharded .grad, and with the
@@ -294,7 +364,8 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       hooks.pre_backward(0);  // the root's hook on the loss
     };
     hooks.post_backward = post_backward;
-    if (!walk_fsdp_step(*in.no_grads, part, {}, step, label, hooks, ledger, unit_grads, outputs, previous_outputs))
+    if (!walk_fsdp_step(*in.no_grads, part, {}, step, label, hooks, ledger, unit_grads, outputs, previous_outputs,
+                        &grad_origins))
       return out;
     // _root_post_backward_final_callback: every group whose post-backward
     // did not run (the root's inputs need no gradient), in all_states order

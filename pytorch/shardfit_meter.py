@@ -93,20 +93,22 @@ class Meter:
         returned, in the order they happen: [kind, bytes, phase(), where],
         kind "alloc" or "free" (a free's bytes those of its allocation),
         where the innermost frames of Python code making it (a thread
-        without Python: ""). For finding the storage a prediction misses;
-        slow, so never on in a measured run."""
+        without Python: ""; for a free, "#N": the index of its allocation
+        in the list). For finding the storage a prediction misses; slow, so
+        never on in a measured run."""
         import traceback
         log, live = [], {}
 
         def observe(data, nbytes):
             if nbytes > 0:
-                live[data] = nbytes
+                live[data] = (nbytes, len(log))
                 frames = traceback.extract_stack()[:-1][-4:]
                 where = " < ".join("%s:%d %s" % (os.path.basename(f.filename), f.lineno, f.name)
                                    for f in reversed(frames))
                 log.append(["alloc", nbytes, phase(), where])
             elif data in live:
-                log.append(["free", live.pop(data), phase(), ""])
+                nbytes, index = live.pop(data)
+                log.append(["free", nbytes, phase(), "#%d" % index])
 
         self._observer = _OBSERVER(observe)  # kept: the library holds a raw pointer to it
         self._lib.shardfit_meter_set_observer(self._observer)
