@@ -7,9 +7,13 @@
 // d, reduce_dtype=None or torch.float32) or none, and torch.optim.AdamW over the sharded parameters, in the loop
 //     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
 // on CUDA ranks through the caching allocator's model, one pool per stream
-// FSDP2 allocates on. Each rule in the .cc cites the file it follows, read at
-// PyTorch's main branch: _fsdp_collectives.py and _fsdp_param.py at commit
-// 010ae4a8, _fsdp_param_group.py at 002a76fb, _fsdp_state.py at 01c9f4fc.
+// FSDP2 allocates on, or (zero2 and zero3, fp32, 1-D mesh) on CPU ranks over
+// Gloo through the exact allocator. Each rule in the .cc cites the file it
+// follows, read at PyTorch's main branch: _fsdp_collectives.py and
+// _fsdp_param.py at commit 010ae4a8, _fsdp_param_group.py at 002a76fb,
+// _fsdp_state.py at 01c9f4fc; where torch 2.11 (the pinned stack) differs,
+// 2.11's: the root resharded after its forward when reshard_after_forward is
+// passed to it, and foreach_reduce's last gradient held until it returns.
 //
 // Unlike 1.13's FSDP (pytorch_fsdp.h) FSDP2 shards each parameter on its own
 // dim 0 (a DTensor): no flat parameter is kept, the all-gather's flat buffer
@@ -17,7 +21,8 @@
 // on each rank are views of one flat reduce-scatter output. Not in Debian's
 // PyTorch 1.13; torch 2.11's fully_shard measured on an H200 by
 // scripts/fsdp_reference.py (reports/gpu/README.md), not yet held against
-// this model.
+// this model there; on CPU ranks held against real 2.11 jobs, every peak to
+// the byte (scripts/pytorch-validate's fsdp2 wraps, docs/pytorch-stack.md).
 #pragma once
 
 #include <cstdint>

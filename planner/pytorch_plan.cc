@@ -207,10 +207,10 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     // as DDP's CPU jobs are planned.
     if (fsdp && !cuda && !(fsdp2 && want.precision == Precision::kFp32 && !want.offload &&
                            want.sharding != Sharding::kHybrid))
-      throw std::invalid_argument("--strategies " + s + ": FSDP is planned on CUDA only (1.13's runs nowhere else; "
-                                  "FSDP2 through the CUDA caching allocator's model), but for FSDP2's "
-                                  "zero2 and zero3/fp32 on a CPU: plan it with a CUDA --device and a trace recorded "
-                                  "with --target cuda");
+      throw std::invalid_argument("--strategies " + s + ": on a CPU only FSDP2's (--fsdp-version 2) zero2 and "
+                                  "zero3 in fp32 are simulated (FSDP1, MixedPrecision, offload and HSDP through the "
+                                  "CUDA caching allocator's model): plan it with a CUDA --device and a trace "
+                                  "recorded with --target cuda");
     if (fsdp && want.precision != Precision::kFp32) {
       const bool bf16 = want.precision == Precision::kBf16;
       const std::string name = bf16 ? "bf16" : "fp16";
