@@ -71,6 +71,9 @@ struct PytorchFsdpOptions {
   // optimizer step (grad_scaler_unscale, the gradients on the host with
   // offload_params). The traces carry the scaled loss's backward.
   bool grad_scaler = false;
+  // CPU ranks (Gloo, FullyShardedDataParallel(device_id=cpu)): no caching
+  // allocator, so the construction's transients count (the .cc's init).
+  bool cpu = false;
   int world_size = 2;
   int steps = 2;
   int64_t budget_bytes = kUnlimitedBytes;

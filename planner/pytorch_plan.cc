@@ -205,7 +205,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                      amp_not_affine + ")"));
     // FSDP2 runs on CPU ranks (Gloo) too, fp32: through the exact allocator,
     // as DDP's CPU jobs are planned.
-    if (fsdp && !cuda && !(fsdp2 && want.precision == Precision::kFp32 && !want.offload &&
+    if (fsdp && !cuda && !(want.precision == Precision::kFp32 && !want.offload &&
                            want.sharding != Sharding::kHybrid))
       throw std::invalid_argument("--strategies " + s + ": on a CPU only FSDP2's (--fsdp-version 2) zero2 and "
                                   "zero3 in fp32 are simulated (FSDP1, MixedPrecision, offload and HSDP through the "
@@ -394,8 +394,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
       f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
       f.keep_low_precision_grads = r.fsdp_keep_low_precision_grads;
-      CudaCachingAllocatorModel a(budget);
-      ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
+      f.cpu = !cuda;
+      if (f.cpu) {
+        ExactAllocator a(budget);
+        ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
+      } else {
+        CudaCachingAllocatorModel a(budget);
+        ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
+      }
       return ranks;
     }
     for (int rank = 0; rank < (o.zero_redundancy ? world : 1); ++rank) {

@@ -114,6 +114,18 @@ def fully_shard_blocks(torch, model, args, mesh):
     return model
 
 
+def fsdp1_blocks(torch, model, args):
+    """FSDP1 as transformer_auto_wrap_policy wraps it: every block its own
+    FullyShardedDataParallel unit, the root the rest, on the CPU
+    (device_id=cpu), FULL_SHARD for fsdp1-zero3, SHARD_GRAD_OP for
+    fsdp1-zero2, the other options at their defaults (BACKWARD_PRE)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = ShardingStrategy.FULL_SHARD if args.wrap == "fsdp1-zero3" else ShardingStrategy.SHARD_GRAD_OP
+    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({model.block_class}),
+                                    sharding_strategy=strategy, device_id=torch.device("cpu"))
+
+
 def train(args, rank, meter, torch, models, mesh=None):
     """The job on this rank; returns its losses and timeline."""
     torch.manual_seed(args.seed)
@@ -123,6 +135,8 @@ def train(args, rank, meter, torch, models, mesh=None):
         checkpoint_blocks(torch, model, reentrant=args.ckpt_reentrant)
     if args.wrap.startswith("fsdp2"):
         ddp = fully_shard_blocks(torch, model, args, mesh)
+    elif args.wrap.startswith("fsdp1"):
+        ddp = fsdp1_blocks(torch, model, args)
     else:
         ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=(args.wrap == "ddp-bv"),
                                                         static_graph=args.static_graph,
@@ -206,7 +220,8 @@ def run(args):
 def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="gpt2-tiny")
-    p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1", "fsdp2-zero3", "fsdp2-zero2"], default="ddp")
+    p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1", "fsdp2-zero3", "fsdp2-zero2",
+                                       "fsdp1-zero3", "fsdp1-zero2"], default="ddp")
     p.add_argument("--fsdp-bf16", action="store_true",
                    help="FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)")
     p.add_argument("--ckpt", action="store_true")
