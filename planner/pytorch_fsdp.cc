@@ -31,6 +31,43 @@ std::vector<int> units_pre_order(const spec::UnitPartition& part) {
   return order;
 }
 
+// _post_backward_hook's reduction as torch 2.11 runs it on CPU ranks (fp32,
+// sharded), after the flat gradient `flat` is made and the unit resharded:
+// _runtime_utils.py _reduce_grad. _get_reduce_scatter_tensors pads the flat
+// gradient (F.pad, a copy) only when world x shard exceeds it, and makes the
+// shard (empty_like(chunks[0])); _div_if_needed divides the input in place
+// by the predivide factor (a Python float: a 0-dim double and its fp32 cast,
+// 8 and 4 bytes, come and go); Gloo's reduce_scatter_tensor clones the input
+// for the collective (made and dropped around it); the postdivide the same
+// way on the shard when its factor is not 1. No record_stream on a CPU: the
+// flat gradient goes as the hook returns. The shard is kept as .grad, or
+// added into the one kept from the last step and dropped.
+void cpu_reduce_grad(Ledger& ledger, const std::string& label, int W, FlatParam& u, int64_t flat, int stream) {
+  auto alloc = [&](Category c, int64_t bytes) { return ledger.alloc(c, bytes, label, stream); };
+  const int64_t padded = u.shard * W != u.numel ? alloc(Category::kCommBuffers, 4 * u.shard * W) : -1;
+  const int64_t shard = alloc(Category::kGrads, 4 * u.shard);
+  auto divide = [&] {  // tensor.div_(factor): the wrapped scalar and its cast
+    const int64_t scalar = alloc(Category::kTemporaries, 8);
+    ledger.free(alloc(Category::kTemporaries, 4));
+    ledger.free(scalar);
+  };
+  // _get_gradient_predivide_factor: the smallest power of two f with
+  // W / f <= f (W divisible by it), the rest divided after the reduction.
+  int64_t pre = 1;
+  while (W % pre == 0 && W / pre > pre) pre *= 2;
+  if (pre > 1) divide();
+  ledger.free(alloc(Category::kCommBuffers, 4 * u.shard * W));  // Gloo's clone of the input
+  if (W / pre > 1) divide();
+  if (u.grad_shard >= 0) {
+    ledger.free(shard);
+  } else {
+    u.grad_shard = shard;
+    u.grad_dtype = DType::kF32;
+  }
+  ledger.free(padded);
+  ledger.free(flat);
+}
+
 // The units in the order _recursive_wrap wraps them: a unit after every unit
 // nested in it (part.units is in pre-order, outer before inner).
 std::vector<int> units_post_order(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part) {
@@ -259,42 +296,6 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // the hook's `grad` until it returns); when it is not fp32,
     // _cast_grad_to_param_dtype makes the shard fp32 (`output.to(
     // param.dtype)`), the low-precision one dropped.
-    // The same hook as torch 2.11 runs it on CPU ranks (fp32, sharded),
-    // _runtime_utils.py _reduce_grad: _get_reduce_scatter_tensors pads the
-    // flat gradient (F.pad, a copy) only when world x shard exceeds it, and
-    // makes the shard (empty_like(chunks[0])); _div_if_needed divides the
-    // input in place by the predivide factor (a Python float: a 0-dim
-    // double and its fp32 cast, 8 and 4 bytes, come and go); Gloo's
-    // reduce_scatter_tensor clones the input (gloo_reduce_scatter_clone in
-    // pytorch_fsdp2.cc's terms: made and dropped around the collective); the
-    // postdivide the same way on the shard when its factor is not 1. No
-    // record_stream on a CPU: the flat gradient goes as the hook returns.
-    auto cpu_reduce_grad = [&](FlatParam& u, int64_t flat) {
-      const int64_t padded =
-          u.shard * W != u.numel ? alloc(Category::kCommBuffers, 4 * u.shard * W, kPostBackwardStream) : -1;
-      int64_t shard = alloc(Category::kGrads, 4 * u.shard, kPostBackwardStream);
-      auto divide = [&] {  // tensor.div_(factor): the wrapped scalar and its cast
-        const int64_t scalar = alloc(Category::kTemporaries, 8, kPostBackwardStream);
-        const int64_t cast = alloc(Category::kTemporaries, 4, kPostBackwardStream);
-        ledger.free(cast);
-        ledger.free(scalar);
-      };
-      // _get_gradient_predivide_factor: the smallest power of two f with
-      // W / f <= f (W divisible by it), the rest after the reduction.
-      int64_t pre = 1;
-      while (W % pre == 0 && W / pre > pre) pre *= 2;
-      if (pre > 1) divide();
-      ledger.free(alloc(Category::kCommBuffers, 4 * u.shard * W, kPostBackwardStream));  // Gloo's clone
-      if (W / pre > 1) divide();
-      if (u.grad_shard >= 0) {
-        ledger.free(shard);
-      } else {
-        u.grad_shard = shard;
-        u.grad_dtype = DType::kF32;
-      }
-      ledger.free(padded);
-      ledger.free(flat);
-    };
     auto post_backward = [&](int ui) {
       FlatParam& u = units[ui];
       if (u.backward_done || u.numel == 0) return;
@@ -337,7 +338,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         return;
       }
       if (o.cpu) {
-        cpu_reduce_grad(u, flat);
+        cpu_reduce_grad(ledger, label, W, u, flat, kPostBackwardStream);
         return;
       }
       ledger.free(in_flight_grad);

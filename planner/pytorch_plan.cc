@@ -207,10 +207,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
     // as DDP's CPU jobs are planned.
     if (fsdp && !cuda && !(want.precision == Precision::kFp32 && !want.offload &&
                            want.sharding != Sharding::kHybrid))
-      throw std::invalid_argument("--strategies " + s + ": on a CPU only FSDP2's (--fsdp-version 2) zero2 and "
-                                  "zero3 in fp32 are simulated (FSDP1, MixedPrecision, offload and HSDP through the "
-                                  "CUDA caching allocator's model): plan it with a CUDA --device and a trace "
-                                  "recorded with --target cuda");
+      throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP's zero2 and zero3 are simulated in fp32 "
+                                  "only (mixed precision, offload and HSDP through the CUDA caching allocator's "
+                                  "model): plan it with a CUDA --device and a trace recorded with --target cuda");
     if (fsdp && want.precision != Precision::kFp32) {
       const bool bf16 = want.precision == Precision::kBf16;
       const std::string name = bf16 ? "bf16" : "fp16";
