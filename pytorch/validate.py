@@ -14,7 +14,13 @@ model is built, as `shardfit run` counts its own ranks.
                    block_class), then on the root, reshard_after_forward=True
     --wrap fsdp2-zero2  the same with reshard_after_forward=False
     --fsdp-bf16    FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                   reduce_dtype=torch.float32)
+                   reduce_dtype=torch.float32) (plan does not simulate it
+                   on a CPU: no cast CPU trace is recorded)
+    --wrap fsdp1-zero3  FSDP1: FullyShardedDataParallel(device_id=cpu), every
+                   block a unit (ModuleWrapPolicy), FULL_SHARD
+    --wrap fsdp1-zero2  the same with SHARD_GRAD_OP
+    --log-allocations PREFIX  every allocation and free of each rank, with
+                   the Python frames that made it, to PREFIX.rankN.json
     --ckpt         every block under torch.utils.checkpoint (non-reentrant)
     --ckpt-reentrant  the same with use_reentrant=True (1.13's default)
     --bf16         forward under torch.autocast("cpu", torch.bfloat16)
