@@ -23,6 +23,73 @@ struct FlatParam {
 
 }  // namespace
 
+namespace {
+
+std::vector<int> units_pre_order(const spec::UnitPartition& part) {
+  std::vector<int> order(part.units.size());
+  for (size_t u = 0; u < order.size(); ++u) order[u] = static_cast<int>(u);
+  return order;
+}
+
+// _post_backward_hook's reduction as torch 2.11 runs it on CPU ranks (fp32,
+// sharded), after the flat gradient `flat` is made and the unit resharded:
+// _runtime_utils.py _reduce_grad. _get_reduce_scatter_tensors pads the flat
+// gradient (F.pad, a copy) only when world x shard exceeds it, and makes the
+// shard (empty_like(chunks[0])); _div_if_needed divides the input in place
+// by the predivide factor (a Python float: a 0-dim double and its fp32 cast,
+// 8 and 4 bytes, come and go); Gloo's reduce_scatter_tensor clones the input
+// for the collective (made and dropped around it); the postdivide the same
+// way on the shard when its factor is not 1. No record_stream on a CPU: the
+// flat gradient goes as the hook returns. The shard is kept as .grad, or
+// added into the one kept from the last step and dropped.
+void cpu_reduce_grad(Ledger& ledger, const std::string& label, int W, FlatParam& u, int64_t flat, int stream) {
+  auto alloc = [&](Category c, int64_t bytes) { return ledger.alloc(c, bytes, label, stream); };
+  const int64_t padded = u.shard * W != u.numel ? alloc(Category::kCommBuffers, 4 * u.shard * W) : -1;
+  const int64_t shard = alloc(Category::kGrads, 4 * u.shard);
+  auto divide = [&] {  // tensor.div_(factor): the wrapped scalar and its cast
+    const int64_t scalar = alloc(Category::kTemporaries, 8);
+    ledger.free(alloc(Category::kTemporaries, 4));
+    ledger.free(scalar);
+  };
+  // _get_gradient_predivide_factor: the smallest power of two f with
+  // W / f <= f (W divisible by it), the rest divided after the reduction.
+  int64_t pre = 1;
+  while (W % pre == 0 && W / pre > pre) pre *= 2;
+  if (pre > 1) divide();
+  ledger.free(alloc(Category::kCommBuffers, 4 * u.shard * W));  // Gloo's clone of the input
+  if (W / pre > 1) divide();
+  if (u.grad_shard >= 0) {
+    ledger.free(shard);
+  } else {
+    u.grad_shard = shard;
+    u.grad_dtype = DType::kF32;
+  }
+  ledger.free(padded);
+  ledger.free(flat);
+}
+
+// The units in the order _recursive_wrap wraps them: a unit after every unit
+// nested in it (part.units is in pre-order, outer before inner).
+std::vector<int> units_post_order(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part) {
+  auto inside = [&](int module, int ancestor) {
+    for (int m = module; m >= 0; m = modules[m].parent)
+      if (m == ancestor) return true;
+    return false;
+  };
+  std::vector<int> order, open;
+  for (size_t u = 0; u < part.units.size(); ++u) {
+    while (!open.empty() && !inside(part.units[u].root_module, part.units[open.back()].root_module)) {
+      order.push_back(open.back());
+      open.pop_back();
+    }
+    open.push_back(static_cast<int>(u));
+  }
+  order.insert(order.end(), open.rbegin(), open.rend());
+  return order;
+}
+
+}  // namespace
+
 StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
                                     const PytorchFsdpOptions& o, AllocatorModel& allocator) {
   if (!in.no_grads || !in.optimizer_param_steps || in.param_numels.empty() ||
@@ -85,22 +152,44 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   // Init: what exists before the model (the profile's cuBLAS workspaces),
   // the buffers (moved to the GPU with the module), each unit's shard
   // (flat_param.py _get_shard: the rank's chunk, padded, cloned), on the host
-  // with offload_params. The construction's own transients (the whole
-  // module, each unit's unsharded FlatParameter before sharding) are not
-  // simulated: the caching allocator gives them back on its first retry.
+  // with offload_params. On CUDA the construction's own transients (the
+  // whole module, each unit's unsharded FlatParameter before sharding) are
+  // not simulated: the caching allocator gives them back on its first retry.
+  // On a CPU they count: the model built whole (each module's parameters),
+  // then each unit as _recursive_wrap makes it (nested units first):
+  // flat_param.py flatten_tensors cats its parameters into one flat tensor,
+  // _get_shard clones the rank's padded chunk, the flat tensor is dropped
+  // and so are the module's original parameters (replaced by views).
   const std::string init = "init";
   for (int64_t b : o.overhead_bytes)
     if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
+  std::vector<int64_t> originals(modules.size(), -1);
+  if (o.cpu)
+    for (size_t m = 0; m < modules.size(); ++m) {
+      int64_t bytes = 0;
+      for (const ParamInfo& p : modules[m].params) bytes += 4 * p.numel;
+      if (bytes > 0 && (originals[m] = ledger.alloc(Category::kParams, bytes, init)) < 0) return out;
+    }
   std::vector<int64_t> buffer_ids;
   for (const auto& b : in.buffers) {
     buffer_ids.push_back(ledger.alloc(Category::kParams, b.bytes, init));
     if (buffer_ids.back() < 0) return out;
   }
-  for (auto& u : units)
+  for (int ui : o.cpu ? units_post_order(modules, part) : units_pre_order(part)) {
+    const FlatParam& u = units[ui];
+    const int64_t flat = o.cpu && u.numel > 0 ? ledger.alloc(Category::kParams, 4 * u.numel, init) : -1;
     if (!o.offload_params && u.numel > 0 && ledger.alloc(Category::kParams, 4 * u.shard, init) < 0) return out;
+    ledger.free(flat);
+    for (int m : part.units[ui].modules) ledger.free(originals[m]);
+  }
   ledger.point(init);
 
   std::vector<int> forward_order;  // units by pre-forward (_exec_order_data, first iteration)
+  // Units by post-forward, the order backward prefetching reads
+  // (_exec_order_utils.py get_handle_to_backward_prefetch: the handle before
+  // this one in handles_post_forward_order): the root's forward ends last,
+  // so its pre-backward prefetches the last block.
+  std::vector<int> post_forward_order;
   std::vector<int64_t> outputs, previous_outputs;
   std::vector<std::vector<int64_t>> unit_grads(units.size());
   for (int k = 1; k <= o.steps; ++k) {
@@ -149,6 +238,11 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         copy = alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream);
       }
       if (u.unsharded < 0) u.unsharded = alloc(Category::kParams, low * u.shard * W, kAllGatherStream);
+      // On a CPU, Gloo's all-gather (dist.all_gather over the output's
+      // chunks) makes a tensor of the output's size on the calling thread,
+      // then its flat output on the worker thread, each dropped before the
+      // next: one transient of the output's bytes (the meter's log).
+      if (o.cpu) ledger.free(alloc(Category::kCommBuffers, low * u.shard * W, kAllGatherStream));
       ledger.free(copy);
       ledger.free(mp_shard);
     };
@@ -175,9 +269,9 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
     // (backward: get_handles_to_backward_prefetch) in the recorded order,
     // when it still needs that pass's unshard and was not prefetched yet.
     auto prefetch = [&](int u, bool forward) {
-      const auto at = std::find(forward_order.begin(), forward_order.end(), u);
-      if (at == forward_order.end() || (forward ? at + 1 == forward_order.end() : at == forward_order.begin()))
-        return;
+      const std::vector<int>& order = forward ? forward_order : post_forward_order;
+      const auto at = std::find(order.begin(), order.end(), u);
+      if (at == order.end() || (forward ? at + 1 == order.end() : at == order.begin())) return;
       FlatParam& next = units[*(forward ? at + 1 : at - 1)];
       if (!(forward ? next.needs_pre_forward : next.needs_pre_backward) || next.prefetched) return;
       unshard(next);
@@ -243,6 +337,10 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         u.grad_dtype = dtype;
         return;
       }
+      if (o.cpu) {
+        cpu_reduce_grad(ledger, label, W, u, flat, kPostBackwardStream);
+        return;
+      }
       ledger.free(in_flight_grad);
       const int64_t cast = reduce_cast ? alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream) : -1;
       const int64_t padded = alloc(Category::kCommBuffers, reduce * u.shard * W, kPostBackwardStream);
@@ -306,6 +404,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
       if (no_shard && mixed) reshard(u);
       if (no_shard) u.unsharded = -1;  // fp32 under offload_params: reshard_forward_copy holds the forward's copy
       u.needs_pre_backward = true;     // _register_pre_backward_hooks
+      if (k == 1) post_forward_order.push_back(ui);
     };
     hooks.backward_begins = [&] {
       // scaler.scale(loss), first call: its scale and growth tracker (then
@@ -420,7 +519,8 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
                     const std::unordered_map<int, int64_t>& split_tie_bytes, const std::string& step,
                     std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
                     std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
-                    std::vector<int64_t>& previous_outputs) {
+                    std::vector<int64_t>& previous_outputs,
+                    std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins) {
   std::unordered_map<int, int> unit_at;  // wrapped module -> unit
   for (size_t u = 0; u < part.units.size(); ++u) unit_at[part.units[u].root_module] = static_cast<int>(u);
   std::unordered_set<int64_t> freed_in_trace, kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
@@ -462,6 +562,7 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
       if (output) outputs.push_back(id);
       if (grad) {
         unit_grads[part.module_unit[e.module]].push_back(id);
+        if (grad_origins) (*grad_origins)[part.module_unit[e.module]].emplace_back(e.module, e.bytes);
         held_grads.insert(e.tensor);
       }
     } else if (e.kind == MemEvent::kFree && !held_grads.count(e.tensor)) {

@@ -71,6 +71,9 @@ struct PytorchFsdpOptions {
   // optimizer step (grad_scaler_unscale, the gradients on the host with
   // offload_params). The traces carry the scaled loss's backward.
   bool grad_scaler = false;
+  // CPU ranks (Gloo, FullyShardedDataParallel(device_id=cpu)): no caching
+  // allocator, so the construction's transients count (the .cc's init).
+  bool cpu = false;
   int world_size = 2;
   int steps = 2;
   int64_t budget_bytes = kUnlimitedBytes;
@@ -125,11 +128,13 @@ std::unordered_map<int, int64_t> split_tie_grad_bytes(const std::vector<ModuleNo
 // is appended to `outputs`, and `previous_outputs` (the last step's) freed
 // when the forward returns, where a point stepK/forward is recorded. The
 // units' forward order is appended to `forward_order` when it is given.
-// False on out of memory.
+// With `grad_origins`, each gradient's (module, bytes) is appended to
+// (*grad_origins)[unit] beside its id in unit_grads. False on out of memory.
 bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
                     const std::unordered_map<int, int64_t>& split_tie_bytes, const std::string& step,
                     std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
                     std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
-                    std::vector<int64_t>& previous_outputs);
+                    std::vector<int64_t>& previous_outputs,
+                    std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins = nullptr);
 
 }  // namespace shardfit::planner

@@ -26,6 +26,45 @@ struct Group {
   bool pre_backward_done = false, post_backward_done = false;
 };
 
+// What ProcessGroupGloo allocates itself on CPU ranks, read in the meter's
+// allocation log of real 2.11 jobs (pytorch/validate.py --log-allocations):
+//
+// dist.all_gather_into_tensor (_allgather_base): a tensor of the output's
+// size made and dropped on the calling thread before the work runs, then
+// the work's own flat output (AsyncAllgatherWork: newLikeFlat of the
+// output's chunks) made on Gloo's worker thread and dropped once copied
+// into the output. One after the other: one transient of the output's
+// bytes beside FSDP2's all-gather output.
+bool gloo_all_gather(Ledger& ledger, int64_t output_bytes, const std::string& label) {
+  const int64_t flat = ledger.alloc(Category::kCommBuffers, output_bytes, label);
+  if (flat < 0) return false;
+  ledger.free(flat);
+  return true;
+}
+
+// dist.reduce_scatter_tensor (_reduce_scatter_base ->
+// reduce_scatter_tensor_coalesced): the input cloned on the calling thread
+// (`buffers.push_back(inputTensors[i].clone())`) and all-reduced, the
+// output copied from the clone's chunk; while the clone lives the worker
+// thread makes and drops an 8-byte and a 4-byte tensor (ReduceOp.AVG's
+// in-place division by the world size: the divisor wrapped as a 0-dim
+// int64 tensor and its fp32 cast, as any CPU division by a Python number
+// makes them). The clone goes when the work does; Gloo's worker thread
+// sometimes holds the all-reduce's work, and with it the clone, longer
+// (docs/pytorch-stack.md, "Late frees"): the plan is the program order.
+bool gloo_reduce_scatter(Ledger& ledger, int64_t input_bytes, const std::string& label) {
+  const int64_t clone = ledger.alloc(Category::kCommBuffers, input_bytes, label);
+  if (clone < 0) return false;
+  const int64_t divisor = ledger.alloc(Category::kTemporaries, 8, label);
+  if (divisor < 0) return false;
+  const int64_t cast = ledger.alloc(Category::kTemporaries, 4, label);
+  if (cast < 0) return false;
+  ledger.free(cast);
+  ledger.free(divisor);
+  ledger.free(clone);
+  return true;
+}
+
 }  // namespace
 
 int64_t fsdp2_shard_numel(const ParamInfo& p, int world) {
@@ -94,18 +133,36 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
   // Init: what exists before the model (the cuBLAS workspaces), the buffers
   // (MixedPrecisionPolicy casts none), each parameter's padded shard, fp32,
   // its own allocation (_fsdp_param.py _init_sharded_param: new_zeros of the
-  // padded size; pinned host memory under CPUOffloadPolicy). The unsharded
-  // originals fully_shard frees are not simulated: the caching allocator
-  // gives them back on its first retry.
+  // padded size; pinned host memory under CPUOffloadPolicy). On CUDA the
+  // unsharded originals fully_shard frees are not simulated: the caching
+  // allocator gives them back on its first retry. On a CPU every byte
+  // counts: the model is built whole (each parameter its own tensor), then
+  // fully_shard, in the order it is called (each block, then the root),
+  // makes each of its group's shards and, as it returns, drops the group's
+  // originals (_init_sharded_param's `_setattr_on_modules`: "Let `param_data`
+  // be freed normally when its ref count reaches 0 when the `fully_shard`
+  // call returns").
   const std::string init = "init";
   for (int64_t b : o.overhead_bytes)
     if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
+  std::vector<std::vector<int64_t>> originals(groups.size());
+  if (o.cpu)
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (const ParamInfo& p : part.units[g].params) {
+        originals[g].push_back(ledger.alloc(Category::kParams, 4 * p.numel, init));
+        if (originals[g].back() < 0) return out;
+      }
   for (const auto& b : in.buffers)
     if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
-  if (!o.offload_params)
-    for (const Group& g : groups)
-      for (int64_t s : g.shard)
+  std::vector<int> shard_order = blocks;
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (block_index(static_cast<int>(g)) < 0) shard_order.push_back(static_cast<int>(g));
+  for (int g : shard_order) {
+    if (!o.offload_params)
+      for (int64_t s : groups[g].shard)
         if (ledger.alloc(Category::kParams, 4 * s, init) < 0) return out;
+    ledger.free_all(originals[g]);
+  }
   ledger.point(init);
 
   // FSDPCommContext: the last forward all-gather's output, kept until the
@@ -115,6 +172,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
   std::vector<int> post_forward_order;
   std::vector<int64_t> outputs, previous_outputs;
   std::vector<std::vector<int64_t>> unit_grads(groups.size());
+  std::vector<std::vector<std::pair<int, int64_t>>> grad_origins(groups.size());  // beside unit_grads
   for (int k = 1; k <= o.steps; ++k) {
     const std::string step = "step" + std::to_string(k);
     std::string label = step + "/forward";
@@ -146,6 +204,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
         inputs.push_back(alloc(Category::kCommBuffers, low * g.shard_sum, kAllGatherCopyInStream));
       }
       g.pending = alloc(Category::kCommBuffers, low * g.shard_sum * W, kAllGatherCopyInStream);
+      if (o.cpu) gloo_all_gather(ledger, low * g.shard_sum * W, label);
       ledger.free_all(inputs);
     };
     // FSDPParamGroup.wait_for_unshard: in forward the previous group's flat
@@ -190,6 +249,26 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
     // (_all_reduce_state, "to keep it alive until the end of backward")
     // until the group's backward is finalized; under a policy its fp32 cast
     // is made on that stream, the low-precision output kept beside it.
+    // The id of group gi's last parameter's gradient (its fsdp_params are
+    // its modules' parameters in named_parameters() order, as the unit's),
+    // taken out of unit_grads[gi]: the last gradient the trace made in the
+    // module owning that parameter, of its bytes. -1 when none is.
+    auto take_last_param_grad = [&](int gi) -> int64_t {
+      const spec::Unit& u = part.units[gi];
+      int owner = -1;
+      for (int m : u.modules)
+        if (!modules[m].params.empty()) owner = m;
+      if (owner < 0) return -1;
+      const int64_t bytes = low * modules[owner].params.back().numel;
+      for (size_t i = unit_grads[gi].size(); i-- > 0;)
+        if (grad_origins[gi][i] == std::make_pair(owner, bytes)) {
+          const int64_t id = unit_grads[gi][i];
+          unit_grads[gi].erase(unit_grads[gi].begin() + static_cast<std::ptrdiff_t>(i));
+          grad_origins[gi].erase(grad_origins[gi].begin() + static_cast<std::ptrdiff_t>(i));
+          return id;
+        }
+      return -1;
+    };
     auto post_backward = [&](int gi) {
       Group& g = groups[gi];
       if (g.post_backward_done) return;
@@ -198,8 +277,16 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       if (unit_grads[gi].empty()) return;
       ledger.free(reduce_scatter_state);
       const int64_t input = alloc(Category::kCommBuffers, reduce * g.shard_sum * W, kFsdp2ComputeStream);
-      ledger.free_all(unit_grads[gi]);
+      // foreach_reduce's loop over zip(fsdp_params, unsharded_grads) (for
+      // Shard(i > 0), run whenever world_size > 1) leaves its variable
+      // `unsharded_grad` bound to the group's last gradient, so
+      // `unsharded_grads.clear()` frees every gradient but that one, which
+      // goes when foreach_reduce returns (_fsdp_collectives.py).
+      const int64_t last_grad = W > 1 ? take_last_param_grad(gi) : -1;
+      ledger.free_all(unit_grads[gi]);  // and clears the list
+      grad_origins[gi].clear();
       int64_t reduced = alloc(Category::kGrads, reduce * g.shard_sum, kReduceScatterStream);
+      if (o.cpu) gloo_reduce_scatter(ledger, reduce * g.shard_sum * W, label);
       if (o.hsdp) {
         g.all_reduce_state = reduced;
         if (reduce != 4) reduced = alloc(Category::kGrads, 4 * g.shard_sum, kAllReduceStream);
@@ -215,6 +302,7 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       }
       g.has_grads = true;
       reduce_scatter_state = input;
+      ledger.free(last_grad);
     };
 
     // opt.zero_grad(): set_to_none drops every sharded .grad, and with the
@@ -239,10 +327,11 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
         for (int j = 1; j <= o.forward_prefetch; ++j) unshard(groups[blocks[b + j]]);
     };
     hooks.post_forward = [&](int gi) {
-      // FSDPParamGroup.post_forward: reshard (not the root), then the
+      // FSDPParamGroup.post_forward: reshard (the root only when asked:
+      // reshard_root_after_forward), then the
       // post-forward order recorded; the root's (_fsdp_state.py
       // _post_forward) frees the last all-gather's output.
-      if (o.reshard_after_forward && gi != 0) reshard(groups[gi]);
+      if (o.reshard_after_forward && (gi != 0 || o.reshard_root_after_forward)) reshard(groups[gi]);
       groups[gi].post_forward_index = static_cast<int>(post_forward_order.size());
       post_forward_order.push_back(gi);
       if (gi == 0) {
@@ -275,7 +364,8 @@ StepSimResult simulate_pytorch_fsdp2(const PytorchDdpInputs& in, const std::vect
       hooks.pre_backward(0);  // the root's hook on the loss
     };
     hooks.post_backward = post_backward;
-    if (!walk_fsdp_step(*in.no_grads, part, {}, step, label, hooks, ledger, unit_grads, outputs, previous_outputs))
+    if (!walk_fsdp_step(*in.no_grads, part, {}, step, label, hooks, ledger, unit_grads, outputs, previous_outputs,
+                        &grad_origins))
       return out;
     // _root_post_backward_final_callback: every group whose post-backward
     // did not run (the root's inputs need no gradient), in all_states order

@@ -7,9 +7,13 @@
 // d, reduce_dtype=None or torch.float32) or none, and torch.optim.AdamW over the sharded parameters, in the loop
 //     opt.zero_grad(); loss = model(x)[0]; loss.backward(); opt.step()
 // on CUDA ranks through the caching allocator's model, one pool per stream
-// FSDP2 allocates on. Each rule in the .cc cites the file it follows, read at
-// PyTorch's main branch: _fsdp_collectives.py and _fsdp_param.py at commit
-// 010ae4a8, _fsdp_param_group.py at 002a76fb, _fsdp_state.py at 01c9f4fc.
+// FSDP2 allocates on, or (zero2 and zero3, fp32, 1-D mesh) on CPU ranks over
+// Gloo through the exact allocator. Each rule in the .cc cites the file it
+// follows, read at PyTorch's main branch: _fsdp_collectives.py and
+// _fsdp_param.py at commit 010ae4a8, _fsdp_param_group.py at 002a76fb,
+// _fsdp_state.py at 01c9f4fc; where torch 2.11 (the pinned stack) differs,
+// 2.11's: the root resharded after its forward when reshard_after_forward is
+// passed to it, and foreach_reduce's last gradient held until it returns.
 //
 // Unlike 1.13's FSDP (pytorch_fsdp.h) FSDP2 shards each parameter on its own
 // dim 0 (a DTensor): no flat parameter is kept, the all-gather's flat buffer
@@ -17,7 +21,8 @@
 // on each rank are views of one flat reduce-scatter output. Not in Debian's
 // PyTorch 1.13; torch 2.11's fully_shard measured on an H200 by
 // scripts/fsdp_reference.py (reports/gpu/README.md), not yet held against
-// this model.
+// this model there; on CPU ranks held against real 2.11 jobs, every peak to
+// the byte (scripts/pytorch-validate's fsdp2 wraps, docs/pytorch-stack.md).
 #pragma once
 
 #include <cstdint>
@@ -34,9 +39,16 @@ struct PytorchFsdp2Options {
   // fully_shard(reshard_after_forward=True): each block's parameters freed
   // after its forward and gathered again for its backward (zero3); False
   // keeps them from the forward to the end of the block's backward (zero2).
-  // The root is never resharded after its forward (_fsdp_state.py
-  // _lazy_init sets its post_forward_mesh_info to None).
+  // The root is resharded after its forward only with
+  // reshard_root_after_forward (below).
   bool reshard_after_forward = true;
+  // The root too resharded after its forward (and gathered again when its
+  // backward begins). torch 2.11's _fsdp_state.py _lazy_init keeps the root
+  // unsharded only when its fully_shard was called with
+  // reshard_after_forward left None (_auto_reshard_after_forward); given
+  // explicitly, as `plan` assumes (reshard_after_forward=True for zero3, on
+  // the blocks and the root alike), the root's group reshards as any other.
+  bool reshard_root_after_forward = false;
   // CPUOffloadPolicy: the sharded parameters, their gradients and AdamW on
   // the host.
   bool offload_params = false;
@@ -67,6 +79,9 @@ struct PytorchFsdp2Options {
   // the root does. 0, 0: FSDP2's defaults.
   int forward_prefetch = 0;
   int backward_prefetch = 0;
+  // CPU ranks (Gloo): no caching allocator, so what a CUDA job's cache
+  // hides is counted: the model built whole before fully_shard shards it.
+  bool cpu = false;
   int world_size = 2;  // the shard group's size (with hsdp, the ranks of a node)
   int steps = 2;
   std::vector<int64_t> overhead_bytes;  // the profile's cuBLAS workspaces

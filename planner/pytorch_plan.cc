@@ -203,10 +203,13 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                      ") (trace_recorder.py records them: bf16 for --target cpu, fp16 for --target cuda)"
                : ": its autocast traces are not batch-affine, so it cannot be planned in this version (" +
                      amp_not_affine + ")"));
-    if (fsdp && !cuda)
-      throw std::invalid_argument("--strategies " + s + ": FSDP is planned on CUDA only (1.13's runs nowhere else; "
-                                  "FSDP2 through the CUDA caching allocator's model): plan it with a CUDA --device "
-                                  "and a trace recorded with --target cuda");
+    // FSDP2 runs on CPU ranks (Gloo) too, fp32: through the exact allocator,
+    // as DDP's CPU jobs are planned.
+    if (fsdp && !cuda && !(want.precision == Precision::kFp32 && !want.offload &&
+                           want.sharding != Sharding::kHybrid))
+      throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP's zero2 and zero3 are simulated in fp32 "
+                                  "only (mixed precision, offload and HSDP through the CUDA caching allocator's "
+                                  "model): plan it with a CUDA --device and a trace recorded with --target cuda");
     if (fsdp && want.precision != Precision::kFp32) {
       const bool bf16 = want.precision == Precision::kBf16;
       const std::string name = bf16 ? "bf16" : "fp16";
@@ -359,6 +362,9 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       // Rank 0, whose shards are the padded size: no rank holds more.
       PytorchFsdp2Options f;
       f.reshard_after_forward = c.sharding == Sharding::kZero3;
+      // fully_shard(model, reshard_after_forward=True) on the root too, as
+      // the blocks are called (torch 2.11 reshards the root then).
+      f.reshard_root_after_forward = f.reshard_after_forward;
       f.offload_params = c.offload;
       f.wrap_blocks = c.wrap == "block";
       f.mixed_precision = compute_dtype(c.precision);
@@ -373,8 +379,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
         f.forward_prefetch = r.schedule.prefetch - 1;
         f.backward_prefetch = r.schedule.prefetch;
       }
-      CudaCachingAllocatorModel a(budget);
-      ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, a));
+      f.cpu = !cuda;
+      if (f.cpu) {
+        ExactAllocator a(budget);
+        ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, a));
+      } else {
+        CudaCachingAllocatorModel a(budget);
+        ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, a));
+      }
       return ranks;
     }
     if (is_fsdp(c)) {
@@ -394,8 +406,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
       f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
       f.keep_low_precision_grads = r.fsdp_keep_low_precision_grads;
-      CudaCachingAllocatorModel a(budget);
-      ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
+      f.cpu = !cuda;
+      if (f.cpu) {
+        ExactAllocator a(budget);
+        ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
+      } else {
+        CudaCachingAllocatorModel a(budget);
+        ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
+      }
       return ranks;
     }
     for (int rank = 0; rank < (o.zero_redundancy ? world : 1); ++rank) {

@@ -35,6 +35,13 @@ void shardfit_meter_set_budget(int64_t bytes) { TrackingAllocator::cpu().set_bud
 // Records the end of a phase named `label`.
 void shardfit_meter_mark(const char* label) { TrackingAllocator::cpu().mark(label ? label : ""); }
 
+// From now on `observer(data, bytes)` is called on every allocation
+// (bytes > 0) and every release (bytes 0), on the thread that makes it; null
+// stops it. pytorch/shardfit_meter.py's allocation log is its one user.
+void shardfit_meter_set_observer(void (*observer)(const void* data, int64_t bytes)) {
+  TrackingAllocator::set_observer(observer);
+}
+
 int64_t shardfit_meter_timeline_size() {
   return static_cast<int64_t>(TrackingAllocator::cpu().timeline().size());
 }

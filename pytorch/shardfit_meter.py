@@ -20,6 +20,7 @@ import ctypes
 import os
 
 _LIB = None
+_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
 
 
 def library_path():
@@ -48,6 +49,7 @@ def load_library():
     lib.shardfit_meter_reset_peak.argtypes = []
     lib.shardfit_meter_set_budget.argtypes = [i64]
     lib.shardfit_meter_mark.argtypes = [ctypes.c_char_p]
+    lib.shardfit_meter_set_observer.argtypes = [_OBSERVER]
     lib.shardfit_meter_timeline_point.restype = ctypes.c_int
     lib.shardfit_meter_timeline_point.argtypes = [i64, ctypes.c_char_p, i64,
                                                   ctypes.POINTER(i64), ctypes.POINTER(i64)]
@@ -85,6 +87,32 @@ class Meter:
 
     def mark(self, label):
         self._lib.shardfit_meter_mark(label.encode())
+
+    def log_allocations(self, phase=lambda: ""):
+        """From now on, every allocation and release appended to the list
+        returned, in the order they happen: [kind, bytes, phase(), where],
+        kind "alloc" or "free" (a free's bytes those of its allocation),
+        where the innermost frames of Python code making it (a thread
+        without Python: ""; for a free, "#N": the index of its allocation
+        in the list). For finding the storage a prediction misses; slow, so
+        never on in a measured run."""
+        import traceback
+        log, live = [], {}
+
+        def observe(data, nbytes):
+            if nbytes > 0:
+                live[data] = (nbytes, len(log))
+                frames = traceback.extract_stack()[:-1][-4:]
+                where = " < ".join("%s:%d %s" % (os.path.basename(f.filename), f.lineno, f.name)
+                                   for f in reversed(frames))
+                log.append(["alloc", nbytes, phase(), where])
+            elif data in live:
+                nbytes, index = live.pop(data)
+                log.append(["free", nbytes, phase(), "#%d" % index])
+
+        self._observer = _OBSERVER(observe)  # kept: the library holds a raw pointer to it
+        self._lib.shardfit_meter_set_observer(self._observer)
+        return log
 
     def timeline(self):
         """[{"phase", "allocated_bytes", "peak_allocated_bytes"}], as `run`'s reports write them."""

@@ -10,6 +10,17 @@ model is built, as `shardfit run` counts its own ranks.
     --wrap ddp     torch.nn.parallel.DistributedDataParallel (defaults)
     --wrap ddp-bv  the same with gradient_as_bucket_view=True
     --wrap zero1   DDP + torch.distributed.optim.ZeroRedundancyOptimizer
+    --wrap fsdp2-zero3  FSDP2: fully_shard on every block (the model's
+                   block_class), then on the root, reshard_after_forward=True
+    --wrap fsdp2-zero2  the same with reshard_after_forward=False
+    --fsdp-bf16    FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                   reduce_dtype=torch.float32) (plan does not simulate it
+                   on a CPU: no cast CPU trace is recorded)
+    --wrap fsdp1-zero3  FSDP1: FullyShardedDataParallel(device_id=cpu), every
+                   block a unit (ModuleWrapPolicy), FULL_SHARD
+    --wrap fsdp1-zero2  the same with SHARD_GRAD_OP
+    --log-allocations PREFIX  every allocation and free of each rank, with
+                   the Python frames that made it, to PREFIX.rankN.json
     --ckpt         every block under torch.utils.checkpoint (non-reentrant)
     --ckpt-reentrant  the same with use_reentrant=True (1.13's default)
     --bf16         forward under torch.autocast("cpu", torch.bfloat16)
@@ -49,35 +60,93 @@ def worker(rank, args, queue):
     # and no collective waits longer than this for a rank that is gone.
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=rank,
                             world_size=args.nproc, timeout=datetime.timedelta(seconds=120))
+    mesh = None
+    if args.wrap.startswith("fsdp2"):
+        # FSDP2's 1-D mesh over the Gloo ranks, made with the process group
+        # (its rank tensor is part of the group's set-up, not of the job).
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (args.nproc,))
     meter.reset_peak()
     base = meter.allocated  # bytes of the process group, before the job (0 seen)
     if args.budget:
         meter.set_budget(base + args.budget)
+    alloc_log = None
+    if args.log_allocations:  # every allocation, after the last point marked
+        marks = ["before init"]
+        mark = meter.mark
+        meter.mark = lambda label: (mark(label), marks.append(label))
+        alloc_log = meter.log_allocations(lambda: marks[-1])
     try:
-        result = train(args, rank, meter, torch, models)
+        result = train(args, rank, meter, torch, models, mesh)
     except RuntimeError as e:
         if "out of memory" not in str(e):
             raise
         result = {"rank": rank, "oom": str(e).split("\n")[0], "peak_allocated_bytes": meter.peak - base,
-                  "timeline": meter.timeline()}
+                  "timeline": rebase(meter.timeline(), base)}
         queue.put(result)
         raise SystemExit(3)  # the other ranks are ended by start_processes
     result["peak_allocated_bytes"] = meter.peak - base
+    rebase(result["timeline"], base)
+    if alloc_log is not None:
+        with open("%s.rank%d.json" % (args.log_allocations, rank), "w") as f:
+            json.dump(list(alloc_log), f, indent=0)
     queue.put(result)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def train(args, rank, meter, torch, models):
+def rebase(timeline, base):
+    """The timeline's bytes counted from `base`, as the peak is: what the
+    process group (and FSDP2's device mesh) hold is not the job's."""
+    for p in timeline:
+        p["allocated_bytes"] -= base
+        p["peak_allocated_bytes"] -= base
+    return timeline
+
+
+def fully_shard_blocks(torch, model, args, mesh):
+    """FSDP2 as its examples apply it: fully_shard on every block (in module
+    order), then on the root; reshard_after_forward True for fsdp2-zero3,
+    False for fsdp2-zero2; with --fsdp-bf16 MixedPrecisionPolicy(bf16
+    parameters, fp32 reduction)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    kw = dict(mesh=mesh, reshard_after_forward=args.wrap == "fsdp2-zero3")
+    if args.fsdp_bf16:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for m in list(model.modules()):
+        if isinstance(m, model.block_class):
+            fully_shard(m, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def fsdp1_blocks(torch, model, args):
+    """FSDP1 as transformer_auto_wrap_policy wraps it: every block its own
+    FullyShardedDataParallel unit, the root the rest, on the CPU
+    (device_id=cpu), FULL_SHARD for fsdp1-zero3, SHARD_GRAD_OP for
+    fsdp1-zero2, the other options at their defaults (BACKWARD_PRE)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    strategy = ShardingStrategy.FULL_SHARD if args.wrap == "fsdp1-zero3" else ShardingStrategy.SHARD_GRAD_OP
+    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({model.block_class}),
+                                    sharding_strategy=strategy, device_id=torch.device("cpu"))
+
+
+def train(args, rank, meter, torch, models, mesh=None):
     """The job on this rank; returns its losses and timeline."""
     torch.manual_seed(args.seed)
     model = models.build(args.model)
     model.train()
     if args.ckpt or args.ckpt_reentrant:
         checkpoint_blocks(torch, model, reentrant=args.ckpt_reentrant)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=(args.wrap == "ddp-bv"),
-                                                    static_graph=args.static_graph,
-                                                    bucket_cap_mb=args.bucket_cap_mb)
+    if args.wrap.startswith("fsdp2"):
+        ddp = fully_shard_blocks(torch, model, args, mesh)
+    elif args.wrap.startswith("fsdp1"):
+        ddp = fsdp1_blocks(torch, model, args)
+    else:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=(args.wrap == "ddp-bv"),
+                                                        static_graph=args.static_graph,
+                                                        bucket_cap_mb=args.bucket_cap_mb)
     if args.wrap == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         # foreach reaches the local AdamW through ZeroRedundancyOptimizer's
@@ -98,7 +167,7 @@ def train(args, rank, meter, torch, models):
             # --grad-accum N: every micro-batch but the last under no_sync()
             # (gradients summed: scale the learning rate, not the loss).
             label = "step%d" % step if args.grad_accum == 1 else "step%d.%d" % (step, micro)
-            sync = contextlib.nullcontext() if micro == args.grad_accum else ddp.no_sync()
+            sync = contextlib.nullcontext() if micro == args.grad_accum else ddp.no_sync()  # DDP only
             with sync:
                 x = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
                 # `outputs = model(...)`: what the forward returned beside the loss
@@ -161,7 +230,10 @@ def run(args):
 def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="gpt2-tiny")
-    p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1"], default="ddp")
+    p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1", "fsdp2-zero3", "fsdp2-zero2",
+                                       "fsdp1-zero3", "fsdp1-zero2"], default="ddp")
+    p.add_argument("--fsdp-bf16", action="store_true",
+                   help="FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)")
     p.add_argument("--ckpt", action="store_true")
     p.add_argument("--ckpt-reentrant", action="store_true",
                    help="every block under torch.utils.checkpoint(use_reentrant=True), 1.13's default")
@@ -180,6 +252,9 @@ def parser():
                    help="micro-batches per optimizer step, all but the last under DDP.no_sync()")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--port", type=int, default=29541)
+    p.add_argument("--log-allocations", metavar="PREFIX",
+                   help="write every rank's allocations and releases to PREFIX.rankN.json (slow: not for "
+                        "measuring)")
     p.add_argument("--budget", type=int, default=0,
                    help="bytes each rank may hold (the meter's budget; 0: none): past it, PyTorch's OOM")
     return p
