@@ -31,6 +31,17 @@ std::vector<int> units_pre_order(const spec::UnitPartition& part) {
   return order;
 }
 
+// The reduced fp32 shard becomes the unit's .grad, or is added into the one
+// kept from the last step (zero_grad(set_to_none=False)) and dropped.
+void keep_grad_shard(Ledger& ledger, FlatParam& u, int64_t shard) {
+  if (u.grad_shard >= 0) {
+    ledger.free(shard);
+    return;
+  }
+  u.grad_shard = shard;
+  u.grad_dtype = DType::kF32;
+}
+
 // _post_backward_hook's reduction as torch 2.11 runs it on CPU ranks (fp32,
 // sharded), after the flat gradient `flat` is made and the unit resharded:
 // _runtime_utils.py _reduce_grad. _get_reduce_scatter_tensors pads the flat
@@ -58,12 +69,7 @@ void cpu_reduce_grad(Ledger& ledger, const std::string& label, int W, FlatParam&
   if (pre > 1) divide();
   ledger.free(alloc(Category::kCommBuffers, 4 * u.shard * W));  // Gloo's clone of the input
   if (W / pre > 1) divide();
-  if (u.grad_shard >= 0) {
-    ledger.free(shard);
-  } else {
-    u.grad_shard = shard;
-    u.grad_dtype = DType::kF32;
-  }
+  keep_grad_shard(ledger, u, shard);
   ledger.free(padded);
   ledger.free(flat);
 }
@@ -350,12 +356,7 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
         ledger.free(shard);
         shard = fp32;
       }
-      if (u.grad_shard >= 0) {
-        ledger.free(shard);
-      } else {
-        u.grad_shard = shard;
-        u.grad_dtype = DType::kF32;
-      }
+      keep_grad_shard(ledger, u, shard);
       ledger.free(padded);
       ledger.free(cast);
       in_flight_grad = flat;

@@ -333,6 +333,12 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
            : c.recompute                                  ? 1
                                                           : 0;
   };
+  // FSDP's allocator: the exact one on CPU ranks, the caching allocator's
+  // model on CUDA.
+  auto device_allocator = [&]() -> std::unique_ptr<AllocatorModel> {
+    if (!cuda) return std::make_unique<ExactAllocator>(budget);
+    return std::make_unique<CudaCachingAllocatorModel>(budget);
+  };
   // Every rank's result at `batch` (one when the ranks are alike).
   auto simulate = [&](const Candidate& c, int64_t batch) {
     const int k = kind_of(c);
@@ -380,13 +386,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
         f.backward_prefetch = r.schedule.prefetch;
       }
       f.cpu = !cuda;
-      if (f.cpu) {
-        ExactAllocator a(budget);
-        ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, a));
-      } else {
-        CudaCachingAllocatorModel a(budget);
-        ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, a));
-      }
+      ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, *device_allocator()));
       return ranks;
     }
     if (is_fsdp(c)) {
@@ -407,13 +407,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
       f.keep_low_precision_grads = r.fsdp_keep_low_precision_grads;
       f.cpu = !cuda;
-      if (f.cpu) {
-        ExactAllocator a(budget);
-        ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
-      } else {
-        CudaCachingAllocatorModel a(budget);
-        ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, a));
-      }
+      ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, *device_allocator()));
       return ranks;
     }
     for (int rank = 0; rank < (o.zero_redundancy ? world : 1); ++rank) {
