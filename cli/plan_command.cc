@@ -12,6 +12,7 @@
 #include "cli/validators.h"
 #include "models/model_config.h"
 #include "planner/plan_builder.h"
+#include "planner/plan_text.h"
 
 namespace shardfit::cli {
 namespace {
@@ -34,11 +35,11 @@ struct PlanArgs {
   std::string adamw_step;      // empty: each candidate's PyTorch default
   bool fsdp_keep_low_precision_grads = false;
   int steps = 2;
-  int64_t seq_len = 128;
+  std::string seq_len = "128";  // a comma list sweeps, as --gpus, --nodes and --gpu-mem do
   std::string loss = "full";
   std::string attention = "eager";
-  int gpus = 1;
-  int nodes = 1;
+  std::string gpus = "1";
+  std::string nodes = "1";
   std::string device;
   std::string gpu_mem;
   std::string strategies;
@@ -51,14 +52,14 @@ struct PlanArgs {
   bool async_gather = false;
   std::string out;
   bool json = false;
-  size_t top = 0;  // table rows; 0 = all
+  size_t top = 0;  // --all's rows; 0 = all
+  bool all = false;
   bool seq_len_given = false;
 };
 
-int run(const PlanArgs& a) {
-  planner::PlanRequest r;
-  if (a.model.empty() == a.trace.empty()) throw BadInput("plan: give --model or --trace (one of them)");
-  r.seq_len = a.seq_len;
+// The options of PyTorch's own stack (--stack pytorch): which PyTorch, and
+// what its DDP, FSDP, optimizer and checkpointing calls are given.
+void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
   if (a.stack != "shardfit" && a.stack != "pytorch") throw BadInput("--stack " + a.stack + ": expected shardfit or pytorch");
   r.stack = a.stack == "pytorch" ? planner::Stack::kPytorch : planner::Stack::kShardfit;
   if (a.ddp_bucket_view && r.stack != planner::Stack::kPytorch)
@@ -143,6 +144,14 @@ int run(const PlanArgs& a) {
   if (a.steps != 2 && r.stack != planner::Stack::kPytorch)
     throw BadInput("--steps: --stack pytorch only (shardfit's plans are for a job's steady state)");
   r.steps = a.steps;
+}
+
+// Everything a plan is asked but the sweep's axes (--seq-len, --gpus,
+// --nodes, --gpu-mem), which sweep_points sets per point.
+planner::PlanRequest request_from(const PlanArgs& a) {
+  planner::PlanRequest r;
+  if (a.model.empty() == a.trace.empty()) throw BadInput("plan: give --model or --trace (one of them)");
+  set_stack_options(a, r);
   if (!a.trace.empty()) {
     // A model traced in its own process (pytorch/trace_recorder.py): its
     // loss and attention are what its forward does.
@@ -153,7 +162,6 @@ int run(const PlanArgs& a) {
     } catch (const std::invalid_argument& e) {
       throw BadInput(e.what());
     }
-    if (!a.seq_len_given) r.seq_len = r.trace_file->seq_len;
     // It names the PyTorch whose kernels it recorded; planned as another,
     // its temporaries are still that one's.
     const std::string& recorded = r.trace_file->torch_version;
@@ -169,16 +177,7 @@ int run(const PlanArgs& a) {
       throw BadInput(e.what());
     }
   }
-  r.gpus_per_node = a.gpus;
-  r.nodes = a.nodes;
   r.profile = planner::load_profile(a.device, profiles_dir());
-  if (!a.gpu_mem.empty()) {
-    try {
-      r.device_mem_bytes = planner::parse_size_bytes(a.gpu_mem);
-    } catch (const std::invalid_argument& e) {
-      throw BadInput(std::string("--gpu-mem: ") + e.what());
-    }
-  }
   r.candidates.strategies = planner::split_list(a.strategies);
   r.candidates.precisions = planner::split_list(a.precision);
   if (a.optimizer != "adamw" && a.optimizer != "sgd")
@@ -202,17 +201,81 @@ int run(const PlanArgs& a) {
     throw BadInput("--async-gather: shardfit's engine option (PyTorch's FSDP always prefetches beside compute); "
                    "drop it with --stack pytorch");
   r.schedule.async_gather = a.async_gather;
+  if (a.all && a.json) throw BadInput("--all: the table's rows; --json always has every candidate");
+  return r;
+}
 
+// One request per point of the sweep: every combination of the values
+// --seq-len, --gpus, --nodes and --gpu-mem list, in that nesting order.
+std::vector<planner::PlanRequest> sweep_points(const PlanArgs& a, const planner::PlanRequest& base) {
+  // A traced model's sequence length is its trace's unless --seq-len says.
+  const std::vector<int64_t> seqs =
+      a.seq_len_given || !base.trace_file ? int_list(a.seq_len) : std::vector<int64_t>{base.trace_file->seq_len};
+  std::vector<int64_t> mems = {0};
+  if (!a.gpu_mem.empty()) {
+    mems.clear();
+    for (const std::string& m : planner::split_list(a.gpu_mem)) mems.push_back(planner::parse_size_bytes(m));
+  }
+  std::vector<planner::PlanRequest> points;
+  const std::shared_ptr<planner::TraceCache> traces = planner::make_trace_cache();
+  for (int64_t seq : seqs)
+    for (int64_t gpus : int_list(a.gpus))
+      for (int64_t nodes : int_list(a.nodes))
+        for (int64_t mem : mems) {
+          planner::PlanRequest r = base;
+          r.seq_len = seq;
+          r.gpus_per_node = static_cast<int>(gpus);
+          r.nodes = static_cast<int>(nodes);
+          r.device_mem_bytes = mem;
+          r.trace_cache = traces;
+          points.push_back(std::move(r));
+        }
+  if (points.size() > kMaxSweepPoints)
+    throw BadInput("plan: the sweep has " + std::to_string(points.size()) + " points (--seq-len x --gpus x --nodes x "
+                   "--gpu-mem); at most " + std::to_string(kMaxSweepPoints));
+  if (points.size() > 1 && (a.all || a.top > 0))
+    throw BadInput(std::string(a.all ? "--all" : "--top") +
+                   ": a sweep prints one grid line per point; give one value to each of --seq-len, --gpus, --nodes "
+                   "and --gpu-mem for a plan's rows");
+  return points;
+}
+
+// A sweep's outputs: the grid, or with --json every plan; --out writes the
+// plans. Exit 2 only when no point fits batch 1.
+int print_sweep(const PlanArgs& a, const std::vector<planner::Plan>& plans) {
+  const std::string json = planner::sweep_to_json_text(plans);
+  if (!a.out.empty()) {
+    std::ofstream out(a.out);
+    if (!(out << json) || !out.flush()) throw BadInput("--out " + a.out + ": cannot write file");
+  }
+  std::cout << (a.json ? json : planner::format_sweep_grid(plans));
+  for (const planner::Plan& p : plans)
+    if (!p.chosen.empty()) return kExitOk;
+  std::cout.flush();
+  throw BadInput("no candidate fits batch 1 of " + plans.front().model.name + " at any point of the sweep");
+}
+
+int run(const PlanArgs& a) {
+  const planner::PlanRequest base = request_from(a);
+  const std::vector<planner::PlanRequest> points = sweep_points(a, base);
   // A sweep of big models takes seconds to minutes: say where it is.
   ThrottledProgress progress;
-  r.on_progress = [&progress](const std::string& stage, size_t done, size_t total,
-                              const std::string& label) {
-    progress.done(stage == "trace" ? "plan: traced step" : "plan: candidate", done, total, label);
-  };
-  planner::Plan plan = planner::build_plan(r);
-  // A profile given as a file (shardfit calibrate's): the plan records where
-  // it is, so `run --plan` and `validate` predict with the same one.
-  if (planner::is_profile_path(a.device)) plan.hardware.profile = std::filesystem::absolute(a.device).string();
+  std::vector<planner::Plan> plans;
+  for (planner::PlanRequest r : points) {
+    const std::string where = points.size() == 1 ? "" : " (seq " + std::to_string(r.seq_len) + ", " +
+                                                            std::to_string(r.gpus_per_node * r.nodes) + " GPUs)";
+    r.on_progress = [&progress, &where](const std::string& stage, size_t done, size_t total,
+                                        const std::string& label) {
+      progress.done((stage == "trace" ? "plan: traced step" : "plan: candidate") + where, done, total, label);
+    };
+    plans.push_back(planner::build_plan(r));
+    // A profile given as a file (shardfit calibrate's): the plan records
+    // where it is, so `run --plan` and `validate` predict with the same one.
+    if (planner::is_profile_path(a.device))
+      plans.back().hardware.profile = std::filesystem::absolute(a.device).string();
+  }
+  if (plans.size() > 1) return print_sweep(a, plans);
+  const planner::Plan& plan = plans.front();
   if (!a.out.empty()) {
     std::ofstream probe(a.out, std::ios::app);
     if (!probe) throw BadInput("--out " + a.out + ": cannot write file");
@@ -221,8 +284,10 @@ int run(const PlanArgs& a) {
   }
   if (a.json)
     std::cout << planner::plan_to_json_text(plan);
-  else
+  else if (a.all || a.top > 0)
     std::cout << planner::format_plan_table(plan, a.top);
+  else
+    std::cout << planner::format_plan_summary(plan);
   if (plan.chosen.empty()) {
     std::cout.flush();
     throw BadInput("no candidate fits batch 1 of " + plan.model.name + " in " +
@@ -309,7 +374,11 @@ Command add_plan_command(CLI::App& app) {
                   "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False, "
                   "what transformers' gradient_checkpointing_enable() passes) or reentrant (use_reentrant=True, "
                   "1.13's default); default: --torch's");
-  auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence")->capture_default_str()->check(AtLeastOne);
+  auto* seq = sub->add_option("--seq-len", a->seq_len,
+                              "Tokens per sequence; a comma list (1024,2048) sweeps, as --gpus, --nodes and "
+                              "--gpu-mem do: one plan per combination, printed as a grid")
+                  ->capture_default_str()
+                  ->check(ListOf(AtLeastOne));
   sub->add_option("--loss", a->loss,
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "
                   "logits recomputed in backward; llama family)")
@@ -320,10 +389,15 @@ Command add_plan_command(CLI::App& app) {
                   "log-sum-exp per row; CUDA devices of compute capability 8.0+, fp16/bf16; gpt2 and llama "
                   "families). A CPU build of shardfit plans flash but runs only eager")
       ->capture_default_str();
-  sub->add_option("--gpus", a->gpus, "GPUs per node")->capture_default_str()->check(IntRange(1, kMaxGpusPerNode));
-  sub->add_option("--nodes", a->nodes, "Nodes")->capture_default_str()->check(IntRange(1, kMaxNodes));
+  sub->add_option("--gpus", a->gpus, "GPUs per node (a comma list sweeps)")
+      ->capture_default_str()
+      ->check(ListOf(IntRange(1, kMaxGpusPerNode)));
+  sub->add_option("--nodes", a->nodes, "Nodes (a comma list sweeps)")
+      ->capture_default_str()
+      ->check(ListOf(IntRange(1, kMaxNodes)));
   sub->add_option("--device", a->device, "Device profile name (profiles/*.json) or path")->required();
-  sub->add_option("--gpu-mem", a->gpu_mem, "Override the device memory (24GiB, 512MiB, bytes)")->check(MemorySize);
+  sub->add_option("--gpu-mem", a->gpu_mem, "Override the device memory (24GiB, 512MiB, bytes; a comma list sweeps)")
+      ->check(ListOf(MemorySize));
   sub->add_option("--strategies", a->strategies,
                   "Comma-separated candidate ids or shardings (ddp, zero1, zero2, zero3, hybrid); default all")
       ->check(NonEmptyItems);
@@ -354,8 +428,11 @@ Command add_plan_command(CLI::App& app) {
                 "run --plan)");
   sub->add_option("--out", a->out, "Write the plan JSON here");
   sub->add_flag("--json", a->json, "Print the plan JSON instead of the table");
+  sub->add_flag("--all", a->all,
+                "Print every candidate's row (the default prints each strategy family's best with its memory "
+                "breakdown, and why the chosen one won)");
   sub->add_option("--top", a->top,
-                  "Print only the N best rows of the table (and the chosen one); 0 = all. The plan JSON "
+                  "Print the N best rows of --all's table (and the chosen one); 0 = all. The plan JSON "
                   "(--json, --out) always has every candidate")
       ->capture_default_str();
   return {sub, [a, seq] {

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/validators.h"
 #include "planner/plan_output.h"
+#include "planner/plan_text.h"
 #include "reports/compare.h"
 #include "reports/render.h"
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -145,5 +146,38 @@ inline const CLI::Validator NonEmptyItems(
       }
     },
     "LIST");
+
+// A sweep's axis (plan's --seq-len, --gpus, --nodes, --gpu-mem): one value
+// or a comma-separated list, each item checked by `item` and named in the
+// message when it fails.
+inline CLI::Validator ListOf(const CLI::Validator& item) {
+  return CLI::Validator(
+      [item](std::string& text) -> std::string {
+        std::string empty = text;
+        if (const std::string e = NonEmptyItems(empty); !e.empty()) return e;
+        for (size_t begin = 0;;) {
+          const size_t comma = text.find(',', begin);
+          std::string value = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+          if (std::string e = item(value); !e.empty()) return e;
+          if (comma == std::string::npos) return {};
+          begin = comma + 1;
+        }
+      },
+      "LIST");
+}
+
+// At most this many plans in one sweep (a 16 x 16 grid), each a full plan.
+constexpr size_t kMaxSweepPoints = 256;
+
+// The values of a list ListOf(an integer validator) accepted.
+inline std::vector<int64_t> int_list(const std::string& text) {
+  std::vector<int64_t> out;
+  for (size_t begin = 0;;) {
+    const size_t comma = text.find(',', begin);
+    out.push_back(std::stoll(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin)));
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
+}
 
 }  // namespace shardfit::cli

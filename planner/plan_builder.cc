@@ -57,36 +57,7 @@ void set_limit(PlanCandidate& pc, const StepSimResult& stop, int64_t batch) {
                               stop.oom_reserved_bytes};
 }
 
-namespace {
-
-
-// The precisions a sweep tries: what the device computes in, and with
-// `--attention flash` only fp16 and bf16 (the kernel takes nothing else).
-std::vector<Precision> supported(const DeviceProfile& p, const models::ModelConfig& m) {
-  std::vector<Precision> out;
-  for (Precision x : {Precision::kFp32, Precision::kFp16, Precision::kBf16})
-    if (p.supports(compute_dtype(x)) && !(m.flash_attention && x == Precision::kFp32)) out.push_back(x);
-  return out;
-}
-
-// The model as it runs on `p`: `--attention flash` needs a CUDA device of
-// compute capability 8.0 or later (flash_api.cpp: "FlashAttention only
-// supports Ampere GPUs or newer"), and its trace needs the SM count.
-models::ModelConfig model_on_device(const models::ModelConfig& m, const DeviceProfile& p) {
-  models::ModelConfig out = m;
-  if (!m.flash_attention) return out;
-  const std::string why = "--attention flash: PyTorch's flash kernel runs on CUDA GPUs of compute capability 8.0 or later; ";
-  if (p.kind != DeviceKind::kCuda) throw std::invalid_argument(why + p.name + " is not a CUDA device");
-  if (p.compute_capability < 8.0) {
-    char cc[32];
-    std::snprintf(cc, sizeof(cc), "%.1f", p.compute_capability);
-    throw std::invalid_argument(why + p.name + (p.compute_capability > 0 ? std::string(" is ") + cc
-                                                                          : std::string(" gives no compute_capability")));
-  }
-  if (p.sm_count <= 0) throw std::invalid_argument(why + "profile " + p.name + " gives no sm_count");
-  out.flash_sm_count = p.sm_count;
-  return out;
-}
+namespace detail {
 
 // A model's traces for one (precision, recomputed modules) pair at every batch:
 // exact at batch 1, affine from batches 2 and 3 beyond — or, where the
@@ -132,6 +103,50 @@ class BatchTraces {
   mutable std::mutex mu_;
   mutable std::map<int64_t, ModelTrace> exact_cache_;
 };
+
+}  // namespace detail
+
+// A sweep's shared traces (PlanRequest::trace_cache): recorded by the first
+// plan that needs them, read by the rest.
+struct TraceCache {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<const detail::BatchTraces>> traces;
+};
+
+std::shared_ptr<TraceCache> make_trace_cache() { return std::make_shared<TraceCache>(); }
+
+namespace {
+
+using detail::BatchTraces;
+
+
+// The precisions a sweep tries: what the device computes in, and with
+// `--attention flash` only fp16 and bf16 (the kernel takes nothing else).
+std::vector<Precision> supported(const DeviceProfile& p, const models::ModelConfig& m) {
+  std::vector<Precision> out;
+  for (Precision x : {Precision::kFp32, Precision::kFp16, Precision::kBf16})
+    if (p.supports(compute_dtype(x)) && !(m.flash_attention && x == Precision::kFp32)) out.push_back(x);
+  return out;
+}
+
+// The model as it runs on `p`: `--attention flash` needs a CUDA device of
+// compute capability 8.0 or later (flash_api.cpp: "FlashAttention only
+// supports Ampere GPUs or newer"), and its trace needs the SM count.
+models::ModelConfig model_on_device(const models::ModelConfig& m, const DeviceProfile& p) {
+  models::ModelConfig out = m;
+  if (!m.flash_attention) return out;
+  const std::string why = "--attention flash: PyTorch's flash kernel runs on CUDA GPUs of compute capability 8.0 or later; ";
+  if (p.kind != DeviceKind::kCuda) throw std::invalid_argument(why + p.name + " is not a CUDA device");
+  if (p.compute_capability < 8.0) {
+    char cc[32];
+    std::snprintf(cc, sizeof(cc), "%.1f", p.compute_capability);
+    throw std::invalid_argument(why + p.name + (p.compute_capability > 0 ? std::string(" is ") + cc
+                                                                          : std::string(" gives no compute_capability")));
+  }
+  if (p.sm_count <= 0) throw std::invalid_argument(why + "profile " + p.name + " gives no sm_count");
+  out.flash_sm_count = p.sm_count;
+  return out;
+}
 
 // Simulates one candidate's unit partition at any batch, re-sizing one
 // simulator instead of re-indexing a trace per batch tried.
@@ -402,7 +417,7 @@ Plan build_plan(const PlanRequest& r) {
   // trace is taken, simulates a candidate whose trace exists, with its own
   // simulators and allocator models (they keep state between batches).
   plan.candidates.resize(candidates.size());
-  std::vector<std::unique_ptr<BatchTraces>> traced(keys.size());
+  std::vector<std::shared_ptr<const BatchTraces>> traced(keys.size());
   std::vector<const BatchTraces*> trace_of(candidates.size(), nullptr);
   std::mutex mu;  // guards everything below and the progress callback
   std::condition_variable cv;
@@ -485,7 +500,22 @@ Plan build_plan(const PlanRequest& r) {
   auto record = [&](size_t k) {
     size_t first = 0;
     while (key_of[first] != k) ++first;
-    std::unique_ptr<BatchTraces> t = traces.record(compute_dtype(candidates[first].precision), ckpts[first]);
+    // A sweep's other plans may have recorded it: the same model, sequence
+    // length, kernels and (on a CPU) threads per rank.
+    const std::string shared_key = std::to_string(r.seq_len) + ":" + std::to_string(cpu_rank_threads(world)) + ":" +
+                                   keys[k];
+    std::shared_ptr<const BatchTraces> t;
+    if (r.trace_cache) {
+      const std::lock_guard<std::mutex> lock(r.trace_cache->mu);
+      if (auto it = r.trace_cache->traces.find(shared_key); it != r.trace_cache->traces.end()) t = it->second;
+    }
+    if (!t) {
+      t = traces.record(compute_dtype(candidates[first].precision), ckpts[first]);
+      if (r.trace_cache) {
+        const std::lock_guard<std::mutex> lock(r.trace_cache->mu);
+        r.trace_cache->traces.emplace(shared_key, t);
+      }
+    }
     const std::lock_guard<std::mutex> lock(mu);
     traced[k] = std::move(t);
     for (size_t ci = 0; ci < candidates.size(); ++ci)

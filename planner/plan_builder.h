@@ -21,6 +21,10 @@
 
 namespace shardfit::planner {
 
+// Traces one `shardfit plan` sweep's plans share (make_trace_cache).
+struct TraceCache;
+std::shared_ptr<TraceCache> make_trace_cache();
+
 // Whose training step a plan predicts: shardfit's engine (`shardfit run`),
 // or PyTorch's own stack (planner/pytorch_stack.h; needs --trace).
 enum class Stack : uint8_t { kShardfit, kPytorch };
@@ -76,6 +80,11 @@ struct PlanRequest {
   // unused. Its sequence length is the plan's; candidates whose precision or
   // recomputed modules the file has no trace for are not swept.
   std::shared_ptr<const TraceFile> trace_file;
+  // A sweep's plans of one model (shardfit's stack, traced here) share their
+  // traces through this when set: those depend on the sequence length, the
+  // kernels and a CPU rank's threads, not on the world or the memory. A
+  // cache serves one model and one device profile.
+  std::shared_ptr<TraceCache> trace_cache;
   int64_t seq_len = 128;
   int gpus_per_node = 1;
   int nodes = 1;

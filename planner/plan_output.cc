@@ -249,24 +249,6 @@ Plan plan_from(const json& j, const std::string& origin) {
   return plan;
 }
 
-std::string format_seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.4g", s);
-  return buf;
-}
-
-std::string format_count(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.0f", x);
-  return buf;
-}
-
-std::string size_number(int64_t bytes, double unit) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f", static_cast<double>(bytes) / unit);
-  return buf;
-}
-
 }  // namespace
 
 const char* objective_name(Objective objective) {
@@ -291,27 +273,25 @@ const PlanCandidate* Plan::find(const std::string& id) const {
   return nullptr;
 }
 
+bool ranks_above(const PlanCandidate& a, const PlanCandidate& b, Objective objective) {
+  const double ta = a.predicted.tokens_per_s, tb = b.predicted.tokens_per_s;
+  const int64_t ba = a.max_batch_per_gpu, bb = b.max_batch_per_gpu;
+  if (objective == Objective::kThroughput) {
+    if (ta != tb) return ta > tb;
+    if (ba != bb) return ba > bb;
+  } else {
+    if (ba != bb) return ba > bb;
+    if (ta != tb) return ta > tb;
+  }
+  // A full tie: bf16 over fp16, the same bytes and speed without loss scaling.
+  return a.candidate.precision == Precision::kBf16 && b.candidate.precision == Precision::kFp16;
+}
+
 std::optional<size_t> choose(const std::vector<PlanCandidate>& candidates, Objective objective) {
   std::optional<size_t> best;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    const PlanCandidate& c = candidates[i];
-    if (c.max_batch_per_gpu < 1) continue;
-    if (!best) {
-      best = i;
-      continue;
-    }
-    const PlanCandidate& b = candidates[*best];
-    bool better = false;
-    if (objective == Objective::kThroughput) {
-      better = c.predicted.tokens_per_s > b.predicted.tokens_per_s ||
-               (c.predicted.tokens_per_s == b.predicted.tokens_per_s &&
-                c.max_batch_per_gpu > b.max_batch_per_gpu);
-    } else {
-      better = c.max_batch_per_gpu > b.max_batch_per_gpu ||
-               (c.max_batch_per_gpu == b.max_batch_per_gpu &&
-                c.predicted.tokens_per_s > b.predicted.tokens_per_s);
-    }
-    if (better) best = i;
+    if (candidates[i].max_batch_per_gpu < 1) continue;
+    if (!best || ranks_above(candidates[i], candidates[*best], objective)) best = i;
   }
   return best;
 }
@@ -436,91 +416,6 @@ void write_plan_file(const std::string& path, const Plan& plan) {
   out << plan_to_json_text(plan);
   out.flush();
   if (!out) throw std::invalid_argument("cannot write plan file '" + path + "'");
-}
-
-std::string format_plan_table(const Plan& plan, size_t top) {
-  std::vector<const PlanCandidate*> rows;
-  for (const PlanCandidate& c : plan.candidates) rows.push_back(&c);
-  std::stable_sort(rows.begin(), rows.end(), [](const PlanCandidate* a, const PlanCandidate* b) {
-    if (a->max_batch_per_gpu != b->max_batch_per_gpu)
-      return a->max_batch_per_gpu > b->max_batch_per_gpu;
-    return a->predicted.tokens_per_s > b->predicted.tokens_per_s;
-  });
-  size_t left_out = 0;
-  if (top > 0 && rows.size() > top) {
-    std::vector<const PlanCandidate*> kept(rows.begin(), rows.begin() + top);
-    for (size_t i = top; i < rows.size(); ++i)
-      if (rows[i]->id() == plan.chosen) kept.push_back(rows[i]);
-    left_out = rows.size() - kept.size();
-    rows = kept;
-  }
-  // One unit per table: GiB, or MiB when every peak is under 1 GiB.
-  bool small = true;
-  for (const PlanCandidate* c : rows) small = small && c->predicted.peak_reserved_bytes < (int64_t{1} << 30);
-  const double unit = small ? 1024.0 * 1024 : 1024.0 * 1024 * 1024;
-  const std::string unit_name = small ? "MiB" : "GiB";
-
-  const std::vector<std::string> header = {
-      "",      "candidate", "max batch/GPU", "reserved " + unit_name, "allocated " + unit_name,
-      "limit", "step s",    "tokens/s"};
-  // Right-align numbers so they line up by magnitude.
-  const std::vector<bool> right = {false, false, true, true, true, false, true, true};
-  std::vector<std::vector<std::string>> cells = {header};
-  for (const PlanCandidate* c : rows) {
-    bool fits = c->max_batch_per_gpu > 0;
-    cells.push_back(
-        {c->id() == plan.chosen ? "*" : "", c->id(), std::to_string(c->max_batch_per_gpu),
-         size_number(c->predicted.peak_reserved_bytes, unit),
-         size_number(c->predicted.peak_allocated_bytes, unit), c->limit.empty() ? "-" : c->limit,
-         fits && c->predicted.step_time_s > 0 ? format_seconds(c->predicted.step_time_s) : "-",
-         fits && c->predicted.tokens_per_s > 0 ? format_count(c->predicted.tokens_per_s) : "-"});
-  }
-  std::vector<size_t> width(header.size(), 0);
-  for (const auto& row : cells)
-    for (size_t k = 0; k < row.size(); ++k) width[k] = std::max(width[k], row[k].size());
-
-  std::ostringstream out;
-  const PlanHardware& hw = plan.hardware;
-  if (plan.stack != "shardfit")
-    out << "stack " << plan.stack
-        << (plan.ddp_bucket_view && plan.ddp_static_graph ? " (DDP gradient_as_bucket_view, static_graph)"
-            : plan.ddp_bucket_view                        ? " (DDP gradient_as_bucket_view)"
-            : plan.ddp_static_graph                       ? " (DDP static_graph)"
-                                                          : " (DDP defaults)")
-        << (plan.pytorch_job && plan.pytorch_job->fsdp_version == 2 ? " (FSDP2 fully_shard)" : "") << ": ";
-  out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
-      << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention)
-      << (plan.schedule.prefetch == 1 ? "" : ", prefetch " + std::to_string(plan.schedule.prefetch))
-      << (plan.schedule.async_reduce ? ", async reduce" : "") << (plan.schedule.async_gather ? ", async gather" : "") << ", "
-      << hw.world_size() << " GPU"
-      << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;
-  if (hw.nodes > 1) out << " (" << hw.nodes << " nodes x " << hw.gpus_per_node << ")";
-  out << (hw.allocator_budget_bytes > 0 ? ", memory " : ", usable memory ")
-      << (hw.device_mem_bytes > 0 ? format_size(hw.device_mem_bytes) : std::string("unlimited")) << " per GPU";
-  if (hw.allocator_budget_bytes > 0)
-    out << ", " << format_size(hw.allocator_budget_bytes)
-        << " of it the allocator's (the rest the profile's fixed overheads)";
-  out << "\n";
-  for (const auto& row : cells) {
-    std::string line;
-    for (size_t k = 0; k < row.size(); ++k) {
-      std::string pad(width[k] - row[k].size(), ' ');
-      if (k) line += "  ";
-      line += right[k] ? pad + row[k] : row[k] + pad;
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out << line << "\n";
-  }
-  if (left_out > 0)
-    out << "... " << left_out << " more candidate" << (left_out == 1 ? "" : "s")
-        << " (--top 0 shows all)\n";
-  if (plan.chosen.empty()) {
-    out << "no candidate fits batch 1 on this device\n";
-  } else {
-    out << "* chosen: " << plan.chosen << " (objective: " << objective_name(plan.objective)
-        << ")\n";
-  }
-  return out.str();
 }
 
 }  // namespace shardfit::planner

@@ -173,8 +173,14 @@ struct Plan {
   const PlanCandidate* find(const std::string& id) const;
 };
 
-// The index of the best candidate under `objective`, or nullopt when none
-// fits batch 1. Full ties keep the earlier candidate.
+// Whether `a` ranks above `b` under `objective`: throughput, the higher
+// tokens/s, then the larger batch; batch, the other way round. On a full tie
+// bf16 ranks above fp16 (the same bytes and speed, and no loss scaling; a
+// profile without bf16 plans no bf16 candidate).
+bool ranks_above(const PlanCandidate& a, const PlanCandidate& b, Objective objective);
+
+// The index of the best candidate under `objective` (ranks_above), or
+// nullopt when none fits batch 1. Other full ties keep the earlier candidate.
 std::optional<size_t> choose(const std::vector<PlanCandidate>& candidates, Objective objective);
 
 // JSON, found by nlohmann through ADL (`json j = plan; Plan p = j;`).
@@ -190,13 +196,5 @@ Plan parse_plan(const std::string& json_text, const std::string& origin = "plan"
 // Throw std::invalid_argument naming the path when it cannot be read/written.
 Plan read_plan_file(const std::string& path);
 void write_plan_file(const std::string& path, const Plan& plan);
-
-// The table `shardfit plan` prints: a header line (model, seq len, GPUs ×
-// profile, usable memory), one row per candidate sorted by max batch then
-// tokens/s (both descending), the chosen row marked with '*', sizes in GiB
-// (MiB when every peak is under 1 GiB). `top` > 0 prints only the first
-// `top` rows (and the chosen one, wherever it ranks) and says how many
-// were left out.
-std::string format_plan_table(const Plan& plan, size_t top = 0);
 
 }  // namespace shardfit::planner

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "planner/plan_output.h"
+#include "planner/plan_text.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

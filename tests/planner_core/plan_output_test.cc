@@ -1,6 +1,7 @@
 // Plan JSON (SPEC's shardfit.plan/1): round trip, one-line errors naming the
 // field, the choice by objective, and the printed table.
 #include "planner/plan_output.h"
+#include "planner/plan_text.h"
 
 #include <gtest/gtest.h>
 

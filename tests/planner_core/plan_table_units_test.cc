@@ -4,6 +4,7 @@
 #include <string>
 
 #include "planner/plan_output.h"
+#include "planner/plan_text.h"
 #include "planner/profile.h"
 
 namespace shardfit::planner {
