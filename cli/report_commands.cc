@@ -83,7 +83,13 @@ Command add_report_command(CLI::App& app) {
               throw BadInput("-o " + a->out + ": the output must end in .html or .md");
             const reports::RunReport r = reports::read_report_file(a->report);
             reports::RenderOptions opt;
-            if (!a->plan.empty()) opt.plan_table = planner::format_plan_table(planner::read_plan_file(a->plan));
+            if (!a->plan.empty()) {
+              const planner::Plan plan = planner::read_plan_file(a->plan);
+              opt.plan_title = planner::plan_setup_line(plan);
+              opt.plan_title.pop_back();  // its newline
+              opt.plan_title += plan.chosen.empty() ? "; nothing fits batch 1" : "; chosen (*): " + plan.chosen;
+              opt.plan_rows = planner::plan_table_cells(plan);
+            }
             std::ofstream f(a->out);
             if (!f) throw BadInput("-o " + a->out + ": cannot write file");
             f << (html ? reports::render_html(r, opt) : reports::render_markdown(r, opt));

@@ -184,8 +184,10 @@ reports::RunReport report_skeleton(const Job& job, int64_t params, int world, in
 std::function<void(const executor::StepLog&)> step_logger(int64_t steps) {
   const int64_t log_every = std::max<int64_t>(1, steps / 20);
   return [log_every](const executor::StepLog& s) {
+    // The first of several steps is warm-up, not timed (its tokens/s is 0).
     if (s.step % log_every == 0 || s.step == s.steps || s.step == 1)
-      spdlog::info("step {}/{}  loss {:.4f}  {:.0f} tokens/s  {:.1f} s  {}", s.step, s.steps, s.loss, s.tokens_per_s,
+      spdlog::info("step {}/{}  loss {:.4f}  {}  {:.1f} s  {}", s.step, s.steps, s.loss,
+                   s.tokens_per_s > 0 ? fmt::format("{:.0f} tokens/s", s.tokens_per_s) : std::string("warm-up, not timed"),
                    s.elapsed_s, eta_text(s.elapsed_s, static_cast<size_t>(s.step), static_cast<size_t>(s.steps)));
   };
 }

@@ -156,19 +156,19 @@ std::string plan_setup_line(const Plan& plan) {
   return out.str();
 }
 
-std::string format_plan_table(const Plan& plan, size_t top) {
+std::vector<std::vector<std::string>> plan_table_cells(const Plan& plan, size_t top, size_t* left_out) {
   std::vector<const PlanCandidate*> rows;
   for (const PlanCandidate& c : plan.candidates) rows.push_back(&c);
   std::stable_sort(rows.begin(), rows.end(), [](const PlanCandidate* a, const PlanCandidate* b) {
     if (a->max_batch_per_gpu != b->max_batch_per_gpu) return a->max_batch_per_gpu > b->max_batch_per_gpu;
     return a->predicted.tokens_per_s > b->predicted.tokens_per_s;
   });
-  size_t left_out = 0;
+  if (left_out) *left_out = 0;
   if (top > 0 && rows.size() > top) {
     std::vector<const PlanCandidate*> kept(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(top));
     for (size_t i = top; i < rows.size(); ++i)
       if (rows[i]->id() == plan.chosen) kept.push_back(rows[i]);
-    left_out = rows.size() - kept.size();
+    if (left_out) *left_out = rows.size() - kept.size();
     rows = kept;
   }
   const Unit unit = unit_for(rows);
@@ -179,6 +179,12 @@ std::string format_plan_table(const Plan& plan, size_t top) {
                      size_number(c->predicted.peak_reserved_bytes, unit.bytes),
                      size_number(c->predicted.peak_allocated_bytes, unit.bytes), c->limit.empty() ? "-" : c->limit,
                      step_cell(*c), tokens_cell(*c)});
+  return cells;
+}
+
+std::string format_plan_table(const Plan& plan, size_t top) {
+  size_t left_out = 0;
+  const auto cells = plan_table_cells(plan, top, &left_out);
   std::string out = plan_setup_line(plan) + render(cells, {false, false, true, true, true, false, true, true});
   if (left_out > 0)
     out += "... " + std::to_string(left_out) + " more candidate" + (left_out == 1 ? "" : "s") +

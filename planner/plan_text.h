@@ -29,6 +29,11 @@ std::string plan_setup_line(const Plan& plan);
 // `top` rows (and the chosen one, wherever it ranks) and says how many
 // were left out.
 std::string format_plan_table(const Plan& plan, size_t top = 0);
+// The same table as cells: the column titles, then one row per candidate
+// (the chosen one marked "*" in the first column), for `report --plan`'s
+// HTML and Markdown tables. `left_out` (when given) counts the rows `top`
+// left out.
+std::vector<std::vector<std::string>> plan_table_cells(const Plan& plan, size_t top = 0, size_t* left_out = nullptr);
 
 // The default: the setup line; each strategy family's best candidate under
 // the plan's objective, best first, with peak reserved and the allocated

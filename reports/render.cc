@@ -1,7 +1,10 @@
 #include "reports/render.h"
 
+#include "reports/render_axes.h"
+
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 namespace shardfit::reports {
@@ -10,6 +13,13 @@ namespace {
 std::string mib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+// A tick value: as many decimals as the value needs, none for whole ones.
+std::string tick(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
   return buf;
 }
 
@@ -62,8 +72,8 @@ std::string run_summary_md(const RunReport& r) {
   if (r.hardware.contains("device_mem_bytes") && r.hardware["device_mem_bytes"].is_number())
     o << "| memory budget | " << mib(r.hardware["device_mem_bytes"].get<int64_t>()) << " MiB per rank |\n";
   char tps[32];
-  std::snprintf(tps, sizeof(tps), "%.0f", r.tokens_per_s);
-  o << "| throughput | " << tps << " tokens/s |\n";
+  std::snprintf(tps, sizeof(tps), "%.0f tokens/s", r.tokens_per_s);
+  o << "| throughput | " << (r.tokens_per_s > 0 ? tps : "not timed") << " |\n";
   if (!r.loss.empty()) {
     char l[64];
     std::snprintf(l, sizeof(l), "%.4f → %.4f", r.loss.front(), r.loss.back());
@@ -110,26 +120,53 @@ std::string breakdown_md(const RunReport& r) {
   return "No predicted breakdown in this report.\n";
 }
 
+// The plan's candidate table as a Markdown table (its cells hold no '|').
+std::string plan_md(const RenderOptions& opt) {
+  std::ostringstream o;
+  o << opt.plan_title << "\n\n";
+  for (size_t i = 0; i < opt.plan_rows.size(); ++i) {
+    o << "|";
+    for (const std::string& c : opt.plan_rows[i]) o << " " << c << " |";
+    o << "\n";
+    if (i == 0) {
+      o << "|";
+      for (size_t k = 0; k < opt.plan_rows[i].size(); ++k) o << "---|";
+      o << "\n";
+    }
+  }
+  return o.str();
+}
+
 }  // namespace
 
 std::string render_timeline_svg(const RunReport& r) {
   const int width = 960, height = 460, left = 70, right = 90, top = 30, bottom = 120;
   const int plot_w = width - left - right, plot_h = height - top - bottom;
+  // Each rank's prediction over every step the run measured (the plan's
+  // step 2 is the steady state later steps repeat).
+  std::vector<std::optional<MemoryFigures>> predicted;
+  for (const auto& k : r.ranks)
+    predicted.push_back(k.predicted ? std::optional<MemoryFigures>(extend_steady_state(
+                                          *k.predicted, r.first_step == 1 ? r.steps : 0))
+                                    : std::nullopt);
   size_t n = 0;
   int64_t ymax = 1;
-  for (const auto& k : r.ranks) {
+  for (size_t ri = 0; ri < r.ranks.size(); ++ri) {
+    const auto& k = r.ranks[ri];
     n = std::max(n, k.measured.timeline.size());
     for (const auto& s : k.measured.timeline) ymax = std::max({ymax, s.allocated_bytes, s.peak_allocated_bytes});
-    if (k.predicted) {
-      n = std::max(n, k.predicted->timeline.size());
-      for (const auto& s : k.predicted->timeline) ymax = std::max({ymax, s.allocated_bytes, s.peak_allocated_bytes});
+    if (predicted[ri]) {
+      n = std::max(n, predicted[ri]->timeline.size());
+      for (const auto& s : predicted[ri]->timeline) ymax = std::max({ymax, s.allocated_bytes, s.peak_allocated_bytes});
     }
   }
   int64_t budget = 0;
   if (r.hardware.contains("device_mem_bytes") && r.hardware["device_mem_bytes"].is_number())
     budget = r.hardware["device_mem_bytes"].get<int64_t>();
   if (budget > 0) ymax = std::max(ymax, budget);
-  ymax = ymax + ymax / 10;
+  // The axis in MiB at round values, its top the first tick above the data.
+  const Ticks ticks = nice_ticks(0, static_cast<double>(ymax) * 1.05 / (1 << 20));
+  ymax = static_cast<int64_t>(ticks.hi * (1 << 20));
   auto x_of = [&](size_t i) { return left + (n <= 1 ? 0.0 : plot_w * static_cast<double>(i) / (n - 1)); };
   auto y_of = [&](int64_t b) { return top + plot_h * (1.0 - static_cast<double>(b) / ymax); };
 
@@ -142,8 +179,8 @@ std::string render_timeline_svg(const RunReport& r) {
   for (const auto& k : r.ranks)
     if (!k.measured.timeline.empty()) { labels = &k.measured.timeline; break; }
   if (!labels)
-    for (const auto& k : r.ranks)
-      if (k.predicted && !k.predicted->timeline.empty()) { labels = &k.predicted->timeline; break; }
+    for (const auto& p : predicted)
+      if (p && !p->timeline.empty()) { labels = &p->timeline; break; }
   if (labels && n > 1) {
     for (size_t i = 1; i < labels->size(); ++i) {
       const std::string kind = phase_kind((*labels)[i].label);
@@ -157,20 +194,18 @@ std::string render_timeline_svg(const RunReport& r) {
   o << "<line x1='" << left << "' y1='" << top + plot_h << "' x2='" << left + plot_w << "' y2='" << top + plot_h
     << "' stroke='black'/>\n<line x1='" << left << "' y1='" << top << "' x2='" << left << "' y2='" << top + plot_h
     << "' stroke='black'/>\n";
-  for (int t = 0; t <= 5; ++t) {
-    const int64_t b = ymax * t / 5;
+  for (double v : ticks.values()) {
+    const auto b = static_cast<int64_t>(v * (1 << 20));
     o << "<line x1='" << left << "' y1='" << y_of(b) << "' x2='" << left + plot_w << "' y2='" << y_of(b)
-      << "' stroke='#ddd'/><text x='" << left - 6 << "' y='" << y_of(b) + 4 << "' text-anchor='end'>" << mib(b)
+      << "' stroke='#ddd'/><text x='" << left - 6 << "' y='" << y_of(b) + 4 << "' text-anchor='end'>" << tick(v)
       << "</text>\n";
   }
   o << "<text x='14' y='" << top + plot_h / 2 << "' transform='rotate(-90 14 " << top + plot_h / 2
     << ")' text-anchor='middle'>allocated MiB (line: at phase end; dots: phase peak)</text>\n";
-  if (labels) {
-    const size_t every = std::max<size_t>(1, labels->size() / 16);
-    for (size_t i = 0; i < labels->size(); i += every)
+  if (labels)
+    for (const auto& [i, text] : x_labels(*labels))
       o << "<text x='" << x_of(i) << "' y='" << top + plot_h + 12 << "' transform='rotate(35 " << x_of(i) << " "
-        << top + plot_h + 12 << ")'>" << escape((*labels)[i].label) << "</text>\n";
-  }
+        << top + plot_h + 12 << ")'>" << escape(text) << "</text>\n";
   if (budget > 0)
     o << "<line x1='" << left << "' y1='" << y_of(budget) << "' x2='" << left + plot_w << "' y2='" << y_of(budget)
       << "' stroke='red' stroke-dasharray='2,3'/><text x='" << left + plot_w + 4 << "' y='" << y_of(budget) + 4
@@ -195,7 +230,7 @@ std::string render_timeline_svg(const RunReport& r) {
           << mib(t[i].peak_allocated_bytes) << " MiB</title></circle>\n";
     };
     polyline(k.measured.timeline, "");
-    if (k.predicted) polyline(k.predicted->timeline, " stroke-dasharray='6,4'");
+    if (predicted[ri]) polyline(predicted[ri]->timeline, " stroke-dasharray='6,4'");
     // Mark the measured peak.
     size_t at = 0;
     for (size_t i = 0; i < k.measured.timeline.size(); ++i)
@@ -213,11 +248,15 @@ std::string render_timeline_svg(const RunReport& r) {
       o << "<line x1='" << lx + 110 << "' y1='" << ly << "' x2='" << lx + 130 << "' y2='" << ly << "' stroke='"
         << color << "' stroke-width='2' stroke-dasharray='6,4'/><text x='" << lx + 134 << "' y='" << ly + 4
         << "'>predicted"
-        << (timelines_coincide(k.predicted->timeline, k.measured.timeline) ? " (= measured, lines coincide)" : "")
+        << (timelines_coincide(predicted[ri]->timeline, k.measured.timeline) ? " (= measured, lines coincide)" : "")
         << "</text>\n";
   }
+  bool extended = false;
+  for (size_t ri = 0; ri < r.ranks.size(); ++ri)
+    extended = extended || (predicted[ri] && predicted[ri]->timeline.size() > r.ranks[ri].predicted->timeline.size());
   o << "<text x='" << left << "' y='18' font-size='13'>Memory timeline: " << escape(r.candidate)
-    << " (blue band forward, orange backward, green optimizer)</text>\n";
+    << " (blue band forward, orange backward, green optimizer"
+    << (extended ? "; predicted from step 3 on: step 2's, the steady state" : "") << ")</text>\n";
   o << "</svg>\n";
   return o.str();
 }
@@ -226,7 +265,7 @@ std::string render_markdown(const RunReport& r, const RenderOptions& opt) {
   std::ostringstream o;
   o << "# shardfit report: " << r.candidate << "\n\n" << run_summary_md(r) << "\n## Peak memory per rank\n\n"
     << ranks_md(r) << "\n## Predicted breakdown at the peak\n\n" << breakdown_md(r) << "\n";
-  if (!opt.plan_table.empty()) o << "## Plan\n\n```\n" << opt.plan_table << "```\n\n";
+  if (!opt.plan_rows.empty()) o << "## Plan\n\n" << plan_md(opt) << "\n";
   o << "## Memory timeline\n\n";
   // Markdown renderers that allow inline HTML show the SVG directly.
   o << render_timeline_svg(r) << "\n";
@@ -281,7 +320,7 @@ std::string render_html(const RunReport& r, const RenderOptions& opt) {
   if (!loss.empty()) o << "<h2>Loss</h2>\n" << loss;
   o << "<h2>Peak memory per rank</h2>\n" << table_html(ranks_md(r));
   o << "<h2>Predicted breakdown at the peak</h2>\n" << table_html(breakdown_md(r));
-  if (!opt.plan_table.empty()) o << "<h2>Plan</h2>\n<pre>" << escape(opt.plan_table) << "</pre>\n";
+  if (!opt.plan_rows.empty()) o << "<h2>Plan</h2>\n" << table_html(plan_md(opt));
   o << "</body></html>\n";
   return o.str();
 }

@@ -9,13 +9,17 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "reports/run_report.h"
 
 namespace shardfit::reports {
 
 struct RenderOptions {
-  std::string plan_table;  // preformatted `shardfit plan` table, optional
+  // `report --plan`: the plan's setup line, and its candidate table as cells
+  // (column titles first; the chosen row marked "*"), drawn as a table.
+  std::string plan_title;
+  std::vector<std::vector<std::string>> plan_rows;
 };
 
 std::string render_markdown(const RunReport& report, const RenderOptions& options = {});

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "reports/render.h"
+#include "reports/render_axes.h"
 
 namespace shardfit::reports {
 namespace {
@@ -64,7 +65,10 @@ std::string render_loss_svg(const RunReport& r) {
   double lo = r.loss.front(), hi = r.loss.front();
   for (double v : r.loss)
     if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
-  if (hi <= lo) hi = lo + 1;
+  // Round tick values around the data.
+  const Ticks ticks = nice_ticks(lo, hi, 4);
+  lo = ticks.lo;
+  hi = ticks.hi;
   const size_t n = r.loss.size();
   auto x_of = [&](size_t i) {
     return kLeft + (n <= 1 ? plot_w / 2.0 : plot_w * double(i) / double(n - 1));
@@ -78,11 +82,9 @@ std::string render_loss_svg(const RunReport& r) {
   o << "<line x1='" << kLeft << "' y1='" << kTop + plot_h << "' x2='" << kLeft + plot_w << "' y2='"
     << kTop + plot_h << "' stroke='black'/><line x1='" << kLeft << "' y1='" << kTop << "' x2='"
     << kLeft << "' y2='" << kTop + plot_h << "' stroke='black'/>\n";
-  for (int t = 0; t <= 4; ++t) {
-    const double v = lo + (hi - lo) * t / 4;
-    o << "<text x='" << kLeft - 6 << "' y='" << y_of(v) + 4 << "' text-anchor='end'>"
-      << num(v, "%.3f") << "</text>\n";
-  }
+  for (double v : ticks.values())
+    o << "<text x='" << kLeft - 6 << "' y='" << y_of(v) + 4 << "' text-anchor='end'>" << num(v, "%g")
+      << "</text>\n";
   o << "<text x='" << kLeft << "' y='" << kTop + plot_h + 16 << "'>step " << r.first_step
     << "</text><text x='" << kLeft + plot_w << "' y='" << kTop + plot_h + 16
     << "' text-anchor='end'>step " << r.first_step + static_cast<int64_t>(n) - 1 << "</text>\n";
@@ -110,8 +112,10 @@ std::string render_breakdown_svg(const RunReport& r) {
       break;
     }
   if (!rank) return "";
-  const auto& t = rank->predicted->timeline;
-  const auto& classes = rank->predicted->timeline_category_bytes;
+  // Over every step the run measured: the plan's step 2 is the steady state.
+  const MemoryFigures predicted = extend_steady_state(*rank->predicted, r.first_step == 1 ? r.steps : 0);
+  const auto& t = predicted.timeline;
+  const auto& classes = predicted.timeline_category_bytes;
   const int height = 380, bottom = 110, plot_h = height - kTop - bottom,
             plot_w = kWidth - kLeft - kRight;
   int64_t ymax = 1;
@@ -120,7 +124,8 @@ std::string render_breakdown_svg(const RunReport& r) {
     for (const auto& [k, v] : classes[i]) sum += v;
     ymax = std::max({ymax, sum, t[i].allocated_bytes});
   }
-  ymax += ymax / 10;
+  const Ticks ticks = nice_ticks(0, static_cast<double>(ymax) * 1.05 / (1 << 20), 4);
+  ymax = static_cast<int64_t>(ticks.hi * (1 << 20));
   const size_t n = t.size();
   auto x_of = [&](size_t i) { return kLeft + (n <= 1 ? 0.0 : plot_w * double(i) / double(n - 1)); };
   auto y_of = [&](int64_t b) { return kTop + plot_h * (1.0 - double(b) / double(ymax)); };
@@ -154,18 +159,19 @@ std::string render_breakdown_svg(const RunReport& r) {
     ++row;
     base = top;
   }
+  // Each phase's name and total at the top of its stack, as a tooltip.
+  for (size_t i = 0; i < n; ++i)
+    o << "<circle cx='" << x_of(i) << "' cy='" << y_of(base[i]) << "' r='2' fill='#333'><title>" << esc(t[i].label)
+      << ": " << num(double(base[i]) / (1 << 20), "%.2f") << " MiB</title></circle>\n";
   o << "<line x1='" << kLeft << "' y1='" << kTop + plot_h << "' x2='" << kLeft + plot_w << "' y2='"
     << kTop + plot_h << "' stroke='black'/><line x1='" << kLeft << "' y1='" << kTop << "' x2='"
     << kLeft << "' y2='" << kTop + plot_h << "' stroke='black'/>\n";
-  for (int k = 0; k <= 4; ++k) {
-    const int64_t b = ymax * k / 4;
-    o << "<text x='" << kLeft - 6 << "' y='" << y_of(b) + 4 << "' text-anchor='end'>"
-      << num(double(b) / (1 << 20), "%.2f") << "</text>\n";
-  }
-  const size_t every = std::max<size_t>(1, n / 16);
-  for (size_t i = 0; i < n; i += every)
+  for (double v : ticks.values())
+    o << "<text x='" << kLeft - 6 << "' y='" << y_of(static_cast<int64_t>(v * (1 << 20))) + 4
+      << "' text-anchor='end'>" << num(v, "%g") << "</text>\n";
+  for (const auto& [i, text] : x_labels(t))
     o << "<text x='" << x_of(i) << "' y='" << kTop + plot_h + 12 << "' transform='rotate(35 "
-      << x_of(i) << " " << kTop + plot_h + 12 << ")'>" << esc(t[i].label) << "</text>\n";
+      << x_of(i) << " " << kTop + plot_h + 12 << ")'>" << esc(text) << "</text>\n";
   o << "<text x='" << kLeft
     << "' y='18' font-size='13'>Predicted allocated MiB by class at each phase end, rank "
     << rank->rank << " (the meter measures totals only)</text>\n</svg>\n";
