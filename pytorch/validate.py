@@ -34,8 +34,9 @@ rest held until the next forward returns); loss.backward(); del loss, x;
 opt.step(). The
 optimizer is torch.optim.AdamW (lr 6e-4, weight decay 0.01: shardfit's
 defaults; 1.13's for-loop implementation on the CPU). Prints one JSON
-object: the job and, per rank, "peak_allocated_bytes" and the timeline
-(points "init", "stepK/forward", "stepK/backward", "stepK/optimizer").
+object: the job and, per rank, "peak_allocated_bytes", the timeline
+(points "init", "stepK/forward", "stepK/backward", "stepK/optimizer") and
+each step's wall time ("step_times_s").
 """
 import argparse
 import contextlib
@@ -43,6 +44,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -160,8 +162,9 @@ def train(args, rank, meter, torch, models, mesh=None):
     vocab = models.vocab_size(args.model)
     gen = torch.Generator().manual_seed(args.seed + 1 + rank)
     meter.mark("init")
-    losses = []
+    losses, step_times = [], []
     for step in range(1, args.steps + 1):
+        started = time.perf_counter()  # wall time of the step, marks included (they allocate nothing)
         opt.zero_grad(set_to_none=args.zero_grad == "none")
         for micro in range(1, args.grad_accum + 1):
             # --grad-accum N: every micro-batch but the last under no_sync()
@@ -186,7 +189,8 @@ def train(args, rank, meter, torch, models, mesh=None):
             meter.mark(label + "/backward")
         opt.step()
         meter.mark("step%d/optimizer" % step)
-    return {"rank": rank, "timeline": meter.timeline(), "losses": losses}
+        step_times.append(time.perf_counter() - started)
+    return {"rank": rank, "timeline": meter.timeline(), "losses": losses, "step_times_s": step_times}
 
 
 def checkpoint_blocks(torch, model, reentrant=False):
