@@ -318,15 +318,46 @@ int64_t allocator_budget(const PlanRequest& r, int64_t device_mem, int world) {
                         : kUnlimitedBytes;
 }
 
-}  // namespace
+// What the sweep's candidates need: each one's units (partitions holds
+// them, one per wrap policy) and recomputed modules, and the distinct traces,
+// first need first. Candidates a trace file has no trace for are left out.
+struct TraceNeeds {
+  std::vector<Candidate> kept;
+  std::vector<const UnitPartition*> units_of;  // by kept candidate
+  std::vector<std::vector<int>> ckpts;         // by kept candidate
+  std::vector<std::string> keys;               // distinct trace keys
+  std::vector<size_t> key_of;                  // by kept candidate: index into keys
+};
+TraceNeeds trace_needs(const std::vector<Candidate>& candidates, const std::vector<ModuleNode>& modules,
+                       const TraceSource& traces, bool cuda, std::map<std::string, UnitPartition>& partitions) {
+  TraceNeeds n;
+  for (const Candidate& c : candidates) {
+    auto pit = partitions.find(c.wrap);
+    if (pit == partitions.end())
+      pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
+    std::vector<int> ckpt = c.recompute ? spec::recompute_modules(modules, pit->second) : std::vector<int>{};
+    if (!traces.has(compute_dtype(c.precision), ckpt)) continue;
+    const std::string key = trace_key(compute_dtype(c.precision), cuda, ckpt);
+    const auto kit = std::find(n.keys.begin(), n.keys.end(), key);
+    n.key_of.push_back(static_cast<size_t>(kit - n.keys.begin()));
+    if (kit == n.keys.end()) n.keys.push_back(key);
+    n.units_of.push_back(&pit->second);
+    n.ckpts.push_back(std::move(ckpt));
+    n.kept.push_back(c);
+  }
+  if (n.kept.empty())
+    throw std::invalid_argument("--trace: the file has no trace for any candidate left by the filters");
+  return n;
+}
 
-Plan build_plan(const PlanRequest& r) {
+// The request's own checks, before anything is traced: one line each.
+void check_request(const PlanRequest& r) {
+  const TraceFile* file = r.trace_file.get();
   if (r.gpus_per_node < 1) throw std::invalid_argument("--gpus " + std::to_string(r.gpus_per_node) + ": must be at least 1");
   if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
   if (r.grad_accum < 1)
     throw std::invalid_argument("--grad-accum " + std::to_string(r.grad_accum) + ": must be at least 1");
   spec::check_schedule_options(r.schedule);
-  const TraceFile* file = r.trace_file.get();
   if (file) {
     if (r.seq_len != file->seq_len)
       throw std::invalid_argument("--seq-len " + std::to_string(r.seq_len) + ": the trace file was recorded at " +
@@ -339,13 +370,12 @@ Plan build_plan(const PlanRequest& r) {
   } else {
     models::check_seq_len(r.model, r.seq_len);
   }
-  const int world = r.gpus_per_node * r.nodes;
-  const bool cuda = r.profile.kind == DeviceKind::kCuda;
-  const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
-  const int64_t budget = allocator_budget(r, device_mem, world);
-  if (r.stack == Stack::kPytorch) return build_pytorch_plan(r, budget, device_mem);
+}
 
-  const models::ModelConfig model = file ? r.model : model_on_device(r.model, r.profile);
+// The candidates `plan` sweeps: the request's filters, the precisions the
+// device (and a trace file) can run.
+std::vector<Candidate> plan_candidates(const PlanRequest& r, const models::ModelConfig& model,
+                                       const TraceFile* file) {
   CandidateOptions copts = r.candidates;
   copts.supported_precisions = supported(r.profile, model);
   if (file) {  // only what the file has traces for
@@ -360,8 +390,11 @@ Plan build_plan(const PlanRequest& r) {
                               "trace_recorder.py --param-dtype bf16)"
                             : "");
   copts.nodes = r.nodes;
-  std::vector<Candidate> candidates = enumerate_candidates(copts);
+  return enumerate_candidates(copts);
+}
 
+// The plan's header: the model, the hardware and the job, no candidates yet.
+Plan plan_skeleton(const PlanRequest& r, const TraceFile* file, int64_t device_mem, int64_t budget) {
   Plan plan;
   if (file)  // the loss and the attention are whatever the traced forward does
     plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
@@ -377,9 +410,88 @@ Plan build_plan(const PlanRequest& r) {
   plan.objective = r.objective;
   plan.grad_accum = r.grad_accum;
   plan.schedule = r.schedule;
+  return plan;
+}
+
+// One candidate's batch search at its units: the largest batch whose
+// simulated step fits `budget`, the prediction there, what stops the next
+// batch, and the step time. Each batch is simulated once per allocator model.
+PlanCandidate search_candidate(const Candidate& c, const PlanRequest& r, int64_t budget, const UnitPartition& units,
+                               const BatchTraces& trace, BatchSimulator& sim, const SimOptions& no_timeline,
+                               ExactAllocator& exact_alloc, CudaCachingAllocatorModel& cuda_alloc) {
+  const Strategy s = strategy_for(c, r);
+  const bool cuda_allocator = r.profile.allocator == AllocatorKind::kCudaCaching;
+  // Each batch simulated once per allocator model: the search, the fit and
+  // the batch after it ask for some of the same.
+  std::map<std::pair<int64_t, bool>, StepSimResult> simulated_at;
+  auto simulate = [&](int64_t batch, bool cuda_model) -> const StepSimResult& {
+    auto it = simulated_at.find({batch, cuda_model});
+    if (it != simulated_at.end()) return it->second;
+    AllocatorModel& alloc = cuda_model ? static_cast<AllocatorModel&>(cuda_alloc) : exact_alloc;
+    return simulated_at.emplace(std::make_pair(batch, cuda_model), sim.simulate(batch, s, alloc, no_timeline))
+        .first->second;
+  };
+  // Where to start the search: where the exact allocator's peak, affine in
+  // the batch from 2 on (each storage is, batch_search.h; the peak, a max of
+  // them, may bend up), meets the budget.
+  int64_t guess = 1;
+  if (r.max_batch >= 3 && !simulate(2, false).oom) {
+    const StepSimResult& at2 = simulate(2, false);
+    const StepSimResult& at3 = simulate(3, false);
+    const int64_t slope = at3.peak_allocated_bytes - at2.peak_allocated_bytes;
+    const int64_t more = at3.oom || slope <= 0 ? 0 : (budget - at3.peak_allocated_bytes) / slope;
+    guess = at3.oom ? 2 : slope <= 0 || more >= r.max_batch ? r.max_batch : 3 + more;
+  }
+
+  PlanCandidate pc;
+  pc.candidate = c;
+  pc.units = static_cast<int>(units.units.size());
+  // The exact allocator's answer bounds the caching allocator's from above
+  // (reserved ≥ allocated) and costs a fraction: search with it, then step
+  // down with the caching-allocator model only as far as it needs.
+  pc.max_batch_per_gpu =
+      search_max_batch_from([&](int64_t b) { return !simulate(b, false).oom; }, guess, r.max_batch);
+  if (cuda_allocator && pc.max_batch_per_gpu < r.max_batch)
+    pc.max_batch_per_gpu =
+        search_max_batch_below([&](int64_t b) { return !simulate(b, true).oom; }, pc.max_batch_per_gpu);
+  const int64_t at = std::max<int64_t>(pc.max_batch_per_gpu, 1);
+  const StepSimResult& fit = simulate(at, cuda_allocator);
+  pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
+  pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
+  pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
+  pc.predicted.peak_host_bytes = fit.peak_host_bytes;
+  if (pc.max_batch_per_gpu >= r.max_batch) {
+    pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
+  } else {
+    const StepSimResult& next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, cuda_allocator) : fit;
+    set_limit(pc, next, pc.max_batch_per_gpu + 1);
+  }
+  if (pc.max_batch_per_gpu > 0) {
+    StepTimeInputs ti = time_inputs(c, r, units, sim.forward_order(), pc.max_batch_per_gpu);
+    std::tie(ti.forward_flops, ti.backward_flops) = trace.flops_at(pc.max_batch_per_gpu);
+    std::tie(ti.forward_work, ti.backward_work) = trace.work_at(pc.max_batch_per_gpu);
+    set_step_time(pc, estimate_step_time(ti, r.profile));
+  }
+  return pc;
+}
+
+}  // namespace
+
+Plan build_plan(const PlanRequest& r) {
+  check_request(r);
+  const TraceFile* file = r.trace_file.get();
+  const int world = r.gpus_per_node * r.nodes;
+  const bool cuda = r.profile.kind == DeviceKind::kCuda;
+  const int64_t device_mem = r.device_mem_bytes > 0 ? r.device_mem_bytes : r.profile.memory_bytes;
+  const int64_t budget = allocator_budget(r, device_mem, world);
+  if (r.stack == Stack::kPytorch) return build_pytorch_plan(r, budget, device_mem);
+
+  const models::ModelConfig model = file ? r.model : model_on_device(r.model, r.profile);
+  std::vector<Candidate> candidates = plan_candidates(r, model, file);
+
+  Plan plan = plan_skeleton(r, file, device_mem, budget);
 
   const std::vector<ModuleNode> modules = file ? file->modules : models::module_table(r.model);
-  std::map<std::string, UnitPartition> partitions;
   const TraceSource traces(model, r.seq_len, cuda, world, r.trace_file);
   SimOptions sim_options;
   if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = r.profile.cublas_workspace_allocations;
@@ -389,28 +501,13 @@ Plan build_plan(const PlanRequest& r) {
 
   // Each candidate's units and the trace it needs; the traces in the order
   // the sweep first needs them.
-  std::vector<const UnitPartition*> units_of;
-  std::vector<std::vector<int>> ckpts;
-  std::vector<std::string> keys;  // distinct trace keys, first need first
-  std::vector<size_t> key_of;     // by candidate: index into keys
-  std::vector<Candidate> kept;    // those with a trace (a trace file may lack some)
-  for (const Candidate& c : candidates) {
-    auto pit = partitions.find(c.wrap);
-    if (pit == partitions.end())
-      pit = partitions.emplace(c.wrap, wrap_modules(modules, WrapPolicy::parse(c.wrap))).first;
-    std::vector<int> ckpt = c.recompute ? spec::recompute_modules(modules, pit->second) : std::vector<int>{};
-    if (!traces.has(compute_dtype(c.precision), ckpt)) continue;
-    const std::string key = trace_key(compute_dtype(c.precision), cuda, ckpt);
-    const auto kit = std::find(keys.begin(), keys.end(), key);
-    key_of.push_back(static_cast<size_t>(kit - keys.begin()));
-    if (kit == keys.end()) keys.push_back(key);
-    units_of.push_back(&pit->second);
-    ckpts.push_back(std::move(ckpt));
-    kept.push_back(c);
-  }
-  if (kept.empty())
-    throw std::invalid_argument("--trace: the file has no trace for any candidate left by the filters");
-  candidates = std::move(kept);
+  std::map<std::string, UnitPartition> partitions;
+  const TraceNeeds needs = trace_needs(candidates, modules, traces, cuda, partitions);
+  candidates = needs.kept;
+  const std::vector<const UnitPartition*>& units_of = needs.units_of;
+  const std::vector<std::vector<int>>& ckpts = needs.ckpts;
+  const std::vector<std::string>& keys = needs.keys;
+  const std::vector<size_t>& key_of = needs.key_of;
 
   // A pipeline on every core: a worker records the next trace not yet
   // taken (each thread its own recording, trace_recorder.h) or, when every
@@ -433,66 +530,12 @@ Plan build_plan(const PlanRequest& r) {
     const Candidate& c = candidates[ci];
     const UnitPartition& units = *units_of[ci];
     const BatchTraces& trace = *trace_of[ci];
-    const Strategy s = strategy_for(c, r);
-
     const std::string sim_key = keys[key_of[ci]] + "|" + c.wrap;
     auto sit = simulators.find(sim_key);
     if (sit == simulators.end())
       sit = simulators.emplace(sim_key, std::make_unique<BatchSimulator>(trace, units)).first;
     BatchSimulator& sim = *sit->second;
-    const bool cuda_allocator = r.profile.allocator == AllocatorKind::kCudaCaching;
-    // Each batch simulated once per allocator model: the search, the fit and
-    // the batch after it ask for some of the same.
-    std::map<std::pair<int64_t, bool>, StepSimResult> simulated_at;
-    auto simulate = [&](int64_t batch, bool cuda_model) -> const StepSimResult& {
-      auto it = simulated_at.find({batch, cuda_model});
-      if (it != simulated_at.end()) return it->second;
-      AllocatorModel& alloc = cuda_model ? static_cast<AllocatorModel&>(cuda_alloc) : exact_alloc;
-      return simulated_at.emplace(std::make_pair(batch, cuda_model), sim.simulate(batch, s, alloc, no_timeline))
-          .first->second;
-    };
-    // Where to start the search: where the exact allocator's peak, affine in
-    // the batch from 2 on (each storage is, batch_search.h; the peak, a max of
-    // them, may bend up), meets the budget.
-    int64_t guess = 1;
-    if (r.max_batch >= 3 && !simulate(2, false).oom) {
-      const StepSimResult& at2 = simulate(2, false);
-      const StepSimResult& at3 = simulate(3, false);
-      const int64_t slope = at3.peak_allocated_bytes - at2.peak_allocated_bytes;
-      const int64_t more = at3.oom || slope <= 0 ? 0 : (budget - at3.peak_allocated_bytes) / slope;
-      guess = at3.oom ? 2 : slope <= 0 || more >= r.max_batch ? r.max_batch : 3 + more;
-    }
-
-    PlanCandidate pc;
-    pc.candidate = c;
-    pc.units = static_cast<int>(units.units.size());
-    // The exact allocator's answer bounds the caching allocator's from above
-    // (reserved ≥ allocated) and costs a fraction: search with it, then step
-    // down with the caching-allocator model only as far as it needs.
-    pc.max_batch_per_gpu =
-        search_max_batch_from([&](int64_t b) { return !simulate(b, false).oom; }, guess, r.max_batch);
-    if (cuda_allocator && pc.max_batch_per_gpu < r.max_batch)
-      pc.max_batch_per_gpu =
-          search_max_batch_below([&](int64_t b) { return !simulate(b, true).oom; }, pc.max_batch_per_gpu);
-    const int64_t at = std::max<int64_t>(pc.max_batch_per_gpu, 1);
-    const StepSimResult& fit = simulate(at, cuda_allocator);
-    pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
-    pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
-    pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
-    pc.predicted.peak_host_bytes = fit.peak_host_bytes;
-    if (pc.max_batch_per_gpu >= r.max_batch) {
-      pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
-    } else {
-      const StepSimResult& next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, cuda_allocator) : fit;
-      set_limit(pc, next, pc.max_batch_per_gpu + 1);
-    }
-    if (pc.max_batch_per_gpu > 0) {
-      StepTimeInputs ti = time_inputs(c, r, units, sim.forward_order(), pc.max_batch_per_gpu);
-      std::tie(ti.forward_flops, ti.backward_flops) = trace.flops_at(pc.max_batch_per_gpu);
-      std::tie(ti.forward_work, ti.backward_work) = trace.work_at(pc.max_batch_per_gpu);
-      set_step_time(pc, estimate_step_time(ti, r.profile));
-    }
-    plan.candidates[ci] = std::move(pc);
+    plan.candidates[ci] = search_candidate(c, r, budget, units, trace, sim, no_timeline, exact_alloc, cuda_alloc);
     const std::lock_guard<std::mutex> lock(mu);
     progress("simulate", ++simulated, candidates.size(), c.to_id());
   };
