@@ -213,16 +213,10 @@ std::vector<std::vector<int>> zero_redundancy_partition(const std::vector<int64_
   return out;
 }
 
-StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
-  if (o.cuda_caching) {
-    CudaCachingAllocatorModel a(o.budget_bytes);
-    return simulate_pytorch_ddp(in, o, a);
-  }
-  ExactAllocator a(o.budget_bytes);
-  return simulate_pytorch_ddp(in, o, a);
-}
+namespace {
 
-StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o, AllocatorModel& allocator) {
+// The inputs and options simulate_pytorch_ddp can replay, one line each.
+void check_ddp_request(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
   if (!in.no_grads || !in.with_grads || !in.optimizer_first || !in.optimizer_later)
     throw std::invalid_argument("--stack pytorch: the trace file lacks PyTorch's step (no-grads traces and the "
                                 "optimizer's steps): record it again with pytorch/trace_recorder.py");
@@ -242,13 +236,39 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     throw std::invalid_argument("--ddp-static-graph with --grad-accum: PyTorch 1.13 cannot run it");
   if (o.grad_accum > 1 && o.gradient_as_bucket_view)
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version");
-  StepSimResult out;
-  Ledger ledger(allocator, &out);
-  // Parameters one tensor each (as the module made them); a total alone
-  // (tests) is one tensor.
-  std::vector<int64_t> numels = in.param_numels;
-  if (numels.empty() && in.param_bytes > 0) numels.push_back(in.param_bytes / 4);
+}
 
+// ZeroRedundancyOptimizer's first and later steps on this rank: its local
+// AdamW over its partition only.
+std::pair<ModelTrace, ModelTrace> zero_redundancy_steps(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
+  ModelTrace zero_first, zero_later;
+// ZeroRedundancyOptimizer: this rank's local AdamW holds its partition only
+// (its state, its updates); the step then broadcasts every rank's updated
+// parameters in place (_sync_params: dist.broadcast of each parameter,
+// parameters_as_bucket_view=False by default): nothing allocated.
+  const auto part = zero_redundancy_partition(in.param_numels, o.world_size).at(o.rank);
+  if (in.foreach_first && in.foreach_later) {
+    // ZeroRedundancyOptimizer(optimizer_class=AdamW, foreach=True): the
+    // local optimizer's multi-tensor step over its partition.
+    std::vector<MultiTensorAdamwStep::Entry> list;
+    for (int p : part) list.push_back({p, 4 * in.param_numels[p]});
+    zero_first = in.foreach_first->compose(list);
+    zero_later = in.foreach_later->compose(list);
+  } else {
+    if (!in.optimizer_param_steps || in.optimizer_param_steps->size() != 2 * in.param_numels.size())
+      throw std::invalid_argument("--stack pytorch zero1: the trace file lacks each parameter's optimizer steps: "
+                                  "record it again with pytorch/trace_recorder.py");
+    zero_first = compose_optimizer_step(*in.optimizer_param_steps, part, true);
+    zero_later = compose_optimizer_step(*in.optimizer_param_steps, part, false);
+  }
+  return {std::move(zero_first), std::move(zero_later)};
+}
+
+// DDP's init on the ledger; false when it runs out of memory. Leaves the
+// reducer's first bucket in `buckets` and the flat tensors each forward's
+// buffer broadcast makes in `buffer_flats`.
+bool ddp_init(Ledger& ledger, const PytorchDdpInputs& in, const PytorchDdpOptions& o,
+              const std::vector<int64_t>& numels, std::vector<int64_t>& buckets, std::vector<int64_t>& buffer_flats) {
   // Init: what exists before the model (the CUDA target's fixed
   // allocations: the profile's cuBLAS workspaces), the model's parameters
   // and buffers, then DDP's construction:
@@ -264,7 +284,7 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   //    gradient-ready order (ddp_bucket_bytes).
   const std::string init = "init";
   for (int64_t b : o.overhead_bytes)
-    if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
+    if (ledger.alloc(Category::kOverhead, b, init) < 0) return false;
   std::vector<CoalescedTensor> buffers;
   for (const auto& b : in.buffers) buffers.push_back({b.dtype, b.bytes});
   std::vector<CoalescedTensor> states;
@@ -272,48 +292,51 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   for (int64_t n : numels) {
     states.push_back({"float32", 4 * n});
     param_bytes += 4 * n;
-    if (ledger.alloc(Category::kParams, 4 * n, init) < 0) return out;
+    if (ledger.alloc(Category::kParams, 4 * n, init) < 0) return false;
   }
   for (const auto& b : buffers)
-    if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return out;
+    if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return false;
   states.insert(states.end(), buffers.begin(), buffers.end());
-  std::vector<int64_t> buckets;
   if (o.wrapped) {
-    if (!broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init)) return out;
+    if (!broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init)) return false;
     buckets.push_back(ledger.alloc(Category::kCommBuffers, param_bytes, init));
-    if (buckets[0] < 0) return out;
+    if (buckets[0] < 0) return false;
   }
   if (o.static_graph)  // Reducer::set_static_graph -> initialize_local_used_map
     for (int i = 0; i < 2; ++i)
-      if (ledger.alloc(Category::kCommBuffers, 4 * static_cast<int64_t>(numels.size()), init) < 0) return out;
+      if (ledger.alloc(Category::kCommBuffers, 4 * static_cast<int64_t>(numels.size()), init) < 0) return false;
   // Before every forward (DDP.forward -> _sync_buffers, broadcast_buffers=True
   // by default, in training): the buffers broadcast again from rank 0.
-  const std::vector<int64_t> buffer_flats =
-      o.wrapped ? broadcast_coalesced_flats(buffers, kDdpBroadcastBucketBytes) : std::vector<int64_t>{};
-  ledger.point(init);
+  buffer_flats = o.wrapped ? broadcast_coalesced_flats(buffers, kDdpBroadcastBucketBytes) : std::vector<int64_t>{};
+  return true;
+}
 
-  // ZeroRedundancyOptimizer: this rank's local AdamW holds its partition only
-  // (its state, its updates); the step then broadcasts every rank's updated
-  // parameters in place (_sync_params: dist.broadcast of each parameter,
-  // parameters_as_bucket_view=False by default): nothing allocated.
-  ModelTrace zero_first, zero_later;
-  if (o.zero_redundancy) {
-    const auto part = zero_redundancy_partition(in.param_numels, o.world_size).at(o.rank);
-    if (in.foreach_first && in.foreach_later) {
-      // ZeroRedundancyOptimizer(optimizer_class=AdamW, foreach=True): the
-      // local optimizer's multi-tensor step over its partition.
-      std::vector<MultiTensorAdamwStep::Entry> list;
-      for (int p : part) list.push_back({p, 4 * in.param_numels[p]});
-      zero_first = in.foreach_first->compose(list);
-      zero_later = in.foreach_later->compose(list);
-    } else {
-      if (!in.optimizer_param_steps || in.optimizer_param_steps->size() != 2 * in.param_numels.size())
-        throw std::invalid_argument("--stack pytorch zero1: the trace file lacks each parameter's optimizer steps: "
-                                    "record it again with pytorch/trace_recorder.py");
-      zero_first = compose_optimizer_step(*in.optimizer_param_steps, part, true);
-      zero_later = compose_optimizer_step(*in.optimizer_param_steps, part, false);
-    }
+}  // namespace
+
+StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
+  if (o.cuda_caching) {
+    CudaCachingAllocatorModel a(o.budget_bytes);
+    return simulate_pytorch_ddp(in, o, a);
   }
+  ExactAllocator a(o.budget_bytes);
+  return simulate_pytorch_ddp(in, o, a);
+}
+
+StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o, AllocatorModel& allocator) {
+  check_ddp_request(in, o);
+  StepSimResult out;
+  Ledger ledger(allocator, &out);
+  // Parameters one tensor each (as the module made them); a total alone
+  // (tests) is one tensor.
+  std::vector<int64_t> numels = in.param_numels;
+  if (numels.empty() && in.param_bytes > 0) numels.push_back(in.param_bytes / 4);
+
+  std::vector<int64_t> buckets, buffer_flats;
+  if (!ddp_init(ledger, in, o, numels, buckets, buffer_flats)) return out;
+  ledger.point("init");
+
+  ModelTrace zero_first, zero_later;
+  if (o.zero_redundancy) std::tie(zero_first, zero_later) = zero_redundancy_steps(in, o);
 
   const std::vector<int64_t> rebuilt = ddp_bucket_bytes(numels, o.bucket_cap_bytes);
   std::vector<int64_t> grads;  // .grad storages outside the buckets (the default mode)
