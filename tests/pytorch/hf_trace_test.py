@@ -1,0 +1,105 @@
+"""transformers' own models, built from small configs (no weights), traced by
+pytorch/trace_recorder.py --model hf:<Architecture> --config and held
+against the real CPU step byte for byte, in eager and sdpa attention."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from torch_required import ROOT  # noqa: E402,F401 (the skip without torch, pytorch/ on the path)
+import torch  # noqa: E402
+from trace_check import RECORDER, SHARDFIT, TraceCheck  # noqa: E402,F401
+
+# Small configs of transformers' architectures as a Hub config.json names
+# them (no weights): GPT-2 (tied head, Conv1D, LayerNorm, dropout), Llama
+# (GQA, RMSNorm, SwiGLU, rotary, untied), Qwen2 (Llama's with q/k/v
+# biases), Mistral (a sliding window longer than the sequence), BERT
+# (bidirectional, masked-LM head, token types).
+HF_CONFIGS = {
+    "GPT2LMHeadModel": dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=2, n_head=4,
+                            vocab_size=512, n_positions=128, bos_token_id=0, eos_token_id=0),
+    "LlamaForCausalLM": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                             intermediate_size=176, vocab_size=512, max_position_embeddings=128,
+                             tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    "Qwen2ForCausalLM": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=176, vocab_size=512, max_position_embeddings=128,
+                             tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    "MistralForCausalLM": dict(model_type="mistral", architectures=["MistralForCausalLM"], hidden_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               intermediate_size=176, vocab_size=512, max_position_embeddings=128,
+                               sliding_window=4096, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    "BertForMaskedLM": dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64,
+                            num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=512,
+                            max_position_embeddings=128, type_vocab_size=2, pad_token_id=0),
+}
+
+
+@unittest.skipIf(torch.__version__.startswith("1."), "the pinned stack's transformers needs torch 2.x")
+class HfTraceTest(TraceCheck, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+
+    def record_hf(self, arch, attn):
+        """transformers' own `arch` from HF_CONFIGS with `attn`, traced and
+        held against the CPU step: the trace file's JSON."""
+        import hf_models
+        config = os.path.join(self.tmp.name, "%s-%s.json" % (arch, attn))
+        with open(config, "w") as f:
+            json.dump(dict(HF_CONFIGS[arch], attn_implementation=attn), f)
+        path = os.path.join(self.tmp.name, "%s-%s.trace.json" % (arch, attn))
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", path], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        with open(path) as f:
+            file = json.load(f)
+        self.assertEqual(file["model"]["name"], arch)  # the config's architecture, its class
+        self.assertEqual(sum(m["is_block"] for m in file["modules"]), 2)  # its most repeated _no_split_modules
+        build, inputs, _ = hf_models.factory("", config)
+        self.check_every_batch("%s (%s)" % (arch, attn), file, build, inputs)
+        return file
+
+    @staticmethod
+    def ops_of(file):
+        return {t["op_names"][e[5]] for t in file["traces"][:1] for e in t["events"] if e[0] == "alloc" and e[5] >= 0}
+
+    def test_transformers_gpt2_and_llama_are_traced_exactly_in_eager_and_sdpa(self):
+        for arch in ("GPT2LMHeadModel", "LlamaForCausalLM"):
+            for attn in ("eager", "sdpa"):
+                file = self.record_hf(arch, attn)
+                if arch == "LlamaForCausalLM" and attn == "sdpa":
+                    # No attention dropout: the CPU's flash kernel, as the real step takes it.
+                    self.assertIn("aten::_scaled_dot_product_flash_attention_for_cpu", self.ops_of(file))
+                if arch == "GPT2LMHeadModel" and attn == "sdpa":
+                    # attn_pdrop 0.1 in training: the CPU's math kernel (its softmax kept).
+                    self.assertIn("aten::_softmax", self.ops_of(file))
+        # What the trace cannot imitate is refused in one line, naming why.
+        config = os.path.join(self.tmp.name, "GPT2LMHeadModel-sdpa.json")
+        path = os.path.join(self.tmp.name, "refused.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:GPT2LMHeadModel", "--config", config,
+                              "--seq-len", "64", "--out", path, "--target", "cuda"], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("attn_implementation sdpa is traced for --target cpu only", out.stderr)
+        with open(config, "w") as f:
+            json.dump(dict(HF_CONFIGS["GPT2LMHeadModel"], attn_implementation="flash_attention_2"), f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", path], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("attn_implementation flash_attention_2 is not traced (eager and sdpa are)",
+                      out.stderr.strip().splitlines()[-1])
+
+    def test_transformers_qwen2_mistral_and_bert_are_traced_exactly_in_eager_and_sdpa(self):
+        for arch in ("Qwen2ForCausalLM", "MistralForCausalLM", "BertForMaskedLM"):
+            for attn in ("eager", "sdpa"):
+                self.record_hf(arch, attn)
+
+
+
+if __name__ == "__main__":
+    unittest.main()
