@@ -35,6 +35,24 @@ HF_CONFIGS = {
     "BertForMaskedLM": dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64,
                             num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=512,
                             max_position_embeddings=128, type_vocab_size=2, pad_token_id=0),
+    # No built-in C++ model: Gemma-2 (sliding-window layers shorter than the
+    # sequence, logit soft-capping, a tied head), Phi-3 (fused qkv and
+    # gate_up projections), Mixtral (4 experts, top 2, by transformers'
+    # batched_mm experts kernel: the eager one routes by values).
+    "Gemma2ForCausalLM": dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"], hidden_size=64,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              intermediate_size=176, vocab_size=512, max_position_embeddings=128, sliding_window=32,
+                              bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    "Phi3ForCausalLM": dict(model_type="phi3", architectures=["Phi3ForCausalLM"], hidden_size=64,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                            intermediate_size=176, vocab_size=512, max_position_embeddings=128,
+                            original_max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
+                            eos_token_id=2, pad_token_id=0),
+    "MixtralForCausalLM": dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, vocab_size=512,
+                               max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
+                               eos_token_id=2, experts_implementation="batched_mm"),
 }
 
 
@@ -99,6 +117,71 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
             for attn in ("eager", "sdpa"):
                 self.record_hf(arch, attn)
 
+
+    def plan(self, *args, env=None):
+        return subprocess.run([SHARDFIT, "plan", *args], capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, **(env or {})))
+
+    def test_architectures_with_no_builtin_are_traced_exactly_and_planned(self):
+        for arch in ("Gemma2ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
+            self.record_hf(arch, "eager")
+            out = self.plan("--trace", os.path.join(self.tmp.name, "%s-eager.trace.json" % arch), "--device", "cpu",
+                            "--gpus", "2", "--gpu-mem", "64MiB", "--json")
+            self.assertEqual(out.returncode, 0, out.stderr)
+            plan = json.loads(out.stdout)
+            self.assertEqual(plan["model"]["name"], arch)
+            self.assertTrue([c for c in plan["candidates"] if c["max_batch_per_gpu"] > 0], arch)
+        # The experts' memory is in the parameters: 2 layers x 4 experts x 3 projections of 64 x 96.
+        mixtral = json.load(open(os.path.join(self.tmp.name, "MixtralForCausalLM-eager.trace.json")))
+        experts = [p for m in mixtral["modules"] for p in m["params"] if ".experts." in p["name"]]
+        self.assertEqual(sum(p["numel"] for p in experts), 2 * 4 * 3 * 64 * 96)
+        # transformers' default experts kernel routes tokens by the router's values: refused, naming the one traced.
+        config = os.path.join(self.tmp.name, "mixtral-eager-experts.json")
+        fields = dict(HF_CONFIGS["MixtralForCausalLM"])
+        del fields["experts_implementation"]
+        with open(config, "w") as f:
+            json.dump(fields, f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", os.path.join(self.tmp.name, "x.json")], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn('"experts_implementation": "batched_mm"', out.stderr)
+
+    def test_plan_model_names_the_trace_route_and_finds_hub_ids_in_the_local_cache(self):
+        # A model_type with no built-in: one line, exit 2, the command that plans it.
+        config = os.path.join(self.tmp.name, "gemma2.json")
+        with open(config, "w") as f:
+            json.dump(HF_CONFIGS["Gemma2ForCausalLM"], f)
+        out = self.plan("--model", config, "--device", "cpu")
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("model_type 'gemma2' has no built-in", out.stderr)
+        self.assertIn("pytorch/trace_recorder.py --model hf: --config %s" % config, out.stderr)
+        self.assertIn("plan --trace model.trace.json", out.stderr)
+        # A Hub id, offline, in a cache laid out as huggingface_hub lays it out.
+        hub = os.path.join(self.tmp.name, "hf-home", "hub")
+        repo = os.path.join(hub, "models--acme--tiny-llama")
+        os.makedirs(os.path.join(repo, "refs"))
+        for rev in ("0123abc", "4567def"):  # an older snapshot beside the one refs/main names
+            os.makedirs(os.path.join(repo, "snapshots", rev))
+            with open(os.path.join(repo, "snapshots", rev, "config.json"), "w") as f:
+                json.dump(dict(HF_CONFIGS["LlamaForCausalLM"], num_hidden_layers=3 if rev == "4567def" else 1), f)
+        with open(os.path.join(repo, "refs", "main"), "w") as f:
+            f.write("4567def")
+        out = self.plan("--model", os.path.join(repo, "snapshots", "4567def", "config.json"), "--device", "cpu",
+                        "--gpus", "2", "--json")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        named = json.loads(out.stdout)["model"]["params"]
+        for env in ({"HF_HUB_CACHE": hub}, {"HF_HOME": os.path.dirname(hub), "HF_HUB_CACHE": ""}):
+            out = self.plan("--model", "acme/tiny-llama", "--device", "cpu", "--gpus", "2", "--json", env=env)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(json.loads(out.stdout)["model"]["params"], named)  # refs/main's snapshot, 3 layers
+        out = self.plan("--model", "acme/other", "--device", "cpu", env={"HF_HUB_CACHE": hub})
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("acme/other: no such file, nor a Hub id in the local Hugging Face cache (%s/models--acme--other"
+                      % hub, out.stderr)
 
 
 if __name__ == "__main__":
