@@ -67,8 +67,8 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
                                                                           scale=scale)[0]
     if choice != MATH:
-        raise NotImplementedError("scaled_dot_product_attention: the CPU's backend %d with a mask is not traced"
-                                  % choice)
+        raise NotImplementedError("scaled_dot_product_attention with a mask on the CPU's flash kernel (a sliding "
+                                  "window shorter than the sequence, padding) is not traced; eager attention is")
     return SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 

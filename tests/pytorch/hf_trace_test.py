@@ -123,10 +123,11 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
                               env=dict(os.environ, **(env or {})))
 
     def test_architectures_with_no_builtin_are_traced_exactly_and_planned(self):
-        for arch in ("Gemma2ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM"):
-            self.record_hf(arch, "eager")
-            out = self.plan("--trace", os.path.join(self.tmp.name, "%s-eager.trace.json" % arch), "--device", "cpu",
-                            "--gpus", "2", "--gpu-mem", "64MiB", "--json")
+        for arch, attn in (("Gemma2ForCausalLM", "eager"), ("Phi3ForCausalLM", "eager"), ("Phi3ForCausalLM", "sdpa"),
+                           ("MixtralForCausalLM", "eager"), ("MixtralForCausalLM", "sdpa")):
+            self.record_hf(arch, attn)
+            out = self.plan("--trace", os.path.join(self.tmp.name, "%s-%s.trace.json" % (arch, attn)), "--device",
+                            "cpu", "--gpus", "2", "--gpu-mem", "64MiB", "--json")
             self.assertEqual(out.returncode, 0, out.stderr)
             plan = json.loads(out.stdout)
             self.assertEqual(plan["model"]["name"], arch)
@@ -135,6 +136,16 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         mixtral = json.load(open(os.path.join(self.tmp.name, "MixtralForCausalLM-eager.trace.json")))
         experts = [p for m in mixtral["modules"] for p in m["params"] if ".experts." in p["name"]]
         self.assertEqual(sum(p["numel"] for p in experts), 2 * 4 * 3 * 64 * 96)
+        # Gemma-2's sliding layers (window 32 < 64) give sdpa a mask, which the CPU's flash kernel takes: refused.
+        config = os.path.join(self.tmp.name, "gemma2-sdpa.json")
+        with open(config, "w") as f:
+            json.dump(dict(HF_CONFIGS["Gemma2ForCausalLM"], attn_implementation="sdpa"), f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", os.path.join(self.tmp.name, "x.json")], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("with a mask on the CPU's flash kernel", out.stderr)
         # transformers' default experts kernel routes tokens by the router's values: refused, naming the one traced.
         config = os.path.join(self.tmp.name, "mixtral-eager-experts.json")
         fields = dict(HF_CONFIGS["MixtralForCausalLM"])
