@@ -10,26 +10,34 @@ attention dropout 0 (Llama, Qwen2, Mistral). The math kernel keeps the
 (batch, heads, seq, seq) weights for backward, the flash kernel does not, so
 a trace taken with the meta answer is far from the CPU step.
 
-register() puts three Meta kernels in front, for a CPU-target trace:
-- _fused_sdp_choice: the CPU's own choice, asked of CPU tensors with the
-  inputs' shapes and strides (no values are read);
-- _scaled_dot_product_flash_attention_for_cpu: its output (empty_like the
-  query) and logsumexp, then the kernel's per-thread scratch, freed as it
-  returns;
-- its backward: the three zeroed gradients, grad_out made contiguous, the
-  per-thread scratch, and one qSplitSize float row per parallel chunk.
-Sizes from PyTorch 2.11's aten/src/ATen/native/cpu/FlashAttentionKernel.cpp
+register() puts, for a CPU-target trace:
+- an AutogradMeta kernel for scaled_dot_product_attention (the composite
+  calls its device's choice stub directly, so the choice cannot be replaced
+  below it): the CPU's own _fused_sdp_choice, asked of CPU tensors with the
+  inputs' shapes and strides (no values are read); flash goes to the op
+  below, through autograd (the real backward node), math to the composite
+  itself;
+- a Meta kernel for _scaled_dot_product_flash_attention_for_cpu: its output
+  (empty_like the query) and logsumexp, then the kernel's per-thread
+  scratch, freed as it returns;
+- one for its backward: the three zeroed gradients, grad_out made
+  contiguous, the per-thread scratch, and one qSplitSize float row per
+  parallel chunk (taken one after another, as the meter sees them at these
+  sizes).
+Sizes from PyTorch's aten/src/ATen/native/cpu/FlashAttentionKernel.cpp
 (cpu_flash_attention, cpu_flash_attention_backward and their dispatch:
-q split 32/64/256 by sequence, kv split 512) and transformers/attention.cpp
-(_scaled_dot_product_flash_attention_cpu and its backward); checked to the
-byte against the CPU step by tests/pytorch/trace_test.py. fp16 is refused:
+q split 32/64/256 by sequence, kv split 512) and
+aten/src/ATen/native/transformers/attention.cpp
+(_scaled_dot_product_flash_attention_cpu and its backward), as read at
+pytorch/pytorch 008ec6b; PyTorch 2.11's CPU step allocates them to the byte
+(tests/pytorch/hf_trace_test.py). fp16 is refused:
 its kernel may pack K and V with oneDNN (cpublas::need_pack), outside this
 model; a CPU trace runs fp32 and bf16."""
 import torch
 
 KV_SPLIT = 512
-# The ops given Meta kernels here (PyTorch's Python meta registrations of the
-# last two are left out of the recorder's: trace_recorder.use_the_cpp_meta_kernels).
+# The ops given Meta kernels here (PyTorch's Python meta registrations of
+# these two are left out of the recorder's: trace_recorder.use_the_cpp_meta_kernels).
 OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 MATH, FLASH = 0, 1  # sdp::SDPBackend (sdp_utils_cpp.h)
