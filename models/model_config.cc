@@ -1,8 +1,10 @@
 #include "models/model_config.h"
 
 #include "models/hf_architecture.h"
+#include "models/hf_hub_cache.h"
 #include "models/config_bounds.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -192,8 +194,10 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
       throw std::invalid_argument(origin + ": hidden_act '" + c.activation +
                                   "' is not supported (gelu, gelu_new)");
   } else {
-    throw std::invalid_argument(origin + ": model_type '" + type +
-                                "' is not supported (gpt2, bert, llama, mistral or qwen2)");
+    throw std::invalid_argument(origin + ": model_type '" + type + "' has no built-in (gpt2, bert, llama, " +
+                                "mistral, qwen2); trace transformers' own class: .venv/bin/python " +
+                                "pytorch/trace_recorder.py --model hf: --config " + origin +
+                                " --seq-len N --out model.trace.json, then plan --trace model.trace.json");
   }
   c.initializer_range = get_double("initializer_range", 0.02);
   for (double p : {c.hidden_dropout, c.embd_dropout, c.attn_dropout})
@@ -218,8 +222,21 @@ ModelConfig resolve_model(const std::string& name_or_path) {
     throw std::invalid_argument("unknown model '" + name_or_path + "' (built-in: " + names +
                                 "; or a path to a Hugging Face config.json)");
   }
-  // A Hugging Face model directory: its config.json.
-  const std::string path = hf_config_path(name_or_path);
+  // A Hugging Face model directory: its config.json; a Hub id not on disk:
+  // its config.json in the local Hugging Face cache.
+  std::string path = hf_config_path(name_or_path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) && looks_like_hub_id(name_or_path)) {
+    const auto cached = find_cached_hub_config(name_or_path);
+    if (!cached)
+      throw std::invalid_argument(name_or_path + ": no such file, nor a Hub id in the local Hugging Face cache (" +
+                                  hf_hub_cache_dir() + "/models--" +
+                                  name_or_path.substr(0, name_or_path.find('/')) + "--" +
+                                  name_or_path.substr(name_or_path.find('/') + 1) +
+                                  "/snapshots/*/config.json); fetch it (huggingface-cli download " + name_or_path +
+                                  " config.json) or give a config.json's path");
+    path = *cached;
+  }
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(path + ": cannot read file");
   std::stringstream ss;

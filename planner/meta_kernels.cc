@@ -40,13 +40,18 @@ at::Tensor meta_index_select(const at::Tensor& self, int64_t dim, const at::Tens
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_native_layer_norm(
-    const at::Tensor& input, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>&,
+    const at::Tensor& input, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>&, double) {
   const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
   std::vector<int64_t> stat_shape(input.sizes().begin(), input.sizes().begin() + axis);
   stat_shape.resize(input.dim(), 1);
   auto stat_dtype = input.scalar_type();
-  if (g_target_cuda && (stat_dtype == at::kHalf || stat_dtype == at::kBFloat16)) stat_dtype = at::kFloat;
+  // The CPU's 2.x kernel takes a bf16/fp16 input with fp32 weights (under
+  // autocast: a BERT MLM head's LayerNorm(gelu(dense(x)))) and keeps its
+  // statistics in the weights' dtype (ATen/native/layer_norm.cpp
+  // layer_norm_cpu: param_scalar_type of a mixed-type call).
+  const bool mixed = weight && weight->defined() && weight->scalar_type() != input.scalar_type();
+  if ((g_target_cuda || mixed) && (stat_dtype == at::kHalf || stat_dtype == at::kBFloat16)) stat_dtype = at::kFloat;
   auto out = at::empty(input.sizes(), input.options());
   auto mean = at::empty(stat_shape, input.options().dtype(stat_dtype));
   auto rstd = at::empty(stat_shape, input.options().dtype(stat_dtype));

@@ -9,19 +9,58 @@ the loss first in what it returns (outputs.loss), the logits held with it.
 The attention mask is the tokenizer's all-ones one. `hf:` alone takes the
 config's own `architectures[0]`.
 
-Attention is the config's `attn_implementation` when it names one, else
-eager. transformers 5.17 decides two things from a tensor's values, which
-the meta device cannot give: whether position ids pack several sequences
-(masking_utils.find_packed_sequence_indices, skipped when a mask is given)
-and, under sdpa, whether an all-ones mask may be dropped for a causal kernel
-(masking_utils' sdpa_mask): sdpa is refused in one line until the recorder
-decides it as a real run would."""
+Attention is the config's `attn_implementation` when it names one (eager or
+sdpa), else eager. Under sdpa transformers 5.17 decides from the mask's
+values whether to build it at all (masking_utils.sdpa_mask): an all-ones
+mask is dropped, and attention runs with is_causal=True (a causal model) or
+no mask (a bidirectional one), which a meta tensor cannot answer. The mask
+here is all ones, so mask_values_known() answers as the real run does: it
+runs the same ops on the meta mask (their few bytes are in the trace) and
+returns the value the real mask gives. Whether position ids pack several
+sequences (find_packed_sequence_indices) is asked only when no mask is
+given, which never happens here."""
+import contextlib
 import json
 import os
 
 
+ATTENTIONS = ("eager", "sdpa")
+# transformers 5.17's experts kernels (integrations/moe.py) whose shapes
+# follow the batch's, not the router's values: batched_mm gathers each
+# token's top-k experts' weights and runs one bmm per projection.
+TRACEABLE_EXPERTS = ("batched_mm",)
+
+
 class BadConfig(Exception):
     pass
+
+
+@contextlib.contextmanager
+def mask_values_known():
+    """Inside, masking_utils' two value tests of a meta mask answer what the
+    all-ones mask of a real run answers (transformers 5.17 masking_utils.py):
+    fast_all (`tensor.sum() == tensor.numel()`, _ignore_causal_mask_sdpa) and
+    `padding_mask.all()` (_ignore_bidirectional_mask_sdpa). Their ops still
+    run on the meta tensor, so the trace holds the scalars the real test
+    allocates and frees; only the Python truth value is supplied."""
+    from transformers import masking_utils as mu
+    fast_all, ignore_bidirectional = mu.fast_all, mu._ignore_bidirectional_mask_sdpa
+
+    def known_fast_all(tensor):
+        result = fast_all(tensor)
+        return True if result.is_meta else result
+
+    def known_ignore_bidirectional(padding_mask, kv_length, local_attention_size=None):
+        if padding_mask is not None and padding_mask.is_meta:
+            padding_mask.all()  # the real test's bool scalar, freed as the test returns
+            padding_mask = None  # all ones: the same answer as no padding
+        return ignore_bidirectional(padding_mask, kv_length, local_attention_size)
+
+    mu.fast_all, mu._ignore_bidirectional_mask_sdpa = known_fast_all, known_ignore_bidirectional
+    try:
+        yield
+    finally:
+        mu.fast_all, mu._ignore_bidirectional_mask_sdpa = fast_all, ignore_bidirectional
 
 
 def load_config(path):
@@ -52,33 +91,48 @@ def architecture(arch, config):
     return cls
 
 
-def factory(arch, config_path):
+def factory(arch, config_path, target_cuda=False):
     """The recorder's model factory, input function and the model's name
-    (its architecture) for hf:<arch>."""
+    (its architecture) for hf:<arch>. sdpa is traced for the CPU only: on
+    CUDA it would take CUDA's flash or memory-efficient kernels, which the
+    meta device does not imitate (cpu_flash_attention.py does the CPU's)."""
     config = load_config(config_path)
     attn = getattr(config, "_attn_implementation", None) or "eager"
-    if attn != "eager":
-        raise BadConfig("--config %s: attn_implementation %s is not traced yet (transformers decides from the "
-                        "mask's values whether to drop it, which the meta device cannot give); eager is" %
-                        (config_path, attn))
-    config._attn_implementation = "eager"
+    if attn not in ATTENTIONS:
+        raise BadConfig("--config %s: attn_implementation %s is not traced (%s are)" %
+                        (config_path, attn, " and ".join(ATTENTIONS)))
+    if attn == "sdpa" and target_cuda:
+        raise BadConfig("--config %s: attn_implementation sdpa is traced for --target cpu only (CUDA's sdpa "
+                        "kernels are not imitated); eager is traced for both" % config_path)
+    config._attn_implementation = attn
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    if experts and getattr(config, "_experts_implementation", None) not in TRACEABLE_EXPERTS:
+        # transformers' eager experts loop over the experts a batch's tokens
+        # were routed to (torch.nonzero, torch.where on the router's choice):
+        # shapes from values, which the meta device cannot give.
+        raise BadConfig("--config %s: %d experts run by %s, whose shapes follow the router's values; set "
+                        "\"experts_implementation\": \"batched_mm\" in the config to trace that kernel" %
+                        (config_path, experts, getattr(config, "_experts_implementation", None) or "eager"))
     cls = architecture(arch, config)
 
     class Training(cls):
         """The architecture, called as a causal-LM training loop calls it."""
 
         def forward(self, input_ids, attention_mask):
-            return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids,
-                                   use_cache=False)
+            with mask_values_known():
+                return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids,
+                                       use_cache=False)
 
     Training.__name__ = cls.__name__
 
     def build():
         model = Training(config)
+        # The block is the most repeated of the classes transformers keeps
+        # whole (_no_split_modules): BertLayer, not BertEmbeddings.
         blocks = set(getattr(model, "_no_split_modules", None) or [])
         found = [type(m) for m in model.modules() if type(m).__name__ in blocks]
         if found:
-            model.block_class = found[0]
+            model.block_class = max(found, key=found.count)
         return model
 
     def inputs(batch, seq_len, device):

@@ -79,6 +79,7 @@ def use_the_cpp_meta_kernels():
     if lib is None or getattr(lib, "m", None) is None:
         return
     from torch._decomp import global_decomposition_table
+    import cpu_flash_attention
     lib._destroy()
     # What torch registered (activate_meta in 2.11's _meta_registrations.py):
     # per op the most specific of the meta, post- and pre-autograd tables.
@@ -95,12 +96,13 @@ def use_the_cpp_meta_kernels():
     for op, fn in table.items():
         if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op.is_view:
             continue
-        if served(op.name()):
+        if served(op.name()) or op.name() in cpu_flash_attention.OPS:
             continue
         _PYTHON_ONLY_METAS.impl(op, fn)
 
 
 _PYTHON_ONLY_METAS = None  # the Library holding them: registrations live as long as it does
+_CPU_SDPA = None  # cpu_flash_attention's Meta kernels, for a CPU target
 
 
 def library():
@@ -521,15 +523,20 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
 
 def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,
            fp32_outputs=False, param_dtype=None, config=None):
+    global _CPU_SDPA
     import torch
     lib = library()
+    if not target_cuda and _CPU_SDPA is None:
+        # scaled_dot_product_attention takes the CPU's kernel, not the meta device's math one.
+        import cpu_flash_attention
+        _CPU_SDPA = cpu_flash_attention.register()
     if model_spec.startswith("hf:"):
         # transformers' own class from a config (hf_models.py): its inputs too.
         import hf_models
         if not config:
             raise BadInput("--model %s: needs --config (a config.json or a model directory)" % model_spec)
         try:
-            factory, input_fn, arch = hf_models.factory(model_spec[3:], config)
+            factory, input_fn, arch = hf_models.factory(model_spec[3:], config, target_cuda)
             name = name or arch
         except hf_models.BadConfig as e:
             raise BadInput(str(e))

@@ -13,24 +13,12 @@ import torch  # noqa: E402
 import models  # noqa: E402
 import shardfit_meter  # noqa: E402
 import trace_recorder as tr  # noqa: E402
-
-SHARDFIT = os.environ.get("SHARDFIT_BINARY", os.path.join(ROOT, "build", "cli", "shardfit"))
-RECORDER = os.path.join(ROOT, "pytorch", "trace_recorder.py")
+from trace_check import RECORDER, SHARDFIT, TraceCheck, replay_peak  # noqa: E402
 
 
-def replay_peak(events):
-    live, peak, sizes = 0, 0, {}
-    for kind, _phase, _module, tensor, nbytes, _op in events:
-        if kind == "alloc":
-            sizes[tensor] = nbytes
-            live += nbytes
-            peak = max(peak, live)
-        elif kind == "free":
-            live -= sizes.pop(tensor)
-    return peak, live
 
 
-class TraceTest(unittest.TestCase):
+class TraceTest(TraceCheck, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
@@ -67,45 +55,6 @@ class TraceTest(unittest.TestCase):
         self.assertIn("transformer.h.1.attn.c_attn.weight", names)
         self.assertEqual(len(names), len(set(names)))
 
-    def check_every_batch(self, name, file, build=None, inputs=None):
-        # The same model on the CPU, one forward + loss + backward with the
-        # gradients in place or none, its blocks checkpointed or not, its
-        # forward under torch.autocast("cpu", torch.bfloat16) or not (as each
-        # trace says), measured by the meter.
-        import contextlib
-        import gc
-        import validate
-        meter = shardfit_meter.Meter()
-        params = file["model"]["params"] * 4
-        for t in file["traces"]:
-            torch.manual_seed(0)
-            model = build() if build else models.build(name)
-            model.train()
-            if t["recompute"]:
-                validate.checkpoint_blocks(torch, model, reentrant=t.get("checkpoint") == "reentrant")
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p) if t["grads"] == "accumulate" else None
-            meter.reset_peak()
-            base = meter.allocated
-            x = (inputs or (lambda *a: (models.token_input(models.vocab_size(name))(*a),)))(t["batch"], 64, "cpu")
-            with (torch.autocast("cpu", dtype=torch.bfloat16) if t.get("autocast") else contextlib.nullcontext()):
-                out = model(*x)
-            loss = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
-            loss.backward()
-            del out, loss, x
-            peak, left = replay_peak(t["events"])
-            kept = 0 if t["grads"] == "accumulate" else params  # AccumulateGrad kept each op's gradient
-            # What the forward returned beside the loss (its frees left out of the trace; dropped here)
-            sizes = {e[3]: e[4] for e in t["events"] if e[0] == "alloc"}
-            left -= sum(sizes[i] for i in t.get("kept_outputs", []))
-            self.assertEqual(left, kept)
-            self.assertEqual(meter.allocated - base, kept)
-            self.assertEqual(peak, meter.peak - base,
-                             "%s: batch %d, grads %s, recompute %s, autocast %s"
-                             % (name, t["batch"], t["grads"], t["recompute"], t.get("autocast")))
-            del model  # a checkpointed model is a reference cycle (forward -> bound method -> module)
-            gc.collect()
-
     def test_every_batch_traced_is_what_the_cpu_step_allocates(self):
         self.check_every_batch("gpt2-tiny", self.file)
 
@@ -113,43 +62,6 @@ class TraceTest(unittest.TestCase):
     def test_gqa_by_repeat_interleave_is_traced_exactly(self):
         _, file = self.record("llama-tiny-ri")
         self.check_every_batch("llama-tiny-ri", file)
-
-    @unittest.skipIf(torch.__version__.startswith("1."), "the pinned stack's transformers needs torch 2.x")
-    def test_transformers_own_models_from_a_config_are_traced_exactly(self):
-        import hf_models
-        # Small configs of GPT-2 (tied head, Conv1D, LayerNorm) and Llama
-        # (GQA, RMSNorm, SwiGLU, rotary, untied), as a Hub config.json names
-        # them; no weights.
-        configs = {
-            "GPT2LMHeadModel": dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=2,
-                                    n_head=4, vocab_size=512, n_positions=128, bos_token_id=0, eos_token_id=0),
-            "LlamaForCausalLM": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64,
-                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                     head_dim=16, intermediate_size=176, vocab_size=512,
-                                     max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=0,
-                                     eos_token_id=0)}
-        for arch, fields in configs.items():
-            config = os.path.join(self.tmp.name, arch + ".json")
-            with open(config, "w") as f:
-                json.dump(fields, f)
-            path = os.path.join(self.tmp.name, arch + ".trace.json")
-            out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
-                                  "--out", path], capture_output=True, text=True, timeout=300)
-            self.assertEqual(out.returncode, 0, out.stderr[-2000:])
-            with open(path) as f:
-                file = json.load(f)
-            self.assertEqual(file["model"]["name"], arch)  # the config's architecture, its class
-            self.assertEqual(sum(m["is_block"] for m in file["modules"]), 2)  # its _no_split_modules
-            build, inputs, _ = hf_models.factory("", config)
-            self.check_every_batch(arch, file, build, inputs)
-        # sdpa is refused in one line, naming why.
-        fields = dict(configs["GPT2LMHeadModel"], attn_implementation="sdpa")
-        with open(config, "w") as f:
-            json.dump(fields, f)
-        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:GPT2LMHeadModel", "--config", config,
-                              "--seq-len", "64", "--out", path], capture_output=True, text=True, timeout=300)
-        self.assertEqual(out.returncode, 2, out.stderr)
-        self.assertIn("attn_implementation sdpa is not traced yet", out.stderr.strip().splitlines()[-1])
 
     def test_a_model_with_buffers_is_traced_exactly_and_its_buffers_listed(self):
         self.check_every_batch("gpt2-hf2022-tiny", self.hf_file)

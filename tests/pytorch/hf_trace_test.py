@@ -1,0 +1,200 @@
+"""transformers' own models, built from small configs (no weights), traced by
+pytorch/trace_recorder.py --model hf:<Architecture> --config and held
+against the real CPU step byte for byte, in eager and sdpa attention."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from torch_required import ROOT  # noqa: E402,F401 (the skip without torch, pytorch/ on the path)
+import torch  # noqa: E402
+from trace_check import RECORDER, SHARDFIT, TraceCheck  # noqa: E402,F401
+
+# Small configs of transformers' architectures as a Hub config.json names
+# them (no weights): GPT-2 (tied head, Conv1D, LayerNorm, dropout), Llama
+# (GQA, RMSNorm, SwiGLU, rotary, untied), Qwen2 (Llama's with q/k/v
+# biases), Mistral (a sliding window longer than the sequence), BERT
+# (bidirectional, masked-LM head, token types).
+HF_CONFIGS = {
+    "GPT2LMHeadModel": dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=2, n_head=4,
+                            vocab_size=512, n_positions=128, bos_token_id=0, eos_token_id=0),
+    "LlamaForCausalLM": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                             intermediate_size=176, vocab_size=512, max_position_embeddings=128,
+                             tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    "Qwen2ForCausalLM": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=176, vocab_size=512, max_position_embeddings=128,
+                             tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    "MistralForCausalLM": dict(model_type="mistral", architectures=["MistralForCausalLM"], hidden_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               intermediate_size=176, vocab_size=512, max_position_embeddings=128,
+                               sliding_window=4096, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    "BertForMaskedLM": dict(model_type="bert", architectures=["BertForMaskedLM"], hidden_size=64,
+                            num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=512,
+                            max_position_embeddings=128, type_vocab_size=2, pad_token_id=0),
+    # No built-in C++ model: Gemma-2 (sliding-window layers shorter than the
+    # sequence, logit soft-capping, a tied head), Phi-3 (fused qkv and
+    # gate_up projections), Mixtral (4 experts, top 2, by transformers'
+    # batched_mm experts kernel: the eager one routes by values).
+    "Gemma2ForCausalLM": dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"], hidden_size=64,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              intermediate_size=176, vocab_size=512, max_position_embeddings=128, sliding_window=32,
+                              bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    "Phi3ForCausalLM": dict(model_type="phi3", architectures=["Phi3ForCausalLM"], hidden_size=64,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                            intermediate_size=176, vocab_size=512, max_position_embeddings=128,
+                            original_max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
+                            eos_token_id=2, pad_token_id=0),
+    "MixtralForCausalLM": dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, vocab_size=512,
+                               max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
+                               eos_token_id=2, experts_implementation="batched_mm"),
+}
+
+
+@unittest.skipIf(torch.__version__.startswith("1."), "the pinned stack's transformers needs torch 2.x")
+class HfTraceTest(TraceCheck, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+
+    def record_hf(self, arch, attn):
+        """transformers' own `arch` from HF_CONFIGS with `attn`, traced and
+        held against the CPU step: the trace file's JSON."""
+        import hf_models
+        config = os.path.join(self.tmp.name, "%s-%s.json" % (arch, attn))
+        with open(config, "w") as f:
+            json.dump(dict(HF_CONFIGS[arch], attn_implementation=attn), f)
+        path = os.path.join(self.tmp.name, "%s-%s.trace.json" % (arch, attn))
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", path], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        with open(path) as f:
+            file = json.load(f)
+        self.assertEqual(file["model"]["name"], arch)  # the config's architecture, its class
+        self.assertEqual(sum(m["is_block"] for m in file["modules"]), 2)  # its most repeated _no_split_modules
+        build, inputs, _ = hf_models.factory("", config)
+        self.check_every_batch("%s (%s)" % (arch, attn), file, build, inputs)
+        return file
+
+    @staticmethod
+    def ops_of(file):
+        return {t["op_names"][e[5]] for t in file["traces"][:1] for e in t["events"] if e[0] == "alloc" and e[5] >= 0}
+
+    def test_transformers_gpt2_and_llama_are_traced_exactly_in_eager_and_sdpa(self):
+        for arch in ("GPT2LMHeadModel", "LlamaForCausalLM"):
+            for attn in ("eager", "sdpa"):
+                file = self.record_hf(arch, attn)
+                if arch == "LlamaForCausalLM" and attn == "sdpa":
+                    # No attention dropout: the CPU's flash kernel, as the real step takes it (no softmax
+                    # kept: its scratch is cpu_flash_attention.py's empty tensors).
+                    self.assertNotIn("aten::_softmax", self.ops_of(file))
+                if arch == "GPT2LMHeadModel" and attn == "sdpa":
+                    # attn_pdrop 0.1 in training: the CPU's math kernel (its softmax kept).
+                    self.assertIn("aten::_softmax", self.ops_of(file))
+        # What the trace cannot imitate is refused in one line, naming why.
+        config = os.path.join(self.tmp.name, "GPT2LMHeadModel-sdpa.json")
+        path = os.path.join(self.tmp.name, "refused.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:GPT2LMHeadModel", "--config", config,
+                              "--seq-len", "64", "--out", path, "--target", "cuda"], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("attn_implementation sdpa is traced for --target cpu only", out.stderr)
+        with open(config, "w") as f:
+            json.dump(dict(HF_CONFIGS["GPT2LMHeadModel"], attn_implementation="flash_attention_2"), f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", path], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("attn_implementation flash_attention_2 is not traced (eager and sdpa are)",
+                      out.stderr.strip().splitlines()[-1])
+
+    def test_transformers_qwen2_mistral_and_bert_are_traced_exactly_in_eager_and_sdpa(self):
+        for arch in ("Qwen2ForCausalLM", "MistralForCausalLM", "BertForMaskedLM"):
+            for attn in ("eager", "sdpa"):
+                self.record_hf(arch, attn)
+
+
+    def plan(self, *args, env=None):
+        return subprocess.run([SHARDFIT, "plan", *args], capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, **(env or {})))
+
+    def test_architectures_with_no_builtin_are_traced_exactly_and_planned(self):
+        for arch, attn in (("Gemma2ForCausalLM", "eager"), ("Phi3ForCausalLM", "eager"), ("Phi3ForCausalLM", "sdpa"),
+                           ("MixtralForCausalLM", "eager"), ("MixtralForCausalLM", "sdpa")):
+            self.record_hf(arch, attn)
+            out = self.plan("--trace", os.path.join(self.tmp.name, "%s-%s.trace.json" % (arch, attn)), "--device",
+                            "cpu", "--gpus", "2", "--gpu-mem", "64MiB", "--json")
+            self.assertEqual(out.returncode, 0, out.stderr)
+            plan = json.loads(out.stdout)
+            self.assertEqual(plan["model"]["name"], arch)
+            self.assertTrue([c for c in plan["candidates"] if c["max_batch_per_gpu"] > 0], arch)
+        # The experts' memory is in the parameters: 2 layers x 4 experts x 3 projections of 64 x 96.
+        mixtral = json.load(open(os.path.join(self.tmp.name, "MixtralForCausalLM-eager.trace.json")))
+        experts = [p for m in mixtral["modules"] for p in m["params"] if ".experts." in p["name"]]
+        self.assertEqual(sum(p["numel"] for p in experts), 2 * 4 * 3 * 64 * 96)
+        # Gemma-2's sliding layers (window 32 < 64) give sdpa a mask, which the CPU's flash kernel takes: refused.
+        config = os.path.join(self.tmp.name, "gemma2-sdpa.json")
+        with open(config, "w") as f:
+            json.dump(dict(HF_CONFIGS["Gemma2ForCausalLM"], attn_implementation="sdpa"), f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", os.path.join(self.tmp.name, "x.json")], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("with a mask on the CPU's flash kernel", out.stderr)
+        # transformers' default experts kernel routes tokens by the router's values: refused, naming the one traced.
+        config = os.path.join(self.tmp.name, "mixtral-eager-experts.json")
+        fields = dict(HF_CONFIGS["MixtralForCausalLM"])
+        del fields["experts_implementation"]
+        with open(config, "w") as f:
+            json.dump(fields, f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", os.path.join(self.tmp.name, "x.json")], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn('"experts_implementation": "batched_mm"', out.stderr)
+
+    def test_plan_model_names_the_trace_route_and_finds_hub_ids_in_the_local_cache(self):
+        # A model_type with no built-in: one line, exit 2, the command that plans it.
+        config = os.path.join(self.tmp.name, "gemma2.json")
+        with open(config, "w") as f:
+            json.dump(HF_CONFIGS["Gemma2ForCausalLM"], f)
+        out = self.plan("--model", config, "--device", "cpu")
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("model_type 'gemma2' has no built-in", out.stderr)
+        self.assertIn("pytorch/trace_recorder.py --model hf: --config %s" % config, out.stderr)
+        self.assertIn("plan --trace model.trace.json", out.stderr)
+        # A Hub id, offline, in a cache laid out as huggingface_hub lays it out.
+        hub = os.path.join(self.tmp.name, "hf-home", "hub")
+        repo = os.path.join(hub, "models--acme--tiny-llama")
+        os.makedirs(os.path.join(repo, "refs"))
+        for rev in ("0123abc", "4567def"):  # an older snapshot beside the one refs/main names
+            os.makedirs(os.path.join(repo, "snapshots", rev))
+            with open(os.path.join(repo, "snapshots", rev, "config.json"), "w") as f:
+                json.dump(dict(HF_CONFIGS["LlamaForCausalLM"], num_hidden_layers=3 if rev == "4567def" else 1), f)
+        with open(os.path.join(repo, "refs", "main"), "w") as f:
+            f.write("4567def")
+        out = self.plan("--model", os.path.join(repo, "snapshots", "4567def", "config.json"), "--device", "cpu",
+                        "--gpus", "2", "--json")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        named = json.loads(out.stdout)["model"]["params"]
+        for env in ({"HF_HUB_CACHE": hub}, {"HF_HOME": os.path.dirname(hub), "HF_HUB_CACHE": ""}):
+            out = self.plan("--model", "acme/tiny-llama", "--device", "cpu", "--gpus", "2", "--json", env=env)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(json.loads(out.stdout)["model"]["params"], named)  # refs/main's snapshot, 3 layers
+        out = self.plan("--model", "acme/other", "--device", "cpu", env={"HF_HUB_CACHE": hub})
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("acme/other: no such file, nor a Hub id in the local Hugging Face cache (%s/models--acme--other"
+                      % hub, out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,68 @@
+"""What the trace tests share: a trace's peak replayed from its events, and
+each traced batch held against the same step on the CPU, measured by the
+meter (tests/pytorch/trace_test.py, hf_trace_test.py)."""
+import contextlib
+import gc
+import os
+
+from torch_required import ROOT  # noqa: E402 (the skip without torch, pytorch/ on the path)
+import torch  # noqa: E402
+import models  # noqa: E402
+import shardfit_meter  # noqa: E402
+
+SHARDFIT = os.environ.get("SHARDFIT_BINARY", os.path.join(ROOT, "build", "cli", "shardfit"))
+RECORDER = os.path.join(ROOT, "pytorch", "trace_recorder.py")
+
+
+def replay_peak(events):
+    live, peak, sizes = 0, 0, {}
+    for kind, _phase, _module, tensor, nbytes, _op in events:
+        if kind == "alloc":
+            sizes[tensor] = nbytes
+            live += nbytes
+            peak = max(peak, live)
+        elif kind == "free":
+            live -= sizes.pop(tensor)
+    return peak, live
+
+
+class TraceCheck:
+    """A unittest.TestCase mixin."""
+
+    def check_every_batch(self, name, file, build=None, inputs=None):
+        # The same model on the CPU, one forward + loss + backward with the
+        # gradients in place or none, its blocks checkpointed or not, its
+        # forward under torch.autocast("cpu", torch.bfloat16) or not (as each
+        # trace says), measured by the meter.
+        import validate
+        meter = shardfit_meter.Meter()
+        params = file["model"]["params"] * 4
+        for t in file["traces"]:
+            torch.manual_seed(0)
+            model = build() if build else models.build(name)
+            model.train()
+            if t["recompute"]:
+                validate.checkpoint_blocks(torch, model, reentrant=t.get("checkpoint") == "reentrant")
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p) if t["grads"] == "accumulate" else None
+            meter.reset_peak()
+            base = meter.allocated
+            x = (inputs or (lambda *a: (models.token_input(models.vocab_size(name))(*a),)))(t["batch"], 64, "cpu")
+            with (torch.autocast("cpu", dtype=torch.bfloat16) if t.get("autocast") else contextlib.nullcontext()):
+                out = model(*x)
+            loss = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+            loss.backward()
+            del out, loss, x
+            peak, left = replay_peak(t["events"])
+            kept = 0 if t["grads"] == "accumulate" else params  # AccumulateGrad kept each op's gradient
+            # What the forward returned beside the loss (its frees left out of the trace; dropped here)
+            sizes = {e[3]: e[4] for e in t["events"] if e[0] == "alloc"}
+            left -= sum(sizes[i] for i in t.get("kept_outputs", []))
+            self.assertEqual(left, kept)
+            self.assertEqual(meter.allocated - base, kept)
+            self.assertEqual(peak, meter.peak - base,
+                             "%s: batch %d, grads %s, recompute %s, autocast %s"
+                             % (name, t["batch"], t["grads"], t["recompute"], t.get("autocast")))
+            del model  # a checkpointed model is a reference cycle (forward -> bound method -> module)
+            gc.collect()
+
