@@ -359,8 +359,9 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
   if (c.sharding != Sharding::kDdp && c.sharding != Sharding::kZero1 && !planned_fsdp2(plan))
     text << "# fsdp_sharding_strategy repeats fsdp_reshard_after_forward: Accelerate 1.15 applies the former for "
             "FSDP1\n";
-  if (plan.hardware.nodes > 1)
-    text << "# on the other nodes: the same file with machine_rank 1.." << plan.hardware.nodes - 1 << "\n";
+  const std::string other_ranks =
+      plan.hardware.nodes == 2 ? std::string("1") : "1.." + std::to_string(plan.hardware.nodes - 1);
+  if (plan.hardware.nodes > 1) text << "# on the other nodes: the same file with machine_rank " << other_ranks << "\n";
   text << to_yaml(s);
   out.text = text.str();
   out.notes.push_back("accelerate: per-device batch " + std::to_string(pc.max_batch_per_gpu) +
@@ -371,7 +372,7 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
                         " has no checkpointing key; call model.gradient_checkpointing_enable() (Hugging Face) or "
                         "checkpoint each unit in the model");
   if (plan.hardware.nodes > 1)
-    out.notes.push_back("accelerate: set machine_rank to 1.." + std::to_string(plan.hardware.nodes - 1) +
+    out.notes.push_back("accelerate: set machine_rank to " + other_ranks +
                         " on the other nodes (or pass --machine_rank to accelerate launch)");
   return out;
 }

@@ -66,7 +66,7 @@ TEST(ExportConfig, WhatTheTargetCannotExpressIsExitTwoWithOneLine) {
   const Result r = shardfit({"export-config", "--plan", plan, "--candidate", "hybrid/fp32/wrap=block", "--format",
                              "accelerate", "--main-process-ip", "10.0.0.1"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("\nmain_process_ip: 10.0.0.1\nmain_process_port: 29500\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nmain_process_ip: '10.0.0.1'\nmain_process_port: 29500\n"), std::string::npos) << r.out;
   expect_bad_input({"export-config", "--plan", plan, "--format", "megatron"}, "--format");
   expect_bad_input({"export-config", "--plan", plan, "--candidate", "zero3/fp32/wrap=size:7",
                     "--format", "fsdp"},

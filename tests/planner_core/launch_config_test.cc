@@ -278,7 +278,10 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
   const LaunchConfig h = export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
   EXPECT_TRUE(h.settings["fully_shard_kwargs"]["reshard_after_forward"].get<bool>());
   EXPECT_EQ(h.settings["fully_shard_kwargs"]["mesh"]["shape"], ojson::array({2, 4}));
-  EXPECT_THROW(export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),
+  LaunchOptions two_nodes;
+  two_nodes.block_class = "GPT2Block";
+  two_nodes.main_process_ip = "10.0.0.1";
+  EXPECT_THROW(export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kAccelerate, two_nodes),
                InexpressibleCandidate);
   // --prefetch 2 under FSDP2: explicit prefetching, as simulated (one block
   // ahead, two back); Accelerate has no key for it.
