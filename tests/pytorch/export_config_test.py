@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import warnings
 from unittest import mock
 
 from torch_required import ROOT  # noqa: E402 (the skip without torch)
@@ -192,8 +193,14 @@ class ExportConfigTest(unittest.TestCase):
         from accelerate.commands.launch import _validate_launch_command, launch_command_parser
         from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
         args = launch_command_parser().parse_args(["--config_file", yaml_path, "train.py"])
-        _validate_launch_command(args)
+        args, defaults, mp_from_config_flag = _validate_launch_command(args)
         if args.use_deepspeed:
+            # What launch_command does before deepspeed_launcher (Accelerate 1.15
+            # commands/launch.py), which prepare_deepspeed_cmd_env reads.
+            fields = list(defaults.deepspeed_config.keys()) if defaults else []
+            if mp_from_config_flag:
+                fields.append("mixed_precision")
+            args.deepspeed_fields_from_accelerate_config = ",".join(fields)
             return args, prepare_deepspeed_cmd_env(args)[1]
         return args, prepare_multi_gpu_env(args)
 
@@ -287,7 +294,9 @@ class ExportConfigTest(unittest.TestCase):
             for cid in self.candidates(plan):
                 with self.subTest(candidate=cid):
                     path, notes = self.export(plan, cid, "deepspeed")
-                    ds = DeepSpeedConfig(path, mpu=DataParallel(world))
+                    with warnings.catch_warnings():  # DeepSpeed's loader leaves the file open
+                        warnings.simplefilter("ignore", ResourceWarning)
+                        ds = DeepSpeedConfig(path, mpu=DataParallel(world))
                     sharding = cid.split("/")[0].split("+")[0]
                     stage = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hybrid": 3}[sharding]
                     self.assertEqual(ds.zero_optimization_stage, stage)
