@@ -397,13 +397,14 @@ void deepspeed_offload(const Plan& plan, const Candidate& c, int stage, ojson& s
       "deepspeed: +offload: the \"optimizer\" section is AdamW at torch.optim.AdamW's defaults, run as "
       "DeepSpeed's CPU Adam; set its lr and pass no optimizer to deepspeed.initialize");
   if (stage < 3) {
-    const double gib = static_cast<double>(plan.model.params) * dtype_bytes(compute_dtype(c.precision)) /
-                       static_cast<double>(int64_t{1} << 30);
+    const double bytes = static_cast<double>(plan.model.params) * dtype_bytes(compute_dtype(c.precision));
+    const bool gib = bytes >= static_cast<double>(int64_t{1} << 30);
     std::ostringstream line;
     line.precision(2);
     line << std::fixed << "deepspeed: " << c.to_id() << " differs from the plan: DeepSpeed offloads parameters "
          << "only at stage 3, so stage " << stage << " keeps the full " << precision_name(c.precision)
-         << " parameters on every GPU (" << gib << " GiB) that the plan held on the host; the micro batch "
+         << " parameters on every GPU (" << bytes / static_cast<double>(int64_t{1} << (gib ? 30 : 20))
+         << (gib ? " GiB" : " MiB") << ") that the plan held on the host; the micro batch "
          << "may not fit (zero3+offload is the plan's meaning)";
     notes.push_back(line.str());
   }
