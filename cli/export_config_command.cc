@@ -1,6 +1,6 @@
 // `shardfit export-config --plan P.json [--candidate ID] --format
-// fsdp|accelerate|deepspeed [--out FILE]`: one planned candidate as the
-// settings the user's launcher reads. The mapping and its sources are in
+// python|fsdp|accelerate|deepspeed [--main-process-ip ADDR] [--out FILE]`:
+// one planned candidate as the settings the user's launcher reads. The mapping and its sources are in
 // planner/launch_config.h; what the user must still do goes to stderr.
 #include <fstream>
 #include <iostream>
@@ -19,6 +19,8 @@ struct Args {
   std::string candidate;
   std::string format;
   std::string out;
+  std::string main_process_ip;
+  int main_process_port = 29500;
 };
 
 // The Hugging Face class of the model's transformer block ("" when the
@@ -50,9 +52,11 @@ int run(const Args& a) {
   if (!c) throw BadInput("--candidate " + id + ": not in " + a.plan);
   planner::LaunchConfig config;
   try {
-    const std::string block_class =
-        plan.model.block_class.empty() ? block_class_of(plan.model.name) : plan.model.block_class;
-    config = planner::export_launch_config(plan, *c, format, block_class);
+    planner::LaunchOptions options;
+    options.block_class = plan.model.block_class.empty() ? block_class_of(plan.model.name) : plan.model.block_class;
+    options.main_process_ip = a.main_process_ip;
+    options.main_process_port = a.main_process_port;
+    config = planner::export_launch_config(plan, *c, format, options);
   } catch (const std::invalid_argument& e) {
     throw BadInput(std::string("--format ") + a.format + ": " + e.what());
   }
@@ -72,16 +76,19 @@ int run(const Args& a) {
 Command add_export_config_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "export-config",
-      "Write a planned candidate as PyTorch FSDP kwargs (JSON), an Accelerate config (YAML) or a "
-      "DeepSpeed ds_config.json");
+      "Write a planned candidate as a Python module that applies FSDP/DDP, PyTorch kwargs (JSON), an "
+      "Accelerate config (YAML) or a DeepSpeed ds_config.json");
   auto a = std::make_shared<Args>();
   sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required();
   sub->add_option("--candidate", a->candidate, "Candidate id (default: the plan's chosen one)");
-  sub->add_option("--format", a->format, "fsdp, accelerate or deepspeed")->required();
+  sub->add_option("--format", a->format, "python, fsdp, accelerate or deepspeed")->required();
+  sub->add_option("--main-process-ip", a->main_process_ip,
+                  "Accelerate, several nodes: the address of the node with machine_rank 0 (required there)");
+  sub->add_option("--main-process-port", a->main_process_port, "Accelerate, several nodes: its port (default 29500)");
   sub->add_option("--out", a->out, "Write here instead of stdout");
   sub->footer(
-      "A candidate the target cannot express (zero1 in FSDP/Accelerate, hybrid in DeepSpeed, "
-      "+ckpt with wrap=none) is refused with exit 2. Mapping: planner/launch_config.h.");
+      "A candidate the target cannot express (+offload under DDP, FSDP2's hybrid or explicit prefetch in "
+      "Accelerate, +ckpt with wrap=none) is refused with exit 2. Mapping: planner/launch_config.h.");
   return {sub, [a] { return run(*a); }};
 }
 

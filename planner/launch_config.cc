@@ -4,56 +4,39 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "planner/launch_config_parts.h"
 #include "planner/pytorch_stack.h"
 
 namespace shardfit::planner {
-namespace {
-
-using ojson = nlohmann::ordered_json;
-
-// A candidate's wrap= part: "none", "block" or "size" with its threshold.
-struct WrapPolicyText {
-  std::string kind;
-  int64_t min_num_params = 0;
-};
-
-const char* fsdp_sharding(Sharding s, LaunchFormat format, const std::string& id) {
-  switch (s) {
-    case Sharding::kDdp:
-      return "NO_SHARD";
-    case Sharding::kZero1:
-      throw InexpressibleCandidate(
-          std::string(launch_format_name(format)) + " cannot express '" + id +
-          "': FSDP has no optimizer-only sharding (use --format deepspeed, ZeRO stage 1)");
-    case Sharding::kZero2:
-      return "SHARD_GRAD_OP";
-    case Sharding::kZero3:
-      return "FULL_SHARD";
-    case Sharding::kHybrid:
-      return "HYBRID_SHARD";
-  }
-  return "";
-}
+namespace launch {
 
 const char* torch_dtype(DType d) {
   return d == DType::kBF16 ? "bfloat16" : d == DType::kF16 ? "float16" : "float32";
 }
 const char* torch_dtype(Precision p) { return torch_dtype(compute_dtype(p)); }
 
-// The reduce_dtype the plan simulated: the plan's fsdp_reduce_dtype, or with
-// none given ("param") the candidate's own dtype.
 DType reduce_dtype(const Plan& plan, const Candidate& c) {
   const DType own = compute_dtype(c.precision);
   return plan.pytorch_job ? parse_fsdp_reduce_dtype(plan.pytorch_job->fsdp_reduce_dtype).value_or(own) : own;
 }
 
-// FSDP's auto_wrap_policy, as data: the policy function's name and argument.
-ojson fsdp_wrap_policy(const WrapPolicyText& wrap, const std::string& block_class) {
-  if (wrap.kind == "none") return nullptr;
-  if (wrap.kind == "block")
-    return ojson{{"policy", "transformer_auto_wrap_policy"},
-                 {"transformer_layer_cls", ojson::array({block_class})}};
-  return ojson{{"policy", "size_based_auto_wrap_policy"}, {"min_num_params", wrap.min_num_params}};
+bool planned_fsdp2(const Plan& plan) { return plan.pytorch_job && plan.pytorch_job->fsdp_version == 2; }
+
+ojson backward_prefetch(const Plan& plan) {
+  if (!plan.pytorch_job || plan.pytorch_job->fsdp_backward_prefetch == "pre") return "BACKWARD_PRE";
+  if (plan.pytorch_job->fsdp_backward_prefetch == "post") return "BACKWARD_POST";
+  return nullptr;
+}
+
+// `plan --adamw-step`, else its PyTorch's default; a plan from before
+// candidates recorded it: the job's.
+bool adamw_foreach(const Plan& plan, const PlanCandidate& pc) {
+  return pc.adamw_foreach ? *pc.adamw_foreach : plan.pytorch_job && plan.pytorch_job->adamw_foreach;
+}
+
+std::string adamw_assumed(const Plan& plan, const PlanCandidate& pc) {
+  return std::string("the plan assumed torch.optim.AdamW(foreach=") + (adamw_foreach(plan, pc) ? "True" : "False") +
+         ")";
 }
 
 void check_ckpt(const Candidate& c, LaunchFormat format) {
@@ -61,6 +44,13 @@ void check_ckpt(const Candidate& c, LaunchFormat format) {
     throw InexpressibleCandidate(
         std::string(launch_format_name(format)) + " cannot express '" + c.to_id() +
         "': checkpointing with wrap=none checkpoints the whole model as one unit");
+}
+
+void check_ddp_offload(const Candidate& c, LaunchFormat format) {
+  if (c.offload && (c.sharding == Sharding::kDdp || c.sharding == Sharding::kZero1))
+    throw InexpressibleCandidate(std::string(launch_format_name(format)) + " cannot express '" + c.to_id() +
+                                 "': DistributedDataParallel keeps its parameters on the GPU (no offload); use "
+                                 "--format deepspeed (offload_optimizer) or a zero3+offload candidate");
 }
 
 ojson batch_section(const Plan& plan, const PlanCandidate& pc) {
@@ -74,34 +64,88 @@ ojson batch_section(const Plan& plan, const PlanCandidate& pc) {
                {"nproc_per_node", plan.hardware.gpus_per_node}};
 }
 
-bool planned_fsdp2(const Plan& plan) { return plan.pytorch_job && plan.pytorch_job->fsdp_version == 2; }
+bool checkpoint_reentrant(const Plan& plan) { return plan.pytorch_job && plan.pytorch_job->checkpoint == "reentrant"; }
 
-// FSDP1's BackwardPrefetch member as the plan simulated it (`plan
-// --fsdp-backward-prefetch`; BACKWARD_PRE, the export's choice for shardfit's
-// own plans, which prefetch one unit), or null for none.
-ojson backward_prefetch(const Plan& plan) {
-  if (!plan.pytorch_job || plan.pytorch_job->fsdp_backward_prefetch == "pre") return "BACKWARD_PRE";
-  if (plan.pytorch_job->fsdp_backward_prefetch == "post") return "BACKWARD_POST";
-  return nullptr;
+}  // namespace launch
+
+namespace {
+
+using namespace launch;  // NOLINT(build/namespaces): this file is launch's JSON and YAML half
+
+const char* fsdp_sharding(Sharding s) {
+  switch (s) {
+    case Sharding::kDdp:
+      return "NO_SHARD";
+    case Sharding::kZero1:  // callers send zero1 to DDP + ZeroRedundancyOptimizer or DeepSpeed first
+      return "";
+    case Sharding::kZero2:
+      return "SHARD_GRAD_OP";
+    case Sharding::kZero3:
+      return "FULL_SHARD";
+    case Sharding::kHybrid:
+      return "HYBRID_SHARD";
+  }
+  return "";
 }
 
-// The optimizer a --stack pytorch plan simulated for the candidate (`plan
-// --adamw-step`, else its PyTorch's default; a plan from before candidates
-// recorded it: the job's).
-std::string adamw_assumed(const Plan& plan, const PlanCandidate& pc) {
-  const bool foreach = pc.adamw_foreach ? *pc.adamw_foreach : plan.pytorch_job && plan.pytorch_job->adamw_foreach;
-  return std::string("the plan assumed torch.optim.AdamW(foreach=") + (foreach ? "True" : "False") + ")";
+// FSDP's auto_wrap_policy, as data: the policy function's name and argument.
+ojson fsdp_wrap_policy(const WrapPolicyText& wrap, const std::string& block_class) {
+  if (wrap.kind == "none") return nullptr;
+  if (wrap.kind == "block")
+    return ojson{{"policy", "transformer_auto_wrap_policy"},
+                 {"transformer_layer_cls", ojson::array({block_class})}};
+  return ojson{{"policy", "size_based_auto_wrap_policy"}, {"min_num_params", wrap.min_num_params}};
+}
+
+ojson checkpointing(const Plan& plan, const Candidate& c, const WrapPolicyText& wrap, const std::string& block_class) {
+  ojson ckpt{{"enabled", c.recompute}};
+  if (c.recompute) {
+    ckpt["function"] = "apply_activation_checkpointing";
+    ckpt["checkpoint_wrapper_fn"] = "checkpoint_wrapper";
+    ckpt["checkpoint_impl"] = checkpoint_reentrant(plan) ? "REENTRANT" : "NO_REENTRANT";
+    ckpt["auto_wrap_policy"] = fsdp_wrap_policy(wrap, block_class);
+  }
+  return ckpt;
+}
+
+// ddp and zero1 under `--format fsdp`: DistributedDataParallel's keyword
+// arguments (torch/nn/parallel/distributed.py, PyTorch 2.11), and for zero1
+// ZeroRedundancyOptimizer (torch/distributed/optim/zero_redundancy_optimizer.py:
+// each rank steps the optimizer over its partition of the parameters,
+// PyTorch's ZeRO-1) around torch.optim.AdamW.
+LaunchConfig ddp_json(const Plan& plan, const PlanCandidate& pc, const WrapPolicyText& wrap,
+                      const std::string& block_class) {
+  const Candidate& c = pc.candidate;
+  LaunchConfig out;
+  ojson kwargs{{"device_ids", "[the local rank's device] (None on the CPU)"},
+               {"bucket_cap_mb", static_cast<double>(plan.schedule.ddp_bucket_cap_bytes) / (1 << 20)}};
+  out.settings["ddp_kwargs"] = kwargs;
+  if (c.sharding == Sharding::kZero1)
+    out.settings["optimizer"] = ojson{{"class", "torch.distributed.optim.ZeroRedundancyOptimizer"},
+                                      {"optimizer_class", "torch.optim.AdamW"},
+                                      {"foreach", adamw_foreach(plan, pc)}};
+  if (c.precision != Precision::kFp32)
+    out.settings["autocast"] = ojson{{"dtype", torch_dtype(c.precision)}};
+  out.settings["activation_checkpointing"] = checkpointing(plan, c, wrap, block_class);
+  out.settings["train"] = batch_section(plan, pc);
+  out.notes.push_back("fsdp: DistributedDataParallel(model, **ddp_kwargs)" +
+                      std::string(c.sharding == Sharding::kZero1 ? " and ZeroRedundancyOptimizer(model.parameters(), "
+                                                                   "optimizer_class=torch.optim.AdamW, ...)"
+                                                                 : "") +
+                      (c.precision != Precision::kFp32 ? "; the forward under torch.autocast(dtype)" : "") +
+                      "; --format python writes it as code");
+  out.text = out.settings.dump(2) + "\n";
+  return out;
 }
 
 // A plan made with --fsdp-version 2: FSDP2's fully_shard keyword arguments
 // (torch.distributed.fsdp.fully_shard) and the modules to call it on, in
-// order, as planner/pytorch_fsdp2.h simulated them.
+// order, as planner/pytorch_fsdp2.h simulated them. fully_shard reads
+// mp_policy.param_dtype (torch 2.11 _fully_shard/_fsdp_param_group.py), so
+// a policy it does not need is left out, never null.
 LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPolicyText& wrap,
                          const std::string& block_class) {
   const Candidate& c = pc.candidate;
-  if (c.sharding != Sharding::kZero2 && c.sharding != Sharding::kZero3 && c.sharding != Sharding::kHybrid)
-    throw InexpressibleCandidate("fsdp cannot express '" + c.to_id() +
-                                 "' as fully_shard: FSDP2 is zero2, zero3 or hybrid (HSDP)");
   ojson kwargs;
   kwargs["reshard_after_forward"] = c.sharding != Sharding::kZero2;
   // HSDP: a 2-D DeviceMesh (init_device_mesh("cuda", (nodes, gpus per node),
@@ -110,21 +154,21 @@ LaunchConfig fully_shard(const Plan& plan, const PlanCandidate& pc, const WrapPo
     kwargs["mesh"] = ojson{{"shape", ojson::array({plan.hardware.nodes, plan.hardware.gpus_per_node})},
                            {"mesh_dim_names", ojson::array({"replicate", "shard"})}};
   const DType reduce = reduce_dtype(plan, c);
-  if (c.precision == Precision::kFp32) {  // MixedPrecisionPolicy(reduce_dtype=...) alone, or none
-    kwargs["mp_policy"] = reduce != DType::kF32 ? ojson{{"reduce_dtype", torch_dtype(reduce)}} : ojson(nullptr);
-  } else {
+  if (c.precision != Precision::kFp32)
     kwargs["mp_policy"] = ojson{{"param_dtype", torch_dtype(c.precision)}, {"reduce_dtype", torch_dtype(reduce)}};
-  }
-  kwargs["offload_policy"] = c.offload ? ojson("CPUOffloadPolicy") : ojson(nullptr);
+  else if (reduce != DType::kF32)  // MixedPrecisionPolicy(reduce_dtype=...) alone
+    kwargs["mp_policy"] = ojson{{"reduce_dtype", torch_dtype(reduce)}};
+  if (c.offload) kwargs["offload_policy"] = "CPUOffloadPolicy";
   LaunchConfig out;
   out.settings["fully_shard_kwargs"] = kwargs;
   out.settings["fully_shard_modules"] =
       wrap.kind == "block" ? ojson::array({"every " + block_class, "the root"}) : ojson::array({"the root"});
+  out.settings["activation_checkpointing"] = checkpointing(plan, c, wrap, block_class);
   out.settings["train"] = batch_section(plan, pc);
   out.notes.push_back(
       "fsdp: call fully_shard(module, **fully_shard_kwargs) on each of fully_shard_modules in order, building "
       "MixedPrecisionPolicy(param_dtype=torch.<dtype>, ...), CPUOffloadPolicy() and the mesh (init_device_mesh) "
-      "from their names; " +
+      "from their names (--format python writes it as code); " +
       adamw_assumed(plan, pc));
   // --prefetch N: explicit prefetching, as planner/pytorch_fsdp2.cc simulated
   // it (PyTorch's FSDP2 example's lists).
@@ -146,9 +190,11 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
                   const std::string& block_class) {
   const Candidate& c = pc.candidate;
   check_ckpt(c, LaunchFormat::kFsdp);
+  check_ddp_offload(c, LaunchFormat::kFsdp);
+  if (c.sharding == Sharding::kDdp || c.sharding == Sharding::kZero1) return ddp_json(plan, pc, wrap, block_class);
   if (planned_fsdp2(plan)) return fully_shard(plan, pc, wrap, block_class);
   ojson kwargs;
-  kwargs["sharding_strategy"] = fsdp_sharding(c.sharding, LaunchFormat::kFsdp, c.to_id());
+  kwargs["sharding_strategy"] = fsdp_sharding(c.sharding);
   kwargs["auto_wrap_policy"] = fsdp_wrap_policy(wrap, block_class);
   kwargs["cpu_offload"] = ojson{{"offload_params", c.offload}};
   const DType reduce = reduce_dtype(plan, c);
@@ -165,21 +211,25 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
   // each way; deeper backward prefetch is FSDP2's set_modules_to_backward_prefetch).
   kwargs["forward_prefetch"] = plan.schedule.prefetch >= 2;
   kwargs["limit_all_gathers"] = true;
+  // The unit's device (FSDP1 moves the module there; on a CPU job,
+  // torch.device("cpu")), rank 0's weights broadcast at wrap time, and
+  // FlatParameters (use_orig_params=False), which the plan simulated and its
+  // AdamW foreach default depends on (planner/pytorch_stack.h).
+  kwargs["device_id"] = "the local rank's device (torch.device('cuda', LOCAL_RANK); torch.device('cpu') on the CPU)";
+  kwargs["sync_module_states"] = true;
+  kwargs["use_orig_params"] = false;
+  if (c.sharding == Sharding::kHybrid)  // HYBRID_SHARD over ("replicate", "shard") = (nodes, GPUs per node)
+    kwargs["device_mesh"] = ojson{{"shape", ojson::array({plan.hardware.nodes, plan.hardware.gpus_per_node})},
+                                  {"mesh_dim_names", ojson::array({"replicate", "shard"})}};
 
   LaunchConfig out;
   out.settings["fsdp_kwargs"] = kwargs;
-  ojson ckpt{{"enabled", c.recompute}};
-  if (c.recompute) {
-    ckpt["function"] = "apply_activation_checkpointing";
-    ckpt["checkpoint_wrapper_fn"] = "checkpoint_wrapper";
-    ckpt["auto_wrap_policy"] = fsdp_wrap_policy(wrap, block_class);
-  }
-  out.settings["activation_checkpointing"] = ckpt;
+  out.settings["activation_checkpointing"] = checkpointing(plan, c, wrap, block_class);
   out.settings["train"] = batch_section(plan, pc);
   out.notes.push_back(
       "fsdp: build each value from its name: ShardingStrategy[...], CPUOffload(**cpu_offload), "
       "MixedPrecision(param_dtype=torch.<dtype>, ...), BackwardPrefetch[...], "
-      "functools.partial(<policy>, ...) for auto_wrap_policy" +
+      "functools.partial(<policy>, ...) for auto_wrap_policy (--format python writes it as code)" +
       (plan.pytorch_job ? "; " + adamw_assumed(plan, pc) : std::string()));
   if (c.precision == Precision::kFp16)
     out.notes.push_back("fsdp: fp16 needs ShardedGradScaler for loss scaling");
@@ -187,12 +237,42 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
   return out;
 }
 
-LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPolicyText& wrap,
-                        const std::string& block_class) {
-  const Candidate& c = pc.candidate;
-  check_ckpt(c, LaunchFormat::kAccelerate);
+// Accelerate's fsdp_config (Accelerate 1.15). FSDP2: fsdp_version 2 and
+// fsdp_reshard_after_forward as a bool. FSDP1: fsdp_reshard_after_forward
+// names the ShardingStrategy (what `accelerate config` writes), and
+// fsdp_sharding_strategy says it again, because 1.15's launch still sets
+// FSDP_SHARDING_STRATEGY (utils/launch.py prepare_multi_gpu_env, default
+// FULL_SHARD from commands/launch.py) and FullyShardedDataParallelPlugin
+// prefers it: its reshard_after_forward is read only when sharding_strategy
+// is unset (utils/dataclasses.py __post_init__, accelerator.py
+// prepare_model's "sharding_strategy or reshard_after_forward").
+ojson accelerate_fsdp_config(const Plan& plan, const Candidate& c, const WrapPolicyText& wrap,
+                             const std::string& block_class) {
+  const bool fsdp2 = planned_fsdp2(plan);
+  if (fsdp2 && c.sharding == Sharding::kHybrid)
+    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' planned for FSDP2: its fsdp_config "
+                                 "has no HSDP key (the mesh is the script's); use --format python");
+  if (fsdp2 && plan.schedule.prefetch >= 2)
+    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' planned for FSDP2 with --prefetch " +
+                                 std::to_string(plan.schedule.prefetch) +
+                                 ": its fsdp_config has no key for set_modules_to_forward/backward_prefetch; use "
+                                 "--format python");
+  // Accelerate builds MixedPrecision from `mixed_precision` alone: every
+  // dtype the same, grads upcast.
+  const DType reduce = reduce_dtype(plan, c);
+  if (plan.pytorch_job && (reduce != compute_dtype(c.precision) ||
+                           (c.precision != Precision::kFp32 && plan.pytorch_job->fsdp_keep_low_precision_grads)))
+    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' as planned (reduce_dtype " +
+                                 torch_dtype(reduce) + " or keep_low_precision_grads): its config has no key for "
+                                 "them; use --format python");
   ojson fsdp;
-  fsdp["fsdp_sharding_strategy"] = fsdp_sharding(c.sharding, LaunchFormat::kAccelerate, c.to_id());
+  fsdp["fsdp_version"] = fsdp2 ? 2 : 1;
+  if (fsdp2) {
+    fsdp["fsdp_reshard_after_forward"] = c.sharding == Sharding::kZero3;
+  } else {
+    fsdp["fsdp_reshard_after_forward"] = fsdp_sharding(c.sharding);
+    fsdp["fsdp_sharding_strategy"] = fsdp_sharding(c.sharding);
+  }
   if (wrap.kind == "none") {
     fsdp["fsdp_auto_wrap_policy"] = "NO_WRAP";
   } else if (wrap.kind == "block") {
@@ -202,49 +282,68 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
     fsdp["fsdp_auto_wrap_policy"] = "SIZE_BASED_WRAP";
     fsdp["fsdp_min_num_params"] = wrap.min_num_params;
   }
-  // Accelerate's FSDP2 (fsdp_version 2): reshard_after_forward in place of
-  // the sharding strategy; FSDP1's prefetch and flat-parameter keys unused.
-  const bool fsdp2 = planned_fsdp2(plan);
   fsdp["fsdp_offload_params"] = c.offload;
   // Accelerate's names (accelerate/utils/constants.py FSDP_BACKWARD_PREFETCH):
-  // NO_PREFETCH for None.
-  if (!fsdp2) fsdp["fsdp_backward_prefetch"] = backward_prefetch(plan).is_null() ? ojson("NO_PREFETCH")
-                                                                                  : backward_prefetch(plan);
-  // Accelerate builds MixedPrecision from `mixed_precision` alone: every
-  // dtype the same, grads upcast.
-  const DType reduce = reduce_dtype(plan, c);
-  if (plan.pytorch_job && (reduce != compute_dtype(c.precision) ||
-                           (c.precision != Precision::kFp32 && plan.pytorch_job->fsdp_keep_low_precision_grads)))
-    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' as planned (reduce_dtype " +
-                                 torch_dtype(reduce) + " or keep_low_precision_grads): its config has no key for "
-                                 "them; use --format fsdp");
-  fsdp["fsdp_activation_checkpointing"] = c.recompute;
+  // NO_PREFETCH for None. FSDP2 has none of these keys (Accelerate 1.15
+  // commands/to_fsdp2.py removes them).
   if (!fsdp2) {
+    const ojson prefetch = backward_prefetch(plan);
+    fsdp["fsdp_backward_prefetch"] = prefetch.is_null() ? ojson("NO_PREFETCH") : prefetch;
     fsdp["fsdp_forward_prefetch"] = plan.schedule.prefetch >= 2;
+    fsdp["fsdp_use_orig_params"] = false;  // FlatParameters, as planned (fsdp's use_orig_params)
     fsdp["fsdp_sync_module_states"] = true;
-    fsdp["fsdp_use_orig_params"] = true;
   }
+  fsdp["fsdp_cpu_ram_efficient_loading"] = false;
+  fsdp["fsdp_activation_checkpointing"] = c.recompute;
   fsdp["fsdp_state_dict_type"] = "SHARDED_STATE_DICT";
-  if (fsdp2 && c.sharding == Sharding::kHybrid)
-    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' planned for FSDP2: its fsdp_config "
-                                 "has no HSDP key (the mesh is the script's); use --format fsdp");
-  if (fsdp2 && plan.schedule.prefetch >= 2)
-    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() + "' planned for FSDP2 with --prefetch " +
-                                 std::to_string(plan.schedule.prefetch) +
-                                 ": its fsdp_config has no key for set_modules_to_forward/backward_prefetch; use "
-                                 "--format fsdp");
-  if (fsdp2) {
-    fsdp.erase("fsdp_sharding_strategy");
-    fsdp["fsdp_version"] = 2;
-    fsdp["fsdp_reshard_after_forward"] = c.sharding == Sharding::kZero3;
-  }
+  return fsdp;
+}
 
+// zero1 under Accelerate: its DeepSpeed integration (distributed_type
+// DEEPSPEED, deepspeed_config keys as Accelerate 1.15's
+// commands/config/cluster.py asks them and utils/launch.py
+// prepare_deepspeed_cmd_env passes them on). With offload_optimizer_device
+// cpu, Accelerate swaps a torch Adam/AdamW for DeepSpeed's CPU Adam itself
+// (accelerator.py _prepare_deepspeed).
+ojson accelerate_deepspeed_config(const Plan& plan, const Candidate& c) {
+  ojson ds{{"zero_stage", 1},
+           {"offload_optimizer_device", c.offload ? "cpu" : "none"},
+           {"offload_param_device", "none"},
+           {"gradient_accumulation_steps", plan.grad_accum},
+           {"zero3_init_flag", false}};
+  if (plan.hardware.nodes > 1) ds["deepspeed_multinode_launcher"] = "standard";
+  return ds;
+}
+
+LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPolicyText& wrap,
+                        const LaunchOptions& options) {
+  const Candidate& c = pc.candidate;
+  check_ckpt(c, LaunchFormat::kAccelerate);
+  if (c.offload && c.sharding == Sharding::kDdp)
+    throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() +
+                                 "': MULTI_GPU (DistributedDataParallel) has no offload; use a zero3+offload candidate");
+  if (plan.hardware.nodes > 1 && options.main_process_ip.empty())
+    throw std::invalid_argument("a plan over " + std::to_string(plan.hardware.nodes) +
+                                " nodes needs --main-process-ip ADDRESS (the address of the node with machine_rank 0; "
+                                "--main-process-port defaults to 29500)");
   LaunchConfig out;
   ojson& s = out.settings;
   s["compute_environment"] = "LOCAL_MACHINE";
-  s["distributed_type"] = "FSDP";
-  s["fsdp_config"] = fsdp;
+  if (c.sharding == Sharding::kDdp) {
+    // One process is Accelerate's 'NO' (no distributed wrapper at all).
+    s["distributed_type"] = plan.hardware.world_size() > 1 ? "MULTI_GPU" : "NO";
+  } else if (c.sharding == Sharding::kZero1) {
+    s["distributed_type"] = "DEEPSPEED";
+    s["deepspeed_config"] = accelerate_deepspeed_config(plan, c);
+  } else {
+    s["distributed_type"] = "FSDP";
+    s["fsdp_config"] = accelerate_fsdp_config(plan, c, wrap, options.block_class);
+  }
   s["machine_rank"] = 0;
+  if (plan.hardware.nodes > 1) {
+    s["main_process_ip"] = options.main_process_ip;
+    s["main_process_port"] = options.main_process_port;
+  }
   s["main_training_function"] = "main";
   s["mixed_precision"] = c.precision == Precision::kFp32 ? "no" : precision_name(c.precision);
   s["num_machines"] = plan.hardware.nodes;
@@ -256,13 +355,59 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
   text << "# shardfit export-config: " << pc.id() << " for " << plan.model.name << ", seq len "
        << plan.model.seq_len << "\n# per-device batch " << pc.max_batch_per_gpu
        << ", gradient accumulation " << plan.grad_accum
-       << " (set them in the training script: Accelerate's config has no batch keys)\n"
-       << to_yaml(s);
+       << " (set them in the training script: Accelerate's config has no batch keys)\n";
+  if (c.sharding != Sharding::kDdp && c.sharding != Sharding::kZero1 && !planned_fsdp2(plan))
+    text << "# fsdp_sharding_strategy repeats fsdp_reshard_after_forward: Accelerate 1.15 applies the former for "
+            "FSDP1\n";
+  const std::string other_ranks =
+      plan.hardware.nodes == 2 ? std::string("1") : "1.." + std::to_string(plan.hardware.nodes - 1);
+  if (plan.hardware.nodes > 1) text << "# on the other nodes: the same file with machine_rank " << other_ranks << "\n";
+  text << to_yaml(s);
   out.text = text.str();
   out.notes.push_back("accelerate: per-device batch " + std::to_string(pc.max_batch_per_gpu) +
                       " and gradient accumulation " + std::to_string(plan.grad_accum) +
                       " go in the training script");
+  if (c.recompute && (c.sharding == Sharding::kDdp || c.sharding == Sharding::kZero1))
+    out.notes.push_back("accelerate: +ckpt: " + std::string(c.sharding == Sharding::kDdp ? "MULTI_GPU" : "DEEPSPEED") +
+                        " has no checkpointing key; call model.gradient_checkpointing_enable() (Hugging Face) or "
+                        "checkpoint each unit in the model");
+  if (plan.hardware.nodes > 1)
+    out.notes.push_back("accelerate: set machine_rank to " + other_ranks +
+                        " on the other nodes (or pass --machine_rank to accelerate launch)");
   return out;
+}
+
+// +offload under DeepSpeed: offload_optimizer (and at stage 3
+// offload_param) with an "optimizer" section, because with offload and a
+// client torch optimizer DeepSpeed 0.19.8 raises ZeRORuntimeException unless
+// zero_force_ds_cpu_optimizer is false (runtime/engine.py
+// _configure_optimizer); the section's AdamW becomes DeepSpeedCPUAdam
+// (_configure_basic_optimizer), with torch.optim.AdamW's defaults.
+void deepspeed_offload(const Plan& plan, const Candidate& c, int stage, ojson& s, ojson& zero,
+                       std::vector<std::string>& notes) {
+  const ojson cpu{{"device", "cpu"}, {"pin_memory", true}};
+  if (stage == 3) zero["offload_param"] = cpu;
+  zero["offload_optimizer"] = cpu;
+  s["optimizer"] = ojson{{"type", "AdamW"},
+                         {"params", ojson{{"lr", 0.001},
+                                          {"betas", ojson::array({0.9, 0.999})},
+                                          {"eps", 1e-8},
+                                          {"weight_decay", 0.01}}}};
+  notes.push_back(
+      "deepspeed: +offload: the \"optimizer\" section is AdamW at torch.optim.AdamW's defaults, run as "
+      "DeepSpeed's CPU Adam; set its lr and pass no optimizer to deepspeed.initialize");
+  if (stage < 3) {
+    const double bytes = static_cast<double>(plan.model.params) * dtype_bytes(compute_dtype(c.precision));
+    const bool gib = bytes >= static_cast<double>(int64_t{1} << 30);
+    std::ostringstream line;
+    line.precision(2);
+    line << std::fixed << "deepspeed: " << c.to_id() << " differs from the plan: DeepSpeed offloads parameters "
+         << "only at stage 3, so stage " << stage << " keeps the full " << precision_name(c.precision)
+         << " parameters on every GPU (" << bytes / static_cast<double>(int64_t{1} << (gib ? 30 : 20))
+         << (gib ? " GiB" : " MiB") << ") that the plan held on the host; the micro batch "
+         << "may not fit (zero3+offload is the plan's meaning)";
+    notes.push_back(line.str());
+  }
 }
 
 LaunchConfig deepspeed(const Plan& plan, const PlanCandidate& pc) {
@@ -279,12 +424,9 @@ LaunchConfig deepspeed(const Plan& plan, const PlanCandidate& pc) {
       stage = 2;
       break;
     case Sharding::kZero3:
+    case Sharding::kHybrid:
       stage = 3;
       break;
-    case Sharding::kHybrid:
-      throw InexpressibleCandidate("deepspeed cannot express '" + c.to_id() +
-                                   "': ZeRO has no hybrid sharding (sharded within a node, "
-                                   "replicated across nodes); use --format fsdp or accelerate");
   }
   LaunchConfig out;
   ojson& s = out.settings;
@@ -293,11 +435,20 @@ LaunchConfig deepspeed(const Plan& plan, const PlanCandidate& pc) {
   s["train_batch_size"] =
       pc.max_batch_per_gpu * static_cast<int64_t>(plan.grad_accum) * plan.hardware.world_size();
   ojson zero{{"stage", stage}};
-  if (c.offload) {
-    const ojson cpu{{"device", "cpu"}, {"pin_memory", true}};
-    if (stage == 3) zero["offload_param"] = cpu;
-    zero["offload_optimizer"] = cpu;
+  if (c.sharding == Sharding::kHybrid) {
+    // ZeRO++ hpZ (https://www.deepspeed.ai/tutorials/zeropp/): a secondary
+    // copy of the parameters sharded within each node serves the backward's
+    // gathers. DeepSpeed 0.19.8 removed MiCS, the hierarchical form that
+    // replicated across nodes (runtime/config.py _REMOVED_ZERO_CONFIG_KEYS).
+    zero["zero_hpz_partition_size"] = plan.hardware.gpus_per_node;
+    out.notes.push_back("deepspeed: hybrid is ZeRO++ hpZ (zero_hpz_partition_size " +
+                        std::to_string(plan.hardware.gpus_per_node) +
+                        "): gradients and optimizer state sharded over all " +
+                        std::to_string(plan.hardware.world_size()) +
+                        " GPUs, not replicated per node as planned, plus a per-node shard of the parameters; "
+                        "at most the plan's memory per GPU, different traffic");
   }
+  if (c.offload) deepspeed_offload(plan, c, stage, s, zero, out.notes);
   s["zero_optimization"] = zero;
   s["bf16"] = ojson{{"enabled", c.precision == Precision::kBf16}};
   s["fp16"] = ojson{{"enabled", c.precision == Precision::kFp16}};
@@ -314,10 +465,6 @@ LaunchConfig deepspeed(const Plan& plan, const PlanCandidate& pc) {
         "deepspeed: ZeRO-3 gathers parameters per module as they are used; "
         "wrap=" +
         c.wrap + " has no DeepSpeed setting (the plan's peak assumed it)");
-  if (c.offload)
-    out.notes.push_back(
-        "deepspeed: offload_optimizer expects DeepSpeed's CPU Adam (an "
-        "\"optimizer\" section) or zero_force_ds_cpu_optimizer: false");
   out.text = s.dump(2) + "\n";
   return out;
 }
@@ -375,7 +522,8 @@ LaunchFormat parse_launch_format(const std::string& text) {
   if (text == "fsdp") return LaunchFormat::kFsdp;
   if (text == "accelerate") return LaunchFormat::kAccelerate;
   if (text == "deepspeed") return LaunchFormat::kDeepSpeed;
-  throw std::invalid_argument("unknown format '" + text + "' (fsdp, accelerate or deepspeed)");
+  if (text == "python") return LaunchFormat::kPython;
+  throw std::invalid_argument("unknown format '" + text + "' (python, fsdp, accelerate or deepspeed)");
 }
 
 const char* launch_format_name(LaunchFormat format) {
@@ -386,6 +534,8 @@ const char* launch_format_name(LaunchFormat format) {
       return "accelerate";
     case LaunchFormat::kDeepSpeed:
       return "deepspeed";
+    case LaunchFormat::kPython:
+      return "python";
   }
   return "";
 }
@@ -396,8 +546,8 @@ std::string to_yaml(const nlohmann::ordered_json& value) {
   return out.str();
 }
 
-LaunchConfig export_launch_config(const Plan& plan, const PlanCandidate& candidate,
-                                  LaunchFormat format, const std::string& block_class) {
+LaunchConfig export_launch_config(const Plan& plan, const PlanCandidate& candidate, LaunchFormat format,
+                                  const LaunchOptions& options) {
   WrapPolicyText wrap;
   const std::string& w = candidate.candidate.wrap;
   if (w == "none" || w == "block") {
@@ -409,19 +559,31 @@ LaunchConfig export_launch_config(const Plan& plan, const PlanCandidate& candida
   if (candidate.max_batch_per_gpu < 1)
     throw InexpressibleCandidate("'" + candidate.id() +
                                  "' does not fit batch 1 in the plan: nothing to launch");
-  if (format != LaunchFormat::kDeepSpeed && wrap.kind == "block" && block_class.empty())
+  if (format != LaunchFormat::kDeepSpeed && wrap.kind == "block" && options.block_class.empty())
     throw std::invalid_argument("wrap=block needs the model's transformer block class, and '" +
                                 plan.model.name + "' is not a model shardfit knows (nor a plan from a trace that "
                                 "marks its blocks)");
+  if (options.main_process_port < 1 || options.main_process_port > 65535)
+    throw std::invalid_argument("main process port " + std::to_string(options.main_process_port) +
+                                " is not a TCP port (1..65535)");
   switch (format) {
     case LaunchFormat::kFsdp:
-      return fsdp(plan, candidate, wrap, block_class);
+      return fsdp(plan, candidate, wrap, options.block_class);
     case LaunchFormat::kAccelerate:
-      return accelerate(plan, candidate, wrap, block_class);
+      return accelerate(plan, candidate, wrap, options);
     case LaunchFormat::kDeepSpeed:
       return deepspeed(plan, candidate);
+    case LaunchFormat::kPython:
+      return python_module(plan, candidate, wrap, options.block_class);
   }
   return {};
+}
+
+LaunchConfig export_launch_config(const Plan& plan, const PlanCandidate& candidate, LaunchFormat format,
+                                  const std::string& block_class) {
+  LaunchOptions options;
+  options.block_class = block_class;
+  return export_launch_config(plan, candidate, format, options);
 }
 
 }  // namespace shardfit::planner

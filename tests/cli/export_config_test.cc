@@ -1,5 +1,5 @@
-// `shardfit export-config`: a plan's candidate as FSDP kwargs, an Accelerate
-// YAML and a DeepSpeed config; what a target cannot express is exit 2 with
+// `shardfit export-config`: a plan's candidate as a Python module, FSDP
+// kwargs, an Accelerate YAML and a DeepSpeed config; what a target cannot express is exit 2 with
 // one line. (The mapping itself: tests/planner_core/launch_config_test.cc.)
 #include <nlohmann/json.hpp>
 
@@ -40,6 +40,11 @@ TEST(ExportConfig, WritesEachFormatForAPlannedCandidate) {
   EXPECT_NE(yaml.find("  fsdp_transformer_layer_cls_to_wrap: GPT2Block\n"), std::string::npos);
   EXPECT_NE(yaml.find("\nnum_processes: 2\n"), std::string::npos);
 
+  r = shardfit({"export-config", "--plan", plan, "--candidate", id, "--format", "python"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("cpu_offload=CPUOffload(offload_params=True)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\ndef apply(model, device=None):\n"), std::string::npos);
+
   // Default candidate: the plan's chosen one.
   r = shardfit({"export-config", "--plan", plan, "--format", "deepspeed"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -51,12 +56,17 @@ TEST(ExportConfig, WritesEachFormatForAPlannedCandidate) {
 
 TEST(ExportConfig, WhatTheTargetCannotExpressIsExitTwoWithOneLine) {
   const std::string plan = make_plan(2);
-  expect_bad_input({"export-config", "--plan", plan, "--candidate", "hybrid/fp32/wrap=block",
-                    "--format", "deepspeed"},
-                   "hybrid/fp32/wrap=block");
-  expect_bad_input(
-      {"export-config", "--plan", plan, "--candidate", "zero1/fp32/wrap=none", "--format", "fsdp"},
-      "zero1/fp32/wrap=none");
+  // Two nodes for Accelerate: where machine_rank 0 listens is the user's to say.
+  expect_bad_input({"export-config", "--plan", plan, "--candidate", "hybrid/fp32/wrap=block", "--format",
+                    "accelerate"},
+                   "--main-process-ip");
+  expect_bad_input({"export-config", "--plan", plan, "--candidate", "hybrid/fp32/wrap=block", "--format",
+                    "accelerate", "--main-process-ip", "10.0.0.1", "--main-process-port", "0"},
+                   "not a TCP port");
+  const Result r = shardfit({"export-config", "--plan", plan, "--candidate", "hybrid/fp32/wrap=block", "--format",
+                             "accelerate", "--main-process-ip", "10.0.0.1"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\nmain_process_ip: '10.0.0.1'\nmain_process_port: 29500\n"), std::string::npos) << r.out;
   expect_bad_input({"export-config", "--plan", plan, "--format", "megatron"}, "--format");
   expect_bad_input({"export-config", "--plan", plan, "--candidate", "zero3/fp32/wrap=size:7",
                     "--format", "fsdp"},

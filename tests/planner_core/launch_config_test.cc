@@ -2,7 +2,10 @@
 // value types as its documentation defines them, and the candidates a
 // target cannot express refused with one line.
 //  - FSDP: torch.distributed.fsdp.FullyShardedDataParallel's keyword
-//    arguments (https://pytorch.org/docs/stable/fsdp.html).
+//    arguments (https://pytorch.org/docs/stable/fsdp.html); ddp and zero1 as
+//    DistributedDataParallel and ZeroRedundancyOptimizer.
+//  - Python: the same as a module (what it does when run:
+//    tests/pytorch/export_config_test.py).
 //  - Accelerate: `accelerate launch --config_file` YAML with fsdp_config
 //    (https://huggingface.co/docs/accelerate/usage_guides/fsdp).
 //  - DeepSpeed: ds_config.json (https://www.deepspeed.ai/docs/config-json/).
@@ -33,7 +36,16 @@ LaunchConfig export_one(const std::string& id, LaunchFormat f, int64_t batch = 3
                         int grad_accum = 1) {
   Plan plan = plan_with(id, batch, 2, nodes);
   plan.grad_accum = grad_accum;
-  return export_launch_config(plan, plan.candidates[0], f, "GPT2Block");
+  LaunchOptions options;
+  options.block_class = "GPT2Block";
+  if (nodes > 1) options.main_process_ip = "10.0.0.1";
+  return export_launch_config(plan, plan.candidates[0], f, options);
+}
+
+std::string all_notes(const LaunchConfig& c) {
+  std::string all;
+  for (const std::string& n : c.notes) all += n + "\n";
+  return all;
 }
 
 std::string refusal(const std::string& id, LaunchFormat f, int nodes = 1) {
@@ -50,6 +62,7 @@ TEST(LaunchConfig, FormatNames) {
   EXPECT_EQ(parse_launch_format("fsdp"), LaunchFormat::kFsdp);
   EXPECT_EQ(parse_launch_format("accelerate"), LaunchFormat::kAccelerate);
   EXPECT_EQ(parse_launch_format("deepspeed"), LaunchFormat::kDeepSpeed);
+  EXPECT_EQ(parse_launch_format("python"), LaunchFormat::kPython);
   EXPECT_THROW(parse_launch_format("megatron"), std::invalid_argument);
 }
 
@@ -71,6 +84,9 @@ TEST(LaunchConfig, FsdpKwargsHaveTheConstructorsNamesAndTypes) {
   EXPECT_EQ(k.at("backward_prefetch"), "BACKWARD_PRE");  // a BackwardPrefetch member
   ASSERT_TRUE(k.at("limit_all_gathers").is_boolean());
   EXPECT_EQ(k.at("forward_prefetch"), false);  // --prefetch 1: backward only
+  EXPECT_EQ(k.at("sync_module_states"), true);
+  EXPECT_EQ(k.at("use_orig_params"), false);  // the FlatParameters the plan simulated
+  EXPECT_TRUE(k.at("device_id").is_string());
   EXPECT_FALSE(parsed.at("activation_checkpointing").at("enabled").get<bool>());
   EXPECT_EQ(parsed.at("train").at("batch_size_per_gpu"), 39);
   EXPECT_EQ(parsed.at("train").at("world_size"), 2);
@@ -88,15 +104,23 @@ TEST(LaunchConfig, PrefetchTwoPrefetchesInForwardToo) {
 }
 
 TEST(LaunchConfig, FsdpMapsEveryShardingWrapPrecisionAndCheckpointing) {
-  EXPECT_EQ(export_one("ddp/fp32/wrap=none", LaunchFormat::kFsdp)
-                .settings["fsdp_kwargs"]["sharding_strategy"],
-            "NO_SHARD");
+  // ddp and zero1: DistributedDataParallel, with ZeroRedundancyOptimizer
+  // (PyTorch's ZeRO-1) for zero1.
+  const LaunchConfig ddp = export_one("ddp/fp32/wrap=none", LaunchFormat::kFsdp);
+  EXPECT_FALSE(ddp.settings.contains("fsdp_kwargs"));
+  EXPECT_EQ(ddp.settings["ddp_kwargs"]["bucket_cap_mb"], 25.0);
+  EXPECT_FALSE(ddp.settings.contains("optimizer"));
+  EXPECT_EQ(export_one("zero1/bf16/wrap=none", LaunchFormat::kFsdp).settings["optimizer"]["class"],
+            "torch.distributed.optim.ZeroRedundancyOptimizer");
   EXPECT_EQ(export_one("zero2/fp32/wrap=block", LaunchFormat::kFsdp)
                 .settings["fsdp_kwargs"]["sharding_strategy"],
             "SHARD_GRAD_OP");
   EXPECT_EQ(export_one("hybrid/fp32/wrap=block", LaunchFormat::kFsdp, 8, 2)
                 .settings["fsdp_kwargs"]["sharding_strategy"],
             "HYBRID_SHARD");
+  EXPECT_EQ(export_one("hybrid/fp32/wrap=block", LaunchFormat::kFsdp, 8, 2)
+                .settings["fsdp_kwargs"]["device_mesh"]["shape"],
+            ojson::array({2, 2}));
   EXPECT_TRUE(export_one("zero3/fp32/wrap=none", LaunchFormat::kFsdp)
                   .settings["fsdp_kwargs"]["auto_wrap_policy"]
                   .is_null());
@@ -164,13 +188,18 @@ TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
   const LaunchConfig c = export_one("zero3+offload/bf16/wrap=size:2000", LaunchFormat::kAccelerate);
   const ojson& s = c.settings;
   EXPECT_EQ(s["distributed_type"], "FSDP");
+  EXPECT_FALSE(s.contains("main_process_ip"));  // one node
   ASSERT_TRUE(s["num_processes"].is_number_integer());
   EXPECT_EQ(s["num_processes"], 2);
   ASSERT_TRUE(s["num_machines"].is_number_integer());
   EXPECT_EQ(s["num_machines"], 1);
   EXPECT_EQ(s["mixed_precision"], "bf16");
   const ojson& f = s["fsdp_config"];
+  // FSDP1: the current key and the one Accelerate 1.15's launch applies.
+  EXPECT_EQ(f["fsdp_version"], 1);
+  EXPECT_EQ(f["fsdp_reshard_after_forward"], "FULL_SHARD");
   EXPECT_EQ(f["fsdp_sharding_strategy"], "FULL_SHARD");
+  EXPECT_EQ(f["fsdp_use_orig_params"], false);
   EXPECT_EQ(f["fsdp_auto_wrap_policy"], "SIZE_BASED_WRAP");
   ASSERT_TRUE(f["fsdp_min_num_params"].is_number_integer());
   EXPECT_EQ(f["fsdp_min_num_params"], 2000);
@@ -180,7 +209,7 @@ TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
   ASSERT_TRUE(f["fsdp_activation_checkpointing"].is_boolean());
   // The YAML says the same.
   EXPECT_NE(c.text.find("\ndistributed_type: FSDP\n"), std::string::npos) << c.text;
-  EXPECT_NE(c.text.find("\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"),
+  EXPECT_NE(c.text.find("\nfsdp_config:\n  fsdp_version: 1\n  fsdp_reshard_after_forward: FULL_SHARD\n"),
             std::string::npos)
       << c.text;
   EXPECT_NE(c.text.find("\n  fsdp_min_num_params: 2000\n"), std::string::npos);
@@ -202,6 +231,15 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
   EXPECT_FALSE(k["reshard_after_forward"].get<bool>());  // zero2
   EXPECT_EQ(k["mp_policy"], ojson({{"param_dtype", "bfloat16"}, {"reduce_dtype", "float32"}}));
   EXPECT_EQ(k["offload_policy"], "CPUOffloadPolicy");
+  // No policy is left out, never null: fully_shard reads mp_policy.param_dtype.
+  Plan fp32 = plan_with("zero3/fp32/wrap=block", 12, 2, 1);
+  fp32.stack = "pytorch";
+  fp32.pytorch_job = plan.pytorch_job;
+  fp32.pytorch_job->fsdp_reduce_dtype = "param";
+  const ojson k32 = export_launch_config(fp32, fp32.candidates[0], LaunchFormat::kFsdp, "GPT2Block")
+                        .settings["fully_shard_kwargs"];
+  EXPECT_FALSE(k32.contains("mp_policy"));
+  EXPECT_FALSE(k32.contains("offload_policy"));
   EXPECT_EQ(f.settings["fully_shard_modules"], ojson::array({"every GPT2Block", "the root"}));
   EXPECT_EQ(f.settings["train"]["batch_size_per_gpu"], 12);
   // The optimizer the plan simulated is named, so that the job builds it.
@@ -240,7 +278,10 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
   const LaunchConfig h = export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
   EXPECT_TRUE(h.settings["fully_shard_kwargs"]["reshard_after_forward"].get<bool>());
   EXPECT_EQ(h.settings["fully_shard_kwargs"]["mesh"]["shape"], ojson::array({2, 4}));
-  EXPECT_THROW(export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),
+  LaunchOptions two_nodes;
+  two_nodes.block_class = "GPT2Block";
+  two_nodes.main_process_ip = "10.0.0.1";
+  EXPECT_THROW(export_launch_config(hybrid, hybrid.candidates[0], LaunchFormat::kAccelerate, two_nodes),
                InexpressibleCandidate);
   // --prefetch 2 under FSDP2: explicit prefetching, as simulated (one block
   // ahead, two back); Accelerate has no key for it.
@@ -256,6 +297,8 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
 
 TEST(LaunchConfig, AccelerateBlockWrapNamesTheLayerClassAndFp32IsQuotedNo) {
   const LaunchConfig c = export_one("zero2+ckpt/fp32/wrap=block", LaunchFormat::kAccelerate, 8, 2);
+  EXPECT_EQ(c.settings["main_process_ip"], "10.0.0.1");  // two nodes: where machine_rank 0 listens
+  EXPECT_EQ(c.settings["main_process_port"], 29500);
   EXPECT_EQ(c.settings["fsdp_config"]["fsdp_auto_wrap_policy"], "TRANSFORMER_BASED_WRAP");
   EXPECT_EQ(c.settings["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"], "GPT2Block");
   EXPECT_TRUE(c.settings["fsdp_config"]["fsdp_activation_checkpointing"].get<bool>());
@@ -263,6 +306,24 @@ TEST(LaunchConfig, AccelerateBlockWrapNamesTheLayerClassAndFp32IsQuotedNo) {
   EXPECT_EQ(c.settings["num_machines"], 2);
   // YAML would read a bare `no` as false.
   EXPECT_NE(c.text.find("\nmixed_precision: 'no'\n"), std::string::npos) << c.text;
+}
+
+// ddp is Accelerate's MULTI_GPU (DistributedDataParallel), not FSDP's
+// NO_SHARD; zero1, which FSDP cannot say, its DeepSpeed integration.
+TEST(LaunchConfig, AccelerateDdpIsMultiGpuAndZero1IsDeepSpeed) {
+  const LaunchConfig ddp = export_one("ddp/bf16/wrap=none", LaunchFormat::kAccelerate);
+  EXPECT_EQ(ddp.settings["distributed_type"], "MULTI_GPU");
+  EXPECT_FALSE(ddp.settings.contains("fsdp_config"));
+  Plan one = plan_with("ddp/fp32/wrap=none", 8, 1, 1);
+  EXPECT_EQ(export_launch_config(one, one.candidates[0], LaunchFormat::kAccelerate, "")
+                .settings["distributed_type"],
+            "NO");
+  const LaunchConfig z1 = export_one("zero1+offload/bf16/wrap=none", LaunchFormat::kAccelerate, 8, 1, 2);
+  EXPECT_EQ(z1.settings["distributed_type"], "DEEPSPEED");
+  EXPECT_EQ(z1.settings["deepspeed_config"]["zero_stage"], 1);
+  EXPECT_EQ(z1.settings["deepspeed_config"]["offload_optimizer_device"], "cpu");
+  EXPECT_EQ(z1.settings["deepspeed_config"]["gradient_accumulation_steps"], 2);
+  EXPECT_NE(z1.text.find("\ndistributed_type: DEEPSPEED\n"), std::string::npos) << z1.text;
 }
 
 TEST(LaunchConfig, DeepSpeedConfigHasZeroStageOffloadBatchAndPrecision) {
@@ -282,6 +343,12 @@ TEST(LaunchConfig, DeepSpeedConfigHasZeroStageOffloadBatchAndPrecision) {
   EXPECT_TRUE(s["bf16"]["enabled"].get<bool>());
   EXPECT_FALSE(s["fp16"]["enabled"].get<bool>());
   EXPECT_FALSE(c.notes.empty());  // wrap=size has no DeepSpeed setting: said on stderr
+  // Offload with DeepSpeed's own optimizer: a client torch optimizer with
+  // offload is a ZeRORuntimeException in DeepSpeed.
+  EXPECT_EQ(s["optimizer"]["type"], "AdamW");
+  EXPECT_EQ(s["optimizer"]["params"]["weight_decay"], 0.01);
+  EXPECT_EQ(all_notes(c).find("differs from the plan"), std::string::npos);  // stage 3: the plan's meaning
+  EXPECT_FALSE(ojson::parse(export_one("zero3/bf16/wrap=none", LaunchFormat::kDeepSpeed).text).contains("optimizer"));
 
   const ojson z1 =
       ojson::parse(export_one("zero1+offload/fp16/wrap=none", LaunchFormat::kDeepSpeed).text);
@@ -289,6 +356,14 @@ TEST(LaunchConfig, DeepSpeedConfigHasZeroStageOffloadBatchAndPrecision) {
   EXPECT_FALSE(z1["zero_optimization"].contains("offload_param"));  // stage 3 only
   EXPECT_EQ(z1["zero_optimization"]["offload_optimizer"]["device"], "cpu");
   EXPECT_TRUE(z1["fp16"]["enabled"].get<bool>());
+  // Stage 1/2 keep the parameters on the GPU: the note says by how much.
+  const std::string z1_notes = all_notes(export_one("zero1+offload/fp16/wrap=none", LaunchFormat::kDeepSpeed));
+  EXPECT_NE(z1_notes.find("differs from the plan"), std::string::npos) << z1_notes;
+  EXPECT_NE(z1_notes.find("(1.44 GiB)"), std::string::npos) << z1_notes;  // 774,030,080 fp16 parameters
+  // hybrid: ZeRO++ hpZ, a secondary shard within each node's GPUs.
+  const ojson hy = ojson::parse(export_one("hybrid/bf16/wrap=block", LaunchFormat::kDeepSpeed, 8, 2).text);
+  EXPECT_EQ(hy["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(hy["zero_optimization"]["zero_hpz_partition_size"], 2);
   EXPECT_EQ(ojson::parse(export_one("ddp/fp32/wrap=none", LaunchFormat::kDeepSpeed)
                              .text)["zero_optimization"]["stage"],
             0);
@@ -300,13 +375,20 @@ TEST(LaunchConfig, DeepSpeedConfigHasZeroStageOffloadBatchAndPrecision) {
 }
 
 TEST(LaunchConfig, RefusesWhatTheTargetCannotExpress) {
-  const std::string hybrid = refusal("hybrid/fp32/wrap=block", LaunchFormat::kDeepSpeed, 2);
-  EXPECT_NE(hybrid.find("deepspeed cannot express 'hybrid/fp32/wrap=block'"), std::string::npos);
-  EXPECT_EQ(hybrid.find('\n'), std::string::npos);
-  EXPECT_NE(refusal("zero1/fp32/wrap=none", LaunchFormat::kFsdp).find("optimizer-only"),
+  const std::string ddp = refusal("ddp+offload/fp32/wrap=none", LaunchFormat::kPython);
+  EXPECT_NE(ddp.find("python cannot express 'ddp+offload/fp32/wrap=none'"), std::string::npos);
+  EXPECT_EQ(ddp.find('\n'), std::string::npos);
+  EXPECT_NE(refusal("zero1+offload/fp32/wrap=none", LaunchFormat::kFsdp).find("no offload"), std::string::npos);
+  EXPECT_NE(refusal("ddp+offload/fp32/wrap=none", LaunchFormat::kAccelerate).find("accelerate cannot"),
             std::string::npos);
-  EXPECT_NE(refusal("zero1/fp32/wrap=none", LaunchFormat::kAccelerate).find("accelerate cannot"),
-            std::string::npos);
+  // Two nodes for Accelerate: the address of machine_rank 0 is the user's.
+  Plan two = plan_with("zero3/fp32/wrap=none", 4, 2, 2);
+  try {
+    export_launch_config(two, two.candidates[0], LaunchFormat::kAccelerate, "");
+    ADD_FAILURE() << "no --main-process-ip was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--main-process-ip"), std::string::npos) << e.what();
+  }
   EXPECT_NE(refusal("zero3+ckpt/fp32/wrap=none", LaunchFormat::kFsdp).find("wrap=none"),
             std::string::npos);
   // Nothing fits: nothing to launch.
@@ -317,6 +399,33 @@ TEST(LaunchConfig, RefusesWhatTheTargetCannotExpress) {
   plan = plan_with("zero3/fp32/wrap=block", 4);
   EXPECT_THROW(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, ""),
                std::invalid_argument);
+}
+
+// --format python: PyTorch's own objects, built from the candidate as the
+// plan simulated it (running them: tests/pytorch/export_config_test.py).
+TEST(LaunchConfig, PythonModuleBuildsPyTorchsObjects) {
+  const std::string fsdp1 = export_one("hybrid+ckpt/bf16/wrap=block", LaunchFormat::kPython, 8, 2).text;
+  for (const char* want : {"sharding_strategy=ShardingStrategy.HYBRID_SHARD",
+                           "transformer_layer_cls=block_classes(model)", "cpu_offload=CPUOffload(offload_params=False)",
+                           "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, "
+                           "buffer_dtype=torch.bfloat16)",
+                           "backward_prefetch=BackwardPrefetch.BACKWARD_PRE", "device_id=device",
+                           "sync_module_states=device.type != \"cpu\"", "use_orig_params=False", "mesh_dim_names=(\"replicate\", \"shard\")",
+                           "CheckpointImpl.NO_REENTRANT", "BLOCK_CLASS = \"GPT2Block\"", "BATCH_SIZE_PER_GPU = 8",
+                           "WORLD_SIZE = 4", "foreach=False"})
+    EXPECT_NE(fsdp1.find(want), std::string::npos) << want << "\n" << fsdp1;
+  Plan plan = plan_with("zero2+offload/fp32/wrap=size:2000", 12, 2, 1);
+  plan.stack = "pytorch";
+  plan.pytorch_job = Plan::PytorchJob{"2.11", "none", "reentrant", 25 << 20, "pre", 2, 2, "bf16"};
+  const std::string fsdp2 = export_launch_config(plan, plan.candidates[0], LaunchFormat::kPython, "").text;
+  for (const char* want : {"reshard_after_forward=False", "mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)",
+                           "offload_policy=CPUOffloadPolicy()", "MIN_NUM_PARAMS = 2000", "init_device_mesh(device_type, (world,))"})
+    EXPECT_NE(fsdp2.find(want), std::string::npos) << want << "\n" << fsdp2;
+  const std::string zero1 = export_one("zero1/fp32/wrap=none", LaunchFormat::kPython).text;
+  EXPECT_NE(zero1.find("ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW"),
+            std::string::npos)
+      << zero1;
+  EXPECT_NE(zero1.find("DistributedDataParallel(model, device_ids="), std::string::npos);
 }
 
 TEST(LaunchConfig, YamlQuotesWhatWouldChangeType) {

@@ -1,0 +1,59 @@
+// What export-config's formats share (planner/launch_config.cc writes the
+// JSON and YAML formats, planner/launch_python.cc the Python module): how a
+// candidate's parts read in PyTorch's terms, as the plan simulated them.
+// Private to those two files.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "planner/launch_config.h"
+
+namespace shardfit::planner::launch {
+
+using ojson = nlohmann::ordered_json;
+
+// A candidate's wrap= part: "none", "block" or "size" with its threshold.
+struct WrapPolicyText {
+  std::string kind;
+  int64_t min_num_params = 0;
+};
+
+// "bfloat16", "float16", "float32": torch's dtype names.
+const char* torch_dtype(DType d);
+const char* torch_dtype(Precision p);
+
+// The reduce_dtype the plan simulated: the plan's fsdp_reduce_dtype, or with
+// none given ("param") the candidate's own dtype.
+DType reduce_dtype(const Plan& plan, const Candidate& c);
+
+bool planned_fsdp2(const Plan& plan);
+
+// FSDP1's BackwardPrefetch member as the plan simulated it ("BACKWARD_PRE",
+// "BACKWARD_POST"), or null for none.
+ojson backward_prefetch(const Plan& plan);
+
+// Whether the plan simulated torch.optim.AdamW(foreach=True) for the candidate.
+bool adamw_foreach(const Plan& plan, const PlanCandidate& pc);
+// "the plan assumed torch.optim.AdamW(foreach=False)".
+std::string adamw_assumed(const Plan& plan, const PlanCandidate& pc);
+
+// +ckpt with wrap=none is refused by every format: one unit, the whole model.
+void check_ckpt(const Candidate& c, LaunchFormat format);
+
+// +offload under DistributedDataParallel (ddp, zero1): refused by the
+// PyTorch formats, which have no offload for a replicated model.
+void check_ddp_offload(const Candidate& c, LaunchFormat format);
+
+// The job: candidate, model, seq len, batch per GPU, accumulation, world.
+ojson batch_section(const Plan& plan, const PlanCandidate& pc);
+
+// The checkpoint wrapper the plan simulated: "reentrant" or "non-reentrant".
+bool checkpoint_reentrant(const Plan& plan);
+
+// The Python module for `--format python` (planner/launch_python.cc).
+LaunchConfig python_module(const Plan& plan, const PlanCandidate& pc, const WrapPolicyText& wrap,
+                           const std::string& block_class);
+
+}  // namespace shardfit::planner::launch
