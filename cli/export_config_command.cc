@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/run_support.h"
 #include "models/hf_architecture.h"
 #include "models/model_config.h"
 #include "planner/launch_config.h"
@@ -38,6 +39,7 @@ int run(const Args& a) {
   } catch (const std::invalid_argument& e) {
     throw BadInput(std::string("--format: ") + e.what());
   }
+  if (!a.out.empty()) check_output_file("--out", a.out);
   const planner::Plan plan = planner::read_plan_file(a.plan);
   const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
   if (id.empty()) throw BadInput(a.plan + ": no candidate fits batch 1, so none is chosen");
@@ -59,9 +61,7 @@ int run(const Args& a) {
   if (a.out.empty()) {
     std::cout << config.text;
   } else {
-    std::ofstream f(a.out);
-    if (!f || !(f << config.text) || !f.flush())
-      throw BadInput("--out " + a.out + ": cannot write file");
+    write_output_file("--out", a.out, config.text);
   }
   for (const auto& note : config.notes) std::cerr << "note: " << note << "\n";
   return kExitOk;

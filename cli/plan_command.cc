@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/run_support.h"
 #include "cli/validators.h"
 #include "models/model_config.h"
 #include "planner/plan_builder.h"
@@ -56,6 +57,7 @@ struct PlanArgs {
 };
 
 int run(const PlanArgs& a) {
+  if (!a.out.empty()) check_output_file("--out", a.out);  // before the plan's minutes, not after
   planner::PlanRequest r;
   if (a.model.empty() == a.trace.empty()) throw BadInput("plan: give --model or --trace (one of them)");
   r.seq_len = a.seq_len;
@@ -213,12 +215,7 @@ int run(const PlanArgs& a) {
   // A profile given as a file (shardfit calibrate's): the plan records where
   // it is, so `run --plan` and `validate` predict with the same one.
   if (planner::is_profile_path(a.device)) plan.hardware.profile = std::filesystem::absolute(a.device).string();
-  if (!a.out.empty()) {
-    std::ofstream probe(a.out, std::ios::app);
-    if (!probe) throw BadInput("--out " + a.out + ": cannot write file");
-    probe.close();
-    planner::write_plan_file(a.out, plan);
-  }
+  if (!a.out.empty()) write_output_file("--out", a.out, planner::plan_to_json_text(plan));
   if (a.json)
     std::cout << planner::plan_to_json_text(plan);
   else

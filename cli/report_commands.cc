@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/run_support.h"
 #include "cli/validators.h"
 #include "planner/plan_output.h"
 #include "reports/compare.h"
@@ -80,12 +81,11 @@ Command add_report_command(CLI::App& app) {
             const bool html = ends_with(a->out, ".html") || ends_with(a->out, ".htm");
             if (!html && !ends_with(a->out, ".md"))
               throw BadInput("-o " + a->out + ": the output must end in .html or .md");
+            check_output_file("-o", a->out);
             const reports::RunReport r = reports::read_report_file(a->report);
             reports::RenderOptions opt;
             if (!a->plan.empty()) opt.plan_table = planner::format_plan_table(planner::read_plan_file(a->plan));
-            std::ofstream f(a->out);
-            if (!f) throw BadInput("-o " + a->out + ": cannot write file");
-            f << (html ? reports::render_html(r, opt) : reports::render_markdown(r, opt));
+            write_output_file("-o", a->out, html ? reports::render_html(r, opt) : reports::render_markdown(r, opt));
             std::cout << "wrote " << a->out << "\n";
             return kExitOk;
           }};

@@ -285,7 +285,7 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
         std::printf("exported %s -> %s\n", result.saved.back().c_str(), a.export_path.c_str());
         // Beside it, the config.json that makes the pair a Hugging Face model directory.
         const std::filesystem::path config = std::filesystem::path(a.export_path).parent_path() / "config.json";
-        std::ofstream(config) << models::to_hf_config(job.model).dump(2) << "\n";
+        write_output_file("--export", config.string(), models::to_hf_config(job.model).dump(2) + "\n");
         std::printf("wrote %s\n", config.string().c_str());
       }
     }
@@ -390,7 +390,7 @@ int launch(const RunArgs& a, const Job& job, int nproc, int gpus_per_node) {
       r.interrupted = true;
       r.command = a.command_line;
       r.created = now_iso8601();
-      std::ofstream(a.out) << reports::to_json(r).dump(2) << "\n";
+      write_output_file("--out", a.out, reports::to_json(r).dump(2) + "\n");
     }
     throw Interrupted(res.error + (a.out.empty() ? "" : "; report " + a.out), res.interrupted_by);
   }
@@ -426,6 +426,16 @@ int run(const RunArgs& a) {
     throw BadInput(e.what());
   }
   const bool in_job = std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
+  // Under torchrun (or Slurm's variables read as its): all of them, read
+  // and bounded once, before the world size is taken from them.
+  std::optional<executor::RankEnv> rank_env;
+  if (in_job) {
+    try {
+      rank_env = executor::rank_env_from_environment();
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(e.what());
+    }
+  }
   // The prediction's profile must describe the device measured.
   // On the CPU a cpu-kind profile: "cpu", or one `shardfit calibrate` wrote.
   if (!cuda && job.profile != "cpu" && planner::load_profile(job.profile, profiles_dir()).kind != planner::DeviceKind::kCpu)
@@ -455,7 +465,7 @@ int run(const RunArgs& a) {
   if (nproc > 0 && !in_job) {
     world = nproc;
   } else if (in_job) {
-    world = std::atoi(std::getenv("WORLD_SIZE"));
+    world = rank_env->world_size;
   } else if (backend == executor::Backend::kLoopback) {
     world = a.world_size > 0 ? a.world_size : (job.plan_world > 0 ? job.plan_world : 1);
     if (loopback_rank >= world)
@@ -469,10 +479,7 @@ int run(const RunArgs& a) {
     throw BadInput(std::to_string(world) + " ranks for a plan of " + std::to_string(job.plan_world) + " GPUs (" +
                    a.plan + "): run it with --nproc " + std::to_string(job.plan_world));
   int gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : job.plan_gpus_per_node;
-  if (gpus_per_node <= 0) {
-    const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    gpus_per_node = in_job && local ? std::atoi(local) : world;
-  }
+  if (gpus_per_node <= 0) gpus_per_node = in_job ? rank_env->local_world_size : world;
   job.resume_changes = check_checkpoint_args(a, job, world, gpus_per_node, backend);
   if (!a.init.empty() && (!a.resume.empty() || a.reference_trainer))
     throw BadInput("--init " + a.init + ": not with --resume (it restores weights) or --reference-trainer");
@@ -483,11 +490,14 @@ int run(const RunArgs& a) {
       throw BadInput(std::string("--data ") + e.what());
     }
   }
-  try {  // headers against the model's names, shapes and dtypes; the data against its checksums once a job:
+  try {  // headers against the model's names, shapes and dtypes; the data (checksums, or finite values) once a job:
          // by this launcher, or by rank 0 under an outside one (torchrun, Slurm)
     const char* env_rank = std::getenv("RANK");
     const bool verify_data = !in_job || (env_rank && std::string(env_rank) == "0");
-    if (!a.init.empty()) executor::check_hf_checkpoint(a.init, job.model, verify_data);
+    if (!a.init.empty())
+      for (const std::string& file : executor::check_hf_checkpoint(a.init, job.model, verify_data))
+        spdlog::info("--init {}: no shardfit checksums (a Hugging Face file): every value checked finite instead",
+                     file);
   } catch (const std::invalid_argument& e) {
     throw BadInput(std::string("--init: ") + e.what());
   }
@@ -500,7 +510,7 @@ int run(const RunArgs& a) {
 
   try {
     if (in_job) {
-      const executor::RankEnv env = executor::rank_env_from_environment();
+      const executor::RankEnv& env = *rank_env;
       // Ranks on one host share its cores.
       const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
       torch::set_num_threads(static_cast<int>(std::max(1u, cores / std::max(1, env.local_world_size))));
