@@ -171,6 +171,7 @@ constexpr double kMaxTokensPerS = 1e12;
 // micro-batches a step can accumulate (run's --grad-accum bound).
 constexpr int64_t kMaxBatch = int64_t{1} << 20;
 constexpr int64_t kMaxGradAccum = 4096;
+constexpr int64_t kMaxSteps = 1'000'000'000;  // run's --steps bound
 
 using Refuse = std::function<void(const std::string&)>;
 
@@ -213,12 +214,18 @@ void check_run_figures(const RunReport& r, const Refuse& bad) {
   if (r.batch_per_gpu < 1 || r.batch_per_gpu > kMaxBatch)
     bad("run.batch_per_gpu " + std::to_string(r.batch_per_gpu) + ": must be 1 to " + std::to_string(kMaxBatch));
   if (r.steps < 0) bad("run.steps " + std::to_string(r.steps) + ": must not be negative");
-  if (r.first_step < 1) bad("run.first_step " + std::to_string(r.first_step) + ": must be at least 1");
+  if (r.first_step < 1 || r.first_step > kMaxSteps)
+    bad("run.first_step " + std::to_string(r.first_step) + ": must be 1 to " + std::to_string(kMaxSteps));
+  if (r.steps > kMaxSteps) bad("run.steps " + std::to_string(r.steps) + ": above " + std::to_string(kMaxSteps));
   if (static_cast<int64_t>(r.loss.size()) != r.steps)
     bad("run.loss has " + std::to_string(r.loss.size()) + " entries for run.steps " + std::to_string(r.steps) +
         " (one a step)");
-  if (r.diverged_at_step != 0 && (r.diverged_at_step < r.first_step || r.diverged_at_step >= r.first_step + r.steps))
-    bad("run.diverged_at_step " + std::to_string(r.diverged_at_step) + ": not one of the steps the run reports");
+  for (const auto& [step, what] : {std::pair{r.diverged_at_step, "diverged_at_step"},
+                                   std::pair{r.saved_on_signal_step, "saved_on_signal_step"}})
+    if (step != 0 && (step < r.first_step || step >= r.first_step + r.steps))
+      bad("run." + std::string(what) + " " + std::to_string(step) + ": not one of the steps the run reports");
+  for (int64_t b : r.ddp_bucket_bytes)
+    if (b < 1 || b > kMaxBytes) bad("run.ddp_bucket_bytes holds " + std::to_string(b) + ": not a bucket's bytes");
   if (!(r.tokens_per_s >= 0 && r.tokens_per_s <= kMaxTokensPerS))
     bad("run.tokens_per_s " + std::to_string(r.tokens_per_s) + ": must be 0 to 1e12");
   if (r.init_data_bytes < 0 || r.init_data_bytes > kMaxBytes)
@@ -302,8 +309,11 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   // Read as numbers by the renderers: checked here, once.
   for (const auto& [obj, key] : {std::pair{&r.hardware, "device_mem_bytes"}, std::pair{&r.model, "params"},
                                  std::pair{&r.model, "seq_len"}})
-    if (obj->is_object() && obj->contains(key) && !(*obj)[key].is_null())
-      json_whole<int64_t>((*obj)[key], origin + ": field '" + key + "'");
+    if (obj->is_object() && obj->contains(key) && !(*obj)[key].is_null()) {
+      const int64_t v = json_whole<int64_t>((*obj)[key], origin + ": field '" + key + "'");
+      if (v < 1 || v > kMaxBytes)  // a count of bytes, parameters or tokens a job has
+        throw std::invalid_argument(origin + ": field '" + key + "' is " + std::to_string(v) + ": must be 1 to 2^50");
+    }
   const auto& run = field(j, "run", origin);
   const std::string w = origin + ": run";
   r.batch_per_gpu = get<int64_t>(run, "batch_per_gpu", w);

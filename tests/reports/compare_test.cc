@@ -298,6 +298,11 @@ TEST(RunReport, DerivedFiguresAreRecomputedFromTheRawOnes) {
       {[](nlohmann::json& j) { j["ranks"][0]["predicted"]["breakdown_bytes"] = {{"params", -1}}; },
        "rank 0.predicted.breakdown_bytes.params -1"},
       {[](nlohmann::json& j) { j["ranks"][0]["init_read_bytes"] = 7; }, "rank 0.init_read_bytes 7"},
+      {[](nlohmann::json& j) { j["run"]["first_step"] = int64_t{1} << 62; }, "run.first_step"},
+      {[](nlohmann::json& j) { j["run"]["saved_on_signal_step"] = -4; }, "run.saved_on_signal_step -4"},
+      {[](nlohmann::json& j) { j["run"]["ddp_bucket_bytes"] = {-5}; }, "run.ddp_bucket_bytes holds -5"},
+      {[](nlohmann::json& j) { j["model"]["seq_len"] = -5; }, "field 'seq_len' is -5"},
+      {[](nlohmann::json& j) { j["hardware"] = {{"device_mem_bytes", -5}}; }, "field 'device_mem_bytes' is -5"},
   };
   for (const Edit& e : edits) {
     nlohmann::json j = to_json(good);
