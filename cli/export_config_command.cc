@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_support.h"
+#include "cli/validators.h"
 #include "models/hf_architecture.h"
 #include "models/model_config.h"
 #include "planner/launch_config.h"
@@ -75,10 +76,10 @@ Command add_export_config_command(CLI::App& app) {
       "Write a planned candidate as PyTorch FSDP kwargs (JSON), an Accelerate config (YAML) or a "
       "DeepSpeed ds_config.json");
   auto a = std::make_shared<Args>();
-  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required();
+  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required()->check(Named);
   sub->add_option("--candidate", a->candidate, "Candidate id (default: the plan's chosen one)");
   sub->add_option("--format", a->format, "fsdp, accelerate or deepspeed")->required();
-  sub->add_option("--out", a->out, "Write here instead of stdout");
+  sub->add_option("--out", a->out, "Write here instead of stdout")->check(Named);
   sub->footer(
       "A candidate the target cannot express (zero1 in FSDP/Accelerate, hybrid in DeepSpeed, "
       "+ckpt with wrap=none) is refused with exit 2. Mapping: planner/launch_config.h.");

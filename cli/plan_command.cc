@@ -237,10 +237,11 @@ Command add_plan_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "plan", "Predict each strategy's peak memory, largest batch per GPU and speed, without running");
   auto a = std::make_shared<PlanArgs>();
-  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json");
+  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->check(Named);
   sub->add_option("--trace", a->trace,
                   "Plan a model traced in its own process instead (a shardfit.trace/1 file, e.g. from "
-                  "pytorch/trace_recorder.py for a model written in Python); its sequence length is the plan's");
+                  "pytorch/trace_recorder.py for a model written in Python); its sequence length is the plan's")
+      ->check(Named);
   sub->add_option("--stack", a->stack,
                   "Whose training step to predict: shardfit (its engine, `shardfit run`) or pytorch (PyTorch's own "
                   "DistributedDataParallel or ZeroRedundancyOptimizer and torch.optim.AdamW in the loop "
@@ -349,7 +350,7 @@ Command add_plan_command(CLI::App& app) {
                 "Prefetched all-gathers (--prefetch) run beside compute, as FSDP's do, waited for where the unit "
                 "runs; a staged gather's copy (mixed, offload) lives until then (run it with the same flag, or "
                 "run --plan)");
-  sub->add_option("--out", a->out, "Write the plan JSON here");
+  sub->add_option("--out", a->out, "Write the plan JSON here")->check(Named);
   sub->add_flag("--json", a->json, "Print the plan JSON instead of the table");
   sub->add_option("--top", a->top,
                   "Print only the N best rows of the table (and the chosen one); 0 = all. The plan JSON "

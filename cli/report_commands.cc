@@ -29,7 +29,7 @@ Command add_compare_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   sub->add_option("REPORT", a->report, "Report JSON written by `shardfit run` or `validate`")->required();
-  sub->add_option("--baseline", a->baseline, "A baseline report of the same candidate");
+  sub->add_option("--baseline", a->baseline, "A baseline report of the same candidate")->check(Named);
   sub->add_option("--max-peak-error", a->max_peak_error,
                   "Allowed |peak error| per rank in percent (default 1 on cpu, 3 on cuda)")
       ->check(NonNegative);
@@ -75,8 +75,8 @@ Command add_report_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   sub->add_option("REPORT", a->report, "Report JSON")->required();
-  sub->add_option("-o,--out", a->out, "Output file: .html or .md")->required();
-  sub->add_option("--plan", a->plan, "Plan JSON whose candidate table to include");
+  sub->add_option("-o,--out", a->out, "Output file: .html or .md")->required()->check(Named);
+  sub->add_option("--plan", a->plan, "Plan JSON whose candidate table to include")->check(Named);
   return {sub, [a] {
             const bool html = ends_with(a->out, ".html") || ends_with(a->out, ".htm");
             if (!html && !ends_with(a->out, ".md"))

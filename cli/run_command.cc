@@ -458,6 +458,8 @@ int run(const RunArgs& a) {
   if (backend == executor::Backend::kLoopback && nproc > 0)
     throw BadInput("--nproc with --backend loopback: loopback is one process; use --world-size N [--rank R]");
   if (!in_job && nproc == 0 && backend != executor::Backend::kLoopback && job.plan_world > 1) nproc = job.plan_world;
+  if (a.oversubscribe && !in_job && nproc == 0)
+    throw BadInput("--oversubscribe: only with --nproc N (or a plan of N GPUs), whose ranks it lets exceed the cores");
   if (!in_job && nproc > 0) check_local_ranks(nproc, a.oversubscribe);
   if (a.reference_trainer && (nproc > 0 || in_job || backend == executor::Backend::kLoopback))
     throw BadInput("--reference-trainer: one rank only (no --nproc, torchrun or loopback)");
@@ -545,7 +547,7 @@ int run(const RunArgs& a) {
 Command add_run_command(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Train a candidate for real on this machine and measure its memory");
   auto a = std::make_shared<RunArgs>();
-  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json");
+  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->check(Named);
   auto* strategy = sub->add_option("--strategy", a->strategy,
                                    "Candidate id: SHARDING[+offload][+ckpt]/PRECISION/wrap=POLICY")
                        ->capture_default_str();
@@ -554,7 +556,7 @@ Command add_run_command(CLI::App& app) {
                   ->check(IntRange(1, kMaxSeqLen));
   sub->add_option("--steps", a->steps, "Training steps")->capture_default_str()->check(IntRange(1, kMaxSteps));
   sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str()->check(Seed);
-  sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str();
+  sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str()->check(Named);
   sub->add_option("--device", a->device,
                   "Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; needs a build against a CUDA "
                   "LibTorch, as `shardfit --version` says); measured on an H200 against its plan: "
@@ -563,7 +565,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--profile", a->profile,
                   std::string("Device profile the prediction beside the measurement is for (cpu runs: cpu; cuda "
                               "runs: default the plan's, else ") +
-                      kDefaultCudaProfile + ", the card --gpu-mem 24GiB emulates)");
+                      kDefaultCudaProfile + ", the card --gpu-mem 24GiB emulates)")
+      ->check(Named);
   sub->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()->check(Positive);
   sub->add_option("--weight-decay", a->weight_decay, "AdamW decoupled weight decay")->capture_default_str()
       ->check(NonNegative);
@@ -571,7 +574,7 @@ Command add_run_command(CLI::App& app) {
                   "Cap each rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM (a result). "
                   "cuda: a card of that total (what the process holds outside the caching allocator counts)")
       ->check(MemorySize);
-  sub->add_option("--out", a->out, "Write the report JSON here (rank 0 writes every rank's figures)");
+  sub->add_option("--out", a->out, "Write the report JSON here (rank 0 writes every rank's figures)")->check(Named);
   sub->add_option("--nproc", a->nproc,
                   "Spawn N local ranks, at most one per core unless --oversubscribe (else torchrun's RANK, "
                   "WORLD_SIZE, ... or one rank)")
@@ -589,8 +592,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--timeout", a->timeout_s, "Seconds a rank waits for its peers (rendezvous, each collective)")
       ->capture_default_str()
       ->check(Seconds);
-  sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)");
-  sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one");
+  sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)")->check(Named);
+  sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one")->check(Named);
   auto* grad_accum = sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step (default 1, or the plan's)")->capture_default_str()
       ->check(IntRange(1, kMaxGradAccum));
   auto* prefetch = sub->add_option("--prefetch", a->prefetch,
@@ -616,20 +619,20 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--save", a->save,
                   "Save sharded checkpoints under DIR (DIR/step-NNNNNN, one file per rank + manifest.json) "
                   "after the last step")
-      ->type_name("DIR");
+      ->type_name("DIR")->check(Named);
   sub->add_option("--save-every", a->save_every, "With --save: also save after every N-th step")
       ->check(AtLeastOne);
   sub->add_option("--resume", a->resume,
                   "Continue from a checkpoint (a step-NNNNNN directory, or a --save DIR: its latest); "
                   "--steps stays the total")
-      ->type_name("DIR");
+      ->type_name("DIR")->check(Named);
   sub->add_flag("--save-on-signal", a->save_on_signal,
                 "With --save: on SIGTERM/SIGINT every rank finishes its step, all save it (DIR/step-NNNNNN, "
                 "as --save-every does), the report says interrupted, and run exits 143/130; a second signal "
                 "stops at once (the last committed checkpoint stays)");
   sub->add_option("--export", a->export_path,
                   "With --save: write the last checkpoint as one Hugging Face .safetensors file")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(Named);
   sub->add_flag("--oom-ok", a->oom_ok,
                 "Exit 0 when a rank goes out of memory (default: exit 4; the report is written either way)");
   sub->add_flag("--resume-anyway", a->resume_anyway,
@@ -644,7 +647,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--init", a->init,
                   "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
                   "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")
-      ->type_name("PATH");
+      ->type_name("PATH")->check(Named);
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");

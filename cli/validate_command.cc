@@ -90,10 +90,10 @@ Command add_validate_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "validate", "Run each candidate's predicted max batch (must fit) and max+1 (must OOM) for real");
   auto a = std::make_shared<Args>();
-  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required();
+  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required()->check(Named);
   sub->add_option("--candidates", a->candidates, "Comma-separated candidate ids (default: every candidate)")
       ->check(NonEmptyItems);
-  sub->add_option("--out-dir", a->out_dir, "Where the per-candidate reports go")->capture_default_str();
+  sub->add_option("--out-dir", a->out_dir, "Where the per-candidate reports go")->capture_default_str()->check(Named);
   sub->add_option("--backend", a->backend,
                   "gloo: every rank as a process (--nproc); loopback: one process rehearses rank 0")
       ->capture_default_str();

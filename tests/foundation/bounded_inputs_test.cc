@@ -224,6 +224,7 @@ TEST(BoundedInputs, OptionsWithoutTheirModeAndSubMillisecondTimeoutsAreExitTwo) 
   expect_bad_input(run_tiny({"--world-size", "4"}), "--world-size");
   expect_bad_input(run_tiny({"--candidate", "zero3/fp32/wrap=block"}), "--candidate");
   expect_bad_input(run_tiny({"--timeout", "1e-300"}), "--timeout");
+  expect_bad_input(run_tiny({"--oversubscribe"}), "--oversubscribe");
   EXPECT_EQ(shardfit(run_tiny({"--backend", "loopback", "--world-size", "2", "--rank", "1"})).exit_code, 0);
 }
 
@@ -254,6 +255,23 @@ TEST(BoundedInputs, PlanFilesPastAnyPlanOrForAnotherOptimizerAreExitTwo) {
   expect_bad_input({"run", "--plan", edited("\"optimizer\": \"adamw\"", "\"optimizer\": \"lion\""), "--steps", "1"},
                    "optimizer");
   fs::remove_all(d);
+}
+
+// A file, directory or name option given '' was read as not given, without
+// a word: --resume '' trained from scratch, --out '' wrote no report,
+// --candidate '' ran the chosen one, --baseline '' compared with none.
+TEST(BoundedInputs, EmptyValuesOfFileAndNameOptionsAreExitTwo) {
+  for (const char* opt : {"--model", "--out", "--plan", "--candidate", "--profile", "--data", "--save", "--resume",
+                          "--export", "--init"})
+    expect_bad_input(run_tiny({opt, ""}), opt);
+  for (const char* opt : {"--model", "--trace", "--out"})
+    expect_bad_input({"plan", "--device", "cpu", opt, ""}, opt);
+  expect_bad_input({"compare", "r.json", "--baseline", ""}, "--baseline");
+  expect_bad_input({"report", "r.json", "-o", "", "--plan", "p.json"}, "--out");
+  expect_bad_input({"report", "r.json", "-o", "r.md", "--plan", ""}, "--plan");
+  expect_bad_input({"export-config", "--plan", "p.json", "--format", "fsdp", "--out", ""}, "--out");
+  expect_bad_input({"validate", "--plan", "p.json", "--out-dir", ""}, "--out-dir");
+  expect_bad_input({"calibrate", "--device", "cpu", "--out", ""}, "--out");
 }
 
 // plan --out was checked after the plan (seconds to minutes) and `report
