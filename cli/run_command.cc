@@ -493,9 +493,10 @@ int run(const RunArgs& a) {
     }
   }
   try {  // headers against the model's names, shapes and dtypes; the data (checksums, or finite values) once a job:
-         // by this launcher, or by rank 0 under an outside one (torchrun, Slurm)
+         // by this launcher, or by rank 0 under an outside one (torchrun, Slurm), not again by --nproc's rank 0
     const char* env_rank = std::getenv("RANK");
-    const bool verify_data = !in_job || (env_rank && std::string(env_rank) == "0");
+    const bool ours = std::getenv("SHARDFIT_COMMAND_LINE") != nullptr;  // a rank this binary's --nproc started
+    const bool verify_data = !in_job || (!ours && env_rank && std::string(env_rank) == "0");
     if (!a.init.empty())
       for (const std::string& file : executor::check_hf_checkpoint(a.init, job.model, verify_data))
         spdlog::info("--init {}: no shardfit checksums (a Hugging Face file): every value checked finite instead",

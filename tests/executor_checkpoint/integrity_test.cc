@@ -202,7 +202,9 @@ TEST(Integrity, InitFromAFileWithoutChecksumsChecksEveryValueAndSaysSo) {
   strip_checksums(out);
   const Result plain = shardfit(dir, job(1, {"--init", out.string()}));
   EXPECT_EQ(plain.exit_code, 0) << plain.err;
-  EXPECT_NE(plain.err.find("no shardfit checksums"), std::string::npos) << plain.err;
+  const size_t said = plain.err.find("no shardfit checksums");
+  EXPECT_NE(said, std::string::npos) << plain.err;
+  EXPECT_EQ(plain.err.find("no shardfit checksums", said + 1), std::string::npos) << "read twice:\n" << plain.err;
   {
     std::fstream f(out, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-static_cast<std::streamoff>(sizeof(float)), std::ios::end);
