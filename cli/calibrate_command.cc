@@ -36,6 +36,7 @@
 
 #include "cli/commands.h"
 #include "cli/run_support.h"
+#include "cli/validators.h"
 #include "executor/comm.h"
 #include "executor/launcher.h"
 #include "planner/profile.h"
@@ -299,7 +300,7 @@ Command add_calibrate_command(CLI::App& app) {
       ->check(CLI::Range(1, 1024));
   sub->add_option("--base", a->base, "The profile whose other figures the result keeps")->capture_default_str();
   sub->add_option("--name", a->name, "The result's profile name")->capture_default_str();
-  sub->add_option("--out", a->out, "Where to write the profile JSON")->required();
+  sub->add_option("--out", a->out, "Where to write the profile JSON")->required()->check(Named);
   return {sub, [a] {
             if (a->device != "cpu")
               throw BadInput("--device " + a->device + ": calibrate measures CPU ranks (cpu); a CUDA card's "

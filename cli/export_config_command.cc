@@ -6,6 +6,8 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/run_support.h"
+#include "cli/validators.h"
 #include "models/hf_architecture.h"
 #include "models/model_config.h"
 #include "planner/launch_config.h"
@@ -40,6 +42,7 @@ int run(const Args& a) {
   } catch (const std::invalid_argument& e) {
     throw BadInput(std::string("--format: ") + e.what());
   }
+  if (!a.out.empty()) check_output_file("--out", a.out);
   const planner::Plan plan = planner::read_plan_file(a.plan);
   const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
   if (id.empty()) throw BadInput(a.plan + ": no candidate fits batch 1, so none is chosen");
@@ -63,9 +66,7 @@ int run(const Args& a) {
   if (a.out.empty()) {
     std::cout << config.text;
   } else {
-    std::ofstream f(a.out);
-    if (!f || !(f << config.text) || !f.flush())
-      throw BadInput("--out " + a.out + ": cannot write file");
+    write_output_file("--out", a.out, config.text);
   }
   for (const auto& note : config.notes) std::cerr << "note: " << note << "\n";
   return kExitOk;
@@ -79,13 +80,13 @@ Command add_export_config_command(CLI::App& app) {
       "Write a planned candidate as a Python module that applies FSDP/DDP, PyTorch kwargs (JSON), an "
       "Accelerate config (YAML) or a DeepSpeed ds_config.json");
   auto a = std::make_shared<Args>();
-  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required();
+  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required()->check(Named);
   sub->add_option("--candidate", a->candidate, "Candidate id (default: the plan's chosen one)");
   sub->add_option("--format", a->format, "python, fsdp, accelerate or deepspeed")->required();
   sub->add_option("--main-process-ip", a->main_process_ip,
                   "Accelerate, several nodes: the address of the node with machine_rank 0 (required there)");
   sub->add_option("--main-process-port", a->main_process_port, "Accelerate, several nodes: its port (default 29500)");
-  sub->add_option("--out", a->out, "Write here instead of stdout");
+  sub->add_option("--out", a->out, "Write here instead of stdout")->check(Named);
   sub->footer(
       "A candidate the target cannot express (+offload under DDP, FSDP2's hybrid or explicit prefetch in "
       "Accelerate, +ckpt with wrap=none) is refused with exit 2. Mapping: planner/launch_config.h.");

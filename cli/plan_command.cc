@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/run_support.h"
 #include "cli/validators.h"
 #include "models/model_config.h"
 #include "planner/plan_builder.h"
@@ -244,10 +245,7 @@ std::vector<planner::PlanRequest> sweep_points(const PlanArgs& a, const planner:
 // plans. Exit 2 only when no point fits batch 1.
 int print_sweep(const PlanArgs& a, const std::vector<planner::Plan>& plans) {
   const std::string json = planner::sweep_to_json_text(plans);
-  if (!a.out.empty()) {
-    std::ofstream out(a.out);
-    if (!(out << json) || !out.flush()) throw BadInput("--out " + a.out + ": cannot write file");
-  }
+  if (!a.out.empty()) write_output_file("--out", a.out, json);
   std::cout << (a.json ? json : planner::format_sweep_grid(plans));
   for (const planner::Plan& p : plans)
     if (!p.chosen.empty()) return kExitOk;
@@ -256,6 +254,7 @@ int print_sweep(const PlanArgs& a, const std::vector<planner::Plan>& plans) {
 }
 
 int run(const PlanArgs& a) {
+  if (!a.out.empty()) check_output_file("--out", a.out);  // before the plan's minutes, not after
   const planner::PlanRequest base = request_from(a);
   const std::vector<planner::PlanRequest> points = sweep_points(a, base);
   // A sweep of big models takes seconds to minutes: say where it is.
@@ -276,12 +275,7 @@ int run(const PlanArgs& a) {
   }
   if (plans.size() > 1) return print_sweep(a, plans);
   const planner::Plan& plan = plans.front();
-  if (!a.out.empty()) {
-    std::ofstream probe(a.out, std::ios::app);
-    if (!probe) throw BadInput("--out " + a.out + ": cannot write file");
-    probe.close();
-    planner::write_plan_file(a.out, plan);
-  }
+  if (!a.out.empty()) write_output_file("--out", a.out, planner::plan_to_json_text(plan));
   if (a.json)
     std::cout << planner::plan_to_json_text(plan);
   else if (a.all || a.top > 0)
@@ -305,10 +299,11 @@ Command add_plan_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "plan", "Predict each strategy's peak memory, largest batch per GPU and speed, without running");
   auto a = std::make_shared<PlanArgs>();
-  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json");
+  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->check(Named);
   sub->add_option("--trace", a->trace,
                   "Plan a model traced in its own process instead (a shardfit.trace/1 file, e.g. from "
-                  "pytorch/trace_recorder.py for a model written in Python); its sequence length is the plan's");
+                  "pytorch/trace_recorder.py for a model written in Python); its sequence length is the plan's")
+      ->check(Named);
   sub->add_option("--stack", a->stack,
                   "Whose training step to predict: shardfit (its engine, `shardfit run`) or pytorch (PyTorch's own "
                   "DistributedDataParallel or ZeroRedundancyOptimizer and torch.optim.AdamW in the loop "
@@ -426,7 +421,7 @@ Command add_plan_command(CLI::App& app) {
                 "Prefetched all-gathers (--prefetch) run beside compute, as FSDP's do, waited for where the unit "
                 "runs; a staged gather's copy (mixed, offload) lives until then (run it with the same flag, or "
                 "run --plan)");
-  sub->add_option("--out", a->out, "Write the plan JSON here");
+  sub->add_option("--out", a->out, "Write the plan JSON here")->check(Named);
   sub->add_flag("--json", a->json, "Print the plan JSON instead of the table");
   sub->add_flag("--all", a->all,
                 "Print every candidate's row (the default prints each strategy family's best with its memory "

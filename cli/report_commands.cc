@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/run_support.h"
 #include "cli/validators.h"
 #include "planner/plan_output.h"
 #include "planner/plan_text.h"
@@ -29,7 +30,7 @@ Command add_compare_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   sub->add_option("REPORT", a->report, "Report JSON written by `shardfit run` or `validate`")->required();
-  sub->add_option("--baseline", a->baseline, "A baseline report of the same candidate");
+  sub->add_option("--baseline", a->baseline, "A baseline report of the same candidate")->check(Named);
   sub->add_option("--max-peak-error", a->max_peak_error,
                   "Allowed |peak error| per rank in percent (default 1 on cpu, 3 on cuda)")
       ->check(NonNegative);
@@ -75,12 +76,13 @@ Command add_report_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   sub->add_option("REPORT", a->report, "Report JSON")->required();
-  sub->add_option("-o,--out", a->out, "Output file: .html or .md")->required();
-  sub->add_option("--plan", a->plan, "Plan JSON whose candidate table to include");
+  sub->add_option("-o,--out", a->out, "Output file: .html or .md")->required()->check(Named);
+  sub->add_option("--plan", a->plan, "Plan JSON whose candidate table to include")->check(Named);
   return {sub, [a] {
             const bool html = ends_with(a->out, ".html") || ends_with(a->out, ".htm");
             if (!html && !ends_with(a->out, ".md"))
               throw BadInput("-o " + a->out + ": the output must end in .html or .md");
+            check_output_file("-o", a->out);
             const reports::RunReport r = reports::read_report_file(a->report);
             reports::RenderOptions opt;
             if (!a->plan.empty()) {
@@ -90,9 +92,7 @@ Command add_report_command(CLI::App& app) {
               opt.plan_title += plan.chosen.empty() ? "; nothing fits batch 1" : "; chosen (*): " + plan.chosen;
               opt.plan_rows = planner::plan_table_cells(plan);
             }
-            std::ofstream f(a->out);
-            if (!f) throw BadInput("-o " + a->out + ": cannot write file");
-            f << (html ? reports::render_html(r, opt) : reports::render_markdown(r, opt));
+            write_output_file("-o", a->out, html ? reports::render_html(r, opt) : reports::render_markdown(r, opt));
             std::cout << "wrote " << a->out << "\n";
             return kExitOk;
           }};

@@ -287,7 +287,7 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
         std::printf("exported %s -> %s\n", result.saved.back().c_str(), a.export_path.c_str());
         // Beside it, the config.json that makes the pair a Hugging Face model directory.
         const std::filesystem::path config = std::filesystem::path(a.export_path).parent_path() / "config.json";
-        std::ofstream(config) << models::to_hf_config(job.model).dump(2) << "\n";
+        write_output_file("--export", config.string(), models::to_hf_config(job.model).dump(2) + "\n");
         std::printf("wrote %s\n", config.string().c_str());
       }
     }
@@ -392,7 +392,7 @@ int launch(const RunArgs& a, const Job& job, int nproc, int gpus_per_node) {
       r.interrupted = true;
       r.command = a.command_line;
       r.created = now_iso8601();
-      std::ofstream(a.out) << reports::to_json(r).dump(2) << "\n";
+      write_output_file("--out", a.out, reports::to_json(r).dump(2) + "\n");
     }
     throw Interrupted(res.error + (a.out.empty() ? "" : "; report " + a.out), res.interrupted_by);
   }
@@ -428,6 +428,16 @@ int run(const RunArgs& a) {
     throw BadInput(e.what());
   }
   const bool in_job = std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
+  // Under torchrun (or Slurm's variables read as its): all of them, read
+  // and bounded once, before the world size is taken from them.
+  std::optional<executor::RankEnv> rank_env;
+  if (in_job) {
+    try {
+      rank_env = executor::rank_env_from_environment();
+    } catch (const std::invalid_argument& e) {
+      throw BadInput(e.what());
+    }
+  }
   // The prediction's profile must describe the device measured.
   // On the CPU a cpu-kind profile: "cpu", or one `shardfit calibrate` wrote.
   if (!cuda && job.profile != "cpu" && planner::load_profile(job.profile, profiles_dir()).kind != planner::DeviceKind::kCpu)
@@ -450,6 +460,8 @@ int run(const RunArgs& a) {
   if (backend == executor::Backend::kLoopback && nproc > 0)
     throw BadInput("--nproc with --backend loopback: loopback is one process; use --world-size N [--rank R]");
   if (!in_job && nproc == 0 && backend != executor::Backend::kLoopback && job.plan_world > 1) nproc = job.plan_world;
+  if (a.oversubscribe && !in_job && nproc == 0)
+    throw BadInput("--oversubscribe: only with --nproc N (or a plan of N GPUs), whose ranks it lets exceed the cores");
   if (!in_job && nproc > 0) check_local_ranks(nproc, a.oversubscribe);
   if (a.reference_trainer && (nproc > 0 || in_job || backend == executor::Backend::kLoopback))
     throw BadInput("--reference-trainer: one rank only (no --nproc, torchrun or loopback)");
@@ -457,7 +469,7 @@ int run(const RunArgs& a) {
   if (nproc > 0 && !in_job) {
     world = nproc;
   } else if (in_job) {
-    world = std::atoi(std::getenv("WORLD_SIZE"));
+    world = rank_env->world_size;
   } else if (backend == executor::Backend::kLoopback) {
     world = a.world_size > 0 ? a.world_size : (job.plan_world > 0 ? job.plan_world : 1);
     if (loopback_rank >= world)
@@ -471,10 +483,7 @@ int run(const RunArgs& a) {
     throw BadInput(std::to_string(world) + " ranks for a plan of " + std::to_string(job.plan_world) + " GPUs (" +
                    a.plan + "): run it with --nproc " + std::to_string(job.plan_world));
   int gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : job.plan_gpus_per_node;
-  if (gpus_per_node <= 0) {
-    const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    gpus_per_node = in_job && local ? std::atoi(local) : world;
-  }
+  if (gpus_per_node <= 0) gpus_per_node = in_job ? rank_env->local_world_size : world;
   job.resume_changes = check_checkpoint_args(a, job, world, gpus_per_node, backend);
   if (!a.init.empty() && (!a.resume.empty() || a.reference_trainer))
     throw BadInput("--init " + a.init + ": not with --resume (it restores weights) or --reference-trainer");
@@ -485,11 +494,15 @@ int run(const RunArgs& a) {
       throw BadInput(std::string("--data ") + e.what());
     }
   }
-  try {  // headers against the model's names, shapes and dtypes; the data against its checksums once a job:
-         // by this launcher, or by rank 0 under an outside one (torchrun, Slurm)
+  try {  // headers against the model's names, shapes and dtypes; the data (checksums, or finite values) once a job:
+         // by this launcher, or by rank 0 under an outside one (torchrun, Slurm), not again by --nproc's rank 0
     const char* env_rank = std::getenv("RANK");
-    const bool verify_data = !in_job || (env_rank && std::string(env_rank) == "0");
-    if (!a.init.empty()) executor::check_hf_checkpoint(a.init, job.model, verify_data);
+    const bool ours = std::getenv("SHARDFIT_COMMAND_LINE") != nullptr;  // a rank this binary's --nproc started
+    const bool verify_data = !in_job || (!ours && env_rank && std::string(env_rank) == "0");
+    if (!a.init.empty())
+      for (const std::string& file : executor::check_hf_checkpoint(a.init, job.model, verify_data))
+        spdlog::info("--init {}: no shardfit checksums (a Hugging Face file): every value checked finite instead",
+                     file);
   } catch (const std::invalid_argument& e) {
     throw BadInput(std::string("--init: ") + e.what());
   }
@@ -502,7 +515,7 @@ int run(const RunArgs& a) {
 
   try {
     if (in_job) {
-      const executor::RankEnv env = executor::rank_env_from_environment();
+      const executor::RankEnv& env = *rank_env;
       // Ranks on one host share its cores.
       const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
       torch::set_num_threads(static_cast<int>(std::max(1u, cores / std::max(1, env.local_world_size))));
@@ -537,7 +550,7 @@ int run(const RunArgs& a) {
 Command add_run_command(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Train a candidate for real on this machine and measure its memory");
   auto a = std::make_shared<RunArgs>();
-  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json");
+  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->check(Named);
   auto* strategy = sub->add_option("--strategy", a->strategy,
                                    "Candidate id: SHARDING[+offload][+ckpt]/PRECISION/wrap=POLICY")
                        ->capture_default_str();
@@ -546,7 +559,7 @@ Command add_run_command(CLI::App& app) {
                   ->check(IntRange(1, kMaxSeqLen));
   sub->add_option("--steps", a->steps, "Training steps")->capture_default_str()->check(IntRange(1, kMaxSteps));
   sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str()->check(Seed);
-  sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str();
+  sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str()->check(Named);
   sub->add_option("--device", a->device,
                   "Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; needs a build against a CUDA "
                   "LibTorch, as `shardfit --version` says); measured on an H200 against its plan: "
@@ -555,7 +568,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--profile", a->profile,
                   std::string("Device profile the prediction beside the measurement is for (cpu runs: cpu; cuda "
                               "runs: default the plan's, else ") +
-                      kDefaultCudaProfile + ", the card --gpu-mem 24GiB emulates)");
+                      kDefaultCudaProfile + ", the card --gpu-mem 24GiB emulates)")
+      ->check(Named);
   sub->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()->check(Positive);
   sub->add_option("--weight-decay", a->weight_decay, "AdamW decoupled weight decay")->capture_default_str()
       ->check(NonNegative);
@@ -563,7 +577,7 @@ Command add_run_command(CLI::App& app) {
                   "Cap each rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM (a result). "
                   "cuda: a card of that total (what the process holds outside the caching allocator counts)")
       ->check(MemorySize);
-  sub->add_option("--out", a->out, "Write the report JSON here (rank 0 writes every rank's figures)");
+  sub->add_option("--out", a->out, "Write the report JSON here (rank 0 writes every rank's figures)")->check(Named);
   sub->add_option("--nproc", a->nproc,
                   "Spawn N local ranks, at most one per core unless --oversubscribe (else torchrun's RANK, "
                   "WORLD_SIZE, ... or one rank)")
@@ -581,8 +595,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--timeout", a->timeout_s, "Seconds a rank waits for its peers (rendezvous, each collective)")
       ->capture_default_str()
       ->check(Seconds);
-  sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)");
-  sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one");
+  sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)")->check(Named);
+  sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one")->check(Named);
   auto* grad_accum = sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step (default 1, or the plan's)")->capture_default_str()
       ->check(IntRange(1, kMaxGradAccum));
   auto* prefetch = sub->add_option("--prefetch", a->prefetch,
@@ -608,20 +622,20 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--save", a->save,
                   "Save sharded checkpoints under DIR (DIR/step-NNNNNN, one file per rank + manifest.json) "
                   "after the last step")
-      ->type_name("DIR");
+      ->type_name("DIR")->check(Named);
   sub->add_option("--save-every", a->save_every, "With --save: also save after every N-th step")
       ->check(AtLeastOne);
   sub->add_option("--resume", a->resume,
                   "Continue from a checkpoint (a step-NNNNNN directory, or a --save DIR: its latest); "
                   "--steps stays the total")
-      ->type_name("DIR");
+      ->type_name("DIR")->check(Named);
   sub->add_flag("--save-on-signal", a->save_on_signal,
                 "With --save: on SIGTERM/SIGINT every rank finishes its step, all save it (DIR/step-NNNNNN, "
                 "as --save-every does), the report says interrupted, and run exits 143/130; a second signal "
                 "stops at once (the last committed checkpoint stays)");
   sub->add_option("--export", a->export_path,
                   "With --save: write the last checkpoint as one Hugging Face .safetensors file")
-      ->type_name("FILE");
+      ->type_name("FILE")->check(Named);
   sub->add_flag("--oom-ok", a->oom_ok,
                 "Exit 0 when a rank goes out of memory (default: exit 4; the report is written either way)");
   sub->add_flag("--resume-anyway", a->resume_anyway,
@@ -636,7 +650,7 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--init", a->init,
                   "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
                   "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")
-      ->type_name("PATH");
+      ->type_name("PATH")->check(Named);
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");

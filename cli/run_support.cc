@@ -84,11 +84,28 @@ void check_output_file(const std::string& option, const std::string& file) {
 }
 
 void write_output_file(const std::string& option, const std::string& file, const std::string& text) {
-  std::ofstream f(file, std::ios::binary | std::ios::trunc);
-  if (!f) throw BadInput(option + " " + file + ": cannot write file");
-  f << text;
-  f.close();
-  if (!f) throw BadInput(option + " " + file + ": the write failed (disk full?); the file is incomplete");
+  // Written beside it and renamed over it: a failed write (a full disk, an
+  // I/O error) leaves whatever was there, never a truncated file under the
+  // name, and is the environment's failure (exit 3), not a lost report.
+  const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+  std::error_code ec;
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (f) {
+      f << text;
+      f.close();
+    }
+    if (!f) {
+      fs::remove(tmp, ec);
+      throw EnvironmentFailure(option + " " + file + ": the write failed (disk full or unwritable?); nothing written");
+    }
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw EnvironmentFailure(option + " " + file + ": cannot put the file in place (" + why + ")");
+  }
 }
 
 std::string export_stop_note_path() {

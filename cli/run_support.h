@@ -41,8 +41,9 @@ void check_export_path(const std::string& file);
 // such as /dev/full, or a file under /proc or /sys), in an existing
 // writable directory. One line naming the option, as BadInput.
 void check_output_file(const std::string& option, const std::string& file);
-// Writes `text` to `file` whole or throws (one line naming `option`): a
-// short write or a full disk is an error, not a lost report.
+// Writes `text` to `file` whole (through a temporary file renamed over it)
+// or throws EnvironmentFailure, one line naming `option`: a short write or a
+// full disk after the work is exit 3, not a lost report or a truncated one.
 void write_output_file(const std::string& option, const std::string& file, const std::string& text);
 
 // --save-on-signal: what the ranks did when a stop signal reached the job.

@@ -19,6 +19,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/run_support.h"
 #include "cli/validators.h"
 #include "executor/signals.h"
 #include "planner/candidate.h"
@@ -89,9 +90,10 @@ Command add_validate_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "validate", "Run each candidate's predicted max batch (must fit) and max+1 (must OOM) for real");
   auto a = std::make_shared<Args>();
-  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required();
-  sub->add_option("--candidates", a->candidates, "Comma-separated candidate ids (default: every candidate)");
-  sub->add_option("--out-dir", a->out_dir, "Where the per-candidate reports go")->capture_default_str();
+  sub->add_option("--plan", a->plan, "Plan JSON written by `shardfit plan --out`")->required()->check(Named);
+  sub->add_option("--candidates", a->candidates, "Comma-separated candidate ids (default: every candidate)")
+      ->check(NonEmptyItems);
+  sub->add_option("--out-dir", a->out_dir, "Where the per-candidate reports go")->capture_default_str()->check(Named);
   sub->add_option("--backend", a->backend,
                   "gloo: every rank as a process (--nproc); loopback: one process rehearses rank 0")
       ->capture_default_str();
@@ -131,6 +133,8 @@ Command add_validate_command(CLI::App& app) {
               if (ec || !std::filesystem::is_directory(a->out_dir, ec))
                 throw BadInput("--out-dir " + a->out_dir + ": not a directory that can be created" +
                                (ec ? " (" + ec.message() + ")" : std::string(" (a file is in the way)")));
+              if (::access(a->out_dir.c_str(), W_OK | X_OK) != 0)
+                throw BadInput("--out-dir " + a->out_dir + ": the directory is not writable");
             }
             const int world = plan.hardware.world_size();
             bool all_ok = true;
@@ -179,7 +183,7 @@ Command add_validate_command(CLI::App& app) {
                 reports::RunReport r = *at_max;
                 r.max_batch_predicted = max_b;
                 r.max_batch_measured = measured;
-                std::ofstream(a->out_dir + "/" + safe + ".json") << reports::to_json(r).dump(2) << "\n";
+                write_output_file("--out-dir", a->out_dir + "/" + safe + ".json", reports::to_json(r).dump(2) + "\n");
               }
               char err[32];
               std::snprintf(err, sizeof(err), "%+.3f%%", worst);

@@ -130,6 +130,18 @@ constexpr long long kMaxGpusPerNode = 1024;
 constexpr long long kMaxNodes = 65536;
 constexpr long long kMaxGradAccum = 4096;
 
+// A file, directory or name option given an empty value: '' names nothing,
+// and each of these options left empty was read as not given (--resume ''
+// trained from scratch, --out '' wrote no report, --candidate '' ran the
+// chosen one) without a word. No description: the value's type says enough.
+inline const CLI::Validator Named(
+    [](std::string& text) -> std::string {
+      return text.find_first_not_of(" \t") == std::string::npos
+                 ? "'" + text + "' names nothing: give a value, or leave the option out"
+                 : std::string();
+    },
+    "");
+
 // A comma-separated list option (--strategies, --precision): each item
 // named, none empty ('', ',,' and 'fp32,,bf16' name nothing where an item
 // stands, and would otherwise be read as the default).

@@ -206,8 +206,21 @@ Manifest read_manifest(const fs::path& dir) {
   std::string text(static_cast<size_t>(f.size()), '\0');
   f.read_at(0, text.data(), f.size());
   const json m = parse_json(path, text, "manifest");
+  if (!m.is_object()) bad(path, "manifest is not a JSON object");
   const std::string format = string_field(path, m, "format", "manifest");
   if (format != kManifestFormat) bad(path, "format '" + format + "' is not " + kManifestFormat);
+  // Every field is one write_checkpoint_manifest writes, and each is checked
+  // below against the rank files: a field added by hand is an edit, not a
+  // newer shardfit's (that would change the format).
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    static const std::set<std::string> kFields = {"format", "world_size", "ranks", "metadata", "units"};
+    if (!kFields.count(it.key())) bad(path, "manifest has a field '" + it.key() + "' that shardfit does not write: edited");
+  }
+  for (const char* key : {"metadata", "units"}) {
+    if (!m.contains(key))
+      bad(path, std::string("manifest has no '") + key +
+                    "': every shardfit manifest states rank 0's job and layout, so this one was edited or cut");
+  }
   Manifest out;
   const int64_t world = int_field(path, m, "world_size", "manifest", 1);
   if (world > INT32_MAX) bad(path, "world_size " + std::to_string(world) + " is too large");
@@ -221,7 +234,11 @@ Manifest read_manifest(const fs::path& dir) {
     ManifestRank e;
     e.file = string_field(path, ranks[r], "file", where);
     e.bytes = int_field(path, ranks[r], "bytes", where);
+    if (ranks[r].is_object() && !ranks[r].contains("header_fnv1a64"))
+      bad(path, where + " has no header_fnv1a64: nothing pins the file it lists, so neither verify nor resume "
+                        "can trust it (every shardfit manifest has one; edited?)");
     e.header_hash = string_field(path, ranks[r], "header_fnv1a64", where);
+    if (ranks[r].size() != 3) bad(path, where + " has fields that shardfit does not write (file, bytes, header_fnv1a64): edited");
     if (e.file != rank_file_name(r, out.world_size)) bad(path, where + ".file is '" + e.file + "'");
     out.ranks.push_back(std::move(e));
   }
@@ -235,11 +252,11 @@ Manifest read_manifest(const fs::path& dir) {
   if (rf.header_hash != out.ranks[0].header_hash)
     bad(rank0, "is not the file manifest.json committed (header " + rf.header_hash + "; manifest says header " +
                    out.ranks[0].header_hash + ")");
-  if (!m.contains("metadata") || m["metadata"] != rf.metadata)
+  if (m["metadata"] != rf.metadata)
     bad(path, "manifest.metadata differs from " + out.ranks[0].file + "'s header: edited or damaged");
   json units = json::array();
   for (const UnitShardLayout& u : rf.units) units.push_back(unit_to_json(u, /*with_shard=*/false));
-  if (!m.contains("units") || m["units"] != units)
+  if (m["units"] != units)
     bad(path, "manifest.units differs from " + out.ranks[0].file + "'s header: edited or damaged");
   return out;
 }

@@ -2,8 +2,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <tuple>
 
 namespace shardfit::executor::ckpt {
@@ -292,6 +294,32 @@ void verify_tensor_data(const ReadFile& f, int64_t data_start, const TensorEntry
   }
   const std::string got = h.hex();
   if (got != want) mismatch(f.path(), e, want, got);
+}
+
+int64_t verify_tensor_finite(const ReadFile& f, int64_t data_start, const TensorEntry& e) {
+  // IEEE 754: a value is NaN or Inf when its exponent bits are all ones.
+  const std::string dtype = e.dtype->name;
+  uint32_t mask = 0;
+  if (dtype == "F32") mask = 0x7f800000u;
+  if (dtype == "BF16") mask = 0x7f80u;
+  if (dtype == "F16") mask = 0x7c00u;
+  if (mask == 0) return 0;
+  const int64_t elem = e.dtype->bytes;
+  std::vector<char> buffer;
+  for (int64_t done = 0; done < e.bytes();) {
+    const int64_t n = std::min(kCopyChunkBytes, e.bytes() - done);
+    buffer.resize(static_cast<size_t>(n));
+    f.read_at(data_start + e.begin + done, buffer.data(), n);
+    for (int64_t i = 0; i + elem <= n; i += elem) {
+      uint32_t v = 0;
+      std::memcpy(&v, buffer.data() + i, static_cast<size_t>(elem));  // little-endian hosts only (checkpoint.h)
+      if ((v & mask) == mask)
+        bad(f.path(), "tensor '" + e.name + "': element " + std::to_string((done + i) / elem) +
+                          " is NaN or Inf, which no trained weight holds: the data is corrupt");
+    }
+    done += n;
+  }
+  return e.bytes();
 }
 
 void check_checksum(const fs::path& file, const TensorEntry& e, const std::string& want,

@@ -190,6 +190,11 @@ std::vector<TensorEntry> parse_tensor_table(const fs::path& file, const json& ta
 // a multiple of 8 from the start of the file (given `preamble` bytes before).
 std::string padded_header(const json& header, int64_t preamble);
 
+// A file without checksums (Hugging Face's own safetensors): every value of
+// a floating tensor (F32, BF16, F16) is read and must be finite; a NaN or an
+// Inf, which no trained weight holds, is "<file>: tensor '<name>': element
+// N is NaN or Inf". Other dtypes are not read. Returns the bytes read.
+int64_t verify_tensor_finite(const ReadFile& f, int64_t data_start, const TensorEntry& e);
 // Reads e's bytes (at data_start + e.begin) in chunks and checks them
 // against `want` (16 hex digits). Throws std::invalid_argument "<file>:
 // tensor '<name>': data checksum mismatch ..." when they differ.

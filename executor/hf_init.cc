@@ -131,23 +131,31 @@ std::map<std::string, const StoredTensor*> match(const fs::path& path,
 
 }  // namespace
 
-void check_hf_checkpoint(const std::string& path, torch::nn::Module& model, bool verify_data) {
+std::vector<std::string> check_hf_checkpoint(const std::string& path, torch::nn::Module& model, bool verify_data) {
   const auto stored = read_checkpoint(path);
   match(path, stored, model);
-  if (!verify_data) return;
+  std::vector<std::string> unchecksummed;
+  if (!verify_data) return unchecksummed;
   std::set<fs::path> files;
   for (const auto& [name, t] : stored) files.insert(t.file);
   for (const fs::path& file : files) {
     const ckpt::ReadFile f(file);
     const ckpt::SafetensorsHeader h = ckpt::read_safetensors_header(f);
-    if (!h.has_checksums) continue;
-    for (const ckpt::TensorEntry& e : h.tensors) ckpt::verify_tensor_data(f, h.data_start, e, e.checksum);
+    for (const ckpt::TensorEntry& e : h.tensors) {
+      if (h.has_checksums)
+        ckpt::verify_tensor_data(f, h.data_start, e, e.checksum);
+      else
+        ckpt::verify_tensor_finite(f, h.data_start, e);
+    }
+    if (!h.has_checksums) unchecksummed.push_back(file.string());
   }
+  return unchecksummed;
 }
 
-void check_hf_checkpoint(const std::string& path, const models::ModelConfig& config, bool verify_data) {
+std::vector<std::string> check_hf_checkpoint(const std::string& path, const models::ModelConfig& config,
+                                             bool verify_data) {
   auto meta = models::build_model(config, torch::TensorOptions().device(torch::kMeta));
-  check_hf_checkpoint(path, *meta, verify_data);
+  return check_hf_checkpoint(path, *meta, verify_data);
 }
 
 struct HfCheckpoint::Impl {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/model_config.h"
 
@@ -31,14 +32,18 @@ namespace shardfit::executor {
 
 // Checks the checkpoint's headers against `model`'s parameters (names,
 // shapes, dtypes, byte ranges). `model` may be on the meta device. With
-// `verify_data`, every file that carries shardfit's XXH3 checksums (`run
-// --export` writes them) has every tensor's data read and checked, as
-// `shardfit verify` does: a flipped bit or an edited tensor is an error
-// naming the file and the tensor, before any rank starts. Files without
-// checksums (Hugging Face's own) have nothing to check their data against.
-void check_hf_checkpoint(const std::string& path, torch::nn::Module& model, bool verify_data = false);
+// `verify_data`, every byte of data is read and checked, as `shardfit
+// verify` does: a file that carries shardfit's XXH3 checksums (`run
+// --export` writes them) against them, a file without (Hugging Face's own)
+// for values no trained weight holds (NaN, Inf). A flipped bit, an edited
+// tensor or a NaN is an error naming the file and the tensor, before any
+// rank starts. Returns the files whose data had no checksums to check (only
+// their values were), for the caller to say so.
+std::vector<std::string> check_hf_checkpoint(const std::string& path, torch::nn::Module& model,
+                                             bool verify_data = false);
 // The same against `config`'s model, built on the meta device.
-void check_hf_checkpoint(const std::string& path, const models::ModelConfig& config, bool verify_data = false);
+std::vector<std::string> check_hf_checkpoint(const std::string& path, const models::ModelConfig& config,
+                                             bool verify_data = false);
 
 // A checkpoint checked against a model, read piece by piece.
 class HfCheckpoint {

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
 
 namespace shardfit::reports {
@@ -159,17 +161,116 @@ std::optional<double> peak_error_pct(const MemoryFigures& predicted, const Memor
   return 100.0 * static_cast<double>(p - m) / static_cast<double>(m);
 }
 
-// What no run can write: a report that says so is damaged or edited, and
-// `compare` would pass it or `report` draw it. Derived figures (each rank's
-// peak_error_pct) must be what their bytes give.
-void check_consistent(const RunReport& r, const std::string& origin) {
-  // 1 PiB: above any device or host a rank has; 2^62 bytes is a made-up figure.
-  constexpr int64_t kMaxBytes = int64_t{1} << 50;
-  auto bad = [&](const std::string& what) { throw std::invalid_argument(origin + ": " + what); };
-  if (r.world_size < 1 || r.world_size > (1 << 20)) bad("run.world_size " + std::to_string(r.world_size) + ": must be 1 to 1048576");
-  if (r.batch_per_gpu < 1) bad("run.batch_per_gpu " + std::to_string(r.batch_per_gpu) + ": must be at least 1");
+namespace {
+
+// 1 PiB: above any device or host a rank has; 2^62 bytes is a made-up figure.
+constexpr int64_t kMaxBytes = int64_t{1} << 50;
+// Tokens a second above any job: 2^20 ranks at a million tokens/s each.
+constexpr double kMaxTokensPerS = 1e12;
+// The largest batch a report can name (run's --batch bound) and the most
+// micro-batches a step can accumulate (run's --grad-accum bound).
+constexpr int64_t kMaxBatch = int64_t{1} << 20;
+constexpr int64_t kMaxGradAccum = 4096;
+constexpr int64_t kMaxSteps = 1'000'000'000;  // run's --steps bound
+
+using Refuse = std::function<void(const std::string&)>;
+
+// One side (measured or predicted) of a rank: every byte count a count a
+// device can hold, the allocated peak within the reserved one (an allocator
+// reserves what it hands out), and no timeline point above its peak (a peak
+// is the most the timeline reached).
+void check_figures(const MemoryFigures& f, const std::string& who, const Refuse& bad) {
+  auto bytes = [&](int64_t b, const std::string& what) {
+    if (b < 0 || b > kMaxBytes) bad(who + "." + what + " " + std::to_string(b) + ": not a byte count (0 to 2^50)");
+  };
+  bytes(f.peak_allocated_bytes, "peak_allocated_bytes");
+  bytes(f.peak_reserved_bytes, "peak_reserved_bytes");
+  if (f.peak_allocated_bytes > f.peak_reserved_bytes)
+    bad(who + ".peak_allocated_bytes " + std::to_string(f.peak_allocated_bytes) + " is above peak_reserved_bytes " +
+        std::to_string(f.peak_reserved_bytes) + " (an allocator reserves what it hands out)");
+  for (size_t i = 0; i < f.timeline.size(); ++i) {
+    const TimelinePoint& t = f.timeline[i];
+    const std::string at = "timeline[" + std::to_string(i) + "] ('" + t.label + "')";
+    for (const auto& [b, what, peak] : {std::tuple{t.allocated_bytes, "allocated_bytes", f.peak_allocated_bytes},
+                                        std::tuple{t.peak_allocated_bytes, "peak_allocated_bytes", f.peak_allocated_bytes},
+                                        std::tuple{t.reserved_bytes, "reserved_bytes", f.peak_reserved_bytes}}) {
+      bytes(b, at + "." + what);
+      if (b > peak)
+        bad(who + "." + at + "." + what + " " + std::to_string(b) + " is above the rank's peak " + std::to_string(peak));
+    }
+    if (i < f.timeline_category_bytes.size())
+      for (const auto& [k, b] : f.timeline_category_bytes[i]) bytes(b, at + ".category_bytes." + k);
+  }
+  for (const auto& [k, b] : f.breakdown_bytes) bytes(b, "breakdown_bytes." + k);
+}
+
+// The run's own figures: what it ran on, one loss a step, a speed a job can
+// have, and the step time and its error as its tokens/s and prediction give
+// them (compare gates on the error).
+void check_run_figures(const RunReport& r, const Refuse& bad) {
+  if (r.device != "cpu" && r.device != "cuda") bad("run.device '" + r.device + "': expected cpu or cuda");
+  if (r.backend != "gloo" && r.backend != "nccl" && r.backend != "loopback" && r.backend != "none")
+    bad("run.backend '" + r.backend + "': expected gloo, nccl, loopback or none");
+  if (r.batch_per_gpu < 1 || r.batch_per_gpu > kMaxBatch)
+    bad("run.batch_per_gpu " + std::to_string(r.batch_per_gpu) + ": must be 1 to " + std::to_string(kMaxBatch));
   if (r.steps < 0) bad("run.steps " + std::to_string(r.steps) + ": must not be negative");
-  if (r.first_step < 1) bad("run.first_step " + std::to_string(r.first_step) + ": must be at least 1");
+  if (r.first_step < 1 || r.first_step > kMaxSteps)
+    bad("run.first_step " + std::to_string(r.first_step) + ": must be 1 to " + std::to_string(kMaxSteps));
+  if (r.steps > kMaxSteps) bad("run.steps " + std::to_string(r.steps) + ": above " + std::to_string(kMaxSteps));
+  if (static_cast<int64_t>(r.loss.size()) != r.steps)
+    bad("run.loss has " + std::to_string(r.loss.size()) + " entries for run.steps " + std::to_string(r.steps) +
+        " (one a step)");
+  for (const auto& [step, what] : {std::pair{r.diverged_at_step, "diverged_at_step"},
+                                   std::pair{r.saved_on_signal_step, "saved_on_signal_step"}})
+    if (step != 0 && (step < r.first_step || step >= r.first_step + r.steps))
+      bad("run." + std::string(what) + " " + std::to_string(step) + ": not one of the steps the run reports");
+  for (int64_t b : r.ddp_bucket_bytes)
+    if (b < 1 || b > kMaxBytes) bad("run.ddp_bucket_bytes holds " + std::to_string(b) + ": not a bucket's bytes");
+  if (!(r.tokens_per_s >= 0 && r.tokens_per_s <= kMaxTokensPerS))
+    bad("run.tokens_per_s " + std::to_string(r.tokens_per_s) + ": must be 0 to 1e12");
+  if (r.init_data_bytes < 0 || r.init_data_bytes > kMaxBytes)
+    bad("run.init.data_bytes " + std::to_string(r.init_data_bytes) + ": not a byte count (0 to 2^50)");
+  for (const auto& [v, what] : {std::pair{r.max_batch_predicted, "max_batch.predicted"},
+                                std::pair{r.max_batch_measured, "max_batch.measured"}})
+    if (v && (*v < 0 || *v > kMaxBatch))
+      bad(std::string(what) + " " + std::to_string(*v) + ": must be 0 to " + std::to_string(kMaxBatch));
+  for (const auto& [v, what] : {std::pair{r.step_time_measured_s, "measured"},
+                                std::pair{r.step_time_predicted_s, "predicted"}})
+    if (v && !(*v > 0 && std::isfinite(*v)))
+      bad("run.step_time_s." + std::string(what) + " " + std::to_string(*v) + ": must be a time above 0");
+  // measured = tokens a step / tokens_per_s, a step being world x batch x
+  // seq_len tokens times the micro-batches it accumulates (a whole number).
+  const auto seq = r.model.is_object() && r.model.contains("seq_len") && r.model["seq_len"].is_number_integer()
+                       ? r.model["seq_len"].get<int64_t>()
+                       : int64_t{0};
+  if (r.step_time_measured_s && r.tokens_per_s > 0 && seq > 0) {
+    const double micro = *r.step_time_measured_s * r.tokens_per_s /
+                         (static_cast<double>(r.world_size) * static_cast<double>(r.batch_per_gpu) * static_cast<double>(seq));
+    if (std::fabs(micro - std::round(micro)) > 1e-6 * std::max(1.0, micro) || std::round(micro) < 1 ||
+        std::round(micro) > kMaxGradAccum)
+      bad("run.step_time_s.measured " + std::to_string(*r.step_time_measured_s) + " is not what run.tokens_per_s " +
+          std::to_string(r.tokens_per_s) + " gives for steps of world x batch x seq_len tokens");
+  }
+  const bool both = r.step_time_measured_s && r.step_time_predicted_s;
+  const std::optional<double> derived =
+      both ? std::optional<double>(100.0 * (*r.step_time_predicted_s - *r.step_time_measured_s) / *r.step_time_measured_s)
+           : std::nullopt;
+  if (r.step_time_error_pct.has_value() != derived.has_value() ||
+      (derived && std::fabs(*r.step_time_error_pct - *derived) > 1e-9 * std::max(1.0, std::fabs(*derived))))
+    bad("run.step_time_error_pct " + (r.step_time_error_pct ? std::to_string(*r.step_time_error_pct) : "null") +
+        " is not what its step times give (" + (derived ? std::to_string(*derived) : "null") + ")");
+}
+
+}  // namespace
+
+// What no run can write: a report that says so is damaged or edited, and
+// `compare` would pass it or `report` draw it. Every derived figure (each
+// rank's peak_error_pct, the step time and its error) must be what the raw
+// figures give.
+void check_consistent(const RunReport& r, const std::string& origin) {
+  const Refuse bad = [&](const std::string& what) { throw std::invalid_argument(origin + ": " + what); };
+  if (r.world_size < 1 || r.world_size > (1 << 20)) bad("run.world_size " + std::to_string(r.world_size) + ": must be 1 to 1048576");
+  check_run_figures(r, bad);
   if (r.ranks.size() > static_cast<size_t>(r.world_size))
     bad(std::to_string(r.ranks.size()) + " ranks in a world of " + std::to_string(r.world_size));
   // Every rank writes its figures into the one report, except loopback
@@ -183,11 +284,11 @@ void check_consistent(const RunReport& r, const std::string& origin) {
       bad(who + ": outside a world of " + std::to_string(r.world_size));
     if (seen[static_cast<size_t>(rk.rank)]) bad(who + ": listed twice");
     seen[static_cast<size_t>(rk.rank)] = true;
-    for (const auto* f : {&rk.measured, rk.predicted ? &*rk.predicted : nullptr}) {
-      if (!f) continue;
-      for (int64_t b : {f->peak_allocated_bytes, f->peak_reserved_bytes})
-        if (b < 0 || b > kMaxBytes) bad(who + ": a peak of " + std::to_string(b) + " bytes (0 to 2^50)");
-    }
+    check_figures(rk.measured, who + ".measured", bad);
+    if (rk.predicted) check_figures(*rk.predicted, who + ".predicted", bad);
+    if (rk.init_read_bytes && (*rk.init_read_bytes < 0 || *rk.init_read_bytes > r.init_data_bytes))
+      bad(who + ".init_read_bytes " + std::to_string(*rk.init_read_bytes) + ": not 0 to run.init.data_bytes " +
+          std::to_string(r.init_data_bytes));
     const std::optional<double> derived =
         rk.predicted ? peak_error_pct(*rk.predicted, rk.measured, r.device == "cuda") : std::nullopt;
     if (rk.peak_error_pct.has_value() != derived.has_value() ||
@@ -208,8 +309,11 @@ RunReport report_from_json_unchecked(const nlohmann::json& j, const std::string&
   // Read as numbers by the renderers: checked here, once.
   for (const auto& [obj, key] : {std::pair{&r.hardware, "device_mem_bytes"}, std::pair{&r.model, "params"},
                                  std::pair{&r.model, "seq_len"}})
-    if (obj->is_object() && obj->contains(key) && !(*obj)[key].is_null())
-      json_whole<int64_t>((*obj)[key], origin + ": field '" + key + "'");
+    if (obj->is_object() && obj->contains(key) && !(*obj)[key].is_null()) {
+      const int64_t v = json_whole<int64_t>((*obj)[key], origin + ": field '" + key + "'");
+      if (v < 1 || v > kMaxBytes)  // a count of bytes, parameters or tokens a job has
+        throw std::invalid_argument(origin + ": field '" + key + "' is " + std::to_string(v) + ": must be 1 to 2^50");
+    }
   const auto& run = field(j, "run", origin);
   const std::string w = origin + ": run";
   r.batch_per_gpu = get<int64_t>(run, "batch_per_gpu", w);

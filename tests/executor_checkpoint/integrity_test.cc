@@ -144,6 +144,82 @@ TEST(Integrity, AnEditedManifestFailsVerifyAndResume) {
   fs::remove_all(dir);
 }
 
+// A manifest field added by hand, or a rank entry without the hash that pins
+// its file (no shardfit manifest lacks one), is an edit: verify and resume
+// refuse it in one line naming the manifest, before any rank starts.
+TEST(Integrity, AManifestWithAnAddedFieldOrWithoutItsHashIsRefused) {
+  const fs::path dir = test_dir();
+  const fs::path step = saved_checkpoint(dir);
+  const fs::path manifest = step / "manifest.json";
+  const json original = json::parse(read_file(manifest));
+  json added = original;
+  added["note"] = "edited by hand";
+  json unpinned = original;
+  unpinned["ranks"][1].erase("header_fnv1a64");
+  json no_units = original;
+  no_units.erase("units");
+  for (const auto& [edited, names] : std::vector<std::pair<json, std::string>>{
+           {added, "field 'note'"}, {unpinned, "manifest.ranks[1] has no header_fnv1a64"}, {no_units, "no 'units'"}}) {
+    std::ofstream(manifest, std::ios::trunc) << edited.dump(2);
+    const Result v = shardfit(dir, {"verify", step.string()});
+    EXPECT_EQ(v.exit_code, 2) << names << ": " << v.out << v.err;
+    EXPECT_NE(v.err.find("manifest.json: "), std::string::npos) << v.err;
+    EXPECT_NE(v.err.find(names), std::string::npos) << v.err;
+    EXPECT_EQ(lines(v.err), 1u) << v.err;
+    const Result r = shardfit(dir, job(4, {"--resume", step.string()}));
+    EXPECT_EQ(r.exit_code, 2) << names << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find(names), std::string::npos) << r.err;
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+  }
+  std::ofstream(manifest, std::ios::trunc) << original.dump(2);
+  EXPECT_EQ(shardfit(dir, {"verify", step.string()}).exit_code, 0);
+  fs::remove_all(dir);
+}
+
+// `file` rewritten without shardfit's checksums, as a Hugging Face file is.
+void strip_checksums(const fs::path& file) {
+  const std::string bytes = read_file(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  json header = json::parse(bytes.substr(8, n));
+  header["__metadata__"] = {{"format", "pt"}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t m = text.size();
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&m), 8);
+  out << text << bytes.substr(8 + n);
+}
+
+// A file without checksums has nothing to check its bytes against, but no
+// trained weight is NaN: --init reads every value of such a file before any
+// rank starts, says that it did, and refuses a NaN in one line (it trained
+// from it with exit 0).
+TEST(Integrity, InitFromAFileWithoutChecksumsChecksEveryValueAndSaysSo) {
+  const fs::path dir = test_dir();
+  const fs::path out = dir / "model.safetensors";
+  ASSERT_EQ(shardfit(dir, job(2, {"--save", (dir / "k").string(), "--export", out.string()})).exit_code, 0);
+  strip_checksums(out);
+  const Result plain = shardfit(dir, job(1, {"--init", out.string()}));
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  const size_t said = plain.err.find("no shardfit checksums");
+  EXPECT_NE(said, std::string::npos) << plain.err;
+  EXPECT_EQ(plain.err.find("no shardfit checksums", said + 1), std::string::npos) << "read twice:\n" << plain.err;
+  {
+    std::fstream f(out, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-static_cast<std::streamoff>(sizeof(float)), std::ios::end);
+    const uint32_t nan = 0x7fc00000u;
+    f.write(reinterpret_cast<const char*>(&nan), sizeof nan);
+  }
+  const Result bad = shardfit(dir, job(1, {"--init", out.string()}));
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("model.safetensors: tensor '"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("NaN or Inf"), std::string::npos) << bad.err;
+  EXPECT_EQ(lines(bad.err), 1u) << bad.err;
+  EXPECT_EQ(bad.out.find("step 1"), std::string::npos) << bad.out;
+  fs::remove_all(dir);
+}
+
 TEST(Integrity, ExportedSafetensorsCarryChecksumsInMetadataAndVerify) {
   const fs::path dir = test_dir();
   const fs::path out = dir / "model.safetensors";

@@ -186,6 +186,9 @@ TEST(BoundedInputs, EmptyListItemsAreExitTwo) {
   for (const char* list : {"", ",,", "ddp,,zero3"})
     expect_bad_input({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--strategies", list}, "--strategies");
   expect_bad_input({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--precision", "fp32,,bf16"}, "--precision");
+  // validate --candidates '' validated every candidate and ',,' none, with exit 0.
+  for (const char* list : {"", ",,", "ddp/fp32/wrap=none,,"})
+    expect_bad_input({"validate", "--plan", "p.json", "--candidates", list}, "--candidates");
 }
 
 // Job sizes past any real job are refused at once: --grad-accum 99999999
@@ -221,6 +224,7 @@ TEST(BoundedInputs, OptionsWithoutTheirModeAndSubMillisecondTimeoutsAreExitTwo) 
   expect_bad_input(run_tiny({"--world-size", "4"}), "--world-size");
   expect_bad_input(run_tiny({"--candidate", "zero3/fp32/wrap=block"}), "--candidate");
   expect_bad_input(run_tiny({"--timeout", "1e-300"}), "--timeout");
+  expect_bad_input(run_tiny({"--oversubscribe"}), "--oversubscribe");
   EXPECT_EQ(shardfit(run_tiny({"--backend", "loopback", "--world-size", "2", "--rank", "1"})).exit_code, 0);
 }
 
@@ -251,6 +255,76 @@ TEST(BoundedInputs, PlanFilesPastAnyPlanOrForAnotherOptimizerAreExitTwo) {
   expect_bad_input({"run", "--plan", edited("\"optimizer\": \"adamw\"", "\"optimizer\": \"lion\""), "--steps", "1"},
                    "optimizer");
   fs::remove_all(d);
+}
+
+// A file, directory or name option given '' was read as not given, without
+// a word: --resume '' trained from scratch, --out '' wrote no report,
+// --candidate '' ran the chosen one, --baseline '' compared with none.
+TEST(BoundedInputs, EmptyValuesOfFileAndNameOptionsAreExitTwo) {
+  for (const char* opt : {"--model", "--out", "--plan", "--candidate", "--profile", "--data", "--save", "--resume",
+                          "--export", "--init"})
+    expect_bad_input(run_tiny({opt, ""}), opt);
+  for (const char* opt : {"--model", "--trace", "--out"})
+    expect_bad_input({"plan", "--device", "cpu", opt, ""}, opt);
+  expect_bad_input({"compare", "r.json", "--baseline", ""}, "--baseline");
+  expect_bad_input({"report", "r.json", "-o", "", "--plan", "p.json"}, "--out");
+  expect_bad_input({"report", "r.json", "-o", "r.md", "--plan", ""}, "--plan");
+  expect_bad_input({"export-config", "--plan", "p.json", "--format", "fsdp", "--out", ""}, "--out");
+  expect_bad_input({"validate", "--plan", "p.json", "--out-dir", ""}, "--out-dir");
+  expect_bad_input({"calibrate", "--device", "cpu", "--out", ""}, "--out");
+}
+
+// plan --out was checked after the plan (seconds to minutes) and `report
+// -o` through a link to /dev/full exited 0 with the report lost; `plan`,
+// `report` and `export-config` now check their output before the work.
+TEST(BoundedInputs, PlanReportAndExportConfigOutputsAreCheckedBeforeTheWork) {
+  const fs::path d = dir();
+  const fs::path full = d / "full.md";
+  fs::create_symlink("/dev/full", full);
+  for (const std::string& out : {std::string("/dev/full"), d.string(), std::string("/proc/plan.json"),
+                                 (d / "missing" / "p.json").string(), full.string()}) {
+    const Result r = expect_bad_input({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--out", out}, "--out");
+    EXPECT_LT(r.seconds, 10.0) << out << ": planned before checking --out";
+  }
+  const std::string report = (d / "r.json").string(), plan = (d / "p.json").string();
+  ASSERT_EQ(shardfit(run_tiny({"--out", report})).exit_code, 0);
+  expect_bad_input({"report", report, "-o", full.string()}, "-o");
+  fs::create_directories(d / "dir.md");
+  expect_bad_input({"report", report, "-o", (d / "dir.md").string()}, "-o");
+  ASSERT_EQ(shardfit({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpu-mem", "64MiB", "--strategies",
+                      "zero3/fp32/wrap=block", "--seq-len", "16", "--out", plan})
+                .exit_code,
+            0);
+  expect_bad_input({"export-config", "--plan", plan, "--format", "fsdp", "--out", "/dev/full"}, "--out");
+  fs::remove_all(d);
+}
+
+// A write that fails after the work (here the file-size limit, as a full disk
+// would) is the environment's failure: exit 3 and one line naming the output,
+// never exit 0 with the file lost, and nothing truncated left under its name.
+TEST(BoundedInputs, AnOutputWriteThatFailsAfterTheWorkIsExitThree) {
+  const fs::path d = dir();
+  const std::string report = (d / "r.json").string(), html = (d / "r.html").string();
+  ASSERT_EQ(shardfit(run_tiny({"--out", report})).exit_code, 0);
+  // sh's ulimit -f counts 512-byte blocks: 4 KiB, below the page's size;
+  // SIGXFSZ ignored so the write fails instead of killing the process.
+  const Result r = shardfit::test_support::shardfit({"report", report, "-o", html}, "trap '' XFSZ; ulimit -f 8;", 60);
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("-o " + html), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  EXPECT_FALSE(fs::exists(html)) << "a truncated page was left under the name";
+  fs::remove_all(d);
+}
+
+// torchrun's variables are read once, bounded, before the world size is
+// taken from them: WORLD_SIZE=abc was read as 0 and reported as the
+// strategy's "world size 0".
+TEST(BoundedInputs, TorchrunVariablesAreNamedWhenMalformed) {
+  using shardfit::test_support::expect_bad_input;
+  for (const std::string world : {"abc", "-1", "99999999999"})
+    expect_bad_input(run_tiny({}), "WORLD_SIZE=" + world, "RANK=0 WORLD_SIZE=" + world, 60);
+  expect_bad_input(run_tiny({}), "LOCAL_WORLD_SIZE=x",
+                   "RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=x MASTER_ADDR=127.0.0.1 MASTER_PORT=29500", 60);
 }
 
 }  // namespace

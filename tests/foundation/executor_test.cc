@@ -500,7 +500,7 @@ reports::RunReport sample_report() {
   rank.measured.peak_allocated_bytes = rank.measured.peak_reserved_bytes = 1000;
   rank.measured.timeline.push_back({"init", 10, 10, 20});
   reports::MemoryFigures predicted;
-  predicted.peak_allocated_bytes = 1100;
+  predicted.peak_allocated_bytes = predicted.peak_reserved_bytes = 1100;
   rank.predicted = predicted;
   rank.peak_error_pct = 10.0;
   r.ranks.push_back(rank);

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include <fstream>
+#include <functional>
 
 namespace shardfit::reports {
 namespace {
@@ -27,14 +28,16 @@ RunReport report(double tokens_per_s, double peak_error_pct, const Machine& m) {
   RunReport r;
   r.candidate = "zero3/bf16/wrap=block";
   r.device = "cpu";
+  r.backend = "none";
   r.tokens_per_s = tokens_per_s;
   r.machine = m;
   r.batch_per_gpu = 8;
   RankReport rank;
-  rank.measured.peak_allocated_bytes = 1000;
+  rank.measured.peak_allocated_bytes = rank.measured.peak_reserved_bytes = 1000;  // on the CPU, the same
   // The predicted bytes the error says (whole percent tenths are exact).
   MemoryFigures predicted;
   predicted.peak_allocated_bytes = std::llround(1000 * (1 + peak_error_pct / 100));
+  predicted.peak_reserved_bytes = predicted.peak_allocated_bytes;
   rank.predicted = predicted;
   rank.peak_error_pct = 100.0 * static_cast<double>(predicted.peak_allocated_bytes - 1000) / 1000.0;
   r.ranks.push_back(rank);
@@ -236,8 +239,8 @@ TEST(RunReport, ImpossibleReportsAreRefusedNamingTheField) {
     }
   };
   nlohmann::json j = to_json(good);
-  j["ranks"][0]["predicted"]["peak_allocated_bytes"] = 0;
-  j["ranks"][0]["measured"]["peak_allocated_bytes"] = 2760000;
+  j["ranks"][0]["predicted"]["peak_allocated_bytes"] = j["ranks"][0]["predicted"]["peak_reserved_bytes"] = 0;
+  j["ranks"][0]["measured"]["peak_allocated_bytes"] = j["ranks"][0]["measured"]["peak_reserved_bytes"] = 2760000;
   refused(j, "peak_error_pct");
   j = to_json(good);
   j["ranks"][1]["rank"] = 0;
@@ -251,6 +254,69 @@ TEST(RunReport, ImpossibleReportsAreRefusedNamingTheField) {
   j = to_json(good);
   j["ranks"][0]["measured"]["peak_allocated_bytes"] = int64_t{1} << 62;
   refused(j, "bytes");
+}
+
+// Every figure compare or report reads is checked against the others: the
+// step time against tokens/s, its error against the two times (compare gates
+// on it), the loss against the step count, a timeline against its peak, an
+// allocated peak against the reserved one; and what no job reaches (a speed
+// of 1e15 tokens/s, a max batch of -1, a device no run has) is refused.
+TEST(RunReport, DerivedFiguresAreRecomputedFromTheRawOnes) {
+  RunReport good = report(1024, 0, epyc());
+  good.model = {{"name", "gpt2-tiny"}, {"params", 1000}, {"seq_len", 64}};
+  good.world_size = 1;
+  good.backend = "none";
+  good.steps = 2;
+  good.loss = {6.2, 6.1};
+  set_step_time(good, 8 * 64 * 2, 0.4);  // batch 8, seq 64, two micro-batches a step: 1 s at 1024 tokens/s
+  MemoryFigures& m = good.ranks[0].measured;
+  m.peak_reserved_bytes = 1000;
+  m.timeline = {{"init", 400, 400, 400}, {"step1/optimizer", 900, 1000, 1000}};
+  ASSERT_NO_THROW(report_from_json(to_json(good), "r.json"));
+  struct Edit {
+    std::function<void(nlohmann::json&)> apply;
+    std::string names;
+  };
+  const std::vector<Edit> edits = {
+      {[](nlohmann::json& j) { j["run"]["step_time_error_pct"] = 0.0; }, "run.step_time_error_pct"},
+      {[](nlohmann::json& j) { j["run"]["step_time_s"]["measured"] = 0.3; }, "run.step_time_s.measured"},
+      {[](nlohmann::json& j) { j["run"]["step_time_s"]["predicted"] = -1.0; }, "run.step_time_s.predicted"},
+      {[](nlohmann::json& j) { j["run"]["tokens_per_s"] = 1e15; }, "run.tokens_per_s"},
+      {[](nlohmann::json& j) { j["run"]["tokens_per_s"] = -5; }, "run.tokens_per_s"},
+      {[](nlohmann::json& j) { j["run"]["loss"] = {6.2}; }, "run.loss has 1 entries for run.steps 2"},
+      {[](nlohmann::json& j) { j["run"]["diverged_at_step"] = 9; }, "run.diverged_at_step"},
+      {[](nlohmann::json& j) { j["run"]["device"] = "tpu"; }, "run.device 'tpu'"},
+      {[](nlohmann::json& j) { j["run"]["backend"] = "mpi"; }, "run.backend 'mpi'"},
+      {[](nlohmann::json& j) { j["run"]["batch_per_gpu"] = int64_t{1} << 40; }, "run.batch_per_gpu"},
+      {[](nlohmann::json& j) { j["max_batch"]["predicted"] = -1; }, "max_batch.predicted"},
+      {[](nlohmann::json& j) { j["ranks"][0]["measured"]["peak_reserved_bytes"] = 10; },
+       "rank 0.measured.peak_allocated_bytes 1000 is above peak_reserved_bytes 10"},
+      {[](nlohmann::json& j) { j["ranks"][0]["measured"]["timeline"][1]["allocated_bytes"] = 5000; },
+       "rank 0.measured.timeline[1] ('step1/optimizer').allocated_bytes 5000 is above the rank's peak 1000"},
+      {[](nlohmann::json& j) { j["ranks"][0]["measured"]["timeline"][0]["reserved_bytes"] = -4; },
+       "timeline[0] ('init').reserved_bytes -4"},
+      {[](nlohmann::json& j) { j["ranks"][0]["predicted"]["breakdown_bytes"] = {{"params", -1}}; },
+       "rank 0.predicted.breakdown_bytes.params -1"},
+      {[](nlohmann::json& j) { j["ranks"][0]["init_read_bytes"] = 7; }, "rank 0.init_read_bytes 7"},
+      {[](nlohmann::json& j) { j["run"]["first_step"] = int64_t{1} << 62; }, "run.first_step"},
+      {[](nlohmann::json& j) { j["run"]["saved_on_signal_step"] = -4; }, "run.saved_on_signal_step -4"},
+      {[](nlohmann::json& j) { j["run"]["ddp_bucket_bytes"] = {-5}; }, "run.ddp_bucket_bytes holds -5"},
+      {[](nlohmann::json& j) { j["model"]["seq_len"] = -5; }, "field 'seq_len' is -5"},
+      {[](nlohmann::json& j) { j["hardware"] = {{"device_mem_bytes", -5}}; }, "field 'device_mem_bytes' is -5"},
+  };
+  for (const Edit& e : edits) {
+    nlohmann::json j = to_json(good);
+    e.apply(j);
+    try {
+      report_from_json(j, "r.json");
+      ADD_FAILURE() << "accepted, expected a refusal naming " << e.names;
+    } catch (const std::invalid_argument& x) {
+      const std::string what = x.what();
+      EXPECT_EQ(what.rfind("r.json: ", 0), 0u) << what;
+      EXPECT_NE(what.find(e.names), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
 }
 
 }  // namespace

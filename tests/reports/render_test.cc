@@ -38,6 +38,8 @@ RunReport report(bool exact) {
       {"profile", "cpu"}, {"device_mem_bytes", nullptr}, {"gpus_per_node", 2}, {"nodes", 1}};
   r.batch_per_gpu = 2;
   r.world_size = 2;
+  r.backend = "gloo";
+  r.device = "cpu";
   r.steps = 3;
   r.loss = {6.2, 5.9, 5.1};
   for (int rank = 0; rank < 2; ++rank) {
@@ -48,7 +50,7 @@ RunReport report(bool exact) {
     sample(predicted, "step1/forward/root", 1000, 4000);
     sample(predicted, "step1/backward/root", 1000, 500);
     sample(predicted, "step1/optimizer", 1000, 0);
-    predicted.peak_allocated_bytes = 5000;
+    predicted.peak_allocated_bytes = predicted.peak_reserved_bytes = 5000;
     k.predicted = predicted;
     k.measured = predicted;
     k.measured.timeline_category_bytes.clear();  // the meter has totals only
