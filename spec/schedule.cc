@@ -36,6 +36,9 @@ const char* op_name(Op op) {
 void check_schedule_options(const ScheduleOptions& options) {
   if (options.prefetch < 1)
     throw std::invalid_argument("--prefetch " + std::to_string(options.prefetch) + ": must be at least 1");
+  if (options.prefetch > kMaxPrefetch)
+    throw std::invalid_argument("--prefetch " + std::to_string(options.prefetch) + ": at most " +
+                                std::to_string(kMaxPrefetch) + " (units gathered ahead; no model has that many)");
   if (options.ddp_bucket_cap_bytes < 1)
     throw std::invalid_argument("--ddp-bucket-cap-mb: " + std::to_string(options.ddp_bucket_cap_bytes) +
                                 " bytes; must be at least 1");

@@ -134,10 +134,14 @@ struct ScheduleOptions {
   int64_t ddp_bucket_cap_bytes = kDdpBucketCapBytes;
 };
 
+// The most units a job gathers ahead (--prefetch): more than any model has
+// units (a 405B Llama wrapped by block has 126), so a bound only on typos.
+inline constexpr int kMaxPrefetch = 1024;
+
 // The rules of a job's ScheduleOptions, each with its one message naming
-// the option as the CLI spells it: --prefetch at least 1 (0, no prefetch at
-// all, is the schedule's own case for tests, not a job's), a DDP bucket of
-// at least one byte. Throws std::invalid_argument. What checks a job's
+// the option as the CLI spells it: --prefetch from 1 (0, no prefetch at
+// all, is the schedule's own case for tests, not a job's) to kMaxPrefetch,
+// a DDP bucket of at least one byte. Throws std::invalid_argument. What checks a job's
 // options: the CLI before any work, build_plan and the engine for callers
 // that reach them directly.
 void check_schedule_options(const ScheduleOptions& options);

@@ -399,15 +399,20 @@ TEST(EngineCli, BadInputIsOneLineAndExit2) {
 
 // --prefetch has one rule (spec::check_schedule_options) and one message,
 // whichever command is given it; run refuses it before any rank starts.
-TEST(EngineCli, PrefetchBelowOneIsRefusedByOneRuleEverywhere) {
+TEST(EngineCli, PrefetchOutOfRangeIsRefusedByOneRuleEverywhere) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"plan", "--model", "gpt2-tiny", "--device", "cpu", "--prefetch", "0"},
         std::vector<std::string>{"plan", "--model", "gpt2-tiny", "--device", "cpu", "--prefetch", "-3"},
-        std::vector<std::string>{"run", "--model", "gpt2-tiny", "--nproc", "2", "--prefetch", "0"}}) {
+        std::vector<std::string>{"plan", "--model", "gpt2-tiny", "--device", "cpu", "--prefetch", "1000000"},
+        std::vector<std::string>{"run", "--model", "gpt2-tiny", "--nproc", "2", "--prefetch", "0"},
+        std::vector<std::string>{"run", "--model", "gpt2-tiny", "--nproc", "2", "--prefetch", "1025"}}) {
     const Result r = shardfit(args);
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_NE(r.err.find("--prefetch " + args.back() + ": must be at least 1"), std::string::npos) << r.err;
+    const bool low = std::stoll(args.back()) < 1;
+    EXPECT_NE(r.err.find("--prefetch " + args.back() + (low ? ": must be at least 1" : ": at most 1024")),
+              std::string::npos)
+        << r.err;
     EXPECT_EQ(r.err.find("rank"), std::string::npos) << "refused before the ranks: " << r.err;
   }
 }
