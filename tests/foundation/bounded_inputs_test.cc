@@ -325,6 +325,10 @@ TEST(BoundedInputs, TorchrunVariablesAreNamedWhenMalformed) {
     expect_bad_input(run_tiny({}), "WORLD_SIZE=" + world, "RANK=0 WORLD_SIZE=" + world, 60);
   expect_bad_input(run_tiny({}), "LOCAL_WORLD_SIZE=x",
                    "RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=x MASTER_ADDR=127.0.0.1 MASTER_PORT=29500", 60);
+  // --oversubscribe lets --nproc's local ranks exceed the cores; under
+  // torchrun it would be ignored without a word.
+  expect_bad_input(run_tiny({"--oversubscribe"}), "the launcher placed the ranks",
+                   "RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500", 60);
 }
 
 }  // namespace
