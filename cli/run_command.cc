@@ -460,10 +460,13 @@ int run(const RunArgs& a) {
   if (backend == executor::Backend::kLoopback && nproc > 0)
     throw BadInput("--nproc with --backend loopback: loopback is one process; use --world-size N [--rank R]");
   if (!in_job && nproc == 0 && backend != executor::Backend::kLoopback && job.plan_world > 1) nproc = job.plan_world;
-  if (a.oversubscribe && (in_job || nproc == 0))
+  // Under torchrun or Slurm the launcher placed the ranks; --nproc's own
+  // ranks (SHARDFIT_COMMAND_LINE set by this binary) inherit the flag.
+  const bool outside_launcher = in_job && std::getenv("SHARDFIT_COMMAND_LINE") == nullptr;
+  if (a.oversubscribe && (outside_launcher || (!in_job && nproc == 0)))
     throw BadInput(std::string("--oversubscribe: only with --nproc N (or a plan of N GPUs), whose ranks it lets "
                                "exceed the cores") +
-                   (in_job ? "; under torchrun or Slurm the launcher placed the ranks" : ""));
+                   (outside_launcher ? "; under torchrun or Slurm the launcher placed the ranks" : ""));
   if (!in_job && nproc > 0) check_local_ranks(nproc, a.oversubscribe);
   if (a.reference_trainer && (nproc > 0 || in_job || backend == executor::Backend::kLoopback))
     throw BadInput("--reference-trainer: one rank only (no --nproc, torchrun or loopback)");

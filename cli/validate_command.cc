@@ -149,11 +149,10 @@ Command add_validate_command(CLI::App& app) {
                 std::vector<std::string> argv = {self_exe(), "run", "--plan", a->plan, "--candidate", c->id(),
                                                  "--batch", std::to_string(batch), "--steps", std::to_string(a->steps),
                                                  "--gpu-mem", std::to_string(plan.hardware.device_mem_bytes),
-                                                 "--out", out, "--oom-ok",  // max+1 must OOM: a result
-                                                 // the plan's world, on whatever cores this machine has
-                                                 "--oversubscribe"};
+                                                 "--out", out, "--oom-ok"};  // max+1 must OOM: a result
                 if (a->backend == "gloo") {
-                  argv.insert(argv.end(), {"--nproc", std::to_string(world)});
+                  // The plan's world, on whatever cores this machine has.
+                  argv.insert(argv.end(), {"--nproc", std::to_string(world), "--oversubscribe"});
                 } else {
                   argv.insert(argv.end(), {"--backend", "loopback", "--world-size", std::to_string(world)});
                 }
