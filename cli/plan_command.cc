@@ -215,7 +215,7 @@ std::vector<planner::PlanRequest> sweep_points(const PlanArgs& a, const planner:
   std::vector<int64_t> mems = {0};
   if (!a.gpu_mem.empty()) {
     mems.clear();
-    for (const std::string& m : planner::split_list(a.gpu_mem)) mems.push_back(planner::parse_size_bytes(m));
+    for (const std::string& m : items_of(a.gpu_mem)) mems.push_back(planner::parse_size_bytes(m));
   }
   std::vector<planner::PlanRequest> points;
   const std::shared_ptr<planner::TraceCache> traces = planner::make_trace_cache();

@@ -142,20 +142,26 @@ inline const CLI::Validator Named(
     },
     "");
 
+// The comma-separated items of a list option, as written (not trimmed).
+inline std::vector<std::string> items_of(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t begin = 0;;) {
+    const size_t comma = text.find(',', begin);
+    out.push_back(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
+}
+
 // A comma-separated list option (--strategies, --precision): each item
 // named, none empty ('', ',,' and 'fp32,,bf16' name nothing where an item
 // stands, and would otherwise be read as the default).
 inline const CLI::Validator NonEmptyItems(
     [](std::string& text) -> std::string {
-      size_t begin = 0;
-      while (true) {
-        const size_t comma = text.find(',', begin);
-        const std::string item = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+      for (const std::string& item : items_of(text))
         if (item.find_first_not_of(" \t") == std::string::npos)
           return "'" + text + "' has an empty item: name each one, separated by commas";
-        if (comma == std::string::npos) return {};
-        begin = comma + 1;
-      }
+      return {};
     },
     "LIST");
 
@@ -167,13 +173,9 @@ inline CLI::Validator ListOf(const CLI::Validator& item) {
       [item](std::string& text) -> std::string {
         std::string empty = text;
         if (const std::string e = NonEmptyItems(empty); !e.empty()) return e;
-        for (size_t begin = 0;;) {
-          const size_t comma = text.find(',', begin);
-          std::string value = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+        for (std::string value : items_of(text))
           if (std::string e = item(value); !e.empty()) return e;
-          if (comma == std::string::npos) return {};
-          begin = comma + 1;
-        }
+        return {};
       },
       "LIST");
 }
@@ -184,12 +186,8 @@ constexpr size_t kMaxSweepPoints = 256;
 // The values of a list ListOf(an integer validator) accepted.
 inline std::vector<int64_t> int_list(const std::string& text) {
   std::vector<int64_t> out;
-  for (size_t begin = 0;;) {
-    const size_t comma = text.find(',', begin);
-    out.push_back(std::stoll(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin)));
-    if (comma == std::string::npos) return out;
-    begin = comma + 1;
-  }
+  for (const std::string& item : items_of(text)) out.push_back(std::stoll(item));
+  return out;
 }
 
 }  // namespace shardfit::cli

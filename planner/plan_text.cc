@@ -12,29 +12,16 @@
 namespace shardfit::planner {
 namespace {
 
-std::string format_seconds(double s) {
+// `v` printed with the printf format `fmt`.
+std::string number(const char* fmt, double v) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.4g", s);
+  std::snprintf(buf, sizeof(buf), fmt, v);
   return buf;
 }
-
-std::string format_count(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.0f", x);
-  return buf;
-}
-
-std::string size_number(int64_t bytes, double unit) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f", static_cast<double>(bytes) / unit);
-  return buf;
-}
-
-std::string percent(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f%%", x);
-  return buf;
-}
+std::string format_seconds(double s) { return number("%.4g", s); }
+std::string format_count(double x) { return number("%.0f", x); }
+std::string size_number(int64_t bytes, double unit) { return number("%.2f", static_cast<double>(bytes) / unit); }
+std::string percent(double x) { return number("%.1f%%", x); }
 
 // Columns padded to their widest cell, numbers right-aligned so they line
 // up by magnitude, two spaces between columns, no trailing blanks.
@@ -208,9 +195,9 @@ std::string format_plan_summary(const Plan& plan) {
   std::vector<const PlanCandidate*> rows;
   std::vector<std::string> unfit;
   const PlanCandidate* least_unfit = nullptr;  // the smallest batch-1 peak among them
+  const PlanCandidate* chosen = plan.find(plan.chosen);
   for (const std::string& f : order) {
     if (const PlanCandidate* best = best_of(families[f], plan.objective)) {
-      const PlanCandidate* chosen = plan.find(plan.chosen);
       rows.push_back(chosen && strategy_family(chosen->candidate) == f ? chosen : best);
       continue;
     }
@@ -313,14 +300,10 @@ std::string format_sweep_grid(const std::vector<Plan>& plans) {
                                                                     : std::string("unlimited")};
     for (const std::string& s : shardings) {
       std::vector<const PlanCandidate*> of;
-      bool planned = false;
       for (const PlanCandidate& c : p.candidates)
-        if (sharding_name(c.candidate.sharding) == s) {
-          of.push_back(&c);
-          planned = true;
-        }
+        if (sharding_name(c.candidate.sharding) == s) of.push_back(&c);
       const PlanCandidate* best = best_of(of, Objective::kBatch);
-      row.push_back(best ? std::to_string(best->max_batch_per_gpu) : planned ? "0" : "-");
+      row.push_back(best ? std::to_string(best->max_batch_per_gpu) : of.empty() ? "-" : "0");
     }
     const PlanCandidate* chosen = p.find(p.chosen);
     row.push_back(chosen ? chosen->id() : "nothing fits");

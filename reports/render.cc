@@ -16,13 +16,6 @@ std::string mib(int64_t bytes) {
   return buf;
 }
 
-// A tick value: as many decimals as the value needs, none for whole ones.
-std::string tick(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
-}
-
 std::string pct(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%+.3f%%", v);
@@ -197,7 +190,7 @@ std::string render_timeline_svg(const RunReport& r) {
   for (double v : ticks.values()) {
     const auto b = static_cast<int64_t>(v * (1 << 20));
     o << "<line x1='" << left << "' y1='" << y_of(b) << "' x2='" << left + plot_w << "' y2='" << y_of(b)
-      << "' stroke='#ddd'/><text x='" << left - 6 << "' y='" << y_of(b) + 4 << "' text-anchor='end'>" << tick(v)
+      << "' stroke='#ddd'/><text x='" << left - 6 << "' y='" << y_of(b) + 4 << "' text-anchor='end'>" << format_number(v, "%g")
       << "</text>\n";
   }
   o << "<text x='14' y='" << top + plot_h / 2 << "' transform='rotate(-90 14 " << top + plot_h / 2

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace shardfit::reports {
 namespace {
@@ -16,6 +17,12 @@ int64_t step_of(const std::string& label) {
 }
 
 }  // namespace
+
+std::string format_number(double v, const char* fmt) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
 
 std::vector<double> Ticks::values() const {
   std::vector<double> v;

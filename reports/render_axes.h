@@ -11,6 +11,9 @@
 
 namespace shardfit::reports {
 
+// `v` printed with the printf format `fmt` ("%g", "%.2f"): the charts' labels.
+std::string format_number(double v, const char* fmt);
+
 // Ticks from `lo` to at least `hi`, about `target` intervals of 1, 2 or 5
 // times a power of ten: {lo', step, hi'} with lo' <= lo and hi' >= hi
 // multiples of step (lo' = 0 when lo is 0).

@@ -13,12 +13,6 @@ namespace {
 
 constexpr int kWidth = 960, kLeft = 70, kRight = 150, kTop = 30;
 
-std::string num(double v, const char* fmt) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), fmt, v);
-  return buf;
-}
-
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -83,7 +77,7 @@ std::string render_loss_svg(const RunReport& r) {
     << kTop + plot_h << "' stroke='black'/><line x1='" << kLeft << "' y1='" << kTop << "' x2='"
     << kLeft << "' y2='" << kTop + plot_h << "' stroke='black'/>\n";
   for (double v : ticks.values())
-    o << "<text x='" << kLeft - 6 << "' y='" << y_of(v) + 4 << "' text-anchor='end'>" << num(v, "%g")
+    o << "<text x='" << kLeft - 6 << "' y='" << y_of(v) + 4 << "' text-anchor='end'>" << format_number(v, "%g")
       << "</text>\n";
   o << "<text x='" << kLeft << "' y='" << kTop + plot_h + 16 << "'>step " << r.first_step
     << "</text><text x='" << kLeft + plot_w << "' y='" << kTop + plot_h + 16
@@ -96,10 +90,10 @@ std::string render_loss_svg(const RunReport& r) {
     if (std::isfinite(r.loss[i]))
       o << "<circle cx='" << x_of(i) << "' cy='" << y_of(r.loss[i])
         << "' r='2' fill='#1f77b4'><title>step " << r.first_step + static_cast<int64_t>(i)
-        << ": loss " << num(r.loss[i], "%.4f") << "</title></circle>\n";
+        << ": loss " << format_number(r.loss[i], "%.4f") << "</title></circle>\n";
   o << "<text x='" << kLeft << "' y='18' font-size='13'>Training loss per step (" << n << " step"
-    << (n == 1 ? "" : "s") << ", " << num(r.loss.front(), "%.4f") << " -> "
-    << num(r.loss.back(), "%.4f") << ")</text>\n</svg>\n";
+    << (n == 1 ? "" : "s") << ", " << format_number(r.loss.front(), "%.4f") << " -> "
+    << format_number(r.loss.back(), "%.4f") << ")</text>\n</svg>\n";
   return o.str();
 }
 
@@ -162,13 +156,13 @@ std::string render_breakdown_svg(const RunReport& r) {
   // Each phase's name and total at the top of its stack, as a tooltip.
   for (size_t i = 0; i < n; ++i)
     o << "<circle cx='" << x_of(i) << "' cy='" << y_of(base[i]) << "' r='2' fill='#333'><title>" << esc(t[i].label)
-      << ": " << num(double(base[i]) / (1 << 20), "%.2f") << " MiB</title></circle>\n";
+      << ": " << format_number(double(base[i]) / (1 << 20), "%.2f") << " MiB</title></circle>\n";
   o << "<line x1='" << kLeft << "' y1='" << kTop + plot_h << "' x2='" << kLeft + plot_w << "' y2='"
     << kTop + plot_h << "' stroke='black'/><line x1='" << kLeft << "' y1='" << kTop << "' x2='"
     << kLeft << "' y2='" << kTop + plot_h << "' stroke='black'/>\n";
   for (double v : ticks.values())
     o << "<text x='" << kLeft - 6 << "' y='" << y_of(static_cast<int64_t>(v * (1 << 20))) + 4
-      << "' text-anchor='end'>" << num(v, "%g") << "</text>\n";
+      << "' text-anchor='end'>" << format_number(v, "%g") << "</text>\n";
   for (const auto& [i, text] : x_labels(t))
     o << "<text x='" << x_of(i) << "' y='" << kTop + plot_h + 12 << "' transform='rotate(35 "
       << x_of(i) << " " << kTop + plot_h + 12 << ")'>" << esc(text) << "</text>\n";

@@ -123,6 +123,18 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         return subprocess.run([SHARDFIT, "plan", *args], capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, **(env or {})))
 
+    def refused(self, name, fields):
+        """The recorder's one line (exit 2) for a config it cannot trace."""
+        config = os.path.join(self.tmp.name, name)
+        with open(config, "w") as f:
+            json.dump(fields, f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", os.path.join(self.tmp.name, "x.json")], capture_output=True, text=True,
+                             timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        return out.stderr
+
     def test_architectures_with_no_builtin_are_traced_exactly_and_planned(self):
         for arch, attn in (("Gemma2ForCausalLM", "eager"), ("Phi3ForCausalLM", "eager"), ("Phi3ForCausalLM", "sdpa"),
                            ("MixtralForCausalLM", "eager"), ("MixtralForCausalLM", "sdpa")):
@@ -138,27 +150,12 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         experts = [p for m in mixtral["modules"] for p in m["params"] if ".experts." in p["name"]]
         self.assertEqual(sum(p["numel"] for p in experts), 2 * 4 * 3 * 64 * 96)
         # Gemma-2's sliding layers (window 32 < 64) give sdpa a mask, which the CPU's flash kernel takes: refused.
-        config = os.path.join(self.tmp.name, "gemma2-sdpa.json")
-        with open(config, "w") as f:
-            json.dump(dict(HF_CONFIGS["Gemma2ForCausalLM"], attn_implementation="sdpa"), f)
-        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
-                              "--out", os.path.join(self.tmp.name, "x.json")], capture_output=True, text=True,
-                             timeout=300)
-        self.assertEqual(out.returncode, 2, out.stderr)
-        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
-        self.assertIn("with a mask on the CPU's flash kernel", out.stderr)
+        self.assertIn("with a mask on the CPU's flash kernel",
+                      self.refused("gemma2-sdpa.json", dict(HF_CONFIGS["Gemma2ForCausalLM"], attn_implementation="sdpa")))
         # transformers' default experts kernel routes tokens by the router's values: refused, naming the one traced.
-        config = os.path.join(self.tmp.name, "mixtral-eager-experts.json")
         fields = dict(HF_CONFIGS["MixtralForCausalLM"])
         del fields["experts_implementation"]
-        with open(config, "w") as f:
-            json.dump(fields, f)
-        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
-                              "--out", os.path.join(self.tmp.name, "x.json")], capture_output=True, text=True,
-                             timeout=300)
-        self.assertEqual(out.returncode, 2, out.stderr)
-        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
-        self.assertIn('"experts_implementation": "batched_mm"', out.stderr)
+        self.assertIn('"experts_implementation": "batched_mm"', self.refused("mixtral-eager-experts.json", fields))
 
     def test_plan_model_names_the_trace_route_and_finds_hub_ids_in_the_local_cache(self):
         # A model_type with no built-in: one line, exit 2, the command that plans it.

@@ -8,15 +8,10 @@
 #include <string>
 
 #include "reports/render.h"
+#include "tests/reports/text_count.h"
 
 namespace shardfit::reports {
 namespace {
-
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
-}
 
 TEST(RenderAxes, TicksAreOneTwoOrFiveTimesAPowerOfTen) {
   Ticks t = nice_ticks(0, 4.67);  // MiB: 0, 1, ..., 5

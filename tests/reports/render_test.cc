@@ -8,15 +8,10 @@
 #include <string>
 
 #include "reports/run_report.h"
+#include "tests/reports/text_count.h"
 
 namespace shardfit::reports {
 namespace {
-
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
-}
 
 // One predicted sample and its bytes by class.
 void sample(MemoryFigures& f, const std::string& phase, int64_t params, int64_t activations) {
