@@ -26,9 +26,13 @@ import os
 
 ATTENTIONS = ("eager", "sdpa")
 # transformers 5.17's experts kernels (integrations/moe.py) whose shapes
-# follow the batch's, not the router's values: batched_mm gathers each
-# token's top-k experts' weights and runs one bmm per projection.
-TRACEABLE_EXPERTS = ("batched_mm",)
+# follow the batch's, not the router's values: grouped_mm (transformers'
+# default, experts_implementation unset) sorts the tokens' top-k copies by
+# expert and runs one grouped matmul per projection over all of them
+# (cpu_grouped_mm.py: CPU targets only); batched_mm gathers each token's
+# top-k experts' weights and runs one bmm per projection. The eager kernel
+# loops over the experts the router chose (torch.where on its values).
+TRACEABLE_EXPERTS = ("grouped_mm", "batched_mm")
 
 
 class BadConfig(Exception):
@@ -80,6 +84,14 @@ def load_config(path):
         raise BadConfig("--config %s: transformers cannot build its config (%s)" % (path, e))
 
 
+def default_experts(cls):
+    """The experts kernel transformers 5.17 gives `cls` when the config names
+    none (PreTrainedModel.get_correct_experts_implementation): grouped_mm
+    where the class lets it be set, else eager."""
+    can_set = getattr(cls, "_can_set_experts_implementation", None)
+    return "grouped_mm" if can_set is not None and can_set() else "eager"
+
+
 def architecture(arch, config):
     import transformers
     name = arch or (config.architectures or [None])[0]
@@ -105,15 +117,25 @@ def factory(arch, config_path, target_cuda=False):
         raise BadConfig("--config %s: attn_implementation sdpa is traced for --target cpu only (CUDA's sdpa "
                         "kernels are not imitated); eager is traced for both" % config_path)
     config._attn_implementation = attn
+    cls = architecture(arch, config)
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
-    if experts and getattr(config, "_experts_implementation", None) not in TRACEABLE_EXPERTS:
+    kernel = getattr(config, "_experts_implementation", None) or default_experts(cls)
+    if experts and kernel not in TRACEABLE_EXPERTS:
         # transformers' eager experts loop over the experts a batch's tokens
         # were routed to (torch.nonzero, torch.where on the router's choice):
         # shapes from values, which the meta device cannot give.
         raise BadConfig("--config %s: %d experts run by %s, whose shapes follow the router's values; set "
-                        "\"experts_implementation\": \"batched_mm\" in the config to trace that kernel" %
-                        (config_path, experts, getattr(config, "_experts_implementation", None) or "eager"))
-    cls = architecture(arch, config)
+                        "\"experts_implementation\" to grouped_mm (transformers' default where the class allows it) "
+                        "or batched_mm to trace them" %
+                        (config_path, experts, kernel))
+    if experts and kernel == "grouped_mm" and target_cuda:
+        raise BadConfig("--config %s: experts by grouped_mm are traced for --target cpu only (CUDA's grouped "
+                        "kernel is not imitated); set \"experts_implementation\": \"batched_mm\" for CUDA" %
+                        config_path)
+    if experts:
+        # The kernel asked for by name: transformers then checks the
+        # architecture's class (the parent of Training below) allows it.
+        config._experts_implementation = kernel
 
     class Training(cls):
         """The architecture, called as a causal-LM training loop calls it."""

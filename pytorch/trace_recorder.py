@@ -80,6 +80,8 @@ def use_the_cpp_meta_kernels():
         return
     from torch._decomp import global_decomposition_table
     import cpu_flash_attention
+    import cpu_grouped_mm
+    import cpu_index_backward
     lib._destroy()
     # What torch registered (activate_meta in 2.11's _meta_registrations.py):
     # per op the most specific of the meta, post- and pre-autograd tables.
@@ -96,13 +98,13 @@ def use_the_cpp_meta_kernels():
     for op, fn in table.items():
         if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op.is_view:
             continue
-        if served(op.name()) or op.name() in cpu_flash_attention.OPS:
+        if served(op.name()) or op.name() in cpu_flash_attention.OPS + cpu_grouped_mm.OPS + cpu_index_backward.OPS:
             continue
         _PYTHON_ONLY_METAS.impl(op, fn)
 
 
 _PYTHON_ONLY_METAS = None  # the Library holding them: registrations live as long as it does
-_CPU_SDPA = None  # cpu_flash_attention's Meta kernels, for a CPU target
+_CPU_KERNELS = None  # cpu_flash_attention's, cpu_grouped_mm's and cpu_index_backward's kernels, for a CPU target
 
 
 def library():
@@ -523,13 +525,17 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
 
 def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,
            fp32_outputs=False, param_dtype=None, config=None):
-    global _CPU_SDPA
+    global _CPU_KERNELS
     import torch
     lib = library()
-    if not target_cuda and _CPU_SDPA is None:
-        # scaled_dot_product_attention takes the CPU's kernel, not the meta device's math one.
+    if not target_cuda and _CPU_KERNELS is None:
+        # scaled_dot_product_attention takes the CPU's kernel, not the meta device's math one;
+        # _grouped_mm (mixture-of-experts layers) allocates what its CPU kernel allocates, and
+        # indexing's backward scatters in place as on the CPU.
         import cpu_flash_attention
-        _CPU_SDPA = cpu_flash_attention.register()
+        import cpu_grouped_mm
+        import cpu_index_backward
+        _CPU_KERNELS = cpu_flash_attention.register() + (cpu_grouped_mm.register(), cpu_index_backward.register())
     if model_spec.startswith("hf:"):
         # transformers' own class from a config (hf_models.py): its inputs too.
         import hf_models

@@ -38,7 +38,7 @@ HF_CONFIGS = {
     # No built-in C++ model: Gemma-2 (sliding-window layers shorter than the
     # sequence, logit soft-capping, a tied head), Phi-3 (fused qkv and
     # gate_up projections), Mixtral (4 experts, top 2, by transformers'
-    # batched_mm experts kernel: the eager one routes by values).
+    # default grouped_mm experts kernel; batched_mm too), and Qwen2-MoE.
     "Gemma2ForCausalLM": dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"], hidden_size=64,
                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                               intermediate_size=176, vocab_size=512, max_position_embeddings=128, sliding_window=32,
@@ -52,7 +52,18 @@ HF_CONFIGS = {
                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, vocab_size=512,
                                max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=1,
-                               eos_token_id=2, experts_implementation="batched_mm"),
+                               eos_token_id=2),
+    # Gemma-3's text model: sliding and global layers, q/k norms.
+    "Gemma3ForCausalLM": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=64,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              intermediate_size=176, vocab_size=512, max_position_embeddings=128, sliding_window=32,
+                              bos_token_id=2, eos_token_id=1, pad_token_id=0),
+    # Qwen2-MoE: 4 routed experts, top 2, beside a gated shared expert.
+    "Qwen2MoeForCausalLM": dict(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], hidden_size=64,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                num_experts=4, num_experts_per_tok=2, vocab_size=512, max_position_embeddings=128,
+                                tie_word_embeddings=False),
 }
 
 
@@ -62,14 +73,16 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
 
-    def record_hf(self, arch, attn):
-        """transformers' own `arch` from HF_CONFIGS with `attn`, traced and
-        held against the CPU step: the trace file's JSON."""
+    def record_hf(self, arch, attn, **fields):
+        """transformers' own `arch` from HF_CONFIGS with `attn` (and `fields`
+        over its config), traced and held against the CPU step: the trace
+        file's JSON."""
         import hf_models
-        config = os.path.join(self.tmp.name, "%s-%s.json" % (arch, attn))
+        tag = "".join("-%s" % v for v in fields.values())
+        config = os.path.join(self.tmp.name, "%s-%s%s.json" % (arch, attn, tag))
         with open(config, "w") as f:
-            json.dump(dict(HF_CONFIGS[arch], attn_implementation=attn), f)
-        path = os.path.join(self.tmp.name, "%s-%s.trace.json" % (arch, attn))
+            json.dump(dict(HF_CONFIGS[arch], attn_implementation=attn, **fields), f)
+        path = os.path.join(self.tmp.name, "%s-%s%s.trace.json" % (arch, attn, tag))
         out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
                               "--out", path], capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr[-2000:])
@@ -136,11 +149,22 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         return out.stderr
 
     def test_architectures_with_no_builtin_are_traced_exactly_and_planned(self):
-        for arch, attn in (("Gemma2ForCausalLM", "eager"), ("Phi3ForCausalLM", "eager"), ("Phi3ForCausalLM", "sdpa"),
-                           ("MixtralForCausalLM", "eager"), ("MixtralForCausalLM", "sdpa")):
-            self.record_hf(arch, attn)
-            out = self.plan("--trace", os.path.join(self.tmp.name, "%s-%s.trace.json" % (arch, attn)), "--device",
-                            "cpu", "--gpus", "2", "--gpu-mem", "64MiB", "--json")
+        # Mixtral's experts by transformers' default kernel (grouped_mm: its CPU kernel's output,
+        # cpu_grouped_mm.py; indexing's backward in place, cpu_index_backward.py, which checkpointing's
+        # recomputation puts at the peak) and by batched_mm.
+        for arch, attn, fields in (("Gemma2ForCausalLM", "eager", {}), ("Gemma3ForCausalLM", "eager", {}),
+                                   ("Phi3ForCausalLM", "eager", {}),
+                                   ("Phi3ForCausalLM", "sdpa", {}), ("MixtralForCausalLM", "eager", {}),
+                                   ("MixtralForCausalLM", "sdpa", {}),
+                                   ("MixtralForCausalLM", "eager", {"experts_implementation": "batched_mm"}),
+                                   ("Qwen2MoeForCausalLM", "eager", {})):
+            file = self.record_hf(arch, attn, **fields)
+            if arch in ("MixtralForCausalLM", "Qwen2MoeForCausalLM"):
+                grouped = "aten::_grouped_mm" in {n for t in file["traces"][:1] for n in t["op_names"]}
+                self.assertEqual(grouped, not fields, fields)
+            tag = "".join("-%s" % v for v in fields.values())
+            out = self.plan("--trace", os.path.join(self.tmp.name, "%s-%s%s.trace.json" % (arch, attn, tag)),
+                            "--device", "cpu", "--gpus", "2", "--gpu-mem", "64MiB", "--json")
             self.assertEqual(out.returncode, 0, out.stderr)
             plan = json.loads(out.stdout)
             self.assertEqual(plan["model"]["name"], arch)
@@ -152,10 +176,18 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         # Gemma-2's sliding layers (window 32 < 64) give sdpa a mask, which the CPU's flash kernel takes: refused.
         self.assertIn("with a mask on the CPU's flash kernel",
                       self.refused("gemma2-sdpa.json", dict(HF_CONFIGS["Gemma2ForCausalLM"], attn_implementation="sdpa")))
-        # transformers' default experts kernel routes tokens by the router's values: refused, naming the one traced.
-        fields = dict(HF_CONFIGS["MixtralForCausalLM"])
-        del fields["experts_implementation"]
-        self.assertIn('"experts_implementation": "batched_mm"', self.refused("mixtral-eager-experts.json", fields))
+        # transformers' eager experts kernel routes tokens by the router's values: refused, naming the two traced.
+        fields = dict(HF_CONFIGS["MixtralForCausalLM"], experts_implementation="eager")
+        self.assertIn('"experts_implementation" to grouped_mm', self.refused("mixtral-eager-experts.json", fields))
+        # grouped_mm on CUDA runs a kernel the trace does not imitate: refused for a CUDA target.
+        config = os.path.join(self.tmp.name, "mixtral-cuda.json")
+        with open(config, "w") as f:
+            json.dump(HF_CONFIGS["MixtralForCausalLM"], f)
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", os.path.join(self.tmp.name, "x.json"), "--target", "cuda"],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("experts by grouped_mm are traced for --target cpu only", out.stderr.strip().splitlines()[-1])
 
     def test_plan_model_names_the_trace_route_and_finds_hub_ids_in_the_local_cache(self):
         # A model_type with no built-in: one line, exit 2, the command that plans it.
