@@ -184,13 +184,13 @@ def _option(key, value):
 
 def plan(trace_or_path, device, gpus=None, stack="pytorch", **options):
     """Plans a traced model: `shardfit plan --trace FILE --json`, its plan as
-    a dict (shardfit.plan/1, or shardfit.plan-sweep/1 when an option lists
-    several values: docs/plan-json.md).
+    a dict (shardfit.plan/1, or shardfit.plan-sweep/1 when gpus, nodes or
+    gpu_mem lists several values: docs/plan-json.md).
 
     trace_or_path: a Trace or the path of a shardfit.trace/1 file.
     device: a profile name (profiles/*.json, shipped with the package:
         "a100-80gb", "h100-80gb", "cpu", ...) or the path of a profile JSON.
-    gpus: GPUs per node (the CLI's default when None).
+    gpus: GPUs per node (the CLI's default when None), or a list of them.
     stack: "pytorch" (PyTorch's own DDP, ZeRO and FSDP step, the default) or
         "engine" (shardfit's engine).
     options: any other `shardfit plan` option, by its name with _ for -:
