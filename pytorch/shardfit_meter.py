@@ -13,8 +13,9 @@ LibTorch shardfit builds against (.venv's, the pinned stack).
     meter.mark("step1/forward")
     print(meter.peak, meter.timeline())
 
-The library is found at $SHARDFIT_TORCH_LIB, else build/pytorch/ beside
-this file's repository.
+The library is the one beside this file when it is installed in the
+shardfit package (python/ builds them together), else $SHARDFIT_TORCH_LIB,
+else build/pytorch/ beside this file's repository.
 """
 import ctypes
 import os
@@ -24,11 +25,14 @@ _OBSERVER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
 
 
 def library_path():
+    here = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(here, "libshardfit_torch.so")
+    if os.path.exists(installed):
+        return installed
     env = os.environ.get("SHARDFIT_TORCH_LIB")
     if env:
         return env
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(root, "build", "pytorch", "libshardfit_torch.so")
+    return os.path.join(os.path.dirname(here), "build", "pytorch", "libshardfit_torch.so")
 
 
 def load_library():

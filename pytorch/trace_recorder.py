@@ -39,7 +39,9 @@ state and its for-loop temporaries, recorded from PyTorch's own code.
 
 Bad input (a factory that does not import or build, a forward that does not
 return a scalar, an op with no meta kernel or a data-dependent shape): one
-line naming it on stderr, exit code 2.
+line naming it on stderr, exit code 2. record_model() is the same recording
+for a factory and an input function given as Python objects (the shardfit
+package's trace(), python/, calls it; BadInput carries the line).
 """
 import argparse
 import contextlib
@@ -51,7 +53,16 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+if not __package__:
+    sys.path.insert(0, HERE)
+
+
+def sibling(name):
+    """One of pytorch/'s modules: by its own name when this file runs from the
+    checkout (pytorch/ on sys.path), or from the same package when it is
+    installed inside the shardfit package (python/), where no top-level
+    `models` is put on the path to shadow a user's own."""
+    return importlib.import_module(__package__ + "." + name if __package__ else name)
 
 
 class BadInput(Exception):
@@ -79,9 +90,9 @@ def use_the_cpp_meta_kernels():
     if lib is None or getattr(lib, "m", None) is None:
         return
     from torch._decomp import global_decomposition_table
-    import cpu_flash_attention
-    import cpu_grouped_mm
-    import cpu_index_backward
+    cpu_flash_attention = sibling("cpu_flash_attention")
+    cpu_grouped_mm = sibling("cpu_grouped_mm")
+    cpu_index_backward = sibling("cpu_index_backward")
     lib._destroy()
     # What torch registered (activate_meta in 2.11's _meta_registrations.py):
     # per op the most specific of the meta, post- and pre-autograd tables.
@@ -108,8 +119,7 @@ _CPU_KERNELS = None  # cpu_flash_attention's, cpu_grouped_mm's and cpu_index_bac
 
 
 def library():
-    import shardfit_meter
-    lib = shardfit_meter.load_library()
+    lib = sibling("shardfit_meter").load_library()
     use_the_cpp_meta_kernels()
     if not getattr(lib, "_trace_set", False):
         i64, c = ctypes.c_int64, ctypes.c_char_p
@@ -130,7 +140,7 @@ def library():
 
 def resolve(spec, what):
     """A module:function spec (or a name in pytorch/models.py) -> callable."""
-    import models
+    models = sibling("models")
     if ":" not in spec:
         if what == "model" and spec in models.CONFIGS:
             return lambda: models.build(spec)
@@ -374,7 +384,7 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
     sharded_grad_scaler.py scale(): `outputs * self._scale`, then
     `.type(outputs.dtype)`, the fp32 product dropped)."""
     import torch
-    from autocast_emulation import AutocastEmulation
+    AutocastEmulation = sibling("autocast_emulation").AutocastEmulation
     for p in model.parameters():
         p.grad = torch.zeros_like(p) if grads == "accumulate" else None
     # GradScaler's scale exists before the step (made outside the recording:
@@ -417,7 +427,7 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
             del returned
             loss = split_loss(out)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise BadInput("--model: forward must return the loss, a scalar tensor, or a tuple or an object "
+                raise BadInput("the model's forward must return the loss, a scalar tensor, or a tuple or an object "
                                "with .loss whose loss is one (got %s)"
                                % (type(loss).__name__ if not isinstance(loss, torch.Tensor)
                                   else "shape %s" % list(loss.shape)))
@@ -446,7 +456,7 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the user's forward raises on meta tensors)
-        raise BadInput("--model: cannot be traced on the meta device (%s)" % str(e).split("\n")[0])
+        raise BadInput("the model cannot be traced on the meta device (%s)" % str(e).split("\n")[0])
     finally:
         lib.shardfit_trace_end()  # also after a bad forward: the recorder is released
 
@@ -523,49 +533,75 @@ def trace_optimizer(lib, model, modules_json, target_cuda=False):
     del multi
 
 
-def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,
-           fp32_outputs=False, param_dtype=None, config=None):
+def prepare(target_cuda=False):
+    """The library loaded and the process's meta kernels made the C++ tracer's
+    (use_the_cpp_meta_kernels); for a CPU target, what the CPU runs where the
+    meta device would not: scaled_dot_product_attention takes the CPU's
+    kernel, not the meta device's math one; _grouped_mm (mixture-of-experts
+    layers) allocates what its CPU kernel allocates; indexing's backward
+    scatters in place. Idempotent."""
     global _CPU_KERNELS
-    import torch
     lib = library()
     if not target_cuda and _CPU_KERNELS is None:
-        # scaled_dot_product_attention takes the CPU's kernel, not the meta device's math one;
-        # _grouped_mm (mixture-of-experts layers) allocates what its CPU kernel allocates, and
-        # indexing's backward scatters in place as on the CPU.
-        import cpu_flash_attention
-        import cpu_grouped_mm
-        import cpu_index_backward
-        _CPU_KERNELS = cpu_flash_attention.register() + (cpu_grouped_mm.register(), cpu_index_backward.register())
+        _CPU_KERNELS = sibling("cpu_flash_attention").register() + (sibling("cpu_grouped_mm").register(),
+                                                                    sibling("cpu_index_backward").register())
+    return lib
+
+
+def resolve_model(model_spec, input_spec, config=None, target_cuda=False):
+    """The command line's --model, --input and --config -> (factory, input_fn,
+    the architecture's name for an hf: model, else None)."""
     if model_spec.startswith("hf:"):
         # transformers' own class from a config (hf_models.py): its inputs too.
-        import hf_models
+        hf_models = sibling("hf_models")
         if not config:
             raise BadInput("--model %s: needs --config (a config.json or a model directory)" % model_spec)
         try:
             factory, input_fn, arch = hf_models.factory(model_spec[3:], config, target_cuda)
-            name = name or arch
         except hf_models.BadConfig as e:
             raise BadInput(str(e))
         if input_spec:
             input_fn = resolve(input_spec, "input")
-    else:
-        if config:
-            raise BadInput("--config: a transformers config for --model hf:<Architecture>")
-        factory = resolve(model_spec, "model")
-        import models
-        if not input_spec and model_spec not in models.CONFIGS:
-            raise BadInput("--input: needed with --model %s (module:function(batch, seq_len, device) returning the "
-                           "forward's arguments)" % model_spec)
-        input_fn = resolve(input_spec or model_spec, "input")
+        return factory, input_fn, arch
+    if config:
+        raise BadInput("--config: a transformers config for --model hf:<Architecture>")
+    factory = resolve(model_spec, "model")
+    if not input_spec and model_spec not in sibling("models").CONFIGS:
+        raise BadInput("--input: needed with --model %s (module:function(batch, seq_len, device) returning the "
+                       "forward's arguments)" % model_spec)
+    return factory, resolve(input_spec or model_spec, "input"), None
+
+
+def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,
+           fp32_outputs=False, param_dtype=None, config=None):
+    """The command line's recording: --model and --input resolved, then
+    record_model."""
+    prepare(target_cuda)
+    factory, input_fn, arch = resolve_model(model_spec, input_spec, config, target_cuda)
+    record_model(factory, input_fn, seq_len, out, name or arch or model_spec, model_spec, input_spec or model_spec,
+                 "--model " + model_spec, block_class=block_class, batches=batches, target_cuda=target_cuda,
+                 fp32_outputs=fp32_outputs, param_dtype=param_dtype)
+
+
+def record_model(factory, input_fn, seq_len, out, name, factory_name, input_name, label, block_class=None,
+                 batches=(1, 2, 3), target_cuda=False, fp32_outputs=False, param_dtype=None):
+    """Records a model into the shardfit.trace/1 file `out`. `factory`: () ->
+    the nn.Module, called with every tensor factory on the meta device;
+    `input_fn`: (batch, seq_len, device) -> the forward's positional
+    arguments. The file names the model `name`, and `factory_name` and
+    `input_name` as where it and its inputs came from; `label` names the
+    model in a bad-input line (the command line's `--model SPEC`)."""
+    import torch
+    lib = prepare(target_cuda)
     try:
         with on_meta():
             model = factory()
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 (whatever the user's factory raises)
-        raise BadInput("--model %s: does not build (%s: %s)" % (model_spec, type(e).__name__, e))
+        raise BadInput("%s: does not build (%s: %s)" % (label, type(e).__name__, e))
     if not isinstance(model, torch.nn.Module):
-        raise BadInput("--model %s: returned %s, not an nn.Module" % (model_spec, type(model).__name__))
+        raise BadInput("%s: returned %s, not an nn.Module" % (label, type(model).__name__))
     model.train()
     block = block_class or getattr(model, "block_class", None)
     table, index = module_table(model, block)
@@ -621,10 +657,8 @@ def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, ba
         for h in handles:
             h.remove()
     trace_optimizer(lib, model, modules_json, target_cuda)
-    if lib.shardfit_trace_write(out.encode(), (name or model_spec).encode(), model_spec.encode(),
-                                (input_spec or model_spec).encode(), seq_len, modules_json.encode(),
-                                1 if target_cuda else 0,
-                                OPTIMIZER.encode()) != 0:
+    if lib.shardfit_trace_write(out.encode(), name.encode(), factory_name.encode(), input_name.encode(), seq_len,
+                                modules_json.encode(), 1 if target_cuda else 0, OPTIMIZER.encode()) != 0:
         raise BadInput("--out %s: %s" % (out, lib.shardfit_trace_error().decode()))
 
 
