@@ -393,7 +393,8 @@ std::vector<Candidate> plan_candidates(const PlanRequest& r, const models::Model
   return enumerate_candidates(copts);
 }
 
-// The plan's header: the model, the hardware and the job, no candidates yet.
+}  // namespace
+
 Plan plan_skeleton(const PlanRequest& r, const TraceFile* file, int64_t device_mem, int64_t budget) {
   Plan plan;
   if (file)  // the loss and the attention are whatever the traced forward does
@@ -412,6 +413,21 @@ Plan plan_skeleton(const PlanRequest& r, const TraceFile* file, int64_t device_m
   plan.schedule = r.schedule;
   return plan;
 }
+
+void set_fit(PlanCandidate& pc, const StepSimResult& fit) {
+  pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
+  pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
+  pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
+  pc.predicted.peak_host_bytes = fit.peak_host_bytes;
+}
+
+bool set_search_capped(PlanCandidate& pc, int64_t max_batch) {
+  if (pc.max_batch_per_gpu < max_batch) return false;
+  pc.limit = "no memory limit (search capped at batch " + std::to_string(max_batch) + ")";
+  return true;
+}
+
+namespace {
 
 // One candidate's batch search at its units: the largest batch whose
 // simulated step fits `budget`, the prediction there, what stops the next
@@ -456,13 +472,8 @@ PlanCandidate search_candidate(const Candidate& c, const PlanRequest& r, int64_t
         search_max_batch_below([&](int64_t b) { return !simulate(b, true).oom; }, pc.max_batch_per_gpu);
   const int64_t at = std::max<int64_t>(pc.max_batch_per_gpu, 1);
   const StepSimResult& fit = simulate(at, cuda_allocator);
-  pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
-  pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
-  pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
-  pc.predicted.peak_host_bytes = fit.peak_host_bytes;
-  if (pc.max_batch_per_gpu >= r.max_batch) {
-    pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
-  } else {
+  set_fit(pc, fit);
+  if (!set_search_capped(pc, r.max_batch)) {
     const StepSimResult& next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, cuda_allocator) : fit;
     set_limit(pc, next, pc.max_batch_per_gpu + 1);
   }

@@ -123,6 +123,16 @@ Plan build_plan(const PlanRequest& request);
 // simulator's per-class bytes as a plan's breakdown.
 Plan build_pytorch_plan(const PlanRequest& request, int64_t budget_bytes, int64_t device_mem_bytes);
 MemoryBreakdown to_breakdown(const CategoryBytes& bytes);
+// What build_plan and build_pytorch_plan share:
+// the plan's header: the model (the trace file's when given), the hardware
+// and the job, no candidates yet;
+Plan plan_skeleton(const PlanRequest& r, const TraceFile* file, int64_t device_mem, int64_t budget);
+// a candidate's predicted peaks and breakdown, from the simulation of the
+// batch it fits;
+void set_fit(PlanCandidate& pc, const StepSimResult& fit);
+// a candidate whose search reached `max_batch`: its limit says so (true);
+// false when memory stopped it (then set_limit).
+bool set_search_capped(PlanCandidate& pc, int64_t max_batch);
 // A candidate's `limit` and `oom` from the simulation of `batch`, its first
 // batch that does not fit.
 void set_limit(PlanCandidate& pc, const StepSimResult& stop, int64_t batch);

@@ -96,15 +96,47 @@ std::vector<int> units_post_order(const std::vector<ModuleNode>& modules, const 
 
 }  // namespace
 
-StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
-                                    const PytorchFsdpOptions& o, AllocatorModel& allocator) {
+void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, const std::string& who) {
   if (!in.no_grads || !in.optimizer_param_steps || in.param_numels.empty() ||
       in.optimizer_param_steps->size() != 2 * in.param_numels.size())
-    throw std::invalid_argument("--stack pytorch FSDP: the trace file lacks the no-grads traces or each parameter's "
-                                "optimizer steps: record it again with pytorch/trace_recorder.py");
-  if (o.world_size < 1) throw std::invalid_argument("world size must be at least 1");
-  if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
-  const int W = o.world_size;
+    throw std::invalid_argument("--stack pytorch " + who + ": the trace file lacks the no-grads traces or each "
+                                "parameter's optimizer steps: record it again with pytorch/trace_recorder.py");
+  if (world_size < 1) throw std::invalid_argument("world size must be at least 1");
+  if (steps < 1) throw std::invalid_argument("steps must be at least 1");
+}
+
+namespace {
+
+// One rank's FSDP job: the units' state across the steps, and each phase of
+// the loop (init, then per step zero_grad, the forward and backward through
+// the hooks, the backward's end, the optimizer step) as a method, in the
+// order run() calls them.
+class Fsdp1Job {
+ public:
+  Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules, const PytorchFsdpOptions& o,
+           AllocatorModel& allocator);
+  StepSimResult run();
+
+ private:
+  bool init();
+  bool step(int k);
+  void zero_grad();
+  void cast_buffers();
+  FsdpStepHooks hooks(int k);
+  void unshard(FlatParam& u);
+  void reshard(FlatParam& u);
+  void reshard_forward_copy(int ui);
+  void prefetch(int u, bool forward);
+  void post_backward(int ui);
+  void no_shard_reduce(FlatParam& u, int64_t flat);
+  void sharded_reduce(FlatParam& u, int64_t flat);
+  void finalize_params();
+  int64_t alloc(Category c, int64_t bytes, int stream) { return ledger_.alloc(c, bytes, label_, stream); }
+
+  const PytorchDdpInputs& in_;
+  const std::vector<ModuleNode>& modules_;
+  const PytorchFsdpOptions& o_;
+  const int W;
   // A world of one runs as NO_SHARD (fully_sharded_data_parallel.py: "We
   // clamp the strategy to NO_SHARD for world size of 1"): each unit's flat
   // parameter whole and unpadded, never gathered; its gradient all-reduced in
@@ -112,362 +144,420 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
   // flat parameter in param_dtype, made by each pre_unshard and freed by each
   // post_reshard (flat_param.py: "For `NO_SHARD`, `_mp_shard` is not freed in
   // the post-unshard ... we delay the free until the reshard").
-  const bool no_shard = W == 1;
+  const bool no_shard;
   // MixedPrecision: the element size of what FSDP gathers and computes with
   // (param_dtype), and of what it reduces (reduce_dtype: param_dtype's or
   // fp32's); 4 without it.
-  const bool mixed = o.mixed_precision != DType::kF32;
-  const int64_t low = dtype_bytes(o.mixed_precision);
+  const bool mixed;
+  const int64_t low;
   // reduce_dtype: unless it is the gradients' own dtype, `param.grad.data =
   // param.grad.data.to(reduce_dtype)` makes a copy first; unless it is fp32,
   // _cast_grad_to_param_dtype casts what was reduced back to fp32.
-  const DType reduce_dtype = o.reduce_dtype.value_or(o.mixed_precision);
-  const bool reduce_cast = reduce_dtype != o.mixed_precision;
-  const int64_t reduce = dtype_bytes(reduce_dtype);
-  const bool casts = mixed || o.reduce_dtype;  // _mixed_precision_enabled_for_params() or ..._for_reduce()
-  const bool keep_low_grads = mixed && o.keep_low_precision_grads;
+  const DType reduce_dtype;
+  const bool reduce_cast;
+  const int64_t reduce;
+  const bool casts;  // _mixed_precision_enabled_for_params() or ..._for_reduce()
+  const bool keep_low_grads;
+  StepSimResult out_;
+  Ledger ledger_;
+  spec::UnitPartition part_;
+  std::vector<FlatParam> units_;
+  std::vector<int64_t> forward_copy_;  // NO_SHARD + offload: see unshard
+  std::unordered_map<int, int64_t> split_tie_bytes_;
+  ShardedAdamw adamw_;
+  std::vector<int64_t> buffer_ids_;
+  std::vector<int> forward_order_;  // units by pre-forward (_exec_order_data, first iteration)
+  // Units by post-forward, the order backward prefetching reads
+  // (_exec_order_utils.py get_handle_to_backward_prefetch: the handle before
+  // this one in handles_post_forward_order): the root's forward ends last,
+  // so its pre-backward prefetches the last block.
+  std::vector<int> post_forward_order_;
+  std::vector<int64_t> outputs_, previous_outputs_;
+  std::vector<std::vector<int64_t>> unit_grads_;
+  std::string label_;
+  // The gradient of the flat parameter, freed with record_stream(post-
+  // backward stream) (_post_backward_hook: orig_grad_data.record_stream):
+  // the allocator may reuse its block only once the reduce-scatter queued
+  // behind it is done; taken here as when the next unit's hook runs.
+  int64_t in_flight_grad_ = -1;
+};
+
+Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules, const PytorchFsdpOptions& o,
+                   AllocatorModel& allocator)
+    : in_(in),
+      modules_(modules),
+      o_(o),
+      W((check_fsdp_request(in, o.world_size, o.steps, "FSDP"), o.world_size)),
+      no_shard(W == 1),
+      mixed(o.mixed_precision != DType::kF32),
+      low(dtype_bytes(o.mixed_precision)),
+      reduce_dtype(o.reduce_dtype.value_or(o.mixed_precision)),
+      reduce_cast(reduce_dtype != o.mixed_precision),
+      reduce(dtype_bytes(reduce_dtype)),
+      casts(mixed || o.reduce_dtype),
+      keep_low_grads(mixed && o.keep_low_precision_grads),
+      ledger_(allocator, &out_) {
   if (o.forward_prefetch && no_shard && o.offload_params && !mixed)
     throw std::invalid_argument("--stack pytorch FSDP: forward_prefetch (--prefetch 2) on one GPU with CPU offload "
                                 "is not simulated in this version");
-  StepSimResult out;
-  Ledger ledger(allocator, &out);
-
   // The units: _recursive_wrap with the auto wrap policy, the root wrapping
   // what remains; a tied weight copied into each unit holding a
   // registration of it (spec::TiedParams::kCopiedPerUnit).
   if (o.wrap.kind == spec::WrapPolicy::Kind::kNone)
     throw std::invalid_argument("--stack pytorch FSDP: wrap=none is not an auto wrap policy (wrap=size:N or block)");
-  const spec::UnitPartition part = spec::wrap_modules(modules, o.wrap, spec::TiedParams::kCopiedPerUnit);
-  std::vector<FlatParam> units(part.units.size());
-  std::vector<int64_t> forward_copy(part.units.size(), -1);  // NO_SHARD + offload: see unshard
-  for (size_t u = 0; u < units.size(); ++u) {
-    units[u].numel = part.units[u].numel;
-    units[u].shard = fsdp_shard_numel(units[u].numel, W);
+  part_ = spec::wrap_modules(modules, o.wrap, spec::TiedParams::kCopiedPerUnit);
+  units_.resize(part_.units.size());
+  forward_copy_.assign(part_.units.size(), -1);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    units_[u].numel = part_.units[u].numel;
+    units_[u].shard = fsdp_shard_numel(units_[u].numel, W);
   }
   // A tie split across units: the owner's own gradient (in the traces, added
   // into the borrower's and freed) is its unit's, kept until its flat
   // gradient is made. By owner module: the gradient's bytes.
-  const std::unordered_map<int, int64_t> split_tie_bytes = split_tie_grad_bytes(modules, part, low);
+  split_tie_bytes_ = split_tie_grad_bytes(modules, part_, low);
 
   // AdamW over the flat shards, in parameters() order (the units' pre-order,
   // as part.units is).
   std::vector<int64_t> shards;
-  for (const FlatParam& u : units) shards.push_back(u.shard);
-  const ShardedAdamw adamw = sharded_adamw_steps(in, shards);
+  for (const FlatParam& u : units_) shards.push_back(u.shard);
+  adamw_ = sharded_adamw_steps(in, shards);
+  unit_grads_.resize(units_.size());
+}
 
-  // Init: what exists before the model (the profile's cuBLAS workspaces),
-  // the buffers (moved to the GPU with the module), each unit's shard
-  // (flat_param.py _get_shard: the rank's chunk, padded, cloned), on the host
-  // with offload_params. On CUDA the construction's own transients (the
-  // whole module, each unit's unsharded FlatParameter before sharding) are
-  // not simulated: the caching allocator gives them back on its first retry.
-  // On a CPU they count: the model built whole (each module's parameters),
-  // then each unit as _recursive_wrap makes it (nested units first):
-  // flat_param.py flatten_tensors cats its parameters into one flat tensor,
-  // _get_shard clones the rank's padded chunk, the flat tensor is dropped
-  // and so are the module's original parameters (replaced by views).
+StepSimResult Fsdp1Job::run() {
+  if (!init()) return out_;
+  for (int k = 1; k <= o_.steps; ++k)
+    if (!step(k)) return out_;
+  ledger_.finish();
+  return out_;
+}
+
+// Init: what exists before the model (the profile's cuBLAS workspaces),
+// the buffers (moved to the GPU with the module), each unit's shard
+// (flat_param.py _get_shard: the rank's chunk, padded, cloned), on the host
+// with offload_params. On CUDA the construction's own transients (the
+// whole module, each unit's unsharded FlatParameter before sharding) are
+// not simulated: the caching allocator gives them back on its first retry.
+// On a CPU they count: the model built whole (each module's parameters),
+// then each unit as _recursive_wrap makes it (nested units first):
+// flat_param.py flatten_tensors cats its parameters into one flat tensor,
+// _get_shard clones the rank's padded chunk, the flat tensor is dropped
+// and so are the module's original parameters (replaced by views).
+bool Fsdp1Job::init() {
   const std::string init = "init";
-  for (int64_t b : o.overhead_bytes)
-    if (ledger.alloc(Category::kOverhead, b, init) < 0) return out;
-  std::vector<int64_t> originals(modules.size(), -1);
-  if (o.cpu)
-    for (size_t m = 0; m < modules.size(); ++m) {
+  if (!alloc_each(ledger_, Category::kOverhead, o_.overhead_bytes, init)) return false;
+  std::vector<int64_t> originals(modules_.size(), -1);
+  if (o_.cpu)
+    for (size_t m = 0; m < modules_.size(); ++m) {
       int64_t bytes = 0;
-      for (const ParamInfo& p : modules[m].params) bytes += 4 * p.numel;
-      if (bytes > 0 && (originals[m] = ledger.alloc(Category::kParams, bytes, init)) < 0) return out;
+      for (const ParamInfo& p : modules_[m].params) bytes += 4 * p.numel;
+      if (bytes > 0 && (originals[m] = ledger_.alloc(Category::kParams, bytes, init)) < 0) return false;
     }
-  std::vector<int64_t> buffer_ids;
-  for (const auto& b : in.buffers) {
-    buffer_ids.push_back(ledger.alloc(Category::kParams, b.bytes, init));
-    if (buffer_ids.back() < 0) return out;
+  if (!alloc_each(ledger_, Category::kParams, buffer_bytes(in_.buffers), init, &buffer_ids_)) return false;
+  for (int ui : o_.cpu ? units_post_order(modules_, part_) : units_pre_order(part_)) {
+    const FlatParam& u = units_[ui];
+    const int64_t flat = o_.cpu && u.numel > 0 ? ledger_.alloc(Category::kParams, 4 * u.numel, init) : -1;
+    if (!o_.offload_params && u.numel > 0 && ledger_.alloc(Category::kParams, 4 * u.shard, init) < 0) return false;
+    ledger_.free(flat);
+    for (int m : part_.units[ui].modules) ledger_.free(originals[m]);
   }
-  for (int ui : o.cpu ? units_post_order(modules, part) : units_pre_order(part)) {
-    const FlatParam& u = units[ui];
-    const int64_t flat = o.cpu && u.numel > 0 ? ledger.alloc(Category::kParams, 4 * u.numel, init) : -1;
-    if (!o.offload_params && u.numel > 0 && ledger.alloc(Category::kParams, 4 * u.shard, init) < 0) return out;
-    ledger.free(flat);
-    for (int m : part.units[ui].modules) ledger.free(originals[m]);
+  ledger_.point(init);
+  return true;
+}
+
+// One step of the loop: opt.zero_grad(); loss = model(x)[0];
+// loss.backward(); opt.step(). False on out of memory.
+bool Fsdp1Job::step(int k) {
+  const std::string step = "step" + std::to_string(k);
+  label_ = step + "/forward";
+  in_flight_grad_ = -1;
+  zero_grad();
+  // _fsdp_root_pre_forward marks every unit as needing its pre-forward
+  // unshard when forward_prefetch is on.
+  for (auto& u : units_) {
+    u.needs_pre_backward = u.prefetched = u.backward_done = false;
+    u.needs_pre_forward = o_.forward_prefetch;
   }
-  ledger.point(init);
+  if (k == 1) cast_buffers();
+  if (!walk_fsdp_step(*in_.no_grads, part_, split_tie_bytes_, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
+                      previous_outputs_))
+    return false;
+  // Units whose backward-end marker the trace has none of (a module whose
+  // inputs need no gradient: the embeddings, the root): their hooks run as
+  // autograd reaches their parameters, last; here in reverse forward order.
+  for (auto it = forward_order_.rbegin(); it != forward_order_.rend() && !ledger_.oom(); ++it) post_backward(*it);
+  if (ledger_.oom()) return false;
+  finalize_params();
+  end_backward(ledger_, outputs_, previous_outputs_, step);
+  // opt.step(): AdamW over the shards (on the host with offload_params);
+  // under scaler.step(opt), the gradients unscaled first, and scaler.update()
+  // after.
+  return optimizer_step(ledger_, step, o_.offload_params ? nullptr : k == 1 ? &adamw_.first : &adamw_.later,
+                        o_.grad_scaler, o_.offload_params);
+}
 
-  std::vector<int> forward_order;  // units by pre-forward (_exec_order_data, first iteration)
-  // Units by post-forward, the order backward prefetching reads
-  // (_exec_order_utils.py get_handle_to_backward_prefetch: the handle before
-  // this one in handles_post_forward_order): the root's forward ends last,
-  // so its pre-backward prefetches the last block.
-  std::vector<int> post_forward_order;
-  std::vector<int64_t> outputs, previous_outputs;
-  std::vector<std::vector<int64_t>> unit_grads(units.size());
-  for (int k = 1; k <= o.steps; ++k) {
-    const std::string step = "step" + std::to_string(k);
-    std::string label = step + "/forward";
-    auto alloc = [&](Category c, int64_t bytes, int stream) { return ledger.alloc(c, bytes, label, stream); };
-    // _unshard (also for a unit already gathered: a prefetched one, the
-    // root, SHARD_GRAD_OP's in backward). On the pre-all-gather stream,
-    // flat_param.py's pre_unshard, a no-op only for a gathered unit whose
-    // shard is on the GPU: with MixedPrecision the low-precision shard
-    // (_use_low_precision_shard: _mp_shard, copied from the fp32 shard, itself
-    // first copied to the GPU under offload_params and dropped with the
-    // statement); else, under offload_params, the shard copied to the GPU
-    // (_flat_param_to), dropped once flat_param points at the gathered one.
-    // On the all-gather stream, unless gathered, the padded unsharded
-    // FlatParameter (_alloc_padded_unsharded_flat_param, param_dtype); then
-    // post_unshard frees _mp_shard.
-    auto unshard = [&](FlatParam& u) {
-      if (u.numel == 0) return;
-      if (no_shard && mixed) {
-        // pre_unshard whatever the unit's state (NO_SHARD never "needs" an
-        // unshard): _use_low_precision_shard makes _mp_shard unless its
-        // storage is there already (_alloc_storage), and copies the fp32 flat
-        // parameter into it, that first copied to the GPU under
-        // offload_params and dropped with the statement.
-        if (u.unsharded < 0) u.unsharded = alloc(Category::kParams, low * u.numel, kPreAllGatherStream);
-        if (o.offload_params) ledger.free(alloc(Category::kParams, 4 * u.numel, kPreAllGatherStream));
-        return;
-      }
-      if (u.unsharded >= 0 && (no_shard || !o.offload_params)) return;
-      if (no_shard) {
-        // Nothing to gather; with offload_params, pre_unshard copies the
-        // flat parameter to the GPU (`flat_param.data = flat_param.to(
-        // device)`). The forward's copy stays alive after the reshard puts
-        // the host copy back: FlattenParamsWrapper.forward made the module's
-        // parameters views of it (_unflatten), and they are replaced only by
-        // the next forward's; the backward's copy no view refers to.
-        if (o.offload_params) u.unsharded = alloc(Category::kParams, 4 * u.numel, kPreAllGatherStream);
-        return;
-      }
-      int64_t copy = -1, mp_shard = -1;
-      if (mixed) {
-        mp_shard = alloc(Category::kParams, low * u.shard, kPreAllGatherStream);
-        if (o.offload_params) ledger.free(alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream));
-      } else if (o.offload_params) {
-        copy = alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream);
-      }
-      if (u.unsharded < 0) u.unsharded = alloc(Category::kParams, low * u.shard * W, kAllGatherStream);
-      // On a CPU, Gloo's all-gather (dist.all_gather over the output's
-      // chunks) makes a tensor of the output's size on the calling thread,
-      // then its flat output on the worker thread, each dropped before the
-      // next: one transient of the output's bytes (the meter's log).
-      if (o.cpu) ledger.free(alloc(Category::kCommBuffers, low * u.shard * W, kAllGatherStream));
-      ledger.free(copy);
-      ledger.free(mp_shard);
-    };
-    // _reshard; freeing the gathered parameter also forgets that it was
-    // prefetched (_handles_prefetched.pop), so it can be prefetched again.
-    // NO_SHARD's frees no gathered parameter (the unit stays prefetched):
-    // what goes is _mp_shard (MixedPrecision, post_reshard) or, under
-    // offload_params, the backward's GPU copy, which no view refers to.
-    auto reshard = [&](FlatParam& u) {
-      if (u.unsharded >= 0 && !no_shard) u.prefetched = false;
-      ledger.free(u.unsharded);
-      u.unsharded = -1;
-    };
-    // NO_SHARD's post-forward reshard: the forward's GPU copy is held by the
-    // module's views until the unit's next forward has made its own.
-    auto reshard_forward_copy = [&](int ui) {
-      const int64_t previous = forward_copy[ui];
-      forward_copy[ui] = units[ui].unsharded;
-      units[ui].unsharded = -1;
-      ledger.free(previous);
-    };
-    // _prefetch_handles: the unit whose forward ran just after `u`'s
-    // (forward_prefetch: get_handles_to_forward_prefetch) or just before it
-    // (backward: get_handles_to_backward_prefetch) in the recorded order,
-    // when it still needs that pass's unshard and was not prefetched yet.
-    auto prefetch = [&](int u, bool forward) {
-      const std::vector<int>& order = forward ? forward_order : post_forward_order;
-      const auto at = std::find(order.begin(), order.end(), u);
-      if (at == order.end() || (forward ? at + 1 == order.end() : at == order.begin())) return;
-      FlatParam& next = units[*(forward ? at + 1 : at - 1)];
-      if (!(forward ? next.needs_pre_forward : next.needs_pre_backward) || next.prefetched) return;
-      unshard(next);
-      next.prefetched = true;
-    };
-    // The gradient of the flat parameter, freed with record_stream(post-
-    // backward stream) (_post_backward_hook: orig_grad_data.record_stream):
-    // the allocator may reuse its block only once the reduce-scatter queued
-    // behind it is done; taken here as when the next unit's hook runs.
-    int64_t in_flight_grad = -1;
-    // _post_backward_hook, after AccumulateGrad of the FlatParameter: the
-    // parameters' gradients (held by the views' SplitWithSizesBackward
-    // until the last is ready) concatenated into the flat gradient (numel),
-    // the unit resharded, then on the post-backward stream the gradient
-    // padded (F.pad: a copy of world x shard) and reduce-scattered into a new
-    // shard (torch.zeros_like(chunks[0])), kept as _saved_grad_shard, or
-    // added into it (steps after the first, grads kept by zero_grad) and
-    // dropped. With MixedPrecision the flat gradient is param_dtype. The
-    // padded copy and the reduced shard are reduce_dtype; when that is not
-    // the gradient's, `param.grad.data = param.grad.data.to(reduce_dtype)`
-    // first makes a flat gradient in it on the post-backward stream (held by
-    // the hook's `grad` until it returns); when it is not fp32,
-    // _cast_grad_to_param_dtype makes the shard fp32 (`output.to(
-    // param.dtype)`), the low-precision one dropped.
-    auto post_backward = [&](int ui) {
-      FlatParam& u = units[ui];
-      if (u.backward_done || u.numel == 0) return;
-      u.backward_done = true;
-      const int64_t flat = alloc(Category::kGrads, low * u.numel, kFsdpComputeStream);
-      ledger.free_all(unit_grads[ui]);  // each parameter's gradient, waiting for the flat one
-      reshard(u);
-      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui, false);
-      if (no_shard) {
-        // .grad is the new flat gradient, or one kept from the last step
-        // (zero_grad(set_to_none=False)) that AccumulateGrad added the new
-        // one into, in place, dropping it. With MixedPrecision or a
-        // reduce_dtype, on the post-backward stream: `.to(reduce_dtype)` (a
-        // new tensor unless it is that dtype; the old one held by
-        // orig_grad_data until the hook returns), the in-place all-reduce,
-        // then, unless keep_low_precision_grads, _cast_grad_to_param_dtype
-        // to fp32 (the low one dropped). .grad stays (with offload_params
-        // until _finalize_params, having been copied to the host).
-        int64_t grad = flat;
-        DType dtype = o.mixed_precision;
-        if (u.grad_shard >= 0 && !o.offload_params) {
-          ledger.free(flat);
-          grad = u.grad_shard;
-          dtype = u.grad_dtype;
-        }
-        const int64_t orig = grad;
-        if (casts && dtype != reduce_dtype) {
-          grad = alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream);
-          dtype = reduce_dtype;
-        }
-        if (casts && !keep_low_grads && dtype != DType::kF32) {
-          const int64_t fp32 = alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream);
-          if (grad != orig) ledger.free(grad);
-          grad = fp32;
-          dtype = DType::kF32;
-        }
-        if (grad != orig) ledger.free(orig);
-        u.grad_shard = grad;
-        u.grad_dtype = dtype;
-        return;
-      }
-      if (o.cpu) {
-        cpu_reduce_grad(ledger, label, W, u, flat, kPostBackwardStream);
-        return;
-      }
-      ledger.free(in_flight_grad);
-      const int64_t cast = reduce_cast ? alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream) : -1;
-      const int64_t padded = alloc(Category::kCommBuffers, reduce * u.shard * W, kPostBackwardStream);
-      int64_t shard = alloc(Category::kGrads, reduce * u.shard, kPostBackwardStream);
-      if (reduce_dtype != DType::kF32) {
-        const int64_t fp32 = alloc(Category::kGrads, 4 * u.shard, kPostBackwardStream);
-        ledger.free(shard);
-        shard = fp32;
-      }
-      keep_grad_shard(ledger, u, shard);
-      ledger.free(padded);
-      ledger.free(cast);
-      in_flight_grad = flat;
-    };
-
-    // opt.zero_grad(): set_to_none drops each shard's .grad; else zeroed in
-    // place, it stays (prepare_gradient keeps it as _saved_grad_shard).
-    if (o.zero_grad_set_to_none || o.offload_params)
-      for (auto& u : units) {
-        ledger.free(u.grad_shard);
-        u.grad_shard = -1;
-        u.grad_dtype = DType::kF32;
-      }
-    // _fsdp_root_pre_forward marks every unit as needing its pre-forward
-    // unshard when forward_prefetch is on.
-    for (auto& u : units) {
-      u.needs_pre_backward = u.prefetched = u.backward_done = false;
-      u.needs_pre_forward = o.forward_prefetch;
+// opt.zero_grad(): set_to_none drops each shard's .grad; else zeroed in
+// place, it stays (prepare_gradient keeps it as _saved_grad_shard).
+void Fsdp1Job::zero_grad() {
+  if (o_.zero_grad_set_to_none || o_.offload_params)
+    for (auto& u : units_) {
+      ledger_.free(u.grad_shard);
+      u.grad_shard = -1;
+      u.grad_dtype = DType::kF32;
     }
-    // buffer_dtype: the root's lazy init (_cast_buffers, in the first
-    // forward) casts each floating buffer, the old one dropped as the cast
-    // replaces it (setattr); the others stay as they are.
-    for (size_t i = 0; mixed && k == 1 && i < in.buffers.size(); ++i) {
-      const BufferInfo& b = in.buffers[i];
-      if (!spec::is_floating_dtype(b.dtype)) continue;
-      const int64_t cast = alloc(Category::kParams, b.bytes / spec::dtype_element_size(b.dtype) * low,
-                                 kFsdpComputeStream);
-      ledger.free(buffer_ids[i]);
-      buffer_ids[i] = cast;
-    }
+}
 
-    FsdpStepHooks hooks;
-    hooks.pre_forward = [&](int ui) {
-      if (k == 1) forward_order.push_back(ui);
-      unshard(units[ui]);  // _pre_forward_unshard
-      units[ui].needs_pre_forward = false;
-      if (no_shard && o.offload_params && !mixed) reshard_forward_copy(ui);
-      // ... then _prefetch_handles, from the second iteration (the first
-      // is still recording the order).
-      if (o.forward_prefetch && k > 1) prefetch(ui, true);
-    };
-    hooks.post_forward = [&](int ui) {
-      FlatParam& u = units[ui];
-      // _post_forward: FULL_SHARD frees all but the root's.
-      if (o.reshard_after_forward && ui != 0 && !no_shard) reshard(u);
-      if (no_shard && mixed) reshard(u);
-      if (no_shard) u.unsharded = -1;  // fp32 under offload_params: reshard_forward_copy holds the forward's copy
-      u.needs_pre_backward = true;     // _register_pre_backward_hooks
-      if (k == 1) post_forward_order.push_back(ui);
-    };
-    hooks.backward_begins = [&] {
-      // scaler.scale(loss), first call: its scale and growth tracker (then
-      // the scaled loss, in the trace).
-      if (o.grad_scaler && k == 1 && !grad_scaler_init(ledger, label)) return;
-      // The root's pre-backward (it was not resharded).
-      units[0].needs_pre_backward = false;
-      unshard(units[0]);
-      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(0, false);
-    };
-    hooks.pre_backward = [&](int ui) {
-      // _pre_backward_hook: unshard unless prefetched, then prefetch.
-      units[ui].needs_pre_backward = false;
-      unshard(units[ui]);
-      if (o.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPre) prefetch(ui, false);
-    };
-    hooks.post_backward = post_backward;
-    if (!walk_fsdp_step(*in.no_grads, part, split_tie_bytes, step, label, hooks, ledger, unit_grads, outputs,
-                        previous_outputs))
-      return out;
-    // Units whose backward-end marker the trace has none of (a module whose
-    // inputs need no gradient: the embeddings, the root): their hooks run as
-    // autograd reaches their parameters, last; here in reverse forward order.
-    for (auto it = forward_order.rbegin(); it != forward_order.rend() && !ledger.oom(); ++it) post_backward(*it);
-    if (ledger.oom()) return out;
-    // _wait_for_post_backward / _finalize_params: .grad is the reduced shard;
-    // with offload_params it was copied to the host and the GPU one goes.
-    ledger.free(in_flight_grad);
-    if (o.offload_params)
-      for (auto& u : units) {
-        ledger.free(u.grad_shard);
-        u.grad_shard = -1;
-      }
-    // keep_low_precision_grads: `p.grad.data = p.grad.to(param_dtype)` for
-    // each unit whose hook ran, the fp32 shard dropped; a .grad kept from the
-    // step before is param_dtype already (the new shard was added into it).
-    // NO_SHARD's hook left it in reduce_dtype (no _saved_grad_shard to cast).
-    if (keep_low_grads && !o.offload_params && !no_shard)
-      for (auto& u : units)
-        if (u.grad_shard >= 0 && u.grad_dtype != o.mixed_precision) {
-          const int64_t cast = alloc(Category::kGrads, low * u.shard, kFsdpComputeStream);
-          ledger.free(u.grad_shard);
-          u.grad_shard = cast;
-          u.grad_dtype = o.mixed_precision;
-        }
-    previous_outputs.swap(outputs);
-    outputs.clear();
-    ledger.point(step + "/backward");
-    // opt.step(): AdamW over the shards (on the host with offload_params);
-    // under scaler.step(opt), the gradients unscaled first, and scaler.update()
-    // after.
-    int64_t found_inf_copy = -1;
-    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy, o.offload_params))
-      return out;
-    if (!o.offload_params && !replay(k == 1 ? adamw.first : adamw.later, ledger, step + "/optimizer", false,
-                                     Category::kTemporaries, Category::kOptimizer, nullptr))
-      return out;
-    if (o.grad_scaler && !grad_scaler_update(ledger, step + "/optimizer", found_inf_copy, o.offload_params)) return out;
-    ledger.point(step + "/optimizer");
+// buffer_dtype: the root's lazy init (_cast_buffers, in the first
+// forward) casts each floating buffer, the old one dropped as the cast
+// replaces it (setattr); the others stay as they are.
+void Fsdp1Job::cast_buffers() {
+  for (size_t i = 0; mixed && i < in_.buffers.size(); ++i) {
+    const BufferInfo& b = in_.buffers[i];
+    if (!spec::is_floating_dtype(b.dtype)) continue;
+    const int64_t cast =
+        alloc(Category::kParams, b.bytes / spec::dtype_element_size(b.dtype) * low, kFsdpComputeStream);
+    ledger_.free(buffer_ids_[i]);
+    buffer_ids_[i] = cast;
   }
-  ledger.finish();
-  return out;
+}
+
+// FSDP's hooks, where the walk through the step's trace calls them.
+FsdpStepHooks Fsdp1Job::hooks(int k) {
+  using Prefetch = PytorchFsdpOptions::Prefetch;
+  FsdpStepHooks hooks;
+  hooks.pre_forward = [this, k](int ui) {
+    if (k == 1) forward_order_.push_back(ui);
+    unshard(units_[ui]);  // _pre_forward_unshard
+    units_[ui].needs_pre_forward = false;
+    if (no_shard && o_.offload_params && !mixed) reshard_forward_copy(ui);
+    // ... then _prefetch_handles, from the second iteration (the first
+    // is still recording the order).
+    if (o_.forward_prefetch && k > 1) prefetch(ui, true);
+  };
+  hooks.post_forward = [this, k](int ui) {
+    FlatParam& u = units_[ui];
+    // _post_forward: FULL_SHARD frees all but the root's.
+    if (o_.reshard_after_forward && ui != 0 && !no_shard) reshard(u);
+    if (no_shard && mixed) reshard(u);
+    if (no_shard) u.unsharded = -1;  // fp32 under offload_params: reshard_forward_copy holds the forward's copy
+    u.needs_pre_backward = true;     // _register_pre_backward_hooks
+    if (k == 1) post_forward_order_.push_back(ui);
+  };
+  hooks.backward_begins = [this, k] {
+    // scaler.scale(loss), first call: its scale and growth tracker (then
+    // the scaled loss, in the trace).
+    if (o_.grad_scaler && k == 1 && !grad_scaler_init(ledger_, label_)) return;
+    // The root's pre-backward (it was not resharded).
+    units_[0].needs_pre_backward = false;
+    unshard(units_[0]);
+    if (o_.backward_prefetch == Prefetch::kBackwardPre) prefetch(0, false);
+  };
+  hooks.pre_backward = [this](int ui) {
+    // _pre_backward_hook: unshard unless prefetched, then prefetch.
+    units_[ui].needs_pre_backward = false;
+    unshard(units_[ui]);
+    if (o_.backward_prefetch == Prefetch::kBackwardPre) prefetch(ui, false);
+  };
+  hooks.post_backward = [this](int ui) { post_backward(ui); };
+  return hooks;
+}
+
+// _unshard (also for a unit already gathered: a prefetched one, the
+// root, SHARD_GRAD_OP's in backward). On the pre-all-gather stream,
+// flat_param.py's pre_unshard, a no-op only for a gathered unit whose
+// shard is on the GPU: with MixedPrecision the low-precision shard
+// (_use_low_precision_shard: _mp_shard, copied from the fp32 shard, itself
+// first copied to the GPU under offload_params and dropped with the
+// statement); else, under offload_params, the shard copied to the GPU
+// (_flat_param_to), dropped once flat_param points at the gathered one.
+// On the all-gather stream, unless gathered, the padded unsharded
+// FlatParameter (_alloc_padded_unsharded_flat_param, param_dtype); then
+// post_unshard frees _mp_shard.
+void Fsdp1Job::unshard(FlatParam& u) {
+  if (u.numel == 0) return;
+  if (no_shard && mixed) {
+    // pre_unshard whatever the unit's state (NO_SHARD never "needs" an
+    // unshard): _use_low_precision_shard makes _mp_shard unless its
+    // storage is there already (_alloc_storage), and copies the fp32 flat
+    // parameter into it, that first copied to the GPU under
+    // offload_params and dropped with the statement.
+    if (u.unsharded < 0) u.unsharded = alloc(Category::kParams, low * u.numel, kPreAllGatherStream);
+    if (o_.offload_params) ledger_.free(alloc(Category::kParams, 4 * u.numel, kPreAllGatherStream));
+    return;
+  }
+  if (u.unsharded >= 0 && (no_shard || !o_.offload_params)) return;
+  if (no_shard) {
+    // Nothing to gather; with offload_params, pre_unshard copies the
+    // flat parameter to the GPU (`flat_param.data = flat_param.to(
+    // device)`). The forward's copy stays alive after the reshard puts
+    // the host copy back: FlattenParamsWrapper.forward made the module's
+    // parameters views of it (_unflatten), and they are replaced only by
+    // the next forward's; the backward's copy no view refers to.
+    if (o_.offload_params) u.unsharded = alloc(Category::kParams, 4 * u.numel, kPreAllGatherStream);
+    return;
+  }
+  int64_t copy = -1, mp_shard = -1;
+  if (mixed) {
+    mp_shard = alloc(Category::kParams, low * u.shard, kPreAllGatherStream);
+    if (o_.offload_params) ledger_.free(alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream));
+  } else if (o_.offload_params) {
+    copy = alloc(Category::kParams, 4 * u.shard, kPreAllGatherStream);
+  }
+  if (u.unsharded < 0) u.unsharded = alloc(Category::kParams, low * u.shard * W, kAllGatherStream);
+  // On a CPU, Gloo's all-gather (dist.all_gather over the output's
+  // chunks) makes a tensor of the output's size on the calling thread,
+  // then its flat output on the worker thread, each dropped before the
+  // next: one transient of the output's bytes (the meter's log).
+  if (o_.cpu) ledger_.free(alloc(Category::kCommBuffers, low * u.shard * W, kAllGatherStream));
+  ledger_.free(copy);
+  ledger_.free(mp_shard);
+}
+
+// _reshard; freeing the gathered parameter also forgets that it was
+// prefetched (_handles_prefetched.pop), so it can be prefetched again.
+// NO_SHARD's frees no gathered parameter (the unit stays prefetched):
+// what goes is _mp_shard (MixedPrecision, post_reshard) or, under
+// offload_params, the backward's GPU copy, which no view refers to.
+void Fsdp1Job::reshard(FlatParam& u) {
+  if (u.unsharded >= 0 && !no_shard) u.prefetched = false;
+  ledger_.free(u.unsharded);
+  u.unsharded = -1;
+}
+
+// NO_SHARD's post-forward reshard: the forward's GPU copy is held by the
+// module's views until the unit's next forward has made its own.
+void Fsdp1Job::reshard_forward_copy(int ui) {
+  const int64_t previous = forward_copy_[ui];
+  forward_copy_[ui] = units_[ui].unsharded;
+  units_[ui].unsharded = -1;
+  ledger_.free(previous);
+}
+
+// _prefetch_handles: the unit whose forward ran just after `u`'s
+// (forward_prefetch: get_handles_to_forward_prefetch) or just before it
+// (backward: get_handles_to_backward_prefetch) in the recorded order,
+// when it still needs that pass's unshard and was not prefetched yet.
+void Fsdp1Job::prefetch(int u, bool forward) {
+  const std::vector<int>& order = forward ? forward_order_ : post_forward_order_;
+  const auto at = std::find(order.begin(), order.end(), u);
+  if (at == order.end() || (forward ? at + 1 == order.end() : at == order.begin())) return;
+  FlatParam& next = units_[*(forward ? at + 1 : at - 1)];
+  if (!(forward ? next.needs_pre_forward : next.needs_pre_backward) || next.prefetched) return;
+  unshard(next);
+  next.prefetched = true;
+}
+
+// _post_backward_hook, after AccumulateGrad of the FlatParameter: the
+// parameters' gradients (held by the views' SplitWithSizesBackward
+// until the last is ready) concatenated into the flat gradient (numel),
+// the unit resharded, then the gradient reduced (no_shard_reduce,
+// cpu_reduce_grad or sharded_reduce). With MixedPrecision the flat
+// gradient is param_dtype.
+void Fsdp1Job::post_backward(int ui) {
+  FlatParam& u = units_[ui];
+  if (u.backward_done || u.numel == 0) return;
+  u.backward_done = true;
+  const int64_t flat = alloc(Category::kGrads, low * u.numel, kFsdpComputeStream);
+  ledger_.free_all(unit_grads_[ui]);  // each parameter's gradient, waiting for the flat one
+  reshard(u);
+  if (o_.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui, false);
+  if (no_shard) {
+    no_shard_reduce(u, flat);
+  } else if (o_.cpu) {
+    cpu_reduce_grad(ledger_, label_, W, u, flat, kPostBackwardStream);
+  } else {
+    sharded_reduce(u, flat);
+  }
+}
+
+// NO_SHARD's reduce: .grad is the new flat gradient, or one kept from the
+// last step (zero_grad(set_to_none=False)) that AccumulateGrad added the new
+// one into, in place, dropping it. With MixedPrecision or a
+// reduce_dtype, on the post-backward stream: `.to(reduce_dtype)` (a
+// new tensor unless it is that dtype; the old one held by
+// orig_grad_data until the hook returns), the in-place all-reduce,
+// then, unless keep_low_precision_grads, _cast_grad_to_param_dtype
+// to fp32 (the low one dropped). .grad stays (with offload_params
+// until _finalize_params, having been copied to the host).
+void Fsdp1Job::no_shard_reduce(FlatParam& u, int64_t flat) {
+  int64_t grad = flat;
+  DType dtype = o_.mixed_precision;
+  if (u.grad_shard >= 0 && !o_.offload_params) {
+    ledger_.free(flat);
+    grad = u.grad_shard;
+    dtype = u.grad_dtype;
+  }
+  const int64_t orig = grad;
+  if (casts && dtype != reduce_dtype) {
+    grad = alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream);
+    dtype = reduce_dtype;
+  }
+  if (casts && !keep_low_grads && dtype != DType::kF32) {
+    const int64_t fp32 = alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream);
+    if (grad != orig) ledger_.free(grad);
+    grad = fp32;
+    dtype = DType::kF32;
+  }
+  if (grad != orig) ledger_.free(orig);
+  u.grad_shard = grad;
+  u.grad_dtype = dtype;
+}
+
+// The sharded reduce on CUDA, on the post-backward stream: the gradient
+// padded (F.pad: a copy of world x shard) and reduce-scattered into a new
+// shard (torch.zeros_like(chunks[0])), kept as _saved_grad_shard, or
+// added into it (steps after the first, grads kept by zero_grad) and
+// dropped. The padded copy and the reduced shard are reduce_dtype; when
+// that is not the gradient's, `param.grad.data = param.grad.data.to(
+// reduce_dtype)` first makes a flat gradient in it on the post-backward
+// stream (held by the hook's `grad` until it returns); when it is not fp32,
+// _cast_grad_to_param_dtype makes the shard fp32 (`output.to(
+// param.dtype)`), the low-precision one dropped.
+void Fsdp1Job::sharded_reduce(FlatParam& u, int64_t flat) {
+  ledger_.free(in_flight_grad_);
+  const int64_t cast = reduce_cast ? alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream) : -1;
+  const int64_t padded = alloc(Category::kCommBuffers, reduce * u.shard * W, kPostBackwardStream);
+  int64_t shard = alloc(Category::kGrads, reduce * u.shard, kPostBackwardStream);
+  if (reduce_dtype != DType::kF32) {
+    const int64_t fp32 = alloc(Category::kGrads, 4 * u.shard, kPostBackwardStream);
+    ledger_.free(shard);
+    shard = fp32;
+  }
+  keep_grad_shard(ledger_, u, shard);
+  ledger_.free(padded);
+  ledger_.free(cast);
+  in_flight_grad_ = flat;
+}
+
+// _wait_for_post_backward / _finalize_params: .grad is the reduced shard;
+// with offload_params it was copied to the host and the GPU one goes.
+void Fsdp1Job::finalize_params() {
+  ledger_.free(in_flight_grad_);
+  if (o_.offload_params)
+    for (auto& u : units_) {
+      ledger_.free(u.grad_shard);
+      u.grad_shard = -1;
+    }
+  // keep_low_precision_grads: `p.grad.data = p.grad.to(param_dtype)` for
+  // each unit whose hook ran, the fp32 shard dropped; a .grad kept from the
+  // step before is param_dtype already (the new shard was added into it).
+  // NO_SHARD's hook left it in reduce_dtype (no _saved_grad_shard to cast).
+  if (keep_low_grads && !o_.offload_params && !no_shard)
+    for (auto& u : units_)
+      if (u.grad_shard >= 0 && u.grad_dtype != o_.mixed_precision) {
+        const int64_t cast = alloc(Category::kGrads, low * u.shard, kFsdpComputeStream);
+        ledger_.free(u.grad_shard);
+        u.grad_shard = cast;
+        u.grad_dtype = o_.mixed_precision;
+      }
+}
+
+}  // namespace
+
+StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
+                                    const PytorchFsdpOptions& o, AllocatorModel& allocator) {
+  return Fsdp1Job(in, modules, o, allocator).run();
 }
 
 ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards) {

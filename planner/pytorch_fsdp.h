@@ -92,6 +92,11 @@ enum FsdpStream : int { kFsdpComputeStream = 0, kAllGatherStream = 1, kPostBackw
 StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
                                     const PytorchFsdpOptions& options, AllocatorModel& allocator);
 
+// What FSDP1 and FSDP2 (`who`) need of the trace file and the options: the
+// no-grads traces and each parameter's optimizer steps, a world and a step.
+// Else std::invalid_argument.
+void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, const std::string& who);
+
 // A unit's flat parameter, padded and sharded (flat_param.py _get_shard:
 // torch.chunk into world_size pieces, each rank's padded to the first's
 // numel): the shard's numel, ceil(numel / world).

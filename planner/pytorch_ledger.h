@@ -106,4 +106,29 @@ bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool s
             Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model = {},
             std::vector<int64_t>* outputs = nullptr, const std::function<void()>& forward_returned = {});
 
+// The phases of the loop every simulation here shares (DDP's in
+// pytorch_stack.cc, FSDP1's in pytorch_fsdp.cc, FSDP2's in pytorch_fsdp2.cc),
+// each written once:
+//
+// A storage of each of `bytes`, charged to `c` under `label` (init's: the
+// profile's cuBLAS workspaces before the model, the model's buffers), their
+// ids appended to `ids` when given. False on out of memory.
+bool alloc_each(Ledger& ledger, Category c, const std::vector<int64_t>& bytes, const std::string& label,
+                std::vector<int64_t>* ids = nullptr);
+// The model's buffers' bytes, in named_buffers() order.
+std::vector<int64_t> buffer_bytes(const std::vector<BufferInfo>& buffers);
+// The forward and backward of step `step` ("stepK") are done: what the
+// forward returned beside the loss becomes the loop's `outputs` (dropped
+// when the next forward returns), and the point stepK/backward is recorded.
+void end_backward(Ledger& ledger, std::vector<int64_t>& outputs, std::vector<int64_t>& previous_outputs,
+                  const std::string& step);
+// opt.step(), or scaler.step(opt) then scaler.update() with `grad_scaler`
+// (GradScaler, or ShardedGradScaler over `host_grads`: see
+// grad_scaler_unscale): the gradients unscaled, the optimizer's traced step
+// `adamw` replayed (its state kept; nullptr: it runs on the host, as under
+// CPU offload), the scaler updated; then the point stepK/optimizer. False on
+// out of memory.
+bool optimizer_step(Ledger& ledger, const std::string& step, const ModelTrace* adamw, bool grad_scaler,
+                    bool host_grads);
+
 }  // namespace shardfit::planner

@@ -86,94 +86,117 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   return estimate_step_time(ti, r.profile);
 }
 
-}  // namespace
 
-// `--stack pytorch`: PyTorch's DDP with torch.optim.AdamW, or with
-// ZeroRedundancyOptimizer(AdamW) (zero1), replayed from the trace file's
-// no-grads, with-grads and optimizer traces at each batch
-// (planner/pytorch_stack.h): candidates ddp/fp32/wrap=none and
-// zero1/fp32/wrap=none (+ckpt too when the file has checkpointed traces).
-// With autocast traces, ddp/AMP and zero1/AMP too: bf16 on a CPU, fp16 with
-// torch.cuda.amp.GradScaler on CUDA.
-// zero1's ranks differ (each its own partition's state): every rank is
-// simulated and the largest peak decides. On request (--strategies with the
-// full id), PyTorch FSDP (planner/pytorch_fsdp.h): zero2 (SHARD_GRAD_OP) and
-// zero3 (FULL_SHARD), +offload or not, wrap=size:N
-// (size_based_auto_wrap_policy) or wrap=block (transformer_auto_wrap_policy
-// over the trace's block class), on CUDA profiles; fp32, or bf16 as
-// MixedPrecision(param_dtype=reduce_dtype=buffer_dtype=torch.bfloat16) from
-// the trace file's traces of the model cast to bf16 (--param-dtype bf16).
-Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem) {
-  const TraceFile* file = r.trace_file.get();
-  if (!file)
-    throw std::invalid_argument("--stack pytorch: needs --trace (a model traced in its own Python process by "
-                                "pytorch/trace_recorder.py)");
-  const bool cuda = r.profile.kind == DeviceKind::kCuda;
-  // (A trace for the other kind of device was refused in build_plan.)
+// The traces a candidate replays, by kind, and grads at start: batch 1
+// exactly, 2 and 3 extended affinely.
+enum TraceKind : int { kFp32 = 0, kCkpt = 1, kAmp = 2, kMixed = 3, kMixed16 = 4, kTraceKinds = 5 };
+
+// FSDP's candidates: zero2 and zero3; with FSDP2 also hybrid (HSDP).
+bool is_fsdp(const Candidate& c) {
+  return c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid;
+}
+
+// What the trace file holds for the candidates, read once.
+struct PytorchTraces {
   // The blocks, under torch.utils.checkpoint for +ckpt (what a plan
   // recomputes when nothing but the root is a unit: spec/recompute.h).
-  const std::vector<int> blocks =
-      spec::recompute_modules(file->modules, wrap_modules(file->modules, WrapPolicy::parse("none")));
-  const bool has_ckpt = !blocks.empty() && file->find(DType::kF32, blocks, 1, false, r.ckpt_reentrant);
+  std::vector<int> blocks;
+  bool has_ckpt = false;
   // Traces whose forward ran under torch.autocast (trace_recorder.py: bf16
   // for a CPU target, fp16 with GradScaler for a CUDA one): the bf16 / fp16
   // candidates, PyTorch's mixed precision (fp32 parameters, gradients and
   // AdamW).
-  const DType amp_dtype = cuda ? DType::kF16 : DType::kBF16;
-  const Precision amp = cuda ? Precision::kFp16 : Precision::kBf16;
-  const std::string amp_name = spec::precision_name(amp);
-  bool has_amp = file->find(amp_dtype, {}, 1, false, false, /*autocast=*/true) != nullptr;
+  DType amp_dtype = DType::kF32;
+  Precision amp = Precision::kFp32;
+  std::string amp_name;
+  bool has_amp = false;
   // Traces of the model cast to bf16 or fp16, not under autocast (CUDA
   // targets only): what FSDP's MixedPrecision(param_dtype=...) computes.
-  auto cast_traces = [&](DType d) { return cuda && file->find(d, {}, 1, false, false, /*autocast=*/false); };
-  const bool has_mixed = cast_traces(DType::kBF16), has_mixed16 = cast_traces(DType::kF16);
-  // The traces a candidate replays, by kind ([0] fp32, [1] fp32 with the
-  // blocks checkpointed, [2] the forward under autocast, [3] the model in
-  // bf16, [4] in fp16) and grads at start: batch 1 exactly, 2 and 3
-  // extended affinely.
-  constexpr int kMixed = 3, kMixed16 = 4;
-  const ModelTrace* at1[5][2] = {};
-  std::unique_ptr<AffineTrace> affine[5][2];
+  bool has_mixed = false, has_mixed16 = false;
+  // By kind ([kFp32], [kCkpt] with the blocks checkpointed, [kAmp] the
+  // forward under autocast, [kMixed] the model in bf16, [kMixed16] in fp16)
+  // and grads at start.
+  const ModelTrace* at1[kTraceKinds][2] = {};
+  std::unique_ptr<AffineTrace> affine[kTraceKinds][2];
   // Autocast traces whose sizes are not affine in the batch (a CPU bf16
   // matmul's oneDNN scratchpad follows the shapes' blocking, not the batch):
   // no autocast candidates, said once; fp32 plans as before.
   std::string amp_not_affine;
-  for (int k = 0; k < 5; ++k) {
-    if ((k == 1 && !has_ckpt) || (k == 2 && !has_amp) || (k == kMixed && !has_mixed) ||
-        (k == kMixed16 && !has_mixed16))
+};
+
+void load_traces(const PlanRequest& r, const TraceFile& file, bool cuda, PytorchTraces& t) {
+  t.blocks = spec::recompute_modules(file.modules, wrap_modules(file.modules, WrapPolicy::parse("none")));
+  t.has_ckpt = !t.blocks.empty() && file.find(DType::kF32, t.blocks, 1, false, r.ckpt_reentrant);
+  t.amp_dtype = cuda ? DType::kF16 : DType::kBF16;
+  t.amp = cuda ? Precision::kFp16 : Precision::kBf16;
+  t.amp_name = spec::precision_name(t.amp);
+  t.has_amp = file.find(t.amp_dtype, {}, 1, false, false, /*autocast=*/true) != nullptr;
+  auto cast_traces = [&](DType d) { return cuda && file.find(d, {}, 1, false, false, /*autocast=*/false); };
+  t.has_mixed = cast_traces(DType::kBF16);
+  t.has_mixed16 = cast_traces(DType::kF16);
+  for (int k = 0; k < kTraceKinds; ++k) {
+    if ((k == kCkpt && !t.has_ckpt) || (k == kAmp && !t.has_amp) || (k == kMixed && !t.has_mixed) ||
+        (k == kMixed16 && !t.has_mixed16))
       continue;
-    const DType dtype = k == 2 ? amp_dtype : k == kMixed ? DType::kBF16 : k == kMixed16 ? DType::kF16 : DType::kF32;
+    const DType dtype = k == kAmp      ? t.amp_dtype
+                        : k == kMixed   ? DType::kBF16
+                        : k == kMixed16 ? DType::kF16
+                                        : DType::kF32;
     for (int g = 0; g < 2; ++g) {
-      const std::vector<int> rec = k == 1 ? blocks : std::vector<int>{};
-      const ModelTrace* t[4] = {};
-      for (int b = 1; b <= 3; ++b) t[b] = file->find(dtype, rec, b, g == 1, r.ckpt_reentrant && k == 1, k == 2);
-      if (!t[1] || !t[2] || !t[3])
+      const std::vector<int> rec = k == kCkpt ? t.blocks : std::vector<int>{};
+      const ModelTrace* at[4] = {};
+      for (int b = 1; b <= 3; ++b)
+        at[b] = file.find(dtype, rec, b, g == 1, r.ckpt_reentrant && k == kCkpt, k == kAmp);
+      if (!at[1] || !at[2] || !at[3])
         throw std::invalid_argument(std::string("--stack pytorch: the trace file has no ") +
-                                    (k == 2         ? "autocast(" + amp_name + ")"
-                                     : k == kMixed ? std::string("bf16 (the model cast)")
+                                    (k == kAmp       ? "autocast(" + t.amp_name + ")"
+                                     : k == kMixed   ? std::string("bf16 (the model cast)")
                                      : k == kMixed16 ? std::string("fp16 (the model cast)")
-                                                   : std::string("fp32")) +
-                                    " trace" +
-                                    (k == 1 ? " with the blocks checkpointed" : "") + " with grads " +
+                                                     : std::string("fp32")) +
+                                    " trace" + (k == kCkpt ? " with the blocks checkpointed" : "") + " with grads " +
                                     (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
-      at1[k][g] = t[1];
+      t.at1[k][g] = at[1];
       try {
-        affine[k][g] = std::make_unique<AffineTrace>(*t[2], *t[3]);
+        t.affine[k][g] = std::make_unique<AffineTrace>(*at[2], *at[3]);
       } catch (const std::logic_error& e) {
-        if (k != 2) throw;  // fp32 and the cast model's traces must be affine
-        amp_not_affine = e.what();
+        if (k != kAmp) throw;  // fp32 and the cast model's traces must be affine
+        t.amp_not_affine = e.what();
       }
     }
   }
-  if (!amp_not_affine.empty()) has_amp = false;  // said once the candidates are known (below)
-  if (r.ckpt_reentrant && !blocks.empty() && !has_ckpt)
+  if (!t.amp_not_affine.empty()) t.has_amp = false;  // said once the candidates are known (build_pytorch_plan)
+  if (r.ckpt_reentrant && !t.blocks.empty() && !t.has_ckpt)
     throw std::invalid_argument("--checkpoint reentrant: the trace file has no traces with use_reentrant=True (record "
                                 "it again with pytorch/trace_recorder.py)");
+}
+
+// An FSDP candidate `want` (--strategies `s`) in bf16 or fp16: the device,
+// the trace file's cast traces and the world it needs.
+void check_fsdp_mixed(const PlanRequest& r, const PytorchTraces& t, const std::string& s, const Candidate& want) {
+  const bool bf16 = want.precision == Precision::kBf16;
+  const std::string name = bf16 ? "bf16" : "fp16";
+  if (bf16 && !r.profile.supports(DType::kBF16))
+    throw std::invalid_argument("--strategies " + s + ": " + r.profile.name + " has no bf16 (FSDP's "
+                                "MixedPrecision(param_dtype=torch.bfloat16) needs it)");
+  if (!(bf16 ? t.has_mixed : t.has_mixed16))
+    throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision(param_dtype=torch." +
+                                (bf16 ? "bfloat16" : "float16") + ") needs the model's traces in " + name +
+                                ": record the trace file with trace_recorder.py --target cuda --param-dtype " +
+                                name);
+  // 1.13's FSDP runs a world of one as NO_SHARD, cast as a whole
+  // (planner/pytorch_fsdp.cc); FSDP2's world of one computes in fp32.
+  if (r.fsdp_version == 2 && (want.sharding == Sharding::kHybrid ? r.gpus_per_node : r.gpus_per_node * r.nodes) == 1)
+    throw std::invalid_argument("--strategies " + s + ": FSDP2's MixedPrecisionPolicy sharded over one GPU is "
+                                "not simulated in this version (its world of one copies each shard in fp32)");
+}
+
+
+// The FSDP candidates --strategies names by full id (ddp and zero1 come
+// from pytorch_ddp_candidates); anything --stack pytorch does not simulate
+// is refused, one line.
+std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& file, const PytorchTraces& t, bool cuda) {
   std::vector<Candidate> candidates;
-  // FSDP's candidates: zero2 and zero3; with FSDP2 also hybrid (HSDP).
-  auto is_fsdp = [](const Candidate& c) {
-    return c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid;
-  };
+  const Precision amp = t.amp;
   for (const std::string& s : r.candidates.strategies) {
     if (s == "ddp" || s == "zero1") continue;
     const Candidate want = s.find('/') == std::string::npos ? Candidate{} : parse_candidate(s);
@@ -195,14 +218,14 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                   "(transformer_auto_wrap_policy), with --fsdp-version 2 also hybrid (HSDP) and "
                                   "wrap=block (fully_shard on each block, then the root) or wrap=none (the root "
                                   "only), only in this version");
-    if (!fsdp && want.precision == amp && !has_amp)
+    if (!fsdp && want.precision == amp && !t.has_amp)
       throw std::invalid_argument(
           "--strategies " + s +
-          (amp_not_affine.empty()
-               ? ": the trace file has no traces under torch.autocast(" + amp_name +
+          (t.amp_not_affine.empty()
+               ? ": the trace file has no traces under torch.autocast(" + t.amp_name +
                      ") (trace_recorder.py records them: bf16 for --target cpu, fp16 for --target cuda)"
                : ": its autocast traces are not batch-affine, so it cannot be planned in this version (" +
-                     amp_not_affine + ")"));
+                     t.amp_not_affine + ")"));
     // FSDP2 runs on CPU ranks (Gloo) too, fp32: through the exact allocator,
     // as DDP's CPU jobs are planned.
     if (fsdp && !cuda && !(want.precision == Precision::kFp32 && !want.offload &&
@@ -210,34 +233,25 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP's zero2 and zero3 are simulated in fp32 "
                                   "only (mixed precision, offload and HSDP through the CUDA caching allocator's "
                                   "model): plan it with a CUDA --device and a trace recorded with --target cuda");
-    if (fsdp && want.precision != Precision::kFp32) {
-      const bool bf16 = want.precision == Precision::kBf16;
-      const std::string name = bf16 ? "bf16" : "fp16";
-      if (bf16 && !r.profile.supports(DType::kBF16))
-        throw std::invalid_argument("--strategies " + s + ": " + r.profile.name + " has no bf16 (FSDP's "
-                                    "MixedPrecision(param_dtype=torch.bfloat16) needs it)");
-      if (!(bf16 ? has_mixed : has_mixed16))
-        throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision(param_dtype=torch." +
-                                    (bf16 ? "bfloat16" : "float16") + ") needs the model's traces in " + name +
-                                    ": record the trace file with trace_recorder.py --target cuda --param-dtype " +
-                                    name);
-      // 1.13's FSDP runs a world of one as NO_SHARD, cast as a whole
-      // (planner/pytorch_fsdp.cc); FSDP2's world of one computes in fp32.
-      if (fsdp2 && (want.sharding == Sharding::kHybrid ? r.gpus_per_node : r.gpus_per_node * r.nodes) == 1)
-        throw std::invalid_argument("--strategies " + s + ": FSDP2's MixedPrecisionPolicy sharded over one GPU is "
-                                    "not simulated in this version (its world of one copies each shard in fp32)");
-    }
+    if (fsdp && want.precision != Precision::kFp32) check_fsdp_mixed(r, t, s, want);
     if (fsdp && want.wrap == "block" &&
-        std::none_of(file->modules.begin(), file->modules.end(), [](const ModuleNode& m) { return m.is_block; }))
+        std::none_of(file.modules.begin(), file.modules.end(), [](const ModuleNode& m) { return m.is_block; }))
       throw std::invalid_argument("--strategies " + s + ": wrap=block is transformer_auto_wrap_policy over the "
                                   "model's block class, and the trace file marks no module as a block (the "
                                   "recorder marks instances of the model's block_class attribute)");
     if (fsdp) candidates.push_back(want);
   }
+  return candidates;
+}
+
+
+// The ddp and zero1 candidates --strategies (a sharding or a full id) and
+// --precision ask for, before the FSDP ones in `candidates`.
+void add_ddp_candidates(const PlanRequest& r, const PytorchTraces& t, bool cuda, std::vector<Candidate>& candidates) {
   for (const std::string& p : r.candidates.precisions)
-    if (p != "fp32" && p != amp_name && p != "all")
+    if (p != "fp32" && p != t.amp_name && p != "all")
       throw std::invalid_argument("--precision " + p + ": --stack pytorch simulates fp32 and, on this device, " +
-                                  amp_name + " (autocast" + (cuda ? " with GradScaler" : "") + ") only in this "
+                                  t.amp_name + " (autocast" + (cuda ? " with GradScaler" : "") + ") only in this "
                                   "version");
   auto precision_wanted = [&](const Candidate& c) {
     if (r.candidates.precisions.empty()) return true;
@@ -248,19 +262,23 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
   for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none", "ddp+ckpt/fp32/wrap=none",
                          "zero1+ckpt/fp32/wrap=none", "ddp/AMP/wrap=none", "zero1/AMP/wrap=none"}) {
     std::string full = id;
-    if (const size_t at = full.find("AMP"); at != std::string::npos) full.replace(at, 3, amp_name);
+    if (const size_t at = full.find("AMP"); at != std::string::npos) full.replace(at, 3, t.amp_name);
     const Candidate c = parse_candidate(full);
-    if ((c.recompute && !has_ckpt) || (c.precision == amp && !has_amp) || !precision_wanted(c)) continue;
+    if ((c.recompute && !t.has_ckpt) || (c.precision == t.amp && !t.has_amp) || !precision_wanted(c)) continue;
     bool wanted = r.candidates.strategies.empty();
     for (const std::string& s : r.candidates.strategies)
       wanted = wanted || s == spec::sharding_name(c.sharding) || s == c.to_id();
     if (wanted) candidates.insert(candidates.end() - std::count_if(candidates.begin(), candidates.end(), is_fsdp), c);
   }
-  if (r.optimizer != Optimizer::kAdamW || file->optimizer_steps.size() != 2)
+}
+
+// The job's options against the candidates: what PyTorch cannot run, or
+// this version does not simulate, refused in one line.
+void check_job(const PlanRequest& r, const TraceFile& file, const std::vector<Candidate>& candidates) {
+  if (r.optimizer != Optimizer::kAdamW || file.optimizer_steps.size() != 2)
     throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
                                 "steps (record it again with pytorch/trace_recorder.py)");
-  const bool has_foreach = file->optimizer_foreach_steps.size() == 2;
-  if (r.adamw_foreach.value_or(false) && !has_foreach)
+  if (r.adamw_foreach.value_or(false) && file.optimizer_foreach_steps.size() != 2)
     throw std::invalid_argument("--adamw-step foreach: the trace file has no AdamW(foreach=True) steps (recorded "
                                 "since 2026-12-03: record it again with pytorch/trace_recorder.py)");
   if (r.grad_accum != 1 && r.ddp_bucket_view)
@@ -287,147 +305,261 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
       throw std::invalid_argument("--single-gpu-unwrapped with --ddp-bucket-view or --ddp-static-graph: DDP's "
                                   "options, and the model is not in DDP");
   }
-  // Every input checked: a bad one stays one line.
-  if (!amp_not_affine.empty())
-    spdlog::warn("--stack pytorch: no {} candidates: the autocast traces are not batch-affine ({})", amp_name,
-                 amp_not_affine);
-  const int world = r.gpus_per_node * r.nodes;
-  PytorchDdpInputs in;
-  in.param_bytes = file->param_count() * dtype_bytes(DType::kF32);
+}
+
+// Each candidate's simulation at a batch: the trace file's inputs, read
+// once, and the options each simulation takes from the request.
+class PytorchJobSim {
+ public:
+  PytorchJobSim(const PlanRequest& r, const TraceFile& file, const PytorchTraces& t, int64_t budget);
+  PytorchJobSim(const PytorchJobSim&) = delete;  // in_foreach_ points into it
+  PytorchJobSim& operator=(const PytorchJobSim&) = delete;
+  // Every rank's result at `batch` (one when the ranks are alike).
+  std::vector<StepSimResult> simulate(const Candidate& c, int64_t batch);
+  // Each candidate's AdamW step: --adamw-step's, else its PyTorch's default.
+  bool foreach_for(const Candidate& c);
+  // The traces a candidate replays (PytorchTraces::at1 / affine's first index).
+  int kind_of(const Candidate& c) const {
+    return is_fsdp(c) && c.precision == Precision::kBf16   ? kMixed
+           : is_fsdp(c) && c.precision == Precision::kFp16 ? kMixed16
+           : c.precision == t_.amp                         ? kAmp
+           : c.recompute                                   ? kCkpt
+                                                           : kFp32;
+  }
+  bool foreach_unrecorded() const { return foreach_unrecorded_; }
+
+ private:
+  PytorchDdpOptions ddp_options(const Candidate& c) const;
+  PytorchFsdpOptions fsdp1_options(const Candidate& c, const PytorchDdpOptions& o) const;
+  PytorchFsdp2Options fsdp2_options(const Candidate& c, const PytorchDdpOptions& o) const;
+  // FSDP's allocator: the exact one on CPU ranks, the caching allocator's
+  // model on CUDA.
+  std::unique_ptr<AllocatorModel> device_allocator() const {
+    if (!cuda_) return std::make_unique<ExactAllocator>(budget_);
+    return std::make_unique<CudaCachingAllocatorModel>(budget_);
+  }
+
+  const PlanRequest& r_;
+  const TraceFile& file_;
+  const PytorchTraces& t_;
+  const int64_t budget_;
+  const bool cuda_;
+  const int world_;
+  const bool has_foreach_;
+  PytorchDdpInputs in_, in_foreach_;
+  std::optional<MultiTensorAdamwStep> foreach_first_, foreach_later_;
+  bool foreach_unrecorded_ = false;
+};
+
+PytorchJobSim::PytorchJobSim(const PlanRequest& r, const TraceFile& file, const PytorchTraces& t, int64_t budget)
+    : r_(r),
+      file_(file),
+      t_(t),
+      budget_(budget),
+      cuda_(r.profile.kind == DeviceKind::kCuda),
+      world_(r.gpus_per_node * r.nodes),
+      has_foreach_(file.optimizer_foreach_steps.size() == 2) {
+  in_.param_bytes = file.param_count() * dtype_bytes(DType::kF32);
   // AdamW(foreach=True): its multi-tensor step over every parameter, as traced.
-  in.optimizer_first = &file->optimizer_steps[0];
-  in.optimizer_later = &file->optimizer_steps[1];
-  in.param_numels = file->param_numels();
-  in.buffers = file->buffers();
-  if (!file->optimizer_zero_grad.events.empty()) in.zero_grad = &file->optimizer_zero_grad;
-  in.optimizer_param_steps = &file->optimizer_param_steps;
+  in_.optimizer_first = &file.optimizer_steps[0];
+  in_.optimizer_later = &file.optimizer_steps[1];
+  in_.param_numels = file.param_numels();
+  in_.buffers = file.buffers();
+  if (!file.optimizer_zero_grad.events.empty()) in_.zero_grad = &file.optimizer_zero_grad;
+  in_.optimizer_param_steps = &file.optimizer_param_steps;
   // The same with AdamW(foreach=True): zero1's partition and FSDP's shards
   // compose their multi-tensor steps from the traced ones
   // (planner/adamw_steps.h); split once, here.
-  PytorchDdpInputs in_foreach = in;
-  std::optional<MultiTensorAdamwStep> foreach_first, foreach_later;
-  if (has_foreach) {
-    const std::vector<ModelTrace>& adamw = file->optimizer_foreach_steps;
-    in_foreach.optimizer_first = &adamw[0];
-    in_foreach.optimizer_later = &adamw[1];
+  in_foreach_ = in_;
+  if (has_foreach_) {
+    const std::vector<ModelTrace>& adamw = file.optimizer_foreach_steps;
+    in_foreach_.optimizer_first = &adamw[0];
+    in_foreach_.optimizer_later = &adamw[1];
     std::vector<int64_t> param_bytes;
-    for (int64_t numel : in.param_numels) param_bytes.push_back(numel * dtype_bytes(DType::kF32));
-    foreach_first.emplace(adamw[0], param_bytes);
-    foreach_later.emplace(adamw[1], param_bytes);
-    in_foreach.foreach_first = &*foreach_first;
-    in_foreach.foreach_later = &*foreach_later;
+    for (int64_t numel : in_.param_numels) param_bytes.push_back(numel * dtype_bytes(DType::kF32));
+    foreach_first_.emplace(adamw[0], param_bytes);
+    foreach_later_.emplace(adamw[1], param_bytes);
+    in_foreach_.foreach_first = &*foreach_first_;
+    in_foreach_.foreach_later = &*foreach_later_;
   }
-  // Each candidate's AdamW step: --adamw-step's, else its PyTorch's default.
-  bool foreach_unrecorded = false;
-  auto foreach_for = [&](const Candidate& c) {
-    if (r.adamw_foreach) return *r.adamw_foreach;
-    const bool wanted = adamw_foreach_default(r.torch, cuda, is_fsdp(c) && r.fsdp_version == 1);
-    foreach_unrecorded = foreach_unrecorded || (wanted && !has_foreach);
-    return wanted && has_foreach;
-  };
-  // The traces a candidate replays (at1 / affine's first index).
-  auto kind_of = [&](const Candidate& c) {
-    return is_fsdp(c) && c.precision == Precision::kBf16   ? kMixed
-           : is_fsdp(c) && c.precision == Precision::kFp16 ? kMixed16
-           : c.precision == amp                           ? 2
-           : c.recompute                                  ? 1
-                                                          : 0;
-  };
-  // FSDP's allocator: the exact one on CPU ranks, the caching allocator's
-  // model on CUDA.
-  auto device_allocator = [&]() -> std::unique_ptr<AllocatorModel> {
-    if (!cuda) return std::make_unique<ExactAllocator>(budget);
-    return std::make_unique<CudaCachingAllocatorModel>(budget);
-  };
-  // Every rank's result at `batch` (one when the ranks are alike).
-  auto simulate = [&](const Candidate& c, int64_t batch) {
-    const int k = kind_of(c);
-    const ModelTrace none = batch == 1 ? *at1[k][0] : affine[k][0]->at(batch);
-    const ModelTrace with = batch == 1 ? *at1[k][1] : affine[k][1]->at(batch);
-    PytorchDdpInputs at = foreach_for(c) ? in_foreach : in;
-    at.no_grads = &none;
-    at.with_grads = &with;
-    PytorchDdpOptions o;
-    o.gradient_as_bucket_view = r.ddp_bucket_view;
-    o.bucket_cap_bytes = r.schedule.ddp_bucket_cap_bytes;
-    o.zero_grad_set_to_none = r.zero_grad_set_to_none;
-    o.budget_bytes = budget;
-    o.cuda_caching = cuda && r.profile.allocator == AllocatorKind::kCudaCaching;
-    if (cuda) o.overhead_bytes = r.profile.cublas_workspace_allocations;
-    // Step 2 is the steady state; with static_graph step 3 (step 2 starts
-    // with the first iteration's _DDPSink clones held as the outputs).
-    o.steps = std::min(r.steps, r.ddp_static_graph ? 3 : 2);
-    o.zero_redundancy = c.sharding == Sharding::kZero1;
-    o.grad_scaler = c.precision == Precision::kFp16;  // AMP's fp16 recipe: autocast + GradScaler
-    o.grad_accum = r.grad_accum;
-    o.static_graph = r.ddp_static_graph;
-    o.world_size = world;
-    o.wrapped = !(r.single_gpu_unwrapped && c.sharding == Sharding::kDdp);
-    std::vector<StepSimResult> ranks;
-    if (is_fsdp(c) && r.fsdp_version == 2) {
-      // Rank 0, whose shards are the padded size: no rank holds more.
-      PytorchFsdp2Options f;
-      f.reshard_after_forward = c.sharding == Sharding::kZero3;
-      // fully_shard(model, reshard_after_forward=True) on the root too, as
-      // the blocks are called (torch 2.11 reshards the root then).
-      f.reshard_root_after_forward = f.reshard_after_forward;
-      f.offload_params = c.offload;
-      f.wrap_blocks = c.wrap == "block";
-      f.mixed_precision = compute_dtype(c.precision);
-      f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
-      f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
-      f.hsdp = c.sharding == Sharding::kHybrid;  // sharded within a node, replicated across nodes
-      f.world_size = f.hsdp ? r.gpus_per_node : world;
-      f.steps = o.steps;
-      f.overhead_bytes = o.overhead_bytes;
-      f.zero_grad_set_to_none = o.zero_grad_set_to_none;
-      if (r.schedule.prefetch >= 2) {  // --prefetch N: explicit, N - 1 blocks ahead, N back
-        f.forward_prefetch = r.schedule.prefetch - 1;
-        f.backward_prefetch = r.schedule.prefetch;
-      }
-      f.cpu = !cuda;
-      ranks.push_back(simulate_pytorch_fsdp2(at, file->modules, f, *device_allocator()));
-      return ranks;
-    }
-    if (is_fsdp(c)) {
-      // Every rank alike (the padded shards are one size).
-      PytorchFsdpOptions f;
-      f.reshard_after_forward = c.sharding == Sharding::kZero3;
-      f.offload_params = c.offload;
-      f.wrap = WrapPolicy::parse(c.wrap);
-      f.world_size = world;
-      f.steps = o.steps;
-      f.budget_bytes = budget;
-      f.overhead_bytes = o.overhead_bytes;
-      f.zero_grad_set_to_none = o.zero_grad_set_to_none;
-      f.backward_prefetch = r.fsdp_backward_prefetch;
-      f.forward_prefetch = r.schedule.prefetch >= 2;  // --prefetch 2: FSDP(forward_prefetch=True)
-      f.mixed_precision = compute_dtype(c.precision);
-      f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
-      f.reduce_dtype = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype);
-      f.keep_low_precision_grads = r.fsdp_keep_low_precision_grads;
-      f.cpu = !cuda;
-      ranks.push_back(simulate_pytorch_fsdp(at, file->modules, f, *device_allocator()));
-      return ranks;
-    }
-    for (int rank = 0; rank < (o.zero_redundancy ? world : 1); ++rank) {
+}
+
+bool PytorchJobSim::foreach_for(const Candidate& c) {
+  if (r_.adamw_foreach) return *r_.adamw_foreach;
+  const bool wanted = adamw_foreach_default(r_.torch, cuda_, is_fsdp(c) && r_.fsdp_version == 1);
+  foreach_unrecorded_ = foreach_unrecorded_ || (wanted && !has_foreach_);
+  return wanted && has_foreach_;
+}
+
+PytorchDdpOptions PytorchJobSim::ddp_options(const Candidate& c) const {
+  PytorchDdpOptions o;
+  o.gradient_as_bucket_view = r_.ddp_bucket_view;
+  o.bucket_cap_bytes = r_.schedule.ddp_bucket_cap_bytes;
+  o.zero_grad_set_to_none = r_.zero_grad_set_to_none;
+  o.budget_bytes = budget_;
+  o.cuda_caching = cuda_ && r_.profile.allocator == AllocatorKind::kCudaCaching;
+  if (cuda_) o.overhead_bytes = r_.profile.cublas_workspace_allocations;
+  // Step 2 is the steady state; with static_graph step 3 (step 2 starts
+  // with the first iteration's _DDPSink clones held as the outputs).
+  o.steps = std::min(r_.steps, r_.ddp_static_graph ? 3 : 2);
+  o.zero_redundancy = c.sharding == Sharding::kZero1;
+  o.grad_scaler = c.precision == Precision::kFp16;  // AMP's fp16 recipe: autocast + GradScaler
+  o.grad_accum = r_.grad_accum;
+  o.static_graph = r_.ddp_static_graph;
+  o.world_size = world_;
+  o.wrapped = !(r_.single_gpu_unwrapped && c.sharding == Sharding::kDdp);
+  return o;
+}
+
+PytorchFsdp2Options PytorchJobSim::fsdp2_options(const Candidate& c, const PytorchDdpOptions& o) const {
+  PytorchFsdp2Options f;
+  f.reshard_after_forward = c.sharding == Sharding::kZero3;
+  // fully_shard(model, reshard_after_forward=True) on the root too, as
+  // the blocks are called (torch 2.11 reshards the root then).
+  f.reshard_root_after_forward = f.reshard_after_forward;
+  f.offload_params = c.offload;
+  f.wrap_blocks = c.wrap == "block";
+  f.mixed_precision = compute_dtype(c.precision);
+  f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
+  f.reduce_dtype = parse_fsdp_reduce_dtype(r_.fsdp_reduce_dtype);
+  f.hsdp = c.sharding == Sharding::kHybrid;  // sharded within a node, replicated across nodes
+  f.world_size = f.hsdp ? r_.gpus_per_node : world_;
+  f.steps = o.steps;
+  f.overhead_bytes = o.overhead_bytes;
+  f.zero_grad_set_to_none = o.zero_grad_set_to_none;
+  if (r_.schedule.prefetch >= 2) {  // --prefetch N: explicit, N - 1 blocks ahead, N back
+    f.forward_prefetch = r_.schedule.prefetch - 1;
+    f.backward_prefetch = r_.schedule.prefetch;
+  }
+  f.cpu = !cuda_;
+  return f;
+}
+
+PytorchFsdpOptions PytorchJobSim::fsdp1_options(const Candidate& c, const PytorchDdpOptions& o) const {
+  PytorchFsdpOptions f;
+  f.reshard_after_forward = c.sharding == Sharding::kZero3;
+  f.offload_params = c.offload;
+  f.wrap = WrapPolicy::parse(c.wrap);
+  f.world_size = world_;
+  f.steps = o.steps;
+  f.budget_bytes = budget_;
+  f.overhead_bytes = o.overhead_bytes;
+  f.zero_grad_set_to_none = o.zero_grad_set_to_none;
+  f.backward_prefetch = r_.fsdp_backward_prefetch;
+  f.forward_prefetch = r_.schedule.prefetch >= 2;  // --prefetch 2: FSDP(forward_prefetch=True)
+  f.mixed_precision = compute_dtype(c.precision);
+  f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
+  f.reduce_dtype = parse_fsdp_reduce_dtype(r_.fsdp_reduce_dtype);
+  f.keep_low_precision_grads = r_.fsdp_keep_low_precision_grads;
+  f.cpu = !cuda_;
+  return f;
+}
+
+std::vector<StepSimResult> PytorchJobSim::simulate(const Candidate& c, int64_t batch) {
+  const int k = kind_of(c);
+  const ModelTrace none = batch == 1 ? *t_.at1[k][0] : t_.affine[k][0]->at(batch);
+  const ModelTrace with = batch == 1 ? *t_.at1[k][1] : t_.affine[k][1]->at(batch);
+  PytorchDdpInputs at = foreach_for(c) ? in_foreach_ : in_;
+  at.no_grads = &none;
+  at.with_grads = &with;
+  PytorchDdpOptions o = ddp_options(c);
+  std::vector<StepSimResult> ranks;
+  if (is_fsdp(c) && r_.fsdp_version == 2) {
+    // Rank 0, whose shards are the padded size: no rank holds more.
+    ranks.push_back(simulate_pytorch_fsdp2(at, file_.modules, fsdp2_options(c, o), *device_allocator()));
+  } else if (is_fsdp(c)) {
+    // Every rank alike (the padded shards are one size).
+    ranks.push_back(simulate_pytorch_fsdp(at, file_.modules, fsdp1_options(c, o), *device_allocator()));
+  } else {
+    for (int rank = 0; rank < (o.zero_redundancy ? world_ : 1); ++rank) {
       o.rank = rank;
       ranks.push_back(simulate_pytorch_ddp(at, o));
     }
-    return ranks;
-  };
-  auto fits = [](const std::vector<StepSimResult>& ranks) {
-    return std::none_of(ranks.begin(), ranks.end(), [](const StepSimResult& x) { return x.oom; });
-  };
-  auto worst = [](const std::vector<StepSimResult>& ranks) -> const StepSimResult& {
-    for (const auto& x : ranks)
-      if (x.oom) return x;
-    return *std::max_element(ranks.begin(), ranks.end(), [](const StepSimResult& a, const StepSimResult& b) {
-      return a.peak_allocated_bytes < b.peak_allocated_bytes;
-    });
-  };
+  }
+  return ranks;
+}
 
-  Plan plan;
+bool fits(const std::vector<StepSimResult>& ranks) {
+  return std::none_of(ranks.begin(), ranks.end(), [](const StepSimResult& x) { return x.oom; });
+}
+
+// The rank that decides: the first out of memory, else the largest peak.
+const StepSimResult& worst(const std::vector<StepSimResult>& ranks) {
+  for (const auto& x : ranks)
+    if (x.oom) return x;
+  return *std::max_element(ranks.begin(), ranks.end(), [](const StepSimResult& a, const StepSimResult& b) {
+    return a.peak_allocated_bytes < b.peak_allocated_bytes;
+  });
+}
+
+// One candidate's batch search: the largest batch every rank fits, the
+// prediction there (each rank's peak and timeline), what stops the next
+// batch, and the step time.
+PlanCandidate search_pytorch_candidate(const Candidate& c, const PlanRequest& r, const TraceFile& file,
+                                       const PytorchTraces& t, PytorchJobSim& sim) {
+  PlanCandidate pc;
+  pc.candidate = c;
+  pc.units = is_fsdp(c) ? static_cast<int>(fsdp_units(file.modules, c, r.fsdp_version).units.size()) : 1;
+  pc.adamw_foreach = sim.foreach_for(c);
+  pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(sim.simulate(c, b)); }, r.max_batch);
+  const auto at_fit = sim.simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
+  set_fit(pc, worst(at_fit));
+  if (at_fit.size() > 1)
+    for (const auto& x : at_fit) pc.predicted.rank_peak_allocated_bytes.push_back(x.peak_allocated_bytes);
+  if (pc.max_batch_per_gpu > 0)
+    for (const auto& x : at_fit) {
+      pc.predicted.rank_timelines.emplace_back();
+      for (const auto& p : x.timeline)
+        pc.predicted.rank_timelines.back().push_back({p.label, p.allocated_bytes, p.peak_allocated_bytes});
+    }
+  if (!set_search_capped(pc, r.max_batch)) {
+    const auto next = pc.max_batch_per_gpu > 0 ? sim.simulate(c, pc.max_batch_per_gpu + 1) : at_fit;
+    set_limit(pc, worst(next), pc.max_batch_per_gpu + 1);
+  }
+  if (pc.max_batch_per_gpu > 0) {
+    const int world = r.gpus_per_node * r.nodes;
+    set_step_time(pc, pytorch_step_time(c, r, file, world, *t.affine[sim.kind_of(c)][0], pc.max_batch_per_gpu));
+  }
+  return pc;
+}
+
+}  // namespace
+
+// `--stack pytorch`: PyTorch's DDP with torch.optim.AdamW, or with
+// ZeroRedundancyOptimizer(AdamW) (zero1), replayed from the trace file's
+// no-grads, with-grads and optimizer traces at each batch
+// (planner/pytorch_stack.h): candidates ddp/fp32/wrap=none and
+// zero1/fp32/wrap=none (+ckpt too when the file has checkpointed traces).
+// With autocast traces, ddp/AMP and zero1/AMP too: bf16 on a CPU, fp16 with
+// torch.cuda.amp.GradScaler on CUDA.
+// zero1's ranks differ (each its own partition's state): every rank is
+// simulated and the largest peak decides. On request (--strategies with the
+// full id), PyTorch FSDP (planner/pytorch_fsdp.h): zero2 (SHARD_GRAD_OP) and
+// zero3 (FULL_SHARD), +offload or not, wrap=size:N
+// (size_based_auto_wrap_policy) or wrap=block (transformer_auto_wrap_policy
+// over the trace's block class), on CUDA profiles; fp32, or bf16 as
+// MixedPrecision(param_dtype=reduce_dtype=buffer_dtype=torch.bfloat16) from
+// the trace file's traces of the model cast to bf16 (--param-dtype bf16).
+Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem) {
+  const TraceFile* file = r.trace_file.get();
+  if (!file)
+    throw std::invalid_argument("--stack pytorch: needs --trace (a model traced in its own Python process by "
+                                "pytorch/trace_recorder.py)");
+  const bool cuda = r.profile.kind == DeviceKind::kCuda;
+  // (A trace for the other kind of device was refused in build_plan.)
+  PytorchTraces traces;
+  load_traces(r, *file, cuda, traces);
+  std::vector<Candidate> candidates = requested_fsdp(r, *file, traces, cuda);
+  add_ddp_candidates(r, traces, cuda, candidates);
+  check_job(r, *file, candidates);
+  // Every input checked: a bad one stays one line.
+  if (!traces.amp_not_affine.empty())
+    spdlog::warn("--stack pytorch: no {} candidates: the autocast traces are not batch-affine ({})", traces.amp_name,
+                 traces.amp_not_affine);
+  PytorchJobSim sim(r, *file, traces, budget);
+
+  Plan plan = plan_skeleton(r, file, device_mem, budget);
+  plan.schedule = {};  // the engine's schedule options; PyTorch's job is pytorch_job's
   plan.stack = "pytorch";
   plan.ddp_bucket_view = r.ddp_bucket_view;
   plan.ddp_static_graph = r.ddp_static_graph;
@@ -439,52 +571,13 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                                                                                        : "pre",
                                       r.steps, r.fsdp_version, r.fsdp_reduce_dtype,
                                       r.adamw_foreach.value_or(false), r.fsdp_keep_low_precision_grads};
-  plan.model = {file->model_name, file->param_count(), r.seq_len, "traced", "traced", file->block_class()};
-  plan.hardware.profile = r.profile.name;
-  plan.hardware.device_mem_bytes = device_mem;
-  if (device_mem > 0 && budget < device_mem) plan.hardware.allocator_budget_bytes = budget;
-  plan.hardware.gpus_per_node = r.gpus_per_node;
-  plan.hardware.nodes = r.nodes;
-  plan.optimizer = "adamw";
-  plan.grad_accum = r.grad_accum;
-  plan.objective = r.objective;
-  for (const Candidate& c : candidates) {
-    PlanCandidate pc;
-    pc.candidate = c;
-    pc.units = is_fsdp(c) ? static_cast<int>(fsdp_units(file->modules, c, r.fsdp_version).units.size()) : 1;
-    pc.adamw_foreach = foreach_for(c);
-    pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(simulate(c, b)); }, r.max_batch);
-    const auto at_fit = simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
-    const StepSimResult& fit = worst(at_fit);
-    pc.predicted.peak_allocated_bytes = fit.peak_allocated_bytes;
-    pc.predicted.peak_reserved_bytes = fit.peak_reserved_bytes;
-    pc.predicted.breakdown = to_breakdown(fit.peak_breakdown_bytes);
-    if (at_fit.size() > 1)
-      for (const auto& x : at_fit) pc.predicted.rank_peak_allocated_bytes.push_back(x.peak_allocated_bytes);
-    if (pc.max_batch_per_gpu > 0)
-      for (const auto& x : at_fit) {
-        pc.predicted.rank_timelines.emplace_back();
-        for (const auto& t : x.timeline)
-          pc.predicted.rank_timelines.back().push_back({t.label, t.allocated_bytes, t.peak_allocated_bytes});
-      }
-    if (pc.max_batch_per_gpu >= r.max_batch) {
-      pc.limit = "no memory limit (search capped at batch " + std::to_string(r.max_batch) + ")";
-    } else {
-      const auto next = pc.max_batch_per_gpu > 0 ? simulate(c, pc.max_batch_per_gpu + 1) : at_fit;
-      set_limit(pc, worst(next), pc.max_batch_per_gpu + 1);
-    }
-    if (pc.max_batch_per_gpu > 0) {
-      set_step_time(pc, pytorch_step_time(c, r, *file, world, *affine[kind_of(c)][0], pc.max_batch_per_gpu));
-    }
-    plan.candidates.push_back(pc);
-  }
-  if (foreach_unrecorded)
+  for (const Candidate& c : candidates) plan.candidates.push_back(search_pytorch_candidate(c, r, *file, traces, sim));
+  if (sim.foreach_unrecorded())
     spdlog::warn("--trace: no AdamW(foreach=True) steps in the file (recorded since 2026-12-03), the step PyTorch {} "
                  "takes on CUDA when the script passes no foreach: planned with the for-loop step; record the trace "
                  "again for it", r.torch);
   if (auto best = choose(plan.candidates, r.objective)) plan.chosen = plan.candidates[*best].id();
   return plan;
 }
-
 
 }  // namespace shardfit::planner

@@ -103,6 +103,41 @@ bool grad_scaler_update(Ledger& ledger, const std::string& label, int64_t found_
   return true;
 }
 
+bool alloc_each(Ledger& ledger, Category c, const std::vector<int64_t>& bytes, const std::string& label,
+                std::vector<int64_t>* ids) {
+  for (int64_t b : bytes) {
+    const int64_t id = ledger.alloc(c, b, label);
+    if (ids) ids->push_back(id);
+    if (id < 0) return false;
+  }
+  return true;
+}
+
+std::vector<int64_t> buffer_bytes(const std::vector<BufferInfo>& buffers) {
+  std::vector<int64_t> bytes;
+  for (const BufferInfo& b : buffers) bytes.push_back(b.bytes);
+  return bytes;
+}
+
+void end_backward(Ledger& ledger, std::vector<int64_t>& outputs, std::vector<int64_t>& previous_outputs,
+                  const std::string& step) {
+  previous_outputs.swap(outputs);
+  outputs.clear();
+  ledger.point(step + "/backward");
+}
+
+bool optimizer_step(Ledger& ledger, const std::string& step, const ModelTrace* adamw, bool grad_scaler,
+                    bool host_grads) {
+  const std::string label = step + "/optimizer";
+  int64_t found_inf_copy = -1;
+  if (grad_scaler && !grad_scaler_unscale(ledger, label, found_inf_copy, host_grads)) return false;
+  if (adamw && !replay(*adamw, ledger, label, false, Category::kTemporaries, Category::kOptimizer, nullptr))
+    return false;
+  if (grad_scaler && !grad_scaler_update(ledger, label, found_inf_copy, host_grads)) return false;
+  ledger.point(label);
+  return true;
+}
+
 bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
             Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model,
             std::vector<int64_t>* outputs, const std::function<void()>& forward_returned) {
@@ -283,8 +318,7 @@ bool ddp_init(Ledger& ledger, const PytorchDdpInputs& in, const PytorchDdpOption
   //    find_unused_parameters); the second forward rebuilds them in
   //    gradient-ready order (ddp_bucket_bytes).
   const std::string init = "init";
-  for (int64_t b : o.overhead_bytes)
-    if (ledger.alloc(Category::kOverhead, b, init) < 0) return false;
+  if (!alloc_each(ledger, Category::kOverhead, o.overhead_bytes, init)) return false;
   std::vector<CoalescedTensor> buffers;
   for (const auto& b : in.buffers) buffers.push_back({b.dtype, b.bytes});
   std::vector<CoalescedTensor> states;
@@ -294,8 +328,7 @@ bool ddp_init(Ledger& ledger, const PytorchDdpInputs& in, const PytorchDdpOption
     param_bytes += 4 * n;
     if (ledger.alloc(Category::kParams, 4 * n, init) < 0) return false;
   }
-  for (const auto& b : buffers)
-    if (ledger.alloc(Category::kParams, b.bytes, init) < 0) return false;
+  if (!alloc_each(ledger, Category::kParams, buffer_bytes(in.buffers), init)) return false;
   states.insert(states.end(), buffers.begin(), buffers.end());
   if (o.wrapped) {
     if (!broadcast(ledger, broadcast_coalesced_flats(states, kDdpBroadcastBucketBytes), init)) return false;
@@ -426,12 +459,7 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     // opt.step(): torch.optim.AdamW, traced: step 1 creates its state.
     const ModelTrace& opt = o.zero_redundancy ? (k == 1 ? zero_first : zero_later)
                                               : (k == 1 ? *in.optimizer_first : *in.optimizer_later);
-    int64_t found_inf_copy = -1;
-    if (o.grad_scaler && !grad_scaler_unscale(ledger, step + "/optimizer", found_inf_copy, false)) return out;
-    if (!replay(opt, ledger, step + "/optimizer", false, Category::kTemporaries, Category::kOptimizer, nullptr))
-      return out;
-    if (o.grad_scaler && !grad_scaler_update(ledger, step + "/optimizer", found_inf_copy, false)) return out;
-    ledger.point(step + "/optimizer");
+    if (!optimizer_step(ledger, step, &opt, o.grad_scaler, false)) return out;
   }
   ledger.finish();
   return out;
