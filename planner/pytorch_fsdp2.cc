@@ -332,19 +332,23 @@ void Fsdp2Job::unshard(Group& g) {
 }
 
 // FSDPParamGroup.wait_for_unshard: in forward the previous group's flat
-// output goes first (the implicit prefetch's deferred free); each
-// parameter's all_gather_outputs (world x its shard, param_dtype) made on
-// the compute stream and copied out into (foreach_all_gather_copy_out);
-// then this flat output kept as all_gather_state in forward, freed at
-// once in backward. A world of one copies each shard (empty_like, fp32).
+// output (the implicit prefetch's deferred free) is released from
+// comm_ctx.all_gather_state first, but torch 2.11 binds it to a local
+// (`if prev_all_gather_state := self.comm_ctx.all_gather_state`), which
+// holds it until wait_for_unshard returns: past the copy-out (the meter's
+// log; the peak when the next all-gather was prefetched before this
+// forward). Each parameter's all_gather_outputs (world x its shard,
+// param_dtype) made on the compute stream and copied out into
+// (foreach_all_gather_copy_out); then this flat output kept as
+// all_gather_state in forward, freed at once in backward. A world of one
+// copies each shard (empty_like, fp32).
 void Fsdp2Job::wait_for_unshard(Group& g, bool forward) {
   if (!g.gathering) return;
   g.gathering = false;
-  if (forward) {
-    ledger_.free(all_gather_state_);
-    all_gather_state_ = -1;
-  }
+  const int64_t previous = forward ? all_gather_state_ : -1;
+  if (forward) all_gather_state_ = -1;
   for (int64_t s : g.shard) g.outputs.push_back(alloc(Category::kParams, low * s * W, kFsdp2ComputeStream));
+  ledger_.free(previous);
   g.unsharded = true;
   if (W > 1 && forward) {
     all_gather_state_ = g.pending;

@@ -1,6 +1,8 @@
 """Real PyTorch training jobs measured by shardfit's meter.
 
-Runs a model from pytorch/models.py under PyTorch's own data parallelism on
+Runs a model from pytorch/models.py (or transformers' own class from a
+config, --model hf:<Architecture> --config, built as pytorch/hf_models.py
+builds it for the recorder) under PyTorch's own data parallelism on
 N Gloo ranks of this host (torch.multiprocessing, one process per rank, as
 torchrun would start them) and measures every rank's CPU bytes with
 shardfit's meter (pytorch/shardfit_meter.py: the engine's tracking
@@ -13,6 +15,13 @@ model is built, as `shardfit run` counts its own ranks.
     --wrap fsdp2-zero3  FSDP2: fully_shard on every block (the model's
                    block_class), then on the root, reshard_after_forward=True
     --wrap fsdp2-zero2  the same with reshard_after_forward=False
+    --fsdp-prefetch N  FSDP2 with explicit prefetching: N - 1 blocks ahead
+                   in the forward, N back in the backward (plan --prefetch N)
+    --fsdp-mesh RxS  FSDP2 on a 2-D mesh (HSDP), mesh_dim_names ("replicate",
+                   "shard")
+    --fsdp-offload pinned|unpinned  FSDP2 with CPUOffloadPolicy(pin_memory=
+                   True, its default, or False): 2.11 pins only with a CUDA
+                   driver (a CPU-only host: "Found no NVIDIA driver")
     --fsdp-bf16    FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                    reduce_dtype=torch.float32) (plan does not simulate it
                    on a CPU: no cast CPU trace is recorded)
@@ -67,7 +76,11 @@ def worker(rank, args, queue):
         # FSDP2's 1-D mesh over the Gloo ranks, made with the process group
         # (its rank tensor is part of the group's set-up, not of the job).
         from torch.distributed.device_mesh import init_device_mesh
-        mesh = init_device_mesh("cpu", (args.nproc,))
+        if args.fsdp_mesh:  # HSDP: (replicate, shard), replicated on dim 0
+            shape = tuple(int(x) for x in args.fsdp_mesh.split("x"))
+            mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (args.nproc,))
     meter.reset_peak()
     base = meter.allocated  # bytes of the process group, before the job (0 seen)
     if args.budget:
@@ -113,12 +126,28 @@ def fully_shard_blocks(torch, model, args, mesh):
     parameters, fp32 reduction)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     kw = dict(mesh=mesh, reshard_after_forward=args.wrap == "fsdp2-zero3")
+    if args.fsdp_offload:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        # pin_memory=True (the default) pins each shard (_fsdp_param.py
+        # _init_sharded_param: padded_sharded_param.pin_memory()), which
+        # torch 2.11 refuses on a host with no CUDA driver.
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=args.fsdp_offload == "pinned")
     if args.fsdp_bf16:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for m in list(model.modules()):
-        if isinstance(m, model.block_class):
-            fully_shard(m, **kw)
+    blocks = [m for m in model.modules() if isinstance(m, model.block_class)]
+    for m in blocks:
+        fully_shard(m, **kw)
     fully_shard(model, **kw)
+    n = args.fsdp_prefetch
+    if n >= 2:
+        # Explicit prefetching as PyTorch's FSDP2 example sets it on the
+        # blocks (plan --prefetch N, planner/launch_config.cc's lists): N - 1
+        # blocks ahead in the forward, N back in the backward.
+        for i, m in enumerate(blocks):
+            if i + n - 1 < len(blocks):
+                m.set_modules_to_forward_prefetch(blocks[i + 1:i + n])
+            if i >= n:
+                m.set_modules_to_backward_prefetch([blocks[i - j] for j in range(1, n + 1)])
     return model
 
 
@@ -137,7 +166,7 @@ def fsdp1_blocks(torch, model, args):
 def train(args, rank, meter, torch, models, mesh=None):
     """The job on this rank; returns its losses and timeline."""
     torch.manual_seed(args.seed)
-    model = models.build(args.model)
+    model, batch_of = build_model(args, torch, models)
     model.train()
     if args.ckpt or args.ckpt_reentrant:
         checkpoint_blocks(torch, model, reentrant=args.ckpt_reentrant)
@@ -159,7 +188,6 @@ def train(args, rank, meter, torch, models, mesh=None):
         # foreach=True: the multi-tensor step (plan --adamw-foreach); 1.13's
         # default on CPU tensors is the for-loop one.
         opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01, foreach=args.foreach)
-    vocab = models.vocab_size(args.model)
     gen = torch.Generator().manual_seed(args.seed + 1 + rank)
     meter.mark("init")
     losses, step_times = [], []
@@ -172,16 +200,17 @@ def train(args, rank, meter, torch, models, mesh=None):
             label = "step%d" % step if args.grad_accum == 1 else "step%d.%d" % (step, micro)
             sync = contextlib.nullcontext() if micro == args.grad_accum else ddp.no_sync()  # DDP only
             with sync:
-                x = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
+                x = batch_of(gen)
                 # `outputs = model(...)`: what the forward returned beside the loss
                 # (a Hugging Face-style model's logits, keys and values) is held until
                 # the next forward returns, as run_clm_no_trainer.py's loop held it.
                 if args.bf16:
                     with torch.autocast("cpu", dtype=torch.bfloat16):
-                        outputs = ddp(x)
+                        outputs = ddp(*x)
                 else:
-                    outputs = ddp(x)
-                loss = outputs[0] if isinstance(outputs, tuple) else outputs
+                    outputs = ddp(*x)
+                # A tuple's first, or a transformers ModelOutput's (its loss).
+                loss = outputs[0] if isinstance(outputs, (tuple, dict)) else outputs
                 meter.mark(label + "/forward")
                 loss.backward()
             losses.append(loss.item())
@@ -191,6 +220,25 @@ def train(args, rank, meter, torch, models, mesh=None):
         meter.mark("step%d/optimizer" % step)
         step_times.append(time.perf_counter() - started)
     return {"rank": rank, "timeline": meter.timeline(), "losses": losses, "step_times_s": step_times}
+
+
+def build_model(args, torch, models):
+    """The model (pytorch/models.py's by name, or transformers' own class
+    from --config for hf:<Architecture>, pytorch/hf_models.py, built with
+    random weights on the CPU) and its batch: a function of the rank's
+    generator returning the forward's arguments, made as the recorder's
+    input function makes them (token ids; for hf: then the tokenizer's
+    all-ones attention mask)."""
+    if not args.model.startswith("hf:"):
+        vocab = models.vocab_size(args.model)
+        return models.build(args.model), lambda gen: (
+            torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen),)
+    import hf_models
+    build, _, _ = hf_models.factory(args.model[3:], args.config)
+    model = build()
+    vocab = model.config.vocab_size
+    return model, lambda gen: (torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen),
+                               torch.ones(args.batch, args.seq_len, dtype=torch.long))
 
 
 def checkpoint_blocks(torch, model, reentrant=False):
@@ -233,11 +281,21 @@ def run(args):
 
 def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="gpt2-tiny")
+    p.add_argument("--model", default="gpt2-tiny",
+                   help="a model of pytorch/models.py, or hf:<Architecture> (transformers' own class, with --config)")
+    p.add_argument("--config", help="--model hf:...: a transformers config.json (pytorch/hf_models.py)")
     p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1", "fsdp2-zero3", "fsdp2-zero2",
                                        "fsdp1-zero3", "fsdp1-zero2"], default="ddp")
     p.add_argument("--fsdp-bf16", action="store_true",
                    help="FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)")
+    p.add_argument("--fsdp-prefetch", type=int, default=0, metavar="N",
+                   help="FSDP2, N >= 2: each block's set_modules_to_forward_prefetch(the next N - 1 blocks) and, from "
+                        "block N on, set_modules_to_backward_prefetch(the N before it) (plan --prefetch N)")
+    p.add_argument("--fsdp-mesh", metavar="RxS",
+                   help="FSDP2 on a 2-D mesh (HSDP): R replicas of S-rank shard groups, R x S = --nproc")
+    p.add_argument("--fsdp-offload", choices=["pinned", "unpinned"],
+                   help="FSDP2's CPUOffloadPolicy(pin_memory=True, its default, or False); pinned needs a CUDA "
+                        "driver, even for a CPU mesh")
     p.add_argument("--ckpt", action="store_true")
     p.add_argument("--ckpt-reentrant", action="store_true",
                    help="every block under torch.utils.checkpoint(use_reentrant=True), 1.13's default")

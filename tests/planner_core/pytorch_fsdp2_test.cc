@@ -253,15 +253,15 @@ TEST(PytorchFsdp2, ExplicitForwardPrefetchGathersTheNextBlockFromTheFirstStep) {
   };
   const StepSimResult implicit = run(0, 0), explicit_ = run(1, 2);
   ASSERT_FALSE(implicit.oom || explicit_.oom);
-  // Implicit: the shards (56); the root's buffer and parameter (32), its
-  // 100; lin1's buffer (48) with the root's freed as lin1 copies out, lin1's
-  // parameters (48) and its 40: 308; resharded, lin2 the same: 348 at the top.
-  EXPECT_EQ(at(implicit, "step1/forward").peak_allocated_bytes, 348);
   // Explicit: lin2's buffer (48) issued at lin1's pre-forward, beside lin1's
-  // buffer, parameters and 40 B: 356.
+  // buffer, parameters and 40 B: 356. Implicit gathering reaches the same
+  // top at lin2's copy-out: torch 2.11's wait_for_unshard holds the buffer
+  // before it (lin1's) until the copy-out is done, so two buffers are live
+  // there too. Both modes alike at every point, as the real 2-block jobs
+  // measure (scripts/pytorch-validate's +pf2 cells).
+  for (const char* p : {"step1/forward", "step2/forward"})
+    EXPECT_EQ(at(explicit_, p).peak_allocated_bytes, at(implicit, p).peak_allocated_bytes) << p;
   EXPECT_EQ(at(explicit_, "step1/forward").peak_allocated_bytes, 356);
-  EXPECT_EQ(at(explicit_, "step2/forward").peak_allocated_bytes - at(implicit, "step2/forward").peak_allocated_bytes,
-            8);
   // No block has two before it: every block and the root keep the implicit
   // backward prefetch, so backward is what it was.
   EXPECT_EQ(at(explicit_, "step2/backward").peak_allocated_bytes, at(implicit, "step2/backward").peak_allocated_bytes);
