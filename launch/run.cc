@@ -1,19 +1,7 @@
-// `shardfit run`: execute a candidate for real and measure it, beside the
-// planner's prediction for the same candidate, batch and world.
-//
-// Who runs what:
-//  - `--nproc N`: this process is the launcher (launch_local): it starts N
-//    copies of itself as ranks and exits with their verdict (3 naming the
-//    rank when one dies). Rank 0 gathers every rank's figures over the
-//    communicator and writes the one report.
-//  - RANK/WORLD_SIZE/... in the environment (our launcher, torchrun): one
-//    rank of a gloo job.
-//  - `--backend loopback`: one process rehearses rank --rank of a world of
-//    --world-size: the same buffers, collectives done locally.
-//  - otherwise one rank alone: the engine on a world of one, or with
-//    --reference-trainer the plain single-rank trainer (no flat params, no
-//    hooks, per-parameter AdamW): the independent reference the parity
-//    tests compare every strategy against.
+// The run layer: execute a candidate for real and measure it, beside the
+// planner's prediction for the same candidate, batch and world (`shardfit
+// run` describes the job and prints; everything between is here).
+// launch/run.h says who runs what.
 #include <signal.h>
 #include <unistd.h>
 
@@ -32,23 +20,21 @@
 
 #include <spdlog/spdlog.h>
 
-#include "cli/commands.h"
-#include "cli/progress.h"
-#include "cli/run_job.h"
-#include "cli/run_outcome.h"
-#include "cli/run_support.h"
-#include "cli/validators.h"
 #include "executor/checkpoint_format.h"
 #include "executor/comm.h"
 #include "executor/data.h"
 #include "executor/engine.h"
 #include "executor/hf_init.h"
 #include "executor/launcher.h"
-#include "executor/slurm_env.h"
-#include "executor/signals.h"
-#include "executor/train_checkpoint.h"
 #include "executor/meter.h"
+#include "executor/signals.h"
+#include "executor/slurm_env.h"
+#include "executor/train_checkpoint.h"
 #include "executor/trainer.h"
+#include "launch/output_file.h"
+#include "launch/run.h"
+#include "launch/run_outcome.h"
+#include "launch/run_support.h"
 #include "models/hf_architecture.h"
 #include "models/model_config.h"
 #include "models/module_table.h"
@@ -56,15 +42,24 @@
 #include "planner/plan_builder.h"
 #include "planner/plan_output.h"
 #include "planner/profile.h"
+#include "reports/run_report.h"
+#include "spec/errors.h"
+#include "spec/exit_codes.h"
 #include "spec/strategy.h"
 #include "spec/wrap_policy.h"
-#include "reports/run_report.h"
 
-namespace shardfit::cli {
+namespace shardfit::launch {
 namespace {
+using spec::BadInput;
+using spec::EnvironmentFailure;
+using spec::Interrupted;
+using spec::kExitCheckFailed;
+using spec::kExitEnvironment;
+using spec::kExitOk;
+using spec::kExitOom;
 
 // What the single-rank trainer and the engine both take from the job.
-executor::TrainOptions train_options(const RunArgs& a, const Job& job) {
+executor::TrainOptions train_options(const RunRequest& a, const Job& job) {
   executor::TrainOptions o;
   o.model = job.model;
   o.batch = job.batch;
@@ -78,7 +73,7 @@ executor::TrainOptions train_options(const RunArgs& a, const Job& job) {
   return o;
 }
 
-executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int shard_group_size) {
+executor::EngineOptions engine_options(const RunRequest& a, const Job& job, int shard_group_size) {
   executor::EngineOptions o;
   static_cast<executor::TrainOptions&>(o) = train_options(a, job);
   o.candidate = job.candidate;
@@ -103,7 +98,7 @@ executor::EngineOptions engine_options(const RunArgs& a, const Job& job, int sha
 // allocator; cuda: the named card's caching-allocator model) under the same
 // budget, with the same micro-batches per step; nullopt (with
 // a warning) when no profile is found.
-std::optional<planner::CandidatePrediction> predict(const Job& job, int world, int gpus_per_node,
+std::optional<planner::CandidatePrediction> predict(const RunRequest& a, const Job& job, int world, int gpus_per_node,
                                                     int64_t grad_accum, int64_t steps) {
   try {
     planner::PlanRequest r;
@@ -111,7 +106,7 @@ std::optional<planner::CandidatePrediction> predict(const Job& job, int world, i
     r.seq_len = job.seq_len;
     r.grad_accum = static_cast<int>(grad_accum);
     r.schedule = job.schedule;
-    r.profile = planner::load_profile(job.profile, profiles_dir());
+    r.profile = planner::load_profile(job.profile, a.profiles_dir);
     r.device_mem_bytes = job.budget_bytes;
     // A plan's topology: hybrid's shard group is a node; the others see one node of `world`.
     if (spec::sharding_traits(job.candidate.sharding).replicate_across_groups) {
@@ -133,34 +128,14 @@ std::optional<double> predicted_step_time(const std::optional<planner::Candidate
   return pred->step_time_s;
 }
 
-void write_and_print(const RunArgs& a, reports::RunReport& r, const Job& job) {
+// The report, completed with where and how it was made: printed (the
+// CLI's summary), and written to --out.
+void write_and_print(const RunRequest& a, reports::RunReport& r, const Job& job, const RunPrinter& print) {
   r.command = a.command_line;
   r.created = now_iso8601();
   r.machine = reports::this_machine(torch::get_num_threads());
   r.machine->libtorch = TORCH_VERSION;
-  std::printf("%s  %s  %d rank(s) x batch %lld x seq %lld  steps %zu\n", job.model.name.c_str(), r.candidate.c_str(),
-              r.world_size, static_cast<long long>(r.batch_per_gpu), static_cast<long long>(job.seq_len),
-              r.loss.size());
-  if (!r.loss.empty())
-    std::printf("loss %.4f -> %.4f   %.0f tokens/s\n", r.loss.front(), r.loss.back(), r.tokens_per_s);
-  if (r.step_time_measured_s) {
-    std::printf("step %.4f s", *r.step_time_measured_s);
-    if (r.step_time_error_pct)
-      std::printf(", predicted %.4f s (%+.1f%%) on %s", *r.step_time_predicted_s, *r.step_time_error_pct,
-                  job.profile.c_str());
-    std::printf("\n");
-  }
-  for (const auto& rk : r.ranks) {
-    std::printf("rank %d: peak allocated %.3f MiB", rk.rank, rk.measured.peak_allocated_bytes / 1048576.0);
-    if (rk.predicted)
-      std::printf(", predicted %.3f MiB (%+.3f%%)", rk.predicted->peak_allocated_bytes / 1048576.0,
-                  rk.peak_error_pct.value_or(0.0));
-    if (rk.init_read_bytes)
-      std::printf(", --init read %.3f of %.3f MiB", *rk.init_read_bytes / 1048576.0, r.init_data_bytes / 1048576.0);
-    std::printf("%s\n", rk.oom ? "  OUT OF MEMORY" : "");
-    if (rk.oom && rk.rank == r.ranks.front().rank) std::printf("out of memory: %s\n", rk.oom_message.c_str());
-  }
-  std::fflush(stdout);
+  print.report(r, job);
   if (!a.out.empty()) write_output_file("--out", a.out, reports::to_json(r).dump(2) + "\n");
 }
 
@@ -181,34 +156,23 @@ reports::RunReport report_skeleton(const Job& job, int64_t params, int world, in
   return r;
 }
 
-std::function<void(const executor::StepLog&)> step_logger(int64_t steps) {
-  const int64_t log_every = std::max<int64_t>(1, steps / 20);
-  return [log_every](const executor::StepLog& s) {
-    // The first of several steps is warm-up, not timed (its tokens/s is 0).
-    if (s.step % log_every == 0 || s.step == s.steps || s.step == 1)
-      spdlog::info("step {}/{}  loss {:.4f}  {}  {:.1f} s  {}", s.step, s.steps, s.loss,
-                   s.tokens_per_s > 0 ? fmt::format("{:.0f} tokens/s", s.tokens_per_s) : std::string("warm-up, not timed"),
-                   s.elapsed_s, eta_text(s.elapsed_s, static_cast<size_t>(s.step), static_cast<size_t>(s.steps)));
-  };
-}
-
 // One rank alone, ddp/fp32/wrap=none: the single-rank trainer, as before.
-int run_single_rank_trainer(const RunArgs& a, const Job& job) {
-  auto result = executor::train_single_rank(train_options(a, job), step_logger(a.steps));
+int run_single_rank_trainer(const RunRequest& a, const Job& job, const RunPrinter& print) {
+  auto result = executor::train_single_rank(train_options(a, job), print.step);
   reports::RunReport r = report_skeleton(job, result.param_count, 1, 1, "none");
   r.steps = static_cast<int64_t>(result.loss.size());
   r.loss = result.loss;
   r.tokens_per_s = result.tokens_per_s;
   r.ranks.push_back(rank_report(0, result.peak_allocated_bytes, result.timeline, result.oom, result.oom_message));
-  const auto pred = predict(job, 1, 1, /*grad_accum=*/1, a.steps);
+  const auto pred = predict(a, job, 1, 1, /*grad_accum=*/1, a.steps);
   attach_prediction(r.ranks, pred);
   reports::set_step_time(r, static_cast<double>(job.batch * job.seq_len), predicted_step_time(pred));
-  write_and_print(a, r, job);
+  write_and_print(a, r, job, print);
   return oom_exit(a.oom_ok, a.out, r);
 }
 
 // What every rank of a job must agree on, by option (check_ranks_agree).
-std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job, int gpus_per_node) {
+std::map<std::string, std::string> job_options(const RunRequest& a, const Job& job, int gpus_per_node) {
   auto num = [](double v) { return nlohmann::json(v).dump(); };
   return {{"--model", job.model.name}, {"--strategy", job.candidate.to_id()}, {"--batch", std::to_string(job.batch)},
           {"--seq-len", std::to_string(job.seq_len)}, {"--steps", std::to_string(a.steps)},
@@ -224,8 +188,8 @@ std::map<std::string, std::string> job_options(const RunArgs& a, const Job& job,
 }
 
 // This process is one rank of `comm` (gloo or loopback).
-int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int gpus_per_node,
-             const std::string& backend_label) {
+int run_rank(const RunRequest& a, const Job& job, executor::Communicator& comm, int gpus_per_node,
+             const std::string& backend_label, const RunPrinter& print) {
   executor::EngineOptions o = engine_options(a, job, gpus_per_node);
   o.on_step_begin = test_death_hook(comm.rank());
   if (comm.backend() != executor::Backend::kLoopback) check_ranks_agree(comm, job_options(a, job, gpus_per_node), o.device);
@@ -233,7 +197,7 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
   if (!leader) spdlog::set_level(spdlog::level::warn);
   // Before training: a save into the same root makes a newer step the latest.
   const std::string resumed_from = a.resume.empty() ? "" : executor::resolve_resume_dir(a.resume).string();
-  executor::EngineResult result = executor::train_data_parallel(o, comm, step_logger(a.steps));
+  executor::EngineResult result = executor::train_data_parallel(o, comm, print.step);
   reports::RankReport mine = rank_report(comm.rank(), result.peak_allocated_bytes, result.timeline, result.oom,
                                          result.oom_message, result.device == "cuda" ? result.peak_reserved_bytes : -1);
   if (result.init_read_bytes >= 0) mine.init_read_bytes = result.init_read_bytes;
@@ -265,13 +229,13 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
     r.tokens_per_s = result.tokens_per_s;
     r.ddp_bucket_bytes = result.ddp_bucket_bytes;
     r.ranks = std::move(ranks);
-    const auto pred = predict(job, world, gpus_per_node, job.grad_accum, a.steps);
+    const auto pred = predict(a, job, world, gpus_per_node, job.grad_accum, a.steps);
     attach_prediction(r.ranks, pred, job.device == "cuda");
     // Loopback: one process computes rank 0 alone, so its tokens/s is not the job's.
     if (comm.backend() != executor::Backend::kLoopback)
       reports::set_step_time(r, static_cast<double>(world) * static_cast<double>(job.batch * job.grad_accum * job.seq_len),
                              predicted_step_time(pred));
-    write_and_print(a, r, job);
+    write_and_print(a, r, job, print);
     code = oom_exit(a.oom_ok, a.out, r);
     if (result.diverged_at_step > 0) {
       std::fprintf(stderr, "shardfit run: diverged at step %lld (loss %g)%s; --allow-nonfinite trains on\n",
@@ -284,11 +248,11 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
       } else {
         executor::ScopedUntracked host;
         executor::export_safetensors(result.saved.back(), a.export_path);
-        std::printf("exported %s -> %s\n", result.saved.back().c_str(), a.export_path.c_str());
+        print.line("exported " + result.saved.back() + " -> " + a.export_path);
         // Beside it, the config.json that makes the pair a Hugging Face model directory.
         const std::filesystem::path config = std::filesystem::path(a.export_path).parent_path() / "config.json";
         write_output_file("--export", config.string(), models::to_hf_config(job.model).dump(2) + "\n");
-        std::printf("wrote %s\n", config.string().c_str());
+        print.line("wrote " + config.string());
       }
     }
   }
@@ -301,7 +265,7 @@ int run_rank(const RunArgs& a, const Job& job, executor::Communicator& comm, int
 
 // --save/--resume/--export, checked once before any rank starts.
 // Returns, under --resume-anyway, the options that differ from the checkpoint's job.
-std::vector<std::string> check_checkpoint_args(const RunArgs& a, const Job& job, int world, int gpus_per_node,
+std::vector<std::string> check_checkpoint_args(const RunRequest& a, const Job& job, int world, int gpus_per_node,
                                                executor::Backend backend) {
   const bool any = !a.save.empty() || !a.resume.empty() || !a.export_path.empty();
   if (a.resume_anyway && a.resume.empty()) throw BadInput("--resume-anyway: needs --resume DIR");
@@ -317,7 +281,6 @@ std::vector<std::string> check_checkpoint_args(const RunArgs& a, const Job& job,
                    "checkpoint (drop --save/--resume/--export)");
   if (!a.export_path.empty() && a.save.empty())
     throw BadInput("--export " + a.export_path + ": needs --save DIR (it consolidates the last checkpoint saved)");
-  if (a.save_every < 0) throw BadInput("--save-every " + std::to_string(a.save_every) + ": must be >= 0");
   if (!a.save.empty()) check_save_dir(a.save);  // before training, not after it
   if (!a.export_path.empty()) check_export_path(a.export_path);
   if (!a.resume.empty()) {
@@ -370,7 +333,7 @@ std::vector<std::string> check_checkpoint_args(const RunArgs& a, const Job& job,
   return {};
 }
 
-int launch(const RunArgs& a, const Job& job, int nproc, int gpus_per_node) {
+int launch(const RunRequest& a, const Job& job, int nproc, int gpus_per_node) {
   executor::install_stop_signal_handlers();  // SIGTERM/SIGINT: stop the ranks, report, exit 128+sig
   executor::LaunchOptions lo;
   lo.timeout = std::chrono::milliseconds(0);  // each rank's collectives time out on their own
@@ -402,7 +365,7 @@ int launch(const RunArgs& a, const Job& job, int nproc, int gpus_per_node) {
   return res.exit_code;
 }
 
-int run(const RunArgs& a) {
+int run_job(const RunRequest& a, const RunPrinter& print) {
   if (a.device != "cpu" && a.device != "cuda") throw BadInput("--device " + a.device + ": expected cpu or cuda");
   const bool cuda = a.device == "cuda";
   if (cuda && !executor::engine_supports_cuda())
@@ -420,7 +383,6 @@ int run(const RunArgs& a) {
     throw BadInput("--backend gloo: reduces CPU tensors only; with --device cuda use nccl (the default) or loopback");
   if (cuda && a.reference_trainer)
     throw BadInput("--reference-trainer: the single-rank reference runs on the CPU only; drop --device cuda");
-  if (a.grad_accum < 1) throw BadInput("--grad-accum " + std::to_string(a.grad_accum) + ": must be at least 1");
   Job job = resolve_job(a);
   try {  // a task started by srun: Slurm's variables as torchrun's (not under --nproc, which sets them)
     if (a.nproc == 0) executor::apply_slurm_env();
@@ -440,10 +402,10 @@ int run(const RunArgs& a) {
   }
   // The prediction's profile must describe the device measured.
   // On the CPU a cpu-kind profile: "cpu", or one `shardfit calibrate` wrote.
-  if (!cuda && job.profile != "cpu" && planner::load_profile(job.profile, profiles_dir()).kind != planner::DeviceKind::kCpu)
+  if (!cuda && job.profile != "cpu" && planner::load_profile(job.profile, a.profiles_dir).kind != planner::DeviceKind::kCpu)
     throw BadInput("--profile " + job.profile + ": a cpu run is measured exactly and predicted with a cpu profile "
                    "(cpu, or one `shardfit calibrate` wrote); --profile names the card for --device cuda");
-  if (cuda && planner::load_profile(job.profile, profiles_dir()).kind != planner::DeviceKind::kCuda)
+  if (cuda && planner::load_profile(job.profile, a.profiles_dir).kind != planner::DeviceKind::kCuda)
     throw BadInput("--profile " + job.profile + ": not a CUDA profile (--device cuda predicts with the caching "
                    "allocator model of a card, e.g. " + kDefaultCudaProfile + ")");
 
@@ -526,7 +488,7 @@ int run(const RunArgs& a) {
       torch::set_num_threads(static_cast<int>(std::max(1u, cores / std::max(1, env.local_world_size))));
       auto comm = executor::make_communicator(
           executor::comm_options_for(env, backend, std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000))));
-      return run_rank(a, job, *comm, gpus_per_node, executor::backend_name(backend));
+      return run_rank(a, job, *comm, gpus_per_node, executor::backend_name(backend), print);
     }
     if (backend == executor::Backend::kLoopback) {
       executor::CommOptions co;
@@ -534,17 +496,17 @@ int run(const RunArgs& a) {
       co.rank = loopback_rank;
       co.world_size = world;
       auto comm = executor::make_communicator(co);
-      return run_rank(a, job, *comm, gpus_per_node, "loopback");
+      return run_rank(a, job, *comm, gpus_per_node, "loopback", print);
     }
     if (a.reference_trainer) {
       if (job.candidate.to_id() != "ddp/fp32/wrap=none" || a.grad_accum != 1 || a.clip_grad_norm != 0)
         throw BadInput("--reference-trainer: trains ddp/fp32/wrap=none only, without --grad-accum or --clip-grad-norm");
-      return run_single_rank_trainer(a, job);
+      return run_single_rank_trainer(a, job, print);
     }
     executor::CommOptions co;
     co.backend = executor::Backend::kLoopback;  // a world of one: nothing to communicate
     auto comm = executor::make_communicator(co);
-    return run_rank(a, job, *comm, 1, "none");
+    return run_rank(a, job, *comm, 1, "none", print);
   } catch (const executor::CommError& e) {
     throw EnvironmentFailure(e.what());
   }
@@ -552,124 +514,6 @@ int run(const RunArgs& a) {
 
 }  // namespace
 
-Command add_run_command(CLI::App& app) {
-  auto* sub = app.add_subcommand("run", "Train a candidate for real on this machine and measure its memory");
-  auto a = std::make_shared<RunArgs>();
-  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->check(Named);
-  auto* strategy = sub->add_option("--strategy", a->strategy,
-                                   "Candidate id: SHARDING[+offload][+ckpt]/PRECISION/wrap=POLICY")
-                       ->capture_default_str();
-  auto* batch = sub->add_option("--batch", a->batch, "Sequences per step per rank")->capture_default_str()->check(IntRange(1, kMaxBatch));
-  auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence (default: min(128, model positions))")
-                  ->check(IntRange(1, kMaxSeqLen));
-  sub->add_option("--steps", a->steps, "Training steps")->capture_default_str()->check(IntRange(1, kMaxSteps));
-  sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str()->check(Seed);
-  sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str()->check(Named);
-  sub->add_option("--device", a->device,
-                  "Where to run: cpu, or cuda (one GPU per rank, cuda:LOCAL_RANK; needs a build against a CUDA "
-                  "LibTorch, as `shardfit --version` says); measured on an H200 against its plan: "
-                  "reports/gpu/README.md")
-      ->capture_default_str();
-  sub->add_option("--profile", a->profile,
-                  std::string("Device profile the prediction beside the measurement is for (cpu runs: cpu; cuda "
-                              "runs: default the plan's, else ") +
-                      kDefaultCudaProfile + ", the card --gpu-mem 24GiB emulates)")
-      ->check(Named);
-  sub->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str()->check(Positive);
-  sub->add_option("--weight-decay", a->weight_decay, "AdamW decoupled weight decay")->capture_default_str()
-      ->check(NonNegative);
-  sub->add_option("--gpu-mem", a->gpu_mem,
-                  "Cap each rank's device memory (24GiB, 512MiB, bytes); past it the step is an OOM (a result). "
-                  "cuda: a card of that total (what the process holds outside the caching allocator counts)")
-      ->check(MemorySize);
-  sub->add_option("--out", a->out, "Write the report JSON here (rank 0 writes every rank's figures)")->check(Named);
-  sub->add_option("--nproc", a->nproc,
-                  "Spawn N local ranks, at most one per core unless --oversubscribe (else torchrun's RANK, "
-                  "WORLD_SIZE, ... or one rank)")
-      ->check(IntRange(1, kMaxLocalRanks));
-  sub->add_flag("--oversubscribe", a->oversubscribe, "Allow --nproc above the cores of this machine");
-  sub->add_option("--backend", a->backend,
-                  "gloo (CPU ranks; the default on cpu), nccl (CUDA ranks; the default with --device cuda) or "
-                  "loopback (one process rehearses rank --rank of --world-size)");
-  sub->add_option("--rank", a->rank, "loopback: the rank this process stands in for (default 0)")
-      ->check(IntRange(0, kMaxWorld - 1));
-  sub->add_option("--world-size", a->world_size, "loopback: the world it rehearses")->check(IntRange(1, kMaxWorld));
-  sub->add_option("--gpus-per-node", a->gpus_per_node,
-                  "hybrid: ranks per (emulated) node, the shard group (default: LOCAL_WORLD_SIZE or the world)")
-      ->check(AtLeastOne);
-  sub->add_option("--timeout", a->timeout_s, "Seconds a rank waits for its peers (rendezvous, each collective)")
-      ->capture_default_str()
-      ->check(Seconds);
-  sub->add_option("--plan", a->plan, "Run a plan's chosen candidate at its max batch (plan JSON)")->check(Named);
-  sub->add_option("--candidate", a->candidate, "With --plan: run this candidate instead of the chosen one")->check(Named);
-  auto* grad_accum = sub->add_option("--grad-accum", a->grad_accum, "Micro-batches per optimizer step (default 1, or the plan's)")->capture_default_str()
-      ->check(IntRange(1, kMaxGradAccum));
-  auto* prefetch = sub->add_option("--prefetch", a->prefetch,
-                                   "Units gathered ahead (zero3/hybrid): N in backward, N - 1 in forward (default 1, "
-                                   "or the plan's); gathers stay synchronous")
-                       ->capture_default_str();
-  sub->add_flag("--async-reduce", a->async_reduce,
-                "Reduce gradients beside the rest of backward (default off, or the plan's): one reduce-scatter "
-                "in flight as FSDP2 keeps, DDP's all-reduces waited for at backward's end");
-  auto* bucket_cap = sub->add_option("--ddp-bucket-cap-mb", a->ddp_bucket_cap_mb,
-                                     "ddp/zero1: DDP(bucket_cap_mb=...), the size gradient buckets close at, each "
-                                     "all-reduced once autograd has its last gradient (the first at 1 MiB; "
-                                     "default 25, or the plan's)")
-                         ->capture_default_str()
-                         ->check(BucketCapMb);
-  sub->add_flag("--async-gather", a->async_gather,
-                "Run prefetched all-gathers beside compute (default off, or the plan's), waited for where the "
-                "unit runs");
-  sub->add_option("--clip-grad-norm", a->clip_grad_norm,
-                  "Clip the global gradient norm (across shards) to this value; 0 = off")
-      ->capture_default_str()
-      ->check(NonNegative);
-  sub->add_option("--save", a->save,
-                  "Save sharded checkpoints under DIR (DIR/step-NNNNNN, one file per rank + manifest.json) "
-                  "after the last step")
-      ->type_name("DIR")->check(Named);
-  sub->add_option("--save-every", a->save_every, "With --save: also save after every N-th step")
-      ->check(AtLeastOne);
-  sub->add_option("--resume", a->resume,
-                  "Continue from a checkpoint (a step-NNNNNN directory, or a --save DIR: its latest); "
-                  "--steps stays the total")
-      ->type_name("DIR")->check(Named);
-  sub->add_flag("--save-on-signal", a->save_on_signal,
-                "With --save: on SIGTERM/SIGINT every rank finishes its step, all save it (DIR/step-NNNNNN, "
-                "as --save-every does), the report says interrupted, and run exits 143/130; a second signal "
-                "stops at once (the last committed checkpoint stays)");
-  sub->add_option("--export", a->export_path,
-                  "With --save: write the last checkpoint as one Hugging Face .safetensors file")
-      ->type_name("FILE")->check(Named);
-  sub->add_flag("--oom-ok", a->oom_ok,
-                "Exit 0 when a rank goes out of memory (default: exit 4; the report is written either way)");
-  sub->add_flag("--resume-anyway", a->resume_anyway,
-                "With --resume: resume even though an option that changes the steps (batch, seq-len, "
-                "grad-accum, seed, data, lr, ...) differs from the checkpoint's; the report lists them");
-  sub->add_flag("--allow-nonfinite", a->allow_nonfinite,
-                "Train on when the loss turns NaN/Inf (default: stop, exit 1, \"diverged at step N\")");
-  sub->add_option("--loss", a->loss, "full or chunked:N (N tokens at a time; llama family); default: the plan's");
-  sub->add_option("--attention", a->attention,
-                  "eager or flash (PyTorch's flash kernel: a CUDA LibTorch 2.0+ build only; a CPU build runs "
-                  "eager); default: the plan's");
-  sub->add_option("--init", a->init,
-                  "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
-                  "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")
-      ->type_name("PATH")->check(Named);
-  sub->add_flag("--reference-trainer", a->reference_trainer,
-                "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
-                "(the parity reference)");
-  return {sub, [a, batch, seq, strategy, grad_accum, prefetch, bucket_cap] {
-            a->batch_given = batch->count() > 0;
-            a->grad_accum_given = grad_accum->count() > 0;
-            a->prefetch_given = prefetch->count() > 0;
-            a->ddp_bucket_cap_given = bucket_cap->count() > 0;
-            a->seq_len_given = seq->count() > 0;
-            a->strategy_given = strategy->count() > 0;
-            const char* parent = std::getenv("SHARDFIT_COMMAND_LINE");  // a rank of `--nproc`
-            a->command_line = parent && std::getenv("RANK") ? parent : command_line();
-            return run(*a);
-          }};
-}
+int run(const RunRequest& a, const RunPrinter& print) { return run_job(a, print); }
 
-}  // namespace shardfit::cli
+}  // namespace shardfit::launch
