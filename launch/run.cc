@@ -269,8 +269,6 @@ std::vector<std::string> check_checkpoint_args(const RunRequest& a, const Job& j
                                                executor::Backend backend) {
   const bool any = !a.save.empty() || !a.resume.empty() || !a.export_path.empty();
   if (a.resume_anyway && a.resume.empty()) throw BadInput("--resume-anyway: needs --resume DIR");
-  if (a.save_on_signal && a.save.empty())
-    throw BadInput("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
   if (!any) {
     if (a.save_every > 0) throw BadInput("--save-every " + std::to_string(a.save_every) + ": needs --save DIR");
     return {};

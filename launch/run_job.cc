@@ -36,11 +36,7 @@ Job resolve_job(const RunRequest& a) {
     if (plan.optimizer != "adamw")
       throw BadInput("--plan " + a.plan + ": planned for " + plan.optimizer +
                      "; shardfit run trains with AdamW (plan it with --optimizer adamw)");
-    const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
-    if (id.empty())
-      throw BadInput("--plan " + a.plan + ": no candidate fits batch 1, so there is none to run (name one with --candidate)");
-    const planner::PlanCandidate* c = plan.find(id);
-    if (c == nullptr) throw BadInput("--candidate " + id + ": not among the candidates of " + a.plan);
+    const planner::PlanCandidate* c = &planner::candidate_to_use(plan, a.plan, "--candidate", a.candidate);
     if (a.strategy_given && planner::parse_candidate(a.strategy).to_id() != c->id())
       throw BadInput("--strategy " + a.strategy + ": conflicts with --plan's candidate " + c->id());
     // The plan's max batch is per micro-batch of its accumulation.
