@@ -194,7 +194,7 @@ std::string trace_key(DType dtype, bool cuda, const std::vector<int>& recompute)
 }
 
 // The intra-op threads `shardfit run` gives each of a CPU plan's ranks when
-// they all run on this host, as validate runs them (cli/run_command.cc).
+// they all run on this host, as validate runs them (launch/run.cc).
 int cpu_rank_threads(int world) {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(std::max(1, world))));
 }
