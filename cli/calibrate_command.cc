@@ -35,7 +35,7 @@
 #include <torch/torch.h>
 
 #include "cli/commands.h"
-#include "cli/run_support.h"
+#include "launch/output_file.h"
 #include "cli/validators.h"
 #include "executor/comm.h"
 #include "executor/launcher.h"

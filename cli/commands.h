@@ -3,12 +3,13 @@
 #pragma once
 
 #include <functional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "launch/output_file.h"
+#include "spec/errors.h"
 #include "spec/exit_codes.h"
 
 namespace shardfit::cli {
@@ -20,21 +21,14 @@ using spec::kExitEnvironment;
 using spec::kExitOk;
 using spec::kExitOom;
 
-// Bad input found after parsing: one line naming the input.
-struct BadInput : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-// A rank died, a rendezvous timed out, a collective failed.
-struct EnvironmentFailure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// The failures a command ends with (spec/errors.h), caught by main.
+using spec::BadInput;
+using spec::EnvironmentFailure;
+using spec::Interrupted;
 
-// SIGTERM/SIGINT stopped the job: main prints the one line and
-// exits 128 + signal (130 SIGINT, 143 SIGTERM).
-struct Interrupted : std::runtime_error {
-  Interrupted(const std::string& what, int sig) : std::runtime_error(what), signal(sig) {}
-  int signal;
-};
+// Output files (launch/output_file.h), for every command's --out.
+using launch::check_output_file;
+using launch::write_output_file;
 
 struct Command {
   CLI::App* app;

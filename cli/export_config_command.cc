@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
-#include "cli/run_support.h"
+#include "launch/output_file.h"
 #include "cli/validators.h"
 #include "models/hf_architecture.h"
 #include "models/model_config.h"
@@ -44,15 +44,7 @@ int run(const Args& a) {
   }
   if (!a.out.empty()) check_output_file("--out", a.out);
   const planner::Plan plan = planner::read_plan_file(a.plan);
-  const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
-  if (id.empty()) throw BadInput(a.plan + ": no candidate fits batch 1, so none is chosen");
-  const planner::PlanCandidate* c = nullptr;
-  try {
-    c = plan.find(id);
-  } catch (const std::invalid_argument& e) {
-    throw BadInput(std::string("--candidate: ") + e.what());
-  }
-  if (!c) throw BadInput("--candidate " + id + ": not in " + a.plan);
+  const planner::PlanCandidate* c = &planner::candidate_to_use(plan, a.plan, "--candidate", a.candidate);
   planner::LaunchConfig config;
   try {
     planner::LaunchOptions options;

@@ -9,7 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "cli/run_support.h"
+#include "launch/output_file.h"
 #include "cli/validators.h"
 #include "models/model_config.h"
 #include "planner/plan_builder.h"
@@ -142,6 +142,7 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
   if (!r.zero_grad_set_to_none && r.ddp_bucket_view)
     throw BadInput("--zero-grad zero with --ddp-bucket-view: not simulated yet (the gradients, views of DDP's first "
                    "buckets, keep them alive while the second forward rebuilds them; measured, not yet modelled)");
+  spec::check_steps(a.steps);
   if (a.steps != 2 && r.stack != planner::Stack::kPytorch)
     throw BadInput("--steps: --stack pytorch only (shardfit's plans are for a job's steady state)");
   r.steps = a.steps;
@@ -315,7 +316,7 @@ Command add_plan_command(CLI::App& app) {
                   "--stack pytorch: training steps the job runs; 2 or more plans its steady state (the default), 1 "
                   "a one-step job")
       ->capture_default_str()
-      ->check(AtLeastOne);
+      ->check(StepsBounds);
   sub->add_flag("--ddp-bucket-view", a->ddp_bucket_view,
                 "--stack pytorch: DDP(gradient_as_bucket_view=True) (PyTorch's default is False)");
   sub->add_option("--ddp-bucket-cap-mb", a->ddp_bucket_cap_mb,
@@ -373,7 +374,7 @@ Command add_plan_command(CLI::App& app) {
                               "Tokens per sequence; a comma list (1024,2048) sweeps, as --gpus, --nodes and "
                               "--gpu-mem do: one plan per combination, printed as a grid")
                   ->capture_default_str()
-                  ->check(ListOf(AtLeastOne));
+                  ->check(ListOf(SeqLen));
   sub->add_option("--loss", a->loss,
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "
                   "logits recomputed in backward; llama family)")
@@ -386,7 +387,7 @@ Command add_plan_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--gpus", a->gpus, "GPUs per node (a comma list sweeps)")
       ->capture_default_str()
-      ->check(ListOf(IntRange(1, kMaxGpusPerNode)));
+      ->check(ListOf(GpusPerNode));
   sub->add_option("--nodes", a->nodes, "Nodes (a comma list sweeps)")
       ->capture_default_str()
       ->check(ListOf(IntRange(1, kMaxNodes)));
@@ -406,7 +407,7 @@ Command add_plan_command(CLI::App& app) {
                   "Micro-batches per optimizer step; max batch is then per micro-batch (run it with the same "
                   "--grad-accum)")
       ->capture_default_str()
-      ->check(IntRange(1, kMaxGradAccum));
+      ->check(GradAccumBounds);
   sub->add_option("--prefetch", a->prefetch,
                   "Units gathered ahead of the one running (zero3/hybrid): N in backward (1 = FSDP's "
                   "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); gathers stay synchronous. "

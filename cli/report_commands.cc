@@ -4,7 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
-#include "cli/run_support.h"
+#include "launch/output_file.h"
 #include "cli/validators.h"
 #include "planner/plan_output.h"
 #include "planner/plan_text.h"

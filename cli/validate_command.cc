@@ -19,7 +19,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "cli/run_support.h"
+#include "launch/output_file.h"
 #include "cli/validators.h"
 #include "executor/signals.h"
 #include "planner/candidate.h"
@@ -27,6 +27,7 @@
 #include "planner/profile.h"
 #include "reports/compare.h"
 #include "reports/run_report.h"
+#include "spec/job_limits.h"
 
 namespace shardfit::cli {
 namespace {
@@ -99,11 +100,12 @@ Command add_validate_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--steps", a->steps, "Training steps per run (2 reaches the steady state)")
       ->capture_default_str()
-      ->check(IntRange(1, 1'000'000));
+      ->check(StepsBounds);
   sub->add_option("--max-peak-error", a->max_peak_error, "Allowed |peak error| per rank, percent")
       ->capture_default_str()
       ->check(NonNegative);
   return {sub, [a] {
+            spec::check_steps(a->steps);  // the rule run applies to the --steps it is given
             executor::install_stop_signal_handlers();
             const planner::Plan plan = planner::read_plan_file(a->plan);
             if (a->backend != "gloo" && a->backend != "loopback")
@@ -122,9 +124,7 @@ Command add_validate_command(CLI::App& app) {
               for (const auto& c : plan.candidates) todo.push_back(&c);
             } else {
               for (const auto& id : planner::split_list(a->candidates)) {
-                const auto* c = plan.find(id);
-                if (!c) throw BadInput("--candidates " + id + ": not in " + a->plan);
-                todo.push_back(c);
+                todo.push_back(&planner::candidate_to_use(plan, a->plan, "--candidates", id));
               }
             }
             {

@@ -11,6 +11,8 @@
 #include <CLI/CLI.hpp>
 
 #include "planner/profile.h"
+#include "spec/grad_buckets.h"
+#include "spec/job_limits.h"
 
 namespace shardfit::cli {
 
@@ -53,7 +55,7 @@ inline const CLI::Validator Positive(
 // --ddp-bucket-cap-mb (plan and run): DDP's bucket_cap_mb, converted as
 // DistributedDataParallel converts it, int(bucket_cap_mb * 1024 * 1024)
 // (distributed.py), at least one byte and at most 1e6 MB.
-inline int64_t bucket_cap_bytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
+using spec::bucket_cap_bytes;
 inline const CLI::Validator BucketCapMb(
     [](std::string& text) -> std::string {
       try {
@@ -122,13 +124,42 @@ inline const CLI::Validator MemorySize(
     },
     "SIZE");
 
-// The bounds a real job reaches, for the options that size a job: a node of
-// up to 1,024 GPUs (a rack-scale NVLink domain is 72), up to 65,536 nodes,
-// up to 4,096 micro-batches a step. Beyond them a plan would only spend
-// time and memory on a job no one runs.
-constexpr long long kMaxGpusPerNode = 1024;
-constexpr long long kMaxNodes = 65536;
-constexpr long long kMaxGradAccum = 4096;
+// The bounds of a job's sizes (spec/job_limits.h).
+using spec::kMaxBatch;
+using spec::kMaxGpusPerNode;
+using spec::kMaxLocalRanks;
+using spec::kMaxNodes;
+using spec::kMaxSeqLen;
+using spec::kMaxSteps;
+using spec::kMaxWorld;
+
+// The size options every command shares, each one rule: plan's --seq-len
+// (each item of its list) and run's; plan's --gpus and run's
+// --gpus-per-node. (--steps, --grad-accum and --prefetch are the job's
+// rules, spec/job_limits.h and spec/schedule.h, so that a plan file's value
+// meets them too.)
+inline const CLI::Validator SeqLen = IntRange(1, kMaxSeqLen);
+
+// An option whose bounds are the job's rule (spec/job_limits.h), checked
+// there once, for the command line and a plan alike: here only its syntax,
+// a whole number written in decimal (CLI11 alone would read 0x10 and 010 as
+// 16 and 8), and the help's "N in [lo, hi]".
+inline CLI::Validator JobBounds(long long lo, long long hi) {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          std::stoll(text, &used);
+          if (used == text.size()) return {};
+        } catch (const std::exception&) {
+        }
+        return "'" + text + "' must be a whole number";
+      },
+      "N in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+inline const CLI::Validator StepsBounds = JobBounds(1, spec::kMaxSteps);
+inline const CLI::Validator GradAccumBounds = JobBounds(1, spec::kMaxGradAccum);
+inline const CLI::Validator GpusPerNode = IntRange(1, kMaxGpusPerNode);
 
 // A file, directory or name option given an empty value: '' names nothing,
 // and each of these options left empty was read as not given (--resume ''

@@ -20,6 +20,7 @@
 #include "models/autograd_hooks.h"
 #include "models/model.h"
 #include "models/module_table.h"
+#include "spec/job_limits.h"
 #include "spec/recompute.h"
 #include "spec/schedule.h"
 #include "spec/strategy.h"
@@ -68,9 +69,8 @@ std::string cpu_precision_problem(c10::ScalarType dtype) {
 void check_engine_options(const EngineOptions& o, int world_size) {
   const auto& m = o.model;
   if (o.batch < 1) throw std::invalid_argument("--batch " + std::to_string(o.batch) + ": must be at least 1");
-  if (o.steps < 1) throw std::invalid_argument("--steps " + std::to_string(o.steps) + ": must be at least 1");
-  if (o.grad_accum < 1)
-    throw std::invalid_argument("--grad-accum " + std::to_string(o.grad_accum) + ": must be at least 1");
+  spec::check_steps(o.steps);
+  spec::check_grad_accum(o.grad_accum);
   spec::check_schedule_options(o.schedule);
   models::check_seq_len(m, o.seq_len);
   if (o.stop_requested && o.checkpoint.save_dir.empty())

@@ -17,6 +17,7 @@
 #include "planner/time_model.h"
 #include "planner/trace.h"
 #include "spec/grad_buckets.h"
+#include "spec/job_limits.h"
 #include "spec/recompute.h"
 #include "spec/schedule.h"
 #include "spec/shard_layout.h"
@@ -193,7 +194,7 @@ std::string trace_key(DType dtype, bool cuda, const std::vector<int>& recompute)
 }
 
 // The intra-op threads `shardfit run` gives each of a CPU plan's ranks when
-// they all run on this host, as validate runs them (cli/run_command.cc).
+// they all run on this host, as validate runs them (launch/run.cc).
 int cpu_rank_threads(int world) {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(std::max(1, world))));
 }
@@ -355,8 +356,7 @@ void check_request(const PlanRequest& r) {
   const TraceFile* file = r.trace_file.get();
   if (r.gpus_per_node < 1) throw std::invalid_argument("--gpus " + std::to_string(r.gpus_per_node) + ": must be at least 1");
   if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
-  if (r.grad_accum < 1)
-    throw std::invalid_argument("--grad-accum " + std::to_string(r.grad_accum) + ": must be at least 1");
+  spec::check_grad_accum(r.grad_accum);
   spec::check_schedule_options(r.schedule);
   if (file) {
     if (r.seq_len != file->seq_len)

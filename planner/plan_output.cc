@@ -10,6 +10,7 @@
 
 #include "planner/profile.h"
 #include "planner/pytorch_stack.h"
+#include "spec/job_limits.h"
 #include "spec/json_fields.h"
 
 namespace shardfit::planner {
@@ -160,10 +161,10 @@ Plan plan_from(const json& j, const std::string& origin) {
   plan.hardware.profile = hw.text("profile");
   plan.hardware.device_mem_bytes = hw.integer("device_mem_bytes", 0);
   plan.hardware.allocator_budget_bytes = hw.optional_integer("allocator_budget_bytes", 0);
-  // plan --gpus, --nodes and --grad-accum's bounds (cli/validators.h).
+  // plan --gpus, --nodes and --grad-accum's bounds (spec/job_limits.h).
   const int64_t gpus = hw.integer("gpus_per_node", 1), nodes = hw.integer("nodes", 1);
-  if (gpus > 1024) hw.fail("gpus_per_node", "is above 1024");
-  if (nodes > 65536) hw.fail("nodes", "is above 65536");
+  if (gpus > spec::kMaxGpusPerNode) hw.fail("gpus_per_node", "is above " + std::to_string(spec::kMaxGpusPerNode));
+  if (nodes > spec::kMaxNodes) hw.fail("nodes", "is above " + std::to_string(spec::kMaxNodes));
   plan.hardware.gpus_per_node = static_cast<int>(gpus);
   plan.hardware.nodes = static_cast<int>(nodes);
 
@@ -171,7 +172,7 @@ Plan plan_from(const json& j, const std::string& origin) {
   if (plan.optimizer != "adamw" && plan.optimizer != "sgd") r.fail("optimizer", "must be \"adamw\" or \"sgd\"");
   if (r.has("grad_accum")) {
     const int64_t accum = r.integer("grad_accum", 1);
-    if (accum > 4096) r.fail("grad_accum", "is above 4096");
+    if (accum > spec::kMaxGradAccum) r.fail("grad_accum", "is above " + std::to_string(spec::kMaxGradAccum));
     plan.grad_accum = static_cast<int>(accum);
   }
   if (r.has("prefetch")) plan.schedule.prefetch = static_cast<int>(r.integer("prefetch", 1));
@@ -271,6 +272,17 @@ const PlanCandidate* Plan::find(const std::string& id) const {
   for (const PlanCandidate& c : candidates)
     if (c.id() == canonical) return &c;
   return nullptr;
+}
+
+const PlanCandidate& candidate_to_use(const Plan& plan, const std::string& path, const std::string& option,
+                                      const std::string& id) {
+  const std::string wanted = id.empty() ? plan.chosen : id;
+  if (wanted.empty())
+    throw std::invalid_argument("--plan " + path + ": no candidate fits batch 1, so none is chosen (name one with " +
+                                option + ")");
+  const PlanCandidate* c = plan.find(wanted);
+  if (c == nullptr) throw std::invalid_argument(option + " " + wanted + ": not among the candidates of " + path);
+  return *c;
 }
 
 bool ranks_above(const PlanCandidate& a, const PlanCandidate& b, Objective objective) {

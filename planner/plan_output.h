@@ -173,6 +173,14 @@ struct Plan {
   const PlanCandidate* find(const std::string& id) const;
 };
 
+// The candidate a command takes from the plan read from `path` (run's and
+// export-config's --candidate, validate's --candidates, each `option`): the
+// one `id` names, or the chosen one when `id` is empty. Throws
+// std::invalid_argument, one line, the same for every command: the plan
+// chose none (nothing fits batch 1), or `id` is not among its candidates.
+const PlanCandidate& candidate_to_use(const Plan& plan, const std::string& path, const std::string& option,
+                                      const std::string& id);
+
 // Whether `a` ranks above `b` under `objective`: throughput, the higher
 // tokens/s, then the larger batch; batch, the other way round. On a full tie
 // bf16 ranks above fp16 (the same bytes and speed, and no loss scaling; a

@@ -2,6 +2,7 @@
 
 #include "planner/pytorch_ledger.h"
 #include "spec/grad_buckets.h"
+#include "spec/job_limits.h"
 
 #include <algorithm>
 #include <functional>
@@ -255,8 +256,8 @@ void check_ddp_request(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
   if (!in.no_grads || !in.with_grads || !in.optimizer_first || !in.optimizer_later)
     throw std::invalid_argument("--stack pytorch: the trace file lacks PyTorch's step (no-grads traces and the "
                                 "optimizer's steps): record it again with pytorch/trace_recorder.py");
-  if (o.steps < 1) throw std::invalid_argument("steps must be at least 1");
-  if (o.grad_accum < 1) throw std::invalid_argument("grad_accum must be at least 1");
+  spec::check_steps(o.steps);
+  spec::check_grad_accum(o.grad_accum);
   if (o.static_graph && in.no_grads->output_tensor_bytes.empty() && !in.no_grads->kept_outputs.empty())
     throw std::invalid_argument("--ddp-static-graph: the trace file does not list the tensors the forward returns "
                                 "(DDP's first static-graph iteration clones them): record it again with "

@@ -32,7 +32,7 @@ struct TraceOptions {
   // books a bf16 matmul's scratchpad (packing buffers, accumulator) per
   // thread, so it grows with the rank's threads. `shardfit run` gives each
   // of N ranks on a host hardware_concurrency / N threads
-  // (cli/run_command.cc); a plan should pass the same. 0 = this process's
+  // (launch/run.cc); a plan should pass the same. 0 = this process's
   // own at::get_num_threads().
   int cpu_threads = 0;
   // Record op names and matmul FLOPs (a RecordFunction observer on every op;

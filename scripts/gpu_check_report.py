@@ -104,22 +104,25 @@ def cmd_step(logs, out, name, status, rc, elapsed, log=""):
     write_live(logs, out)
 
 
-def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
-    recs = read_records(logs)
-    def load(name):
-        try:
-            return json.load(open(os.path.join(logs, name)))
-        except Exception:
-            return None
-    def tail(name, n=15):
-        try:
-            return open(os.path.join(logs, name), errors="replace").read().splitlines()[-n:]
-        except Exception:
-            return []
-    machine = next((r for r in recs if r["kind"] == "machine"), {})
-    out = {"schema": "shardfit.gpu-check/2", "machine": machine, "tests": [], "plans": [], "runs": [],
-           "fsdp_reference": None}
-    L = []
+def load_json(logs, name):
+    """A JSON file of the logs directory, or None when it is missing or unreadable."""
+    try:
+        return json.load(open(os.path.join(logs, name)))
+    except Exception:
+        return None
+
+
+def log_tail(logs, name, n=15):
+    """The last n lines of a log in the logs directory ([] when there is none)."""
+    try:
+        return open(os.path.join(logs, name), errors="replace").read().splitlines()[-n:]
+    except Exception:
+        return []
+
+
+def machine_and_steps_markdown(recs, out, L):
+    """The machine table, each step's outcome, the build errors and the configure line."""
+    machine = out["machine"]
     L.append("# shardfit gpu-check, %s" % machine.get("date", "?"))
     L.append("")
     L.append("| | |\n|---|---|")
@@ -149,11 +152,15 @@ def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
     if gpu_line:
         L.append("")
         L.append("Configure: " + gpu_line)
+
+
+def tests_markdown(logs, recs, out, L):
+    """The CUDA test binaries: passed, failed and skipped cases, and their recorded properties."""
     L.append("")
     L.append("## CUDA tests")
     for r in (r for r in recs if r["kind"] == "test"):
         r = dict(r)
-        j = load(r.get("json", "")) if r.get("json") else None
+        j = load_json(logs, r.get("json", "")) if r.get("json") else None
         if j:
             cases = [c for s in j.get("testsuites", []) for c in s.get("testsuite", [])]
             r["passed"] = sum(1 for c in cases if not c.get("failures") and c.get("result") != "SKIPPED")
@@ -170,12 +177,18 @@ def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
         else:
             L.append("- %s: %s" % (r["binary"], "not built" if r.get("rc") == "missing" else "exit %s (see %s)" % (r.get("rc"), r.get("log"))))
     L.append("")
+
+
+def reference_markdown(logs, recs, out, L, rows_text, gpu_mem):
+    """The reference scenario's rows: the plans' max batches, the runs at max and max+1, PyTorch's.
+
+    Returns the PyTorch reference's JSON (None when it did not run)."""
     plans = {}
     for r in (r for r in recs if r["kind"] == "plan"):
-        j = load(r["json"])
+        j = load_json(logs, r["json"])
         plans[(r["model"], r["world"], r["variant"])] = {c["id"]: c for c in (j or {}).get("candidates", [])}
         out["plans"].append(dict(r, ok=j is not None))
-    fsdp = load("fsdp_reference.json")
+    fsdp = load_json(logs, "fsdp_reference.json")
     out["fsdp_reference"] = fsdp
     # The reference rows' own (FSDP1/DDP) results; FSDP2 rows of the same
     # candidate are listed in the section below.
@@ -202,7 +215,7 @@ def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
             continue
         cells = []
         for r in mine[:2]:
-            rep = load(r.get("json", "")) if r.get("verdict") == "ran" else None
+            rep = load_json(logs, r.get("json", "")) if r.get("verdict") == "ran" else None
             if rep:
                 rk = (rep.get("ranks") or [{}])[0]
                 m = rk.get("measured", {})
@@ -222,6 +235,11 @@ def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
             i, model, world, cid, ref or "OOM at 1", pmax("titan"), pmax("cap"), cells[0], cells[1],
             f.get("max_batch", f.get("status", "")), ("%.0f" % f["tokens_per_s"]) if f.get("tokens_per_s") else ""))
     L.append("")
+    return fsdp
+
+
+def pytorch_reference_markdown(logs, recs, fsdp, L):
+    """The PyTorch reference's own table (scripts/fsdp_reference.py), or its log's tail when it failed."""
     if fsdp:
         L.append("## PyTorch reference (scripts/fsdp_reference.py)")
         L.append("")
@@ -245,8 +263,20 @@ def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
         fr = next((r for r in recs if r["kind"] == "fsdp"), None)
         if fr:
             L.append("## PyTorch reference: no result (exit %s)" % fr.get("rc"))
-            for line in tail(fr.get("log", ""), 10):
+            for line in log_tail(logs, fr.get("log", ""), 10):
                 L.append("    " + line)
+
+
+def cmd_final(logs, md_path, js_path, rows_text, gpu_mem):
+    recs = read_records(logs)
+    machine = next((r for r in recs if r["kind"] == "machine"), {})
+    out = {"schema": "shardfit.gpu-check/2", "machine": machine, "tests": [], "plans": [], "runs": [],
+           "fsdp_reference": None}
+    L = []
+    machine_and_steps_markdown(recs, out, L)
+    tests_markdown(logs, recs, out, L)
+    fsdp = reference_markdown(logs, recs, out, L, rows_text, gpu_mem)
+    pytorch_reference_markdown(logs, recs, fsdp, L)
     L.append("")
     L.append("Unmeasured until this report says otherwise; every figure above comes from this run's logs.")
     open(md_path, "w").write("\n".join(L) + "\n")

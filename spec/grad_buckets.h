@@ -33,6 +33,9 @@ namespace shardfit::spec {
 // bytes as it converts it (int(bucket_cap_mb * 1024 * 1024)), and the first
 // bucket's 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES).
 inline constexpr int64_t kDdpBucketCapBytes = 25LL << 20;
+// --ddp-bucket-cap-mb in bytes, converted as DistributedDataParallel
+// converts bucket_cap_mb: int(bucket_cap_mb * 1024 * 1024).
+inline int64_t bucket_cap_bytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
 inline constexpr int64_t kDdpFirstBucketBytes = 1LL << 20;
 
 // The assignment alone: `param_bytes` in registration order; each bucket the

@@ -417,6 +417,89 @@ TEST(EngineCli, PrefetchOutOfRangeIsRefusedByOneRuleEverywhere) {
   }
 }
 
+// Each command line below is refused with exit 2 and exactly `line` on
+// stderr (after the command's "shardfit CMD: error: " prefix), before any
+// rank starts.
+void expect_refused_with(const std::vector<std::string>& args, const std::string& line) {
+  const Result r = shardfit(args);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(line), std::string::npos) << "expected '" << line << "' in: " << r.err;
+  EXPECT_EQ(r.err.find("rank "), std::string::npos) << "refused before the ranks: " << r.err;
+}
+
+// --grad-accum: one rule (spec::check_grad_accum) for plan and run, with
+// the bound a plan file's grad_accum is read with (planner/plan_output.cc).
+TEST(EngineCli, GradAccumOutOfRangeIsRefusedByOneRuleEverywhere) {
+  for (const std::string v : {"0", "-2", "4097"}) {
+    const std::string line = "--grad-accum " + v + (v == "4097" ? ": at most 4096" : ": must be at least 1");
+    expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--grad-accum", v}, line);
+    expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2", "--grad-accum", v}, line);
+  }
+}
+
+// --steps: one rule (spec::check_steps) for run, validate (which passes it
+// to run) and plan (--stack pytorch's job length).
+TEST(EngineCli, StepsOutOfRangeIsRefusedByOneRuleEverywhere) {
+  for (const std::string v : {"0", "2000000000"}) {
+    const std::string line = "--steps " + v + (v == "0" ? ": must be at least 1" : ": at most 1000000000");
+    expect_refused_with({"run", "--model", "gpt2-tiny", "--steps", v}, line);
+    expect_refused_with({"validate", "--plan", "p.json", "--steps", v}, line);
+    expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--steps", v}, line);
+  }
+}
+
+// The size options plan and run share: one validator each (cli/validators.h),
+// the same bound and message: --seq-len (each item of plan's list), and the
+// GPUs of a node (plan --gpus, run --gpus-per-node). --nproc above the
+// local ranks is one rule whether given or taken from a plan's world.
+TEST(EngineCli, SizeOptionsSharedByPlanAndRunHaveOneBoundEach) {
+  const std::string seq = "'2000000' must be a whole number from 1 to 1048576";
+  expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--seq-len", "2000000"}, seq);
+  expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--seq-len", "16,2000000"}, seq);
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--seq-len", "2000000"}, seq);
+  const std::string gpus = "'2000' must be a whole number from 1 to 1024";
+  expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpus", "2000"}, gpus);
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2", "--gpus-per-node", "2000"}, gpus);
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2000", "--oversubscribe"},
+                      "--nproc 2000: at most 1024 local ranks");
+}
+
+// --save-on-signal without --save: the engine's rule (check_engine_options),
+// met before any rank starts however the ranks are run.
+TEST(EngineCli, SaveOnSignalWithoutSaveIsRefusedByOneRuleEverywhere) {
+  const std::string line = "--save-on-signal: needs --save DIR (where the step it stops at is saved)";
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--save-on-signal"}, line);
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2", "--save-on-signal"}, line);
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--backend", "loopback", "--world-size", "2", "--save-on-signal"},
+                      line);
+}
+
+// A plan's candidate, as run, export-config and validate take it: one rule
+// (planner::candidate_to_use) for a name that is not planned and for a plan
+// that chose none.
+TEST(EngineCli, PlanCandidateIsTakenByOneRuleEverywhere) {
+  const std::string fits = (tmp_dir() / "candidates.plan.json").string();
+  ASSERT_EQ(shardfit({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--seq-len", "16", "--gpu-mem", "64MiB",
+                      "--strategies", "ddp/fp32/wrap=none", "--out", fits})
+                .exit_code,
+            0);
+  const std::string missing = "zero3/fp32/wrap=block: not among the candidates of " + fits;
+  expect_refused_with({"run", "--plan", fits, "--candidate", "zero3/fp32/wrap=block"}, "--candidate " + missing);
+  expect_refused_with({"export-config", "--plan", fits, "--candidate", "zero3/fp32/wrap=block", "--format", "fsdp"},
+                      "--candidate " + missing);
+  expect_refused_with({"validate", "--plan", fits, "--candidates", "zero3/fp32/wrap=block"}, "--candidates " + missing);
+  // Nothing fits in 1 MiB: the plan is written, and chooses none.
+  const std::string none = (tmp_dir() / "none-fits.plan.json").string();
+  ASSERT_EQ(shardfit({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--seq-len", "16", "--gpu-mem", "1MiB",
+                      "--strategies", "ddp/fp32/wrap=none", "--out", none})
+                .exit_code,
+            2);
+  const std::string chose_none = "--plan " + none + ": no candidate fits batch 1, so none is chosen";
+  expect_refused_with({"run", "--plan", none}, chose_none);
+  expect_refused_with({"export-config", "--plan", none, "--format", "fsdp"}, chose_none);
+}
+
 // fp16 on a CPU: LibTorch 1.13's CPU kernels have no Half matmul (addmm), and
 // the engine's probe refuses the strategy in one line; 2.x's have one, and
 // the same job trains.

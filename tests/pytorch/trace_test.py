@@ -280,6 +280,22 @@ class TraceTest(TraceCheck, unittest.TestCase):
         """--param-dtype bf16: the model cast to bf16, as FSDP's
         MixedPrecision(param_dtype=torch.bfloat16) computes; plan's zero3/bf16
         candidates replay it (planner/pytorch_fsdp.cc)."""
+        mixed, traced, cast = self._record_bf16_traces()
+        batch = self._check_bf16_plans_and_their_fsdp_kwargs(mixed)
+        fp32_only = self._check_bf16_refusals(mixed, traced, cast)
+        self._check_one_gpu_and_shardfit_stack_bf16(mixed, fp32_only, batch)
+        self._check_fsdp2_plans(mixed)
+        self._check_adamw_steps(mixed)
+        bf16 = self._check_reduce_dtypes(mixed)
+        self._check_fp16_plans(mixed)
+        job, low = self._backward_of(mixed, "--fsdp-keep-low-precision-grads")
+        self.assertTrue(job["fsdp_keep_low_precision_grads"])
+        self.assertGreaterEqual(low["batch"], bf16["batch"])
+        if low["batch"] == bf16["batch"]:
+            self.assertLess(low["allocated_bytes"], bf16["allocated_bytes"])
+
+    def _record_bf16_traces(self):
+        """Records gpt2-hf2022-tiny cast to bf16 for CUDA: (its file, its JSON, the cast model's traces)."""
         mixed = os.path.join(self.tmp.name, "cuda-mixed.trace.json")
         out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
                               "--target", "cuda", "--param-dtype", "bf16", "--out", mixed],
@@ -297,12 +313,17 @@ class TraceTest(TraceCheck, unittest.TestCase):
             return replay_peak(t["events"])[1]
         # Each gradient is its bf16 parameter's: half of fp32's, byte for byte.
         self.assertEqual(2 * kept_grads("bf16"), kept_grads("fp32"))
+        return mixed, traced, cast
 
-        def plan(strategies, device="a100-40gb", trace=mixed, *extra):
-            return subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", device,
-                                   "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", strategies, "--json"]
-                                  + list(extra), capture_output=True, text=True, timeout=300)
-        out = plan("zero3/fp32/wrap=block,zero3/bf16/wrap=block")
+    def _plan_traced(self, trace, strategies, device="a100-40gb", *extra):
+        """plan --stack pytorch of a traced file over 2 GPUs of 2 GiB, as JSON."""
+        return subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", device,
+                               "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", strategies, "--json"]
+                              + list(extra), capture_output=True, text=True, timeout=300)
+
+    def _check_bf16_plans_and_their_fsdp_kwargs(self, mixed):
+        """zero3/bf16 fits more than fp32, timed and chosen by tokens/s; export-config wraps by the traced block."""
+        out = self._plan_traced(mixed, "zero3/fp32/wrap=block,zero3/bf16/wrap=block")
         self.assertEqual(out.returncode, 0, out.stderr)
         batch = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
         # Activations and the gathered units in bf16: more sequences fit.
@@ -329,6 +350,10 @@ class TraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(kwargs["auto_wrap_policy"]["transformer_layer_cls"], ["HF2022Block"])
         self.assertEqual(kwargs["mixed_precision"], {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16",
                                                      "buffer_dtype": "bfloat16"})
+        return batch
+
+    def _check_bf16_refusals(self, mixed, traced, cast):
+        """A card without bf16, a CPU trace and a file without the cast traces: one line, exit 2. Returns that file."""
         # The same file without the cast model's traces, as recorded without --param-dtype.
         fp32_only = os.path.join(self.tmp.name, "cuda-fp32-only.trace.json")
         with open(fp32_only, "w") as fh:
@@ -337,10 +362,14 @@ class TraceTest(TraceCheck, unittest.TestCase):
                 ("zero3/bf16/wrap=block", "titan-rtx-24gb", mixed, "titan-rtx-24gb has no bf16"),
                 ("zero3/bf16/wrap=block", "a100-40gb", self.hf_trace, "recorded for the CPU's kernels"),
                 ("zero2/bf16/wrap=size:1000", "a100-40gb", fp32_only, "--param-dtype bf16")):
-            out = plan(strategies, device, trace)
+            out = self._plan_traced(trace, strategies, device)
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
             self.assertIn(message, out.stderr)
+        return fp32_only
+
+    def _check_one_gpu_and_shardfit_stack_bf16(self, mixed, fp32_only, batch):
+        """One GPU (FSDP1 NO_SHARD; FSDP2 refused), shardfit's own engine in bf16, and the CPU recorder's refusal."""
         # One GPU: 1.13 runs FSDP as NO_SHARD, each unit cast to bf16 whole around its passes; FSDP2's
         # world of one computes in fp32, so its MixedPrecisionPolicy there is refused.
         one = [SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb", "--gpus", "1",
@@ -369,6 +398,9 @@ class TraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         self.assertIn("--param-dtype bf16: FSDP's MixedPrecision, traced for CUDA only", out.stderr)
+
+    def _check_fsdp2_plans(self, mixed):
+        """FSDP2 per block or on the root, HSDP over two nodes, and FSDP2's refusals."""
         # FSDP2 (--fsdp-version 2, planner/pytorch_fsdp2.cc) from the same traces: fully_shard on each
         # block then the root, or on the root alone, its MixedPrecisionPolicy from the bf16 ones.
         fsdp2 = ["--fsdp-version", "2", "--strategies",
@@ -414,6 +446,9 @@ class TraceTest(TraceCheck, unittest.TestCase):
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
             self.assertIn(message, out.stderr)
+
+    def _check_adamw_steps(self, mixed):
+        """AdamW's foreach step over FSDP's shards, and each candidate's default step per PyTorch."""
         # AdamW(foreach=True) over FSDP's flat shards (planner/adamw_steps.h):
         # every shard's temporaries alive at once. 1.13's _multi_tensor_adamw
         # makes two lists, the square roots and the denominators
@@ -453,22 +488,16 @@ class TraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(steps("a100-40gb", "--torch", "1.13"), {"ddp": False, "zero1": False, "zero3": False})
         self.assertEqual(steps("a100-40gb", "--adamw-step", "for-loop"), {"ddp": False, "zero1": False, "zero3": False})
         self.assertEqual(steps("a100-40gb", "--adamw-step", "foreach"), {"ddp": True, "zero1": True, "zero3": True})
+
+    def _check_reduce_dtypes(self, mixed):
+        """FSDP's reduce_dtype: fp32 beside bf16 parameters, bf16 beside fp32 ones. Returns the bf16 backward point."""
         # FSDP1's MixedPrecision(reduce_dtype=torch.float32): each unit's bf16
         # flat gradient cast to fp32 and reduced so (the figures by hand:
         # tests/planner_core/pytorch_fsdp_test.cc), the same fp32 shards at
         # the end; with keep_low_precision_grads the reduced shards end bf16:
         # fewer bytes held into the optimizer step.
-        def backward(*extra):
-            out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb",
-                                  "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", "zero3/bf16/wrap=block",
-                                  "--json"] + list(extra), capture_output=True, text=True, timeout=120)
-            self.assertEqual(out.returncode, 0, out.stderr)
-            plan = json.loads(out.stdout)
-            points = {p["phase"]: p for p in plan["candidates"][0]["predicted"]["rank_timelines"][0]}
-            return plan["pytorch_job"], dict(points["step1/backward"],
-                                             batch=plan["candidates"][0]["max_batch_per_gpu"])
-        job, bf16 = backward()
-        job32, fp32 = backward("--fsdp-reduce-dtype", "fp32")
+        job, bf16 = self._backward_of(mixed)
+        job32, fp32 = self._backward_of(mixed, "--fsdp-reduce-dtype", "fp32")
         self.assertEqual((job["fsdp_reduce_dtype"], job32["fsdp_reduce_dtype"]), ("param", "fp32"))
         self.assertLessEqual(fp32["batch"], bf16["batch"])
         if fp32["batch"] == bf16["batch"]:
@@ -486,6 +515,22 @@ class TraceTest(TraceCheck, unittest.TestCase):
                 self.assertEqual(plan["pytorch_job"]["fsdp_reduce_dtype"], reduce)
                 return plan["candidates"][0]["predicted"]["time_breakdown_s"]["comm"]
             self.assertAlmostEqual(comm("bf16") / comm("param"), 5 / 6, delta=0.01)
+        return bf16
+
+    def _backward_of(self, mixed, *extra):
+        """plan --stack pytorch of zero3/bf16/wrap=block: its PyTorch job, and step 1's backward point (with the
+        max batch)."""
+        out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--stack", "pytorch", "--device", "a100-40gb",
+                              "--gpus", "2", "--gpu-mem", "2GiB", "--strategies", "zero3/bf16/wrap=block",
+                              "--json"] + list(extra), capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        plan = json.loads(out.stdout)
+        points = {p["phase"]: p for p in plan["candidates"][0]["predicted"]["rank_timelines"][0]}
+        return plan["pytorch_job"], dict(points["step1/backward"],
+                                         batch=plan["candidates"][0]["max_batch_per_gpu"])
+
+    def _check_fp16_plans(self, mixed):
+        """fp16 with ShardedGradScaler from the model cast to fp16, with offload and with FSDP2."""
         # fp16: MixedPrecision(param_dtype=torch.float16) with ShardedGradScaler,
         # from the model cast to fp16 (its scaled loss's backward traced), on
         # a card without bf16; as many bytes as bf16's but the scaler's.
@@ -494,23 +539,19 @@ class TraceTest(TraceCheck, unittest.TestCase):
                               "--target", "cuda", "--param-dtype", "fp16", "--out", half],
                              capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr)
-        out = plan("zero3/fp32/wrap=block,zero3/fp16/wrap=block", "titan-rtx-24gb", half)
+        out = self._plan_traced(half, "zero3/fp32/wrap=block,zero3/fp16/wrap=block", "titan-rtx-24gb")
         self.assertEqual(out.returncode, 0, out.stderr)
         batch16 = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
         self.assertGreater(batch16["zero3/fp16/wrap=block"], batch16["zero3/fp32/wrap=block"])
-        out = plan("zero3/fp16/wrap=block", "titan-rtx-24gb", mixed)
+        out = self._plan_traced(mixed, "zero3/fp16/wrap=block", "titan-rtx-24gb")
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertIn("--param-dtype fp16", out.stderr)
         # With offload (the scaler's copies on the host) and with FSDP2.
         for extra in ([], ["--fsdp-version", "2"]):
-            out = plan("zero3+offload/fp16/wrap=block,zero2/fp16/wrap=block", "titan-rtx-24gb", half, *extra)
+            out = self._plan_traced(half, "zero3+offload/fp16/wrap=block,zero2/fp16/wrap=block", "titan-rtx-24gb",
+                                    *extra)
             self.assertEqual(out.returncode, 0, out.stderr)
             self.assertTrue(all(c["max_batch_per_gpu"] > 0 for c in json.loads(out.stdout)["candidates"]))
-        job, low = backward("--fsdp-keep-low-precision-grads")
-        self.assertTrue(job["fsdp_keep_low_precision_grads"])
-        self.assertGreaterEqual(low["batch"], bf16["batch"])
-        if low["batch"] == bf16["batch"]:
-            self.assertLess(low["allocated_bytes"], bf16["allocated_bytes"])
 
     def test_autocast_traces_that_are_not_batch_affine_leave_the_fp32_plan(self):
         # gpt2-tiny-wide's CPU bf16 matmuls: where oneDNN's scratchpad follows

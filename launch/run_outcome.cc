@@ -1,12 +1,16 @@
-#include "cli/run_outcome.h"
+#include "launch/run_outcome.h"
 
 #include <algorithm>
 #include <cstring>
 #include <iostream>
 
-#include "cli/commands.h"
+#include "spec/errors.h"
+#include "spec/exit_codes.h"
 
-namespace shardfit::cli {
+namespace shardfit::launch {
+using spec::BadInput;
+using spec::kExitOk;
+using spec::kExitOom;
 
 int oom_exit(bool oom_ok, const std::string& report_path, const reports::RunReport& report) {
   std::string ranks;
@@ -139,4 +143,4 @@ void check_ranks_agree(executor::Communicator& comm, const std::map<std::string,
   }
 }
 
-}  // namespace shardfit::cli
+}  // namespace shardfit::launch

@@ -1,32 +1,33 @@
-#include "cli/run_job.h"
+#include "launch/run_job.h"
 
 #include <torch/version.h>
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "cli/commands.h"
-#include "cli/validators.h"
 #include "executor/engine.h"
 #include "planner/plan_output.h"
 #include "planner/profile.h"
+#include "spec/errors.h"
+#include "spec/job_limits.h"
 #include "spec/schedule.h"
 
-namespace shardfit::cli {
+namespace shardfit::launch {
+using spec::BadInput;
 
 namespace {
 // A cpu-kind profile (cpu, or one `shardfit calibrate` wrote); false when
 // it is a card's or cannot be read here (a plan made on another machine).
-bool is_cpu_profile(const std::string& name) {
+bool is_cpu_profile(const std::string& name, const std::string& profiles_dir) {
   try {
-    return planner::load_profile(name, profiles_dir()).kind == planner::DeviceKind::kCpu;
+    return planner::load_profile(name, profiles_dir).kind == planner::DeviceKind::kCpu;
   } catch (const std::invalid_argument&) {
     return false;
   }
 }
 }  // namespace
 
-Job resolve_job(const RunArgs& a) {
+Job resolve_job(const RunRequest& a) {
   Job job;
   std::string strategy = a.strategy;
   std::string model_name = a.model;
@@ -35,18 +36,14 @@ Job resolve_job(const RunArgs& a) {
     if (plan.optimizer != "adamw")
       throw BadInput("--plan " + a.plan + ": planned for " + plan.optimizer +
                      "; shardfit run trains with AdamW (plan it with --optimizer adamw)");
-    const std::string id = a.candidate.empty() ? plan.chosen : a.candidate;
-    if (id.empty())
-      throw BadInput("--plan " + a.plan + ": no candidate fits batch 1, so there is none to run (name one with --candidate)");
-    const planner::PlanCandidate* c = plan.find(id);
-    if (c == nullptr) throw BadInput("--candidate " + id + ": not among the candidates of " + a.plan);
+    const planner::PlanCandidate* c = &planner::candidate_to_use(plan, a.plan, "--candidate", a.candidate);
     if (a.strategy_given && planner::parse_candidate(a.strategy).to_id() != c->id())
       throw BadInput("--strategy " + a.strategy + ": conflicts with --plan's candidate " + c->id());
     // The plan's max batch is per micro-batch of its accumulation.
     job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
     job.schedule.prefetch = a.prefetch_given ? a.prefetch : plan.schedule.prefetch;
     job.schedule.ddp_bucket_cap_bytes =
-        a.ddp_bucket_cap_given ? bucket_cap_bytes(a.ddp_bucket_cap_mb) : plan.schedule.ddp_bucket_cap_bytes;
+        a.ddp_bucket_cap_given ? spec::bucket_cap_bytes(a.ddp_bucket_cap_mb) : plan.schedule.ddp_bucket_cap_bytes;
     job.schedule.async_reduce = a.async_reduce || plan.schedule.async_reduce;
     job.schedule.async_gather = a.async_gather || plan.schedule.async_gather;
     if (!a.model.empty() && a.model != plan.model.name)
@@ -66,10 +63,14 @@ Job resolve_job(const RunArgs& a) {
     if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
     job.batch = a.batch;
     job.grad_accum = a.grad_accum;
-    job.schedule = {a.prefetch, a.async_reduce, a.async_gather, bucket_cap_bytes(a.ddp_bucket_cap_mb)};
+    job.schedule = {a.prefetch, a.async_reduce, a.async_gather, spec::bucket_cap_bytes(a.ddp_bucket_cap_mb)};
   }
+  // The job's rules (one each, with one message), before any rank starts:
+  // the plan's values meet them as the options' do.
   try {
-    spec::check_schedule_options(job.schedule);  // before any rank starts
+    spec::check_steps(a.steps);
+    spec::check_grad_accum(job.grad_accum);
+    spec::check_schedule_options(job.schedule);
   } catch (const std::invalid_argument& e) {
     throw BadInput(e.what());
   }
@@ -89,13 +90,8 @@ Job resolve_job(const RunArgs& a) {
   job.candidate = planner::parse_candidate(strategy);
   if (a.plan.empty() || a.seq_len_given)
     job.seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(128, job.model.max_positions);
-  if (!a.gpu_mem.empty()) {
-    try {
-      job.budget_bytes = planner::parse_size_bytes(a.gpu_mem);
-    } catch (const std::invalid_argument& e) {
-      throw BadInput(std::string("--gpu-mem: ") + e.what());
-    }
-  }
+  // --gpu-mem's one rule is its option's (MemorySize): here it parses.
+  if (!a.gpu_mem.empty()) job.budget_bytes = planner::parse_size_bytes(a.gpu_mem);
   // The prediction's profile: cpu on the CPU (exact allocator, as measured);
   // on cuda --profile, else a CUDA plan's own, else kDefaultCudaProfile.
   job.device = a.device;
@@ -104,9 +100,9 @@ Job resolve_job(const RunArgs& a) {
     job.profile = a.profile;
   else if (a.device == "cuda")
     job.profile = !plan_profile.empty() && plan_profile != "cpu" ? plan_profile : kDefaultCudaProfile;
-  else if (!plan_profile.empty() && plan_profile != "cpu" && is_cpu_profile(plan_profile))
+  else if (!plan_profile.empty() && plan_profile != "cpu" && is_cpu_profile(plan_profile, a.profiles_dir))
     job.profile = plan_profile;  // a calibrated cpu profile the plan was made with (shardfit calibrate)
   return job;
 }
 
-}  // namespace shardfit::cli
+}  // namespace shardfit::launch

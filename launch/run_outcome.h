@@ -1,4 +1,4 @@
-// How `run` ends (SPEC): the per-rank report figures (measured beside
+// How a run ends (SPEC): the per-rank report figures (measured beside
 // predicted), exit 4 when a rank went out of memory (the report is written
 // anyway) unless --oom-ok, which `validate` passes for its max+1 runs, and
 // the ranks' agreement on the job before they train.
@@ -17,7 +17,7 @@
 #include "planner/plan_builder.h"
 #include "reports/run_report.h"
 
-namespace shardfit::cli {
+namespace shardfit::launch {
 
 // kExitOom (with one line on stderr naming the ranks and the report) when
 // a rank of `report` went out of memory and !oom_ok; else kExitOk.
@@ -53,9 +53,9 @@ reports::RankReport rank_from_json(const nlohmann::json& j);
 
 // Every rank's job, option by option ("--batch" -> "4"), compared at
 // rendezvous: the first option where a rank differs from rank 0 is thrown
-// as BadInput naming it and both values, on every rank alike (each sees
+// as spec::BadInput naming it and both values, on every rank alike (each sees
 // all), before any strategy-specific collective could abort inside Gloo.
 void check_ranks_agree(executor::Communicator& comm, const std::map<std::string, std::string>& job,
                        c10::Device device);
 
-}  // namespace shardfit::cli
+}  // namespace shardfit::launch

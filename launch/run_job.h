@@ -1,7 +1,7 @@
-// `shardfit run`'s options as given, and the job they resolve to once the
+// A run's options as given (`shardfit run` builds them from its command line), and the job they resolve to once the
 // plan (if any) and the defaults are applied: model, candidate, batch,
 // sequence, loss, attention, budget, device profile. resolve_job makes every
-// check that needs no rank (BadInput, one line naming the option).
+// check that needs no rank (spec::BadInput, one line naming the option).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +13,9 @@
 #include "planner/candidate.h"
 #include "spec/schedule.h"
 
-namespace shardfit::cli {
+namespace shardfit::launch {
 
-struct RunArgs {
+struct RunRequest {
   std::string model;
   std::string strategy = "ddp/fp32/wrap=none";
   int64_t batch = 1;
@@ -60,6 +60,7 @@ struct RunArgs {
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false,
        prefetch_given = false, ddp_bucket_cap_given = false;
   std::string command_line;
+  std::string profiles_dir;  // where the device profiles are (the CLI's: next to the binary)
 };
 
 // What one job runs, after the plan (if any) and the defaults are applied.
@@ -85,6 +86,6 @@ struct Job {
 // emulates on a bigger GPU (scripts/gpu-check).
 inline constexpr const char* kDefaultCudaProfile = "titan-rtx-24gb";
 
-Job resolve_job(const RunArgs& a);
+Job resolve_job(const RunRequest& a);
 
-}  // namespace shardfit::cli
+}  // namespace shardfit::launch

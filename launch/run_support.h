@@ -1,6 +1,6 @@
-// `shardfit run`'s helpers without LibTorch: the checks it makes before any
+// The run layer's helpers without LibTorch: the checks it makes before any
 // rank starts (checkpoint paths, resume compatibility; each throws
-// BadInput, one line naming the option), how --save-on-signal's ranks and
+// spec::BadInput, one line naming the option), how --save-on-signal's ranks and
 // launcher end, and small process utilities.
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace shardfit::cli {
+namespace shardfit::launch {
 
 // The checkpoint's job (Engine::save's metadata "job") against this run's
 // (the same keys): every key both have whose value differs, as
@@ -20,32 +20,14 @@ namespace shardfit::cli {
 std::vector<std::string> resume_option_changes(const nlohmann::json& saved,
                                                const nlohmann::json& now);
 
-// Bounds of run's numeric options: beyond them a size overflows (batch x
-// seq-len x world tokens) or the machine is swamped.
-constexpr long long kMaxBatch = 1 << 20;
-constexpr long long kMaxSeqLen = 1 << 20;
-constexpr long long kMaxSteps = 1'000'000'000;
-constexpr long long kMaxLocalRanks = 1024;  // even with --oversubscribe
-constexpr long long kMaxWorld = 1 << 20;
-
 // --nproc N on this machine: at most one rank per core, unless
-// --oversubscribe (then kMaxLocalRanks).
+// --oversubscribe (then spec::kMaxLocalRanks).
 void check_local_ranks(int nproc, bool oversubscribe);
 
 // --save DIR: created if missing, and must be a writable directory.
 void check_save_dir(const std::string& dir);
 // --export FILE: not a directory, in an existing writable directory.
 void check_export_path(const std::string& file);
-// An output file (`option` FILE: run --out, --export, calibrate --out),
-// before any work: a regular file or none yet (not a directory, a device
-// such as /dev/full, or a file under /proc or /sys), in an existing
-// writable directory. One line naming the option, as BadInput.
-void check_output_file(const std::string& option, const std::string& file);
-// Writes `text` to `file` whole (through a temporary file renamed over it)
-// or throws EnvironmentFailure, one line naming `option`: a short write or a
-// full disk after the work is exit 3, not a lost report or a truncated one.
-void write_output_file(const std::string& option, const std::string& file, const std::string& text);
-
 // --save-on-signal: what the ranks did when a stop signal reached the job.
 struct SavedOnSignal {
   int signal = 0;          // the signal the ranks agreed to stop on
@@ -79,4 +61,4 @@ std::vector<std::string> own_argv();
 // (default 1) with SIGKILL as step K begins: a rank that dies mid-run.
 std::function<void(int64_t)> test_death_hook(int rank);
 
-}  // namespace shardfit::cli
+}  // namespace shardfit::launch
