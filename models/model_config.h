@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace shardfit::models {
@@ -86,6 +88,16 @@ struct ModelConfig {
 // Built-in names: gpt2, gpt2-medium, gpt2-large, gpt2-xl, bert-base,
 // bert-large, gpt2-tiny, bert-tiny, then the llama family's (llama_builtins).
 const std::vector<ModelConfig>& builtin_models();
+
+// A config.json whose model_type has no built-in C++ model (gemma2, phi3,
+// mixtral, ...): what plan needs to trace it through transformers' own class
+// instead (cli/hf_trace_route.h). Its message names that route.
+struct NoBuiltinModel : std::invalid_argument {
+  NoBuiltinModel(const std::string& what, std::string path, std::string type)
+      : std::invalid_argument(what), config_path(std::move(path)), model_type(std::move(type)) {}
+  std::string config_path;  // the config.json read (a Hub id's: its cached snapshot's)
+  std::string model_type;
+};
 
 // A built-in name or a path to a Hugging Face config.json (model_type gpt2
 // or bert). Throws std::invalid_argument with one line naming the input and
