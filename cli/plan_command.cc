@@ -41,7 +41,8 @@ struct PlanArgs {
   int steps = 2;
   std::string seq_len = "128";  // a comma list sweeps, as --gpus, --nodes and --gpu-mem do
   std::string loss = "full";
-  std::string attention = "eager";
+  std::string attention = "sdpa";
+  bool attention_given = false;
   std::string gpus = "1";
   std::string nodes = "1";
   std::string device;
@@ -184,7 +185,7 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
   set_stack_options(a, r);
   // A model traced in its own process (pytorch/trace_recorder.py): its loss
   // and attention are what its forward does.
-  const bool loss_or_attention = a.loss != "full" || a.attention != "eager";
+  const bool loss_or_attention = a.loss != "full" || (a.attention_given && a.attention != "eager");
   if (!a.trace.empty()) {
     if (loss_or_attention) throw BadInput("--trace: --loss and --attention are the traced model's own; drop them");
     try {
@@ -330,6 +331,17 @@ int run(const PlanArgs& a) {
   return kExitOk;
 }
 
+// --attention's help: what each value runs, and where.
+constexpr const char* kAttentionHelp =
+    "sdpa (transformers' default: scaled_dot_product_attention, per candidate the kernel PyTorch "
+    "picks: flash on a CUDA device of compute capability 8.0+ in fp16/bf16, the memory-efficient "
+    "kernel on CUDA in fp32 or below 8.0, eager on a CPU profile, what shardfit's CPU engine "
+    "runs; bert, and a head dimension flash refuses, stay eager), eager (softmax(QK^T)V, keeps "
+    "the heads x s x s probabilities: transformers' eager, and 2022's only attention) or flash "
+    "(PyTorch's FlashAttention-2 kernel: keeps the output and one fp32 log-sum-exp per row; CUDA "
+    "devices of compute capability 8.0+, fp16/bf16; gpt2 and llama families). The plan JSON "
+    "names each candidate's. A CPU build of shardfit plans flash but runs only eager";
+
 }  // namespace
 
 std::string profiles_dir() { return planner::find_profiles_dir(planner::default_profile_dirs(self_exe())); }
@@ -423,12 +435,7 @@ Command add_plan_command(CLI::App& app) {
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "
                   "logits recomputed in backward; llama family)")
       ->capture_default_str();
-  sub->add_option("--attention", a->attention,
-                  "eager (softmax(QK^T)V, keeps the heads x s x s probabilities) or flash (PyTorch's "
-                  "FlashAttention-2 kernel through scaled_dot_product_attention: keeps the output and one fp32 "
-                  "log-sum-exp per row; CUDA devices of compute capability 8.0+, fp16/bf16; gpt2 and llama "
-                  "families). A CPU build of shardfit plans flash but runs only eager")
-      ->capture_default_str();
+  auto* attention = sub->add_option("--attention", a->attention, kAttentionHelp)->capture_default_str();
   sub->add_option("--gpus", a->gpus, "GPUs per node (a comma list sweeps)")
       ->capture_default_str()
       ->check(ListOf(IntRange(1, kMaxGpusPerNode)));
@@ -475,8 +482,9 @@ Command add_plan_command(CLI::App& app) {
                   "Print the N best rows of --all's table (and the chosen one); 0 = all. The plan JSON "
                   "(--json, --out) always has every candidate")
       ->capture_default_str();
-  return {sub, [a, seq] {
+  return {sub, [a, seq, attention] {
             a->seq_len_given = seq->count() > 0;
+            a->attention_given = attention->count() > 0;
             return run(*a);
           }};
 }
