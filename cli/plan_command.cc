@@ -5,9 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/hf_trace_route.h"
 #include "cli/progress.h"
 #include "launch/output_file.h"
 #include "cli/validators.h"
@@ -38,7 +41,8 @@ struct PlanArgs {
   int steps = 2;
   std::string seq_len = "128";  // a comma list sweeps, as --gpus, --nodes and --gpu-mem do
   std::string loss = "full";
-  std::string attention = "eager";
+  std::string attention = "sdpa";
+  bool attention_given = false;
   std::string gpus = "1";
   std::string nodes = "1";
   std::string device;
@@ -148,38 +152,66 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
   r.steps = a.steps;
 }
 
+// What the recorder is asked for a --model traced through transformers' own
+// class: the profile's kernels (a CUDA profile: --target cuda) and, for
+// --stack pytorch on CUDA, the model cast to the bf16 or fp16 that
+// --strategies or --precision names, as FSDP's MixedPrecision candidates
+// need (bf16 when both are named: the recorder casts to one).
+HfTraceOptions hf_trace_options(const PlanArgs& a, const planner::PlanRequest& r) {
+  HfTraceOptions o;
+  o.cuda = r.profile.kind == planner::DeviceKind::kCuda;
+  if (o.cuda && r.stack == planner::Stack::kPytorch)
+    for (const char* dtype : {"fp16", "bf16"})
+      if ((a.strategies + "," + a.precision).find(dtype) != std::string::npos) o.param_dtype = dtype;
+  return o;
+}
+
+// A trace recorded under another PyTorch than the one planned: its kernels'
+// temporaries are still the recording one's.
+void warn_on_trace_torch(const std::string& origin, const planner::PlanRequest& r) {
+  const std::string& recorded = r.trace_file->torch_version;
+  if (r.stack == planner::Stack::kPytorch && !recorded.empty() && recorded.rfind(r.torch + ".", 0) != 0)
+    spdlog::warn("{}: recorded under PyTorch {}, planned as --torch {}: its kernels' temporaries are {}'s", origin,
+                 recorded, r.torch, recorded);
+}
+
 // Everything a plan is asked but the sweep's axes (--seq-len, --gpus,
-// --nodes, --gpu-mem), which sweep_points sets per point.
-planner::PlanRequest request_from(const PlanArgs& a) {
+// --nodes, --gpu-mem), which sweep_points sets per point. A --model whose
+// model_type has no built-in comes back as `route`: sweep_points traces it
+// through transformers' own class at each sequence length.
+planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRoute>* route) {
   planner::PlanRequest r;
+  std::optional<models::NoBuiltinModel> no_builtin;
   if (a.model.empty() == a.trace.empty()) throw BadInput("plan: give --model or --trace (one of them)");
   set_stack_options(a, r);
+  // A model traced in its own process (pytorch/trace_recorder.py): its loss
+  // and attention are what its forward does.
+  const bool loss_or_attention = a.loss != "full" || (a.attention_given && a.attention != "eager");
   if (!a.trace.empty()) {
-    // A model traced in its own process (pytorch/trace_recorder.py): its
-    // loss and attention are what its forward does.
-    if (a.loss != "full" || a.attention != "eager")
-      throw BadInput("--trace: --loss and --attention are the traced model's own; drop them");
+    if (loss_or_attention) throw BadInput("--trace: --loss and --attention are the traced model's own; drop them");
     try {
       r.trace_file = std::make_shared<planner::TraceFile>(planner::read_trace_file(a.trace));
     } catch (const std::invalid_argument& e) {
       throw BadInput(e.what());
     }
-    // It names the PyTorch whose kernels it recorded; planned as another,
-    // its temporaries are still that one's.
-    const std::string& recorded = r.trace_file->torch_version;
-    if (r.stack == planner::Stack::kPytorch && !recorded.empty() && recorded.rfind(r.torch + ".", 0) != 0)
-      spdlog::warn("--trace {}: recorded under PyTorch {}, planned as --torch {}: its kernels' temporaries are "
-                   "{}'s", a.trace, recorded, r.torch, recorded);
+    warn_on_trace_torch("--trace " + a.trace, r);
   } else {
-    r.model = models::resolve_model(a.model);
     try {
+      r.model = models::resolve_model(a.model);
       models::set_loss(&r.model, a.loss);
       models::set_attention(&r.model, a.attention);
+    } catch (const models::NoBuiltinModel& e) {
+      if (loss_or_attention)
+        throw BadInput("--model " + a.model + ": model_type '" + e.model_type + "' is traced through transformers' "
+                       "own class, whose loss and attention (the config's attn_implementation) are its own; drop "
+                       "--loss and --attention");
+      no_builtin = e;
     } catch (const std::invalid_argument& e) {
       throw BadInput(e.what());
     }
   }
   r.profile = planner::load_profile(a.device, profiles_dir());
+  if (no_builtin) *route = std::make_unique<HfTraceRoute>(*no_builtin, hf_trace_options(a, r));
   r.candidates.strategies = planner::split_list(a.strategies);
   r.candidates.precisions = planner::split_list(a.precision);
   if (a.optimizer != "adamw" && a.optimizer != "sgd")
@@ -209,7 +241,8 @@ planner::PlanRequest request_from(const PlanArgs& a) {
 
 // One request per point of the sweep: every combination of the values
 // --seq-len, --gpus, --nodes and --gpu-mem list, in that nesting order.
-std::vector<planner::PlanRequest> sweep_points(const PlanArgs& a, const planner::PlanRequest& base) {
+std::vector<planner::PlanRequest> sweep_points(const PlanArgs& a, const planner::PlanRequest& base,
+                                               HfTraceRoute* route) {
   // A traced model's sequence length is its trace's unless --seq-len says.
   const std::vector<int64_t> seqs =
       a.seq_len_given || !base.trace_file ? int_list(a.seq_len) : std::vector<int64_t>{base.trace_file->seq_len};
@@ -239,6 +272,12 @@ std::vector<planner::PlanRequest> sweep_points(const PlanArgs& a, const planner:
     throw BadInput(std::string(a.all ? "--all" : "--top") +
                    ": a sweep prints one grid line per point; give one value to each of --seq-len, --gpus, --nodes "
                    "and --gpu-mem for a plan's rows");
+  // A --model traced through transformers' own class: one trace per length.
+  for (planner::PlanRequest& r : points)
+    if (route) {
+      r.trace_file = route->trace(r.seq_len);
+      if (&r == &points.front()) warn_on_trace_torch("--model " + a.model, r);
+    }
   return points;
 }
 
@@ -256,8 +295,9 @@ int print_sweep(const PlanArgs& a, const std::vector<planner::Plan>& plans) {
 
 int run(const PlanArgs& a) {
   if (!a.out.empty()) check_output_file("--out", a.out);  // before the plan's minutes, not after
-  const planner::PlanRequest base = request_from(a);
-  const std::vector<planner::PlanRequest> points = sweep_points(a, base);
+  std::unique_ptr<HfTraceRoute> route;
+  const planner::PlanRequest base = request_from(a, &route);
+  const std::vector<planner::PlanRequest> points = sweep_points(a, base, route.get());
   // A sweep of big models takes seconds to minutes: say where it is.
   ThrottledProgress progress;
   std::vector<planner::Plan> plans;
@@ -292,6 +332,17 @@ int run(const PlanArgs& a) {
   return kExitOk;
 }
 
+// --attention's help: what each value runs, and where.
+constexpr const char* kAttentionHelp =
+    "sdpa (transformers' default: scaled_dot_product_attention, per candidate the kernel PyTorch "
+    "picks: flash on a CUDA device of compute capability 8.0+ in fp16/bf16, the memory-efficient "
+    "kernel on CUDA in fp32 or below 8.0, eager on a CPU profile, what shardfit's CPU engine "
+    "runs; bert, and a head dimension flash refuses, stay eager), eager (softmax(QK^T)V, keeps "
+    "the heads x s x s probabilities: transformers' eager, and 2022's only attention) or flash "
+    "(PyTorch's FlashAttention-2 kernel: keeps the output and one fp32 log-sum-exp per row; CUDA "
+    "devices of compute capability 8.0+, fp16/bf16; gpt2 and llama families). The plan JSON "
+    "names each candidate's. A CPU build of shardfit plans flash but runs only eager";
+
 }  // namespace
 
 std::string profiles_dir() { return planner::find_profiles_dir(planner::default_profile_dirs(self_exe())); }
@@ -300,7 +351,12 @@ Command add_plan_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "plan", "Predict each strategy's peak memory, largest batch per GPU and speed, without running");
   auto a = std::make_shared<PlanArgs>();
-  sub->add_option("--model", a->model, "Built-in model name or a Hugging Face config.json")->check(Named);
+  sub->add_option("--model", a->model,
+                  "Built-in model name, or a Hugging Face config.json, model directory or Hub id (org/name, from "
+                  "the local Hugging Face cache). A model_type with no built-in (gemma2, phi3, mixtral, ...) is "
+                  "traced through transformers' own class by pytorch/trace_recorder.py, run by $SHARDFIT_PYTHON "
+                  "(default: the build's Python), and planned as --trace plans it")
+      ->check(Named);
   sub->add_option("--trace", a->trace,
                   "Plan a model traced in its own process instead (a shardfit.trace/1 file, e.g. from "
                   "pytorch/trace_recorder.py for a model written in Python); its sequence length is the plan's")
@@ -309,8 +365,9 @@ Command add_plan_command(CLI::App& app) {
                   "Whose training step to predict: shardfit (its engine, `shardfit run`) or pytorch (PyTorch's own "
                   "DistributedDataParallel or ZeroRedundancyOptimizer and torch.optim.AdamW in the loop "
                   "pytorch/validate.py runs, torch.utils.checkpoint as +ckpt; PyTorch FSDP on a CUDA device "
-                  "when --strategies names zero2|zero3[+offload]/fp32/wrap=size:N; needs --trace; fp32, and the "
-                  "trace's autocast: bf16 on a CPU, fp16 with GradScaler on CUDA)")
+                  "when --strategies names zero2|zero3[+offload]/fp32/wrap=size:N; needs --trace or a --model "
+                  "traced through transformers' own class; fp32, and the trace's autocast: bf16 on a CPU, fp16 "
+                  "with GradScaler on CUDA)")
       ->capture_default_str();
   sub->add_option("--steps", a->steps,
                   "--stack pytorch: training steps the job runs; 2 or more plans its steady state (the default), 1 "
@@ -379,12 +436,7 @@ Command add_plan_command(CLI::App& app) {
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "
                   "logits recomputed in backward; llama family)")
       ->capture_default_str();
-  sub->add_option("--attention", a->attention,
-                  "eager (softmax(QK^T)V, keeps the heads x s x s probabilities) or flash (PyTorch's "
-                  "FlashAttention-2 kernel through scaled_dot_product_attention: keeps the output and one fp32 "
-                  "log-sum-exp per row; CUDA devices of compute capability 8.0+, fp16/bf16; gpt2 and llama "
-                  "families). A CPU build of shardfit plans flash but runs only eager")
-      ->capture_default_str();
+  auto* attention = sub->add_option("--attention", a->attention, kAttentionHelp)->capture_default_str();
   sub->add_option("--gpus", a->gpus, "GPUs per node (a comma list sweeps)")
       ->capture_default_str()
       ->check(ListOf(GpusPerNode));
@@ -431,8 +483,9 @@ Command add_plan_command(CLI::App& app) {
                   "Print the N best rows of --all's table (and the chosen one); 0 = all. The plan JSON "
                   "(--json, --out) always has every candidate")
       ->capture_default_str();
-  return {sub, [a, seq] {
+  return {sub, [a, seq, attention] {
             a->seq_len_given = seq->count() > 0;
+            a->attention_given = attention->count() > 0;
             return run(*a);
           }};
 }

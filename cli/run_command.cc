@@ -163,8 +163,9 @@ Command add_run_command(CLI::App& app) {
                 "Train on when the loss turns NaN/Inf (default: stop, exit 1, \"diverged at step N\")");
   sub->add_option("--loss", a->loss, "full or chunked:N (N tokens at a time; llama family); default: the plan's");
   sub->add_option("--attention", a->attention,
-                  "eager or flash (PyTorch's flash kernel: a CUDA LibTorch 2.0+ build only; a CPU build runs "
-                  "eager); default: the plan's");
+                  "sdpa (the kernel PyTorch's scaled_dot_product_attention picks where the job runs: eager on "
+                  "the CPU; on CUDA flash in fp16/bf16 at compute capability 8.0+, else the memory-efficient "
+                  "kernel), eager or flash (a CUDA LibTorch 2.0+ build only); default: the plan's, else sdpa");
   sub->add_option("--init", a->init,
                   "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
                   "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")

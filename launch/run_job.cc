@@ -55,7 +55,7 @@ Job resolve_job(const RunRequest& a) {
     job.batch = a.batch_given ? a.batch : c->max_batch_per_gpu;
     job.seq_len = a.seq_len_given ? a.seq_len : plan.model.seq_len;
     job.loss = plan.model.loss;
-    job.attention = plan.model.attention;
+    job.attention = plan.model.attention;  // sdpa: resolved below for the candidate, as the plan did
     job.budget_bytes = plan.hardware.device_mem_bytes;
     job.plan_world = plan.hardware.world_size();
     job.plan_gpus_per_node = plan.hardware.gpus_per_node;
@@ -80,10 +80,6 @@ Job resolve_job(const RunRequest& a) {
   try {
     models::set_loss(&job.model, job.loss);
     models::set_attention(&job.model, job.attention);
-    if (job.model.flash_attention && !executor::engine_supports_flash_attention())
-      throw std::invalid_argument(std::string("--attention flash: this build has LibTorch ") + TORCH_VERSION +
-                                  (executor::engine_supports_cuda() ? "" : " for CPU") +
-                                  "; the flash kernel needs a CUDA LibTorch 2.0 or later (plan with it, run eager here)");
   } catch (const std::invalid_argument& e) {
     throw BadInput(e.what());
   }
@@ -102,6 +98,18 @@ Job resolve_job(const RunRequest& a) {
     job.profile = !plan_profile.empty() && plan_profile != "cpu" ? plan_profile : kDefaultCudaProfile;
   else if (!plan_profile.empty() && plan_profile != "cpu" && is_cpu_profile(plan_profile, a.profiles_dir))
     job.profile = plan_profile;  // a calibrated cpu profile the plan was made with (shardfit calibrate)
+  // --attention sdpa: the kernel PyTorch picks where the job runs (the CPU
+  // engine runs eager); then whether this build has it.
+  if (job.model.sdpa_attention) {
+    const bool cuda = job.device == "cuda";
+    const double cc = cuda ? planner::load_profile(job.profile, profiles_dir()).compute_capability : 0;
+    job.model = models::resolve_sdpa(job.model, cuda, cc, job.candidate.precision != planner::Precision::kFp32);
+    job.attention = models::attention_name(job.model);
+  }
+  if ((job.model.flash_attention || job.model.efficient_attention) && !executor::engine_supports_flash_attention())
+    throw BadInput("--attention " + job.attention + ": this build has LibTorch " + TORCH_VERSION +
+                   (executor::engine_supports_cuda() ? "" : " for CPU") + "; the " + job.attention +
+                   " kernel needs a CUDA LibTorch 2.0 or later (plan with it, run eager here)");
   return job;
 }
 

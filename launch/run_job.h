@@ -55,7 +55,7 @@ struct RunRequest {
   bool save_on_signal = false;   // SIGTERM/SIGINT: finish the step, save it, exit 128+sig
   std::string init;         // Hugging Face checkpoint to start from (executor/hf_init.h)
   std::string loss;         // "": full, or the plan's
-  std::string attention;    // "": eager, or the plan's
+  std::string attention;    // "": the plan's, else sdpa
   // Which options the user gave (a plan fills in the others).
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false,
        prefetch_given = false, ddp_bucket_cap_given = false;
@@ -70,7 +70,7 @@ struct Job {
   int64_t batch = 1;
   int64_t seq_len = 128;
   std::string loss = "full";   // --loss, else the plan's
-  std::string attention = "eager";  // --attention, else the plan's
+  std::string attention = "sdpa";  // --attention, else the plan's; sdpa resolved for the job's device
   int64_t budget_bytes = 0;
   int64_t grad_accum = 1;      // --grad-accum, else the plan's
   spec::ScheduleOptions schedule;  // --prefetch, else the plan's; --async-*, or the plan's

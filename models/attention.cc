@@ -63,6 +63,38 @@ class FlashAttentionMeta : public torch::autograd::Function<FlashAttentionMeta> 
   }
 };
 
+// What the memory-efficient kernels allocate, on meta tensors (see
+// attention.h for the sources).
+class EfficientAttentionMeta : public torch::autograd::Function<EfficientAttentionMeta> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v) {
+    const auto qt = q.transpose(1, 2);  // [b, s, h, d]
+    const int64_t b = qt.size(0), s = qt.size(1), h = qt.size(2);
+    auto out = at::empty({b, s, h, v.size(3)}, q.options());
+    auto lse = at::empty({b, h, round_up(s, 32)}, q.options().dtype(torch::kFloat));
+    auto result = out.transpose(1, 2);
+    ctx->save_for_backward({q, k, v, result, lse});
+    return result;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto qt = saved[0].transpose(1, 2), kt = saved[1].transpose(1, 2), vt = saved[2].transpose(1, 2);
+    const int64_t b = qt.size(0), s = qt.size(1), h = qt.size(2), d = qt.size(3);
+    auto grad_out = grads[0].transpose(1, 2).contiguous();
+    const auto out = saved[3].transpose(1, 2);
+    auto dq = at::empty(qt.sizes(), qt.options());
+    auto dk = at::empty(kt.sizes(), kt.options());
+    auto dv = at::empty(vt.sizes(), vt.options());
+    const bool kernel_computes_delta = qt.scalar_type() != torch::kFloat && d <= 64;
+    auto delta = kernel_computes_delta
+                     ? at::empty({b, h, s}, qt.options().dtype(torch::kFloat))
+                     : (grad_out.to(torch::kFloat) * out.to(torch::kFloat)).sum(-1).transpose(-2, -1).contiguous();
+    return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
+  }
+};
+
 }  // namespace
 
 int64_t flash_num_splits(int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_k, int64_t head_dim,
@@ -100,6 +132,18 @@ torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, co
 #endif
   throw std::invalid_argument(
       "--attention flash: needs a CUDA LibTorch 2.0 or later (this build runs only eager attention)");
+}
+
+torch::Tensor efficient_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  double dropout) {
+  if (q.is_meta()) return EfficientAttentionMeta::apply(q, k, v);
+#if TORCH_VERSION_MAJOR >= 2
+  if (q.is_cuda()) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
+#endif
+  (void)dropout;
+  throw std::invalid_argument(
+      "--attention sdpa: the memory-efficient kernel needs a CUDA LibTorch 2.0 or later (this build runs only "
+      "eager attention)");
 }
 
 }  // namespace shardfit::models

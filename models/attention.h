@@ -22,7 +22,7 @@
 // saves q, k, v, the output, the log-sum-exp and the two rng words
 // (derivatives.yaml, _scaled_dot_product_flash_attention).
 //
-// On a CUDA LibTorch >= 2.0 it calls at::scaled_dot_product_attention. This
+// On a CUDA LibTorch >= 2.0 both call at::scaled_dot_product_attention. This
 // CPU build (LibTorch 1.13) has no such kernel: anything but meta tensors is
 // refused with std::invalid_argument.
 #pragma once
@@ -36,6 +36,28 @@ namespace shardfit::models {
 // streaming multiprocessors (the forward's split-KV heuristic).
 torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               double dropout, int64_t sm_count);
+
+// The memory-efficient kernel (`--attention sdpa` on CUDA in fp32 or below
+// compute capability 8.0), as scaled_dot_product_attention(q, k, v,
+// dropout_p, is_causal=True) runs it there, following PyTorch 2.11's
+//   aten/src/ATen/native/transformers/cuda/attention.cu
+//     (_scaled_dot_product_efficient_attention_cuda and
+//     _efficient_attention_forward: res [b, s, h, d] in q's dtype,
+//     logsumexp [b, h, ceil(s / 32) * 32] fp32; the philox seed and offset
+//     are CPU scalars outside CUDA graph capture: no device memory),
+//   aten/src/ATen/native/transformers/cuda/attention_backward.cu
+//     (_efficient_attention_backward: grad_out made contiguous, grad_q,
+//     grad_k, grad_v = empty(q, k, v sizes), delta [b, h, s] fp32, which the
+//     kernel computes in fp16/bf16 with head dimension up to 64, else
+//     (grad_out.float() * out.float()).sum(-1).transpose(-2, -1).contiguous()
+//     with every temporary of that expression live at once).
+// Autograd saves q, k, v, the output, the log-sum-exp and the seed and
+// offset (derivatives.yaml, _scaled_dot_product_efficient_attention). Not
+// modelled: the backward kernel's workspace (gradient accumulators in fp32
+// when a kernel splits keys or accumulates dQ outside registers), a few
+// bytes to a tensor of grad_q's size per layer's backward.
+torch::Tensor efficient_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  double dropout);
 
 // The forward kernel's number of key/value splits (flash_api.cpp,
 // num_splits_heuristic with 2 x SMs: 128 threads per block); 1 = no split

@@ -110,9 +110,12 @@ class AttentionImpl : public ModuleBase {
       };
       k = repeat(k);
       v = repeat(v);
-      if (cfg.flash_attention) {  // transformers' LlamaSdpaAttention: repeat_kv, no mask, is_causal
+      // transformers' LlamaSdpaAttention: repeat_kv, no mask, is_causal
+      if (cfg.flash_attention || cfg.efficient_attention) {
         const double p = is_training() ? cfg.attn_dropout : 0.0;
-        auto y = flash_attention(q, k, v, p, cfg.flash_sm_count).transpose(1, 2).contiguous();
+        auto y = cfg.flash_attention ? flash_attention(q, k, v, p, cfg.flash_sm_count)
+                                     : efficient_attention(q, k, v, p);
+        y = y.transpose(1, 2).contiguous();
         return o_proj(y.view({b, s, nh * hd}));
       }
       auto w = torch::matmul(q, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(hd)));

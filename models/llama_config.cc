@@ -233,25 +233,55 @@ std::string loss_name(const ModelConfig& c) {
   return c.loss_chunk > 0 ? "chunked:" + std::to_string(c.loss_chunk) : "full";
 }
 
-void set_attention(ModelConfig* c, const std::string& attention) {
-  if (attention == "eager") {
-    c->flash_attention = false;
-    return;
-  }
-  if (attention != "flash") throw std::invalid_argument("--attention " + attention + ": expected eager or flash");
-  if (c->family == Family::kBert)
-    throw std::invalid_argument("--attention flash: " + c->name +
-                                " adds a padding mask to its scores, which PyTorch's flash kernel does not take");
+namespace {
+
+// Why PyTorch's flash kernel cannot run `c`'s attention, or "" when it can.
+std::string flash_refusal(const ModelConfig& c) {
+  if (c.family == Family::kBert)
+    return c.name + " adds a padding mask to its scores, which PyTorch's flash kernel does not take";
   // flash_api.cpp (mha_fwd): "head_size must be a multiple of 8" after
   // padding, and at most 256; we do not model the padded copies.
-  const int64_t hd = c->family == Family::kLlama ? c->head_dim_or_default() : c->hidden / c->heads;
+  const int64_t hd = c.family == Family::kLlama ? c.head_dim_or_default() : c.hidden / c.heads;
   if (hd % 8 != 0 || hd > 256)
-    throw std::invalid_argument("--attention flash: " + c->name + " has head dimension " + std::to_string(hd) +
-                                "; the flash kernel takes multiples of 8 up to 256");
+    return c.name + " has head dimension " + std::to_string(hd) + "; the flash kernel takes multiples of 8 up to 256";
+  return "";
+}
+
+}  // namespace
+
+void set_attention(ModelConfig* c, const std::string& attention) {
+  c->flash_attention = c->efficient_attention = c->sdpa_attention = false;
+  if (attention == "eager") return;
+  if (attention == "sdpa") {
+    c->sdpa_attention = true;
+    return;
+  }
+  if (attention != "flash")
+    throw std::invalid_argument("--attention " + attention + ": expected sdpa, eager or flash");
+  if (const std::string why = flash_refusal(*c); !why.empty())
+    throw std::invalid_argument("--attention flash: " + why);
   c->flash_attention = true;
 }
 
-const char* attention_name(const ModelConfig& c) { return c.flash_attention ? "flash" : "eager"; }
+const char* attention_name(const ModelConfig& c) {
+  if (c.sdpa_attention) return "sdpa";
+  if (c.flash_attention) return "flash";
+  return c.efficient_attention ? "efficient" : "eager";
+}
+
+ModelConfig resolve_sdpa(const ModelConfig& c, bool cuda, double compute_capability, bool half) {
+  if (!c.sdpa_attention) return c;
+  ModelConfig out = c;
+  out.sdpa_attention = false;
+  // The fused kernels take what the flash kernel takes here: the memory-
+  // efficient one is modelled for the same models and head dimensions.
+  if (!cuda || !flash_refusal(c).empty()) return out;
+  if (compute_capability >= 8.0 && half)
+    out.flash_attention = true;
+  else
+    out.efficient_attention = true;
+  return out;
+}
 
 void check_seq_len(const ModelConfig& c, int64_t seq_len) {
   const std::string arg = "--seq-len " + std::to_string(seq_len);

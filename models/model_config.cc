@@ -194,10 +194,11 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
       throw std::invalid_argument(origin + ": hidden_act '" + c.activation +
                                   "' is not supported (gelu, gelu_new)");
   } else {
-    throw std::invalid_argument(origin + ": model_type '" + type + "' has no built-in (gpt2, bert, llama, " +
-                                "mistral, qwen2); trace transformers' own class: .venv/bin/python " +
-                                "pytorch/trace_recorder.py --model hf: --config " + origin +
-                                " --seq-len N --out model.trace.json, then plan --trace model.trace.json");
+    throw NoBuiltinModel(origin + ": model_type '" + type + "' has no built-in (gpt2, bert, llama, mistral, " +
+                             "qwen2); trace transformers' own class: .venv/bin/python " +
+                             "pytorch/trace_recorder.py --model hf: --config " + origin +
+                             " --seq-len N --out model.trace.json, then plan --trace model.trace.json",
+                         origin, type);
   }
   c.initializer_range = get_double("initializer_range", 0.02);
   for (double p : {c.hidden_dropout, c.embd_dropout, c.attn_dropout})

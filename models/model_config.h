@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace shardfit::models {
@@ -73,6 +75,13 @@ struct ModelConfig {
   // heuristic reads the number of SMs.
   bool flash_attention = false;
   int64_t flash_sm_count = 0;
+  // PyTorch's memory-efficient kernel (CUTLASS) through
+  // scaled_dot_product_attention: what `--attention sdpa` runs on CUDA in
+  // fp32 or below compute capability 8.0 (models/attention.h).
+  bool efficient_attention = false;
+  // `--attention sdpa` (the default) before it is resolved for a device and
+  // a precision (resolve_sdpa): then one of the kernels above, or eager.
+  bool sdpa_attention = false;
 
   int64_t kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t head_dim_or_default() const { return head_dim > 0 ? head_dim : hidden / heads; }
@@ -86,6 +95,16 @@ struct ModelConfig {
 // Built-in names: gpt2, gpt2-medium, gpt2-large, gpt2-xl, bert-base,
 // bert-large, gpt2-tiny, bert-tiny, then the llama family's (llama_builtins).
 const std::vector<ModelConfig>& builtin_models();
+
+// A config.json whose model_type has no built-in C++ model (gemma2, phi3,
+// mixtral, ...): what plan needs to trace it through transformers' own class
+// instead (cli/hf_trace_route.h). Its message names that route.
+struct NoBuiltinModel : std::invalid_argument {
+  NoBuiltinModel(const std::string& what, std::string path, std::string type)
+      : std::invalid_argument(what), config_path(std::move(path)), model_type(std::move(type)) {}
+  std::string config_path;  // the config.json read (a Hub id's: its cached snapshot's)
+  std::string model_type;
+};
 
 // A built-in name or a path to a Hugging Face config.json (model_type gpt2
 // or bert). Throws std::invalid_argument with one line naming the input and
@@ -116,11 +135,20 @@ void check_seq_len(const ModelConfig& c, int64_t seq_len);
 void set_loss(ModelConfig* c, const std::string& loss);
 std::string loss_name(const ModelConfig& c);  // "full" or "chunked:N"
 
-// `--attention`: "eager" or "flash" into c->flash_attention. Throws
+// `--attention`: "sdpa", "eager" or "flash" into c. Throws
 // std::invalid_argument naming --attention (a bad value; flash for BERT,
 // whose padding mask PyTorch's flash kernel does not take; a head dimension
 // the kernel refuses: not a multiple of 8 or above 256).
 void set_attention(ModelConfig* c, const std::string& attention);
-const char* attention_name(const ModelConfig& c);  // "eager" or "flash"
+// "sdpa" (not yet resolved), "eager", "flash" or "efficient".
+const char* attention_name(const ModelConfig& c);
+// `--attention sdpa` as PyTorch's scaled_dot_product_attention picks a
+// kernel for transformers' sdpa attention (causal, no mask) on a device: on
+// CUDA of compute capability 8.0 or later computing in fp16 or bf16
+// (`half`), the flash kernel; elsewhere on CUDA the memory-efficient one;
+// on a CPU eager, what shardfit's CPU engine runs. BERT (its padding mask)
+// and a head dimension the flash kernel refuses keep eager. A config that
+// is not sdpa comes back unchanged.
+ModelConfig resolve_sdpa(const ModelConfig& c, bool cuda, double compute_capability, bool half);
 
 }  // namespace shardfit::models

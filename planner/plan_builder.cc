@@ -132,9 +132,11 @@ std::vector<Precision> supported(const DeviceProfile& p, const models::ModelConf
 
 // The model as it runs on `p`: `--attention flash` needs a CUDA device of
 // compute capability 8.0 or later (flash_api.cpp: "FlashAttention only
-// supports Ampere GPUs or newer"), and its trace needs the SM count.
+// supports Ampere GPUs or newer"), and its trace needs the SM count, as
+// does `--attention sdpa` where it resolves to flash (model_for).
 models::ModelConfig model_on_device(const models::ModelConfig& m, const DeviceProfile& p) {
   models::ModelConfig out = m;
+  if (m.sdpa_attention && p.kind == DeviceKind::kCuda) out.flash_sm_count = std::max<int64_t>(0, p.sm_count);
   if (!m.flash_attention) return out;
   const std::string why = "--attention flash: PyTorch's flash kernel runs on CUDA GPUs of compute capability 8.0 or later; ";
   if (p.kind != DeviceKind::kCuda) throw std::invalid_argument(why + p.name + " is not a CUDA device");
@@ -147,6 +149,12 @@ models::ModelConfig model_on_device(const models::ModelConfig& m, const DevicePr
   if (p.sm_count <= 0) throw std::invalid_argument(why + "profile " + p.name + " gives no sm_count");
   out.flash_sm_count = p.sm_count;
   return out;
+}
+
+// The model as a candidate computing in `dtype` runs it on `p`: `--attention
+// sdpa` resolved to the kernel PyTorch picks there (models::resolve_sdpa).
+models::ModelConfig model_for(const models::ModelConfig& m, const DeviceProfile& p, DType dtype) {
+  return models::resolve_sdpa(m, p.kind == DeviceKind::kCuda, p.compute_capability, dtype != DType::kF32);
 }
 
 // Simulates one candidate's unit partition at any batch, re-sizing one
@@ -201,9 +209,14 @@ int cpu_rank_threads(int world) {
 
 class TraceSource {
  public:
-  TraceSource(const models::ModelConfig& m, int64_t seq, bool cuda, int world,
-             std::shared_ptr<const TraceFile> file)
-      : model_(m), seq_(seq), cuda_(cuda), world_(world), file_(std::move(file)) {}
+  TraceSource(const models::ModelConfig& m, const DeviceProfile& profile, int64_t seq, int world,
+              std::shared_ptr<const TraceFile> file)
+      : model_(m),
+        profile_(profile),
+        seq_(seq),
+        cuda_(profile.kind == DeviceKind::kCuda),
+        world_(world),
+        file_(std::move(file)) {}
   // Whether a trace for (dtype, recompute) exists: always for a built-in
   // model (it is traced), for a trace file when the file has it.
   bool has(DType dtype, const std::vector<int>& recompute) const {
@@ -222,11 +235,11 @@ class TraceSource {
     o.cpu_threads = cpu_rank_threads(world_);
     o.batch = 1;
     o.record_ops = false;  // batch 1's FLOPs are never asked for (see TraceOptions)
-    ModelTrace t1 = trace_step(model_, o);
+    const models::ModelConfig model = model_for(model_, profile_, dtype);
+    ModelTrace t1 = trace_step(model, o);
     o.record_ops = true;
     // A chunked loss runs ceil(tokens / N) chunks: its events are not affine in batch either.
-    if ((!cuda_ && o.dtype == DType::kBF16) || model_.loss_chunk > 0) {
-      const models::ModelConfig model = model_;
+    if ((!cuda_ && o.dtype == DType::kBF16) || model.loss_chunk > 0) {
       return std::make_unique<BatchTraces>(std::move(t1), [model, o](int64_t batch) {
         TraceOptions ob = o;
         ob.batch = batch;
@@ -236,9 +249,9 @@ class TraceSource {
     // Batches 2 and 3 with the op observer: the time model's matrix
     // product shapes (PhaseWork) are affine in the batch, not proportional.
     o.batch = 2;
-    ModelTrace t2 = trace_step(model_, o);
+    ModelTrace t2 = trace_step(model, o);
     o.batch = 3;
-    ModelTrace t3 = trace_step(model_, o);
+    ModelTrace t3 = trace_step(model, o);
     return std::make_unique<BatchTraces>(std::move(t1), std::move(t2), t3);
   }
 
@@ -258,6 +271,7 @@ class TraceSource {
   }
 
   models::ModelConfig model_;
+  DeviceProfile profile_;
   int64_t seq_;
   bool cuda_;
   int world_;
@@ -503,7 +517,7 @@ Plan build_plan(const PlanRequest& r) {
   Plan plan = plan_skeleton(r, file, device_mem, budget);
 
   const std::vector<ModuleNode> modules = file ? file->modules : models::module_table(r.model);
-  const TraceSource traces(model, r.seq_len, cuda, world, r.trace_file);
+  const TraceSource traces(model, r.profile, r.seq_len, world, r.trace_file);
   SimOptions sim_options;
   if (cuda && r.profile.cublas_workspace_bytes > 0) sim_options.overhead_bytes = r.profile.cublas_workspace_allocations;
 
@@ -547,6 +561,8 @@ Plan build_plan(const PlanRequest& r) {
       sit = simulators.emplace(sim_key, std::make_unique<BatchSimulator>(trace, units)).first;
     BatchSimulator& sim = *sit->second;
     plan.candidates[ci] = search_candidate(c, r, budget, units, trace, sim, no_timeline, exact_alloc, cuda_alloc);
+    if (!file)  // --attention sdpa differs per candidate: record what each runs
+      plan.candidates[ci].attention = models::attention_name(model_for(model, r.profile, compute_dtype(c.precision)));
     const std::lock_guard<std::mutex> lock(mu);
     progress("simulate", ++simulated, candidates.size(), c.to_id());
   };
@@ -647,7 +663,7 @@ CandidatePrediction predict_candidate(const PlanRequest& r, const Candidate& c, 
   if (c.recompute) o.recompute_modules = spec::recompute_modules(modules, units);
   if (r.model.flash_attention && c.precision == Precision::kFp32)
     throw std::invalid_argument("--attention flash: the flash kernel takes fp16 or bf16, not " + c.to_id());
-  const ModelTrace trace = trace_step(model_on_device(r.model, r.profile), o);
+  const ModelTrace trace = trace_step(model_for(model_on_device(r.model, r.profile), r.profile, o.dtype), o);
 
   SimOptions so;
   so.steps = steps;

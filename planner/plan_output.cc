@@ -137,6 +137,11 @@ PlanCandidate candidate_from(const FieldReader& r) {
   }
   pc.units = static_cast<int>(r.optional_integer("units", 0));
   if (r.has("adamw_foreach")) pc.adamw_foreach = r.boolean("adamw_foreach");
+  if (r.has("attention")) {
+    pc.attention = r.text("attention");
+    if (pc.attention != "eager" && pc.attention != "flash" && pc.attention != "efficient")
+      r.fail("attention", "must be \"eager\", \"flash\" or \"efficient\"");
+  }
   return pc;
 }
 
@@ -154,8 +159,9 @@ Plan plan_from(const json& j, const std::string& origin) {
   if (j["model"].contains("loss")) plan.model.loss = model.text("loss");
   if (j["model"].contains("attention")) plan.model.attention = model.text("attention");
   if (j["model"].contains("block_class")) plan.model.block_class = model.text("block_class");
-  if (plan.model.attention != "eager" && plan.model.attention != "flash" && plan.model.attention != "traced")
-    model.fail("attention", "must be \"eager\", \"flash\" or \"traced\" (a model planned from --trace)");
+  if (plan.model.attention != "sdpa" && plan.model.attention != "eager" && plan.model.attention != "flash" &&
+      plan.model.attention != "traced")
+    model.fail("attention", "must be \"sdpa\", \"eager\", \"flash\" or \"traced\" (a model planned from --trace)");
 
   FieldReader hw = r.object("hardware");
   plan.hardware.profile = hw.text("profile");
@@ -340,6 +346,7 @@ void to_json(json& j, const PlanCandidate& c) {
                 {"allocated_bytes", c.oom->allocated_bytes},
                 {"reserved_bytes", c.oom->reserved_bytes}};
   if (c.adamw_foreach) j["adamw_foreach"] = *c.adamw_foreach;
+  if (!c.attention.empty()) j["attention"] = c.attention;
   if (!p.rank_peak_allocated_bytes.empty()) j["predicted"]["rank_peak_allocated_bytes"] = p.rank_peak_allocated_bytes;
   if (!p.rank_timelines.empty()) {
     json timelines = json::array();

@@ -94,6 +94,10 @@ struct PlanCandidate {
   // foreach=True, false the for-loop; absent in shardfit's plans (and in
   // older PyTorch-stack plans: pytorch_job.adamw_foreach then).
   std::optional<bool> adamw_foreach;
+  // extra: the attention kernel it runs, "eager", "flash" or "efficient"
+  // (--attention sdpa resolves per precision); "" for a traced model (its
+  // forward's own) and in older plans (model.attention's then).
+  std::string attention;
   std::string id() const { return candidate.to_id(); }
 };
 
@@ -102,7 +106,7 @@ struct PlanModel {
   int64_t params = 0;  // exact parameter count
   int64_t seq_len = 0;
   std::string loss = "full";  // extra: "full" or "chunked:N" (--loss), every candidate's
-  std::string attention = "eager";  // extra: "eager" or "flash" (--attention), every candidate's
+  std::string attention = "eager";  // extra: --attention: "sdpa" (each candidate's own), "eager" or "flash"
   // A model planned from --trace: its transformer block's class (the
   // module type the trace marks as a block), what export-config's wrap=block
   // names as transformer_layer_cls; "" for a built-in (models/ knows it).

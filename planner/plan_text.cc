@@ -118,6 +118,27 @@ std::string strategy_family(const Candidate& c) {
   return f;
 }
 
+// The header's attention: nothing for eager, and for sdpa (on a CPU profile
+// eager everywhere: nothing) the kernel each precision's candidates run.
+static std::string attention_text(const Plan& plan) {
+  if (plan.model.attention == "eager") return "";
+  if (plan.model.attention != "sdpa") return ", attention " + plan.model.attention;
+  std::map<std::string, std::vector<std::string>> precisions_of;  // kernel -> precisions
+  for (const PlanCandidate& c : plan.candidates) {
+    std::vector<std::string>& p = precisions_of[c.attention.empty() ? "eager" : c.attention];
+    const std::string name = precision_name(c.candidate.precision);
+    if (std::find(p.begin(), p.end(), name) == p.end()) p.push_back(name);
+  }
+  if (precisions_of.empty() || (precisions_of.size() == 1 && precisions_of.count("eager"))) return "";
+  std::string out = ", attention sdpa:";
+  for (const auto& [kernel, precisions] : precisions_of) {
+    out += (out.back() == ':' ? " " : ", ") + kernel + " (";
+    for (size_t i = 0; i < precisions.size(); ++i) out += (i ? ", " : "") + precisions[i];
+    out += ")";
+  }
+  return out;
+}
+
 std::string plan_setup_line(const Plan& plan) {
   std::ostringstream out;
   const PlanHardware& hw = plan.hardware;
@@ -129,7 +150,7 @@ std::string plan_setup_line(const Plan& plan) {
                                                           : " (DDP defaults)")
         << (plan.pytorch_job && plan.pytorch_job->fsdp_version == 2 ? " (FSDP2 fully_shard)" : "") << ": ";
   out << plan.model.name << ", seq len " << plan.model.seq_len << ", loss " << plan.model.loss
-      << (plan.model.attention == "eager" ? "" : ", attention " + plan.model.attention)
+      << attention_text(plan)
       << (plan.schedule.prefetch == 1 ? "" : ", prefetch " + std::to_string(plan.schedule.prefetch))
       << (plan.schedule.async_reduce ? ", async reduce" : "") << (plan.schedule.async_gather ? ", async gather" : "")
       << ", " << hw.world_size() << " GPU" << (hw.world_size() == 1 ? "" : "s") << " x " << hw.profile;

@@ -1,7 +1,9 @@
 // `--attention flash` (models/attention.h): the allocations the planner's
 // trace makes for PyTorch's flash kernel, each checked against the sizes
 // flash_api.cpp's mha_fwd / mha_bwd allocate; the split-KV heuristic; what
-// flash buys a plan; and the settings it is refused for.
+// flash buys a plan; and the settings it is refused for. `--attention sdpa`:
+// the kernel it resolves to per device and precision, and the memory-
+// efficient kernel's allocations (attention.cu, attention_backward.cu).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -92,7 +94,7 @@ TEST(FlashAttention, RefusedWhereTheKernelCannotRun) {
   auto bert = models::resolve_model("bert-tiny");
   EXPECT_THROW(models::set_attention(&bert, "flash"), std::invalid_argument);
   auto llama = models::resolve_model("llama-tiny");
-  EXPECT_THROW(models::set_attention(&llama, "sdpa"), std::invalid_argument);
+  EXPECT_THROW(models::set_attention(&llama, "math"), std::invalid_argument);
   models::set_attention(&llama, "flash");
   EXPECT_STREQ(models::attention_name(llama), "flash");
   // fp32 runs another kernel: refused rather than planned as flash.
@@ -128,6 +130,80 @@ TEST(FlashAttention, FitsALargerBatchThanEagerAtLongSequences) {
   // most 989 TFLOP/s is at least 30 ms (batch 1's trace records no FLOPs of
   // its own; they come from batches 2 and 3).
   EXPECT_GT(eager.candidates[0].predicted.compute_s, 0.03);
+}
+
+TEST(SdpaAttention, ResolvesToTheKernelPytorchPicks) {
+  auto llama = models::resolve_model("llama-tiny");
+  models::set_attention(&llama, "sdpa");
+  EXPECT_STREQ(models::attention_name(llama), "sdpa");
+  auto name = [](const models::ModelConfig& c, bool cuda, double cc, bool half) {
+    return std::string(models::attention_name(models::resolve_sdpa(c, cuda, cc, half)));
+  };
+  EXPECT_EQ(name(llama, true, 9.0, true), "flash");
+  EXPECT_EQ(name(llama, true, 8.0, false), "efficient");  // fp32: the flash kernel takes fp16/bf16 only
+  EXPECT_EQ(name(llama, true, 7.0, true), "efficient");   // below Ampere: no flash kernel
+  EXPECT_EQ(name(llama, false, 0, false), "eager");       // a CPU: what shardfit's CPU engine runs
+  auto bert = models::resolve_model("bert-tiny");
+  models::set_attention(&bert, "sdpa");  // its padding mask: eager everywhere
+  EXPECT_EQ(name(bert, true, 9.0, true), "eager");
+  auto eager = models::resolve_model("llama-tiny");
+  EXPECT_EQ(name(eager, true, 9.0, true), "eager");  // not sdpa: unchanged
+}
+
+TEST(SdpaAttention, EfficientKernelTraceAllocatesWhatTheKernelAllocates) {
+  planner::TraceOptions o;
+  o.batch = 2;
+  o.seq_len = 40;  // not a multiple of 32: the log-sum-exp is padded
+  o.dtype = planner::DType::kF32;
+  o.target_cuda = true;
+  for (const char* name : {"llama-tiny", "gpt2-tiny"}) {
+    SCOPED_TRACE(name);
+    auto cfg = models::resolve_model(name);
+    models::set_attention(&cfg, "sdpa");
+    cfg = models::resolve_sdpa(cfg, true, 8.0, false);
+    ASSERT_TRUE(cfg.efficient_attention);
+    const auto t = planner::trace_step(cfg, o);
+    const bool llama = cfg.family == models::Family::kLlama;
+    const int attn = module_index(t, llama ? "model.layers.0.self_attn" : "transformer.h.0.attn");
+    ASSERT_GE(attn, 0);
+    const int64_t b = o.batch, s = o.seq_len, h = cfg.heads;
+    const int64_t d = llama ? cfg.head_dim_or_default() : cfg.hidden / cfg.heads;
+    const int64_t qkv = b * s * h * d * 4;  // fp32
+    auto allocs = flash_allocs(t, attn);
+    // _efficient_attention_forward: res, logsumexp [b, h, ceil(s / 32) * 32] fp32 (seed, offset: CPU scalars).
+    EXPECT_TRUE(has_run(allocs[planner::Phase::kForward], {qkv, b * h * round_up(s, 32) * 4}))
+        << testing::PrintToString(allocs[planner::Phase::kForward]);
+    // _efficient_attention_backward: grad_q, grad_k, grad_v, then the fp32 kernel's delta:
+    // grad_out * out, its sum over d, the [b, h, s] copy (every op's allocations, not only empty's).
+    std::vector<int64_t> bwd_all;
+    std::string ops;
+    for (const auto& e : t.events)
+      if (e.kind == planner::MemEvent::kAlloc && e.module == attn && e.phase == planner::Phase::kBackward) {
+        bwd_all.push_back(e.bytes);
+        ops += (e.op >= 0 ? t.op_names[e.op] : std::string("?")) + ":" + std::to_string(e.bytes) + " ";
+      }
+    const std::vector<int64_t> bwd = {qkv, qkv, qkv, qkv, b * s * h * 4, b * h * s * 4};
+    EXPECT_TRUE(has_run(bwd_all, bwd)) << ops;
+  }
+}
+
+TEST(SdpaAttention, PlanRecordsEachCandidatesKernel) {
+  auto kernels = [](const std::string& device) {
+    planner::PlanRequest r = request("llama-tiny", "sdpa", device, 64);
+    r.gpus_per_node = 2;
+    r.candidates.strategies = {"ddp"};
+    r.candidates.precisions = {"all"};
+    const planner::Plan plan = planner::build_plan(r);
+    EXPECT_EQ(plan.model.attention, "sdpa");
+    std::map<std::string, std::string> out;
+    for (const auto& c : plan.candidates) out[planner::precision_name(c.candidate.precision)] = c.attention;
+    return out;
+  };
+  const auto a100 = kernels("a100-80gb");
+  EXPECT_EQ(a100.at("fp32"), "efficient");
+  EXPECT_EQ(a100.at("bf16"), "flash");
+  EXPECT_EQ(kernels("v100-32gb").at("fp16"), "efficient");
+  EXPECT_EQ(kernels("cpu").at("fp32"), "eager");
 }
 
 TEST(FlashAttention, PlanRefusesDevicesWithoutTheKernel) {

@@ -136,17 +136,56 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertIn("experts by grouped_mm are traced for --target cpu only", out.stderr.strip().splitlines()[-1])
 
-    def test_plan_model_names_the_trace_route_and_finds_hub_ids_in_the_local_cache(self):
-        # A model_type with no built-in: one line, exit 2, the command that plans it.
-        config = os.path.join(self.tmp.name, "gemma2.json")
+    def test_plan_model_traces_a_model_type_with_no_builtin_and_finds_hub_ids_in_the_local_cache(self):
+        # A model_type with no built-in: plan traces it through transformers' own class (the recorder, run by the
+        # build's Python) and plans that trace exactly as plan --trace plans the same trace recorded by hand.
+        config = os.path.join(self.tmp.name, "phi3.json")
         with open(config, "w") as f:
-            json.dump(HF_CONFIGS["Gemma2ForCausalLM"], f)
-        out = self.plan("--model", config, "--device", "cpu")
-        self.assertEqual(out.returncode, 2, out.stderr)
-        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
-        self.assertIn("model_type 'gemma2' has no built-in", out.stderr)
-        self.assertIn("pytorch/trace_recorder.py --model hf: --config %s" % config, out.stderr)
-        self.assertIn("plan --trace model.trace.json", out.stderr)
+            json.dump(HF_CONFIGS["Phi3ForCausalLM"], f)
+        path = os.path.join(self.tmp.name, "phi3.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              "--out", path], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        shape = ("--device", "cpu", "--gpus", "2", "--gpu-mem", "64MiB", "--seq-len", "64", "--json")
+        by_hand = self.plan("--trace", path, *shape)
+        self.assertEqual(by_hand.returncode, 0, by_hand.stderr)
+        traced = self.plan("--model", config, *shape)
+        self.assertEqual(traced.returncode, 0, traced.stderr)
+        self.assertEqual(json.loads(traced.stdout), json.loads(by_hand.stdout))
+        self.assertEqual(json.loads(traced.stdout)["model"]["name"], "Phi3ForCausalLM")
+        said = [line for line in traced.stderr.splitlines() if "transformers' own class" in line]
+        self.assertEqual(len(said), 1, traced.stderr)
+        self.assertIn("model_type 'phi3' has no built-in", said[0])
+        # No Python to trace with, a model_type transformers does not know, an architecture it has no class for:
+        # one line naming the route and why, exit 2.
+        def refused_route(config_path, why, env=None):
+            out = self.plan("--model", config_path, "--device", "cpu", env=env)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            lines = out.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, out.stderr)
+            self.assertIn("has no built-in and tracing it through transformers' own class failed", lines[0])
+            self.assertIn(why, lines[0])
+            self.assertIn("pytorch/trace_recorder.py --model hf: --config %s" % config_path, lines[0])
+            self.assertIn("then plan --trace model.trace.json", lines[0])
+        missing = os.path.join(self.tmp.name, "no-such-python")
+        refused_route(config, "SHARDFIT_PYTHON=%s is not an executable file" % missing, {"SHARDFIT_PYTHON": missing})
+        unknown = os.path.join(self.tmp.name, "acme.json")
+        with open(unknown, "w") as f:
+            json.dump(dict(HF_CONFIGS["Phi3ForCausalLM"], model_type="acme-lm"), f)
+        refused_route(unknown, "transformers cannot build its config")
+        no_class = os.path.join(self.tmp.name, "no-class.json")
+        with open(no_class, "w") as f:
+            json.dump(dict(HF_CONFIGS["Phi3ForCausalLM"], architectures=["Phi3ForNothing"]), f)
+        refused_route(no_class, "has no such class")
+        # A Hub id whose model_type has no built-in: found in the cache, then traced.
+        hub = os.path.join(self.tmp.name, "hf-home", "hub")
+        snapshot = os.path.join(hub, "models--acme--tiny-phi3", "snapshots", "89abcde")
+        os.makedirs(snapshot)
+        with open(os.path.join(snapshot, "config.json"), "w") as f:
+            json.dump(HF_CONFIGS["Phi3ForCausalLM"], f)
+        out = self.plan("--model", "acme/tiny-phi3", *shape, env={"HF_HUB_CACHE": hub})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(json.loads(out.stdout), json.loads(by_hand.stdout))
         # A Hub id, offline, in a cache laid out as huggingface_hub lays it out.
         hub = os.path.join(self.tmp.name, "hf-home", "hub")
         repo = os.path.join(hub, "models--acme--tiny-llama")

@@ -1,0 +1,47 @@
+// `plan --model CONFIG` for a config.json whose model_type has no built-in
+// C++ model (gemma2, phi3, mixtral, ...): the config is traced through
+// transformers' own class by pytorch/trace_recorder.py --model hf:, run by
+// the project's Python, into a temporary file, and planned from that trace
+// as `plan --trace` plans it.
+//
+// The Python: $SHARDFIT_PYTHON when set; else the one this build's tests
+// run (CMake's SHARDFIT_PYTHON, whose torch is the LibTorch shardfit
+// links), else a .venv beside the binary's tree, else python3. The
+// recorder: pytorch/trace_recorder.py beside the binary's tree, as the
+// profiles are found; it loads libshardfit_torch.so from
+// $SHARDFIT_TORCH_LIB, else the one built beside this binary.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "models/model_config.h"
+#include "planner/trace_file.h"
+
+namespace shardfit::cli {
+
+// What the recorder is asked besides the config and the sequence length.
+struct HfTraceOptions {
+  bool cuda = false;        // --target cuda (a CUDA profile's kernels), else cpu
+  std::string param_dtype;  // --param-dtype bf16|fp16 (FSDP MixedPrecision candidates), or ""
+};
+
+class HfTraceRoute {
+ public:
+  HfTraceRoute(const models::NoBuiltinModel& no_builtin, HfTraceOptions options);
+
+  // The config traced at `seq_len` (once per length), or BadInput with one
+  // line naming the route and why it could not be taken (no Python with
+  // torch and transformers, an architecture transformers does not know, the
+  // recorder refusing the config).
+  std::shared_ptr<planner::TraceFile> trace(int64_t seq_len);
+
+ private:
+  std::string config_path_, model_type_;
+  HfTraceOptions options_;
+  std::map<int64_t, std::shared_ptr<planner::TraceFile>> traced_;
+};
+
+}  // namespace shardfit::cli
