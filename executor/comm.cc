@@ -54,6 +54,14 @@ Backend parse_backend(const std::string& name) {
   throw std::invalid_argument("--backend " + name + ": unknown backend (choose gloo, nccl or loopback)");
 }
 
+void check_backend_device(Backend b, bool cuda) {
+  if (b == Backend::kNccl && !cuda)
+    throw std::invalid_argument("--backend nccl: reduces CUDA tensors; add --device cuda, or use gloo on the CPU");
+  if (b == Backend::kGloo && cuda)
+    throw std::invalid_argument(
+        "--backend gloo: reduces CPU tensors only; with --device cuda use nccl (the default) or loopback");
+}
+
 void keep_rank_slice(const at::Tensor& flat, const at::Tensor& out, int rank) {
   const int64_t n = out.numel();
   at::Tensor slice = flat.view({-1}).narrow(0, rank * n, n);

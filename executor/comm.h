@@ -42,6 +42,10 @@ const char* backend_name(Backend b);
 // "gloo" | "loopback" | "nccl"; anything else throws std::invalid_argument
 // naming the value and the choices.
 Backend parse_backend(const std::string& name);
+// Which tensors a backend reduces: NCCL's CUDA ones, Gloo's CPU ones (the
+// loopback, none). Throws std::invalid_argument, one line naming the
+// backend and what to use, when `cuda` (the ranks' device) does not match.
+void check_backend_device(Backend b, bool cuda);
 
 enum class ReduceOp {
   kSum,

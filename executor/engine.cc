@@ -110,8 +110,8 @@ Engine::Engine(const EngineOptions& o, Communicator& world)
       world_(&world),
       device_(o.device.is_cuda() && !o.device.has_index() ? c10::Device(c10::DeviceType::CUDA, 0) : o.device) {
   check_engine_options(o, world.world_size());
-  if (device_.is_cuda() && world.backend() == Backend::kGloo && world.world_size() > 1)
-    throw std::invalid_argument("--backend gloo: reduces CPU tensors only; use nccl (or loopback) with --device cuda");
+  // A world of one reduces nothing: any backend serves it.
+  if (world.world_size() > 1) check_backend_device(world.backend(), device_.is_cuda());
   meter_ = make_device_meter(device_);
   bridged_world_ = with_bf16_over_gloo(world);
   world_ = bridged_world_.get();

@@ -375,10 +375,11 @@ int run_job(const RunRequest& a, const RunPrinter& print) {
                    "it was built); use gloo on the CPU, or loopback");
   if (backend == executor::Backend::kNccl && !executor::engine_supports_cuda())
     throw BadInput("--backend nccl: reduces CUDA tensors, and this build has no CUDA (LibTorch for CPU); use gloo");
-  if (backend == executor::Backend::kNccl && !cuda)
-    throw BadInput("--backend nccl: reduces CUDA tensors; add --device cuda, or use gloo on the CPU");
-  if (backend == executor::Backend::kGloo && cuda)
-    throw BadInput("--backend gloo: reduces CPU tensors only; with --device cuda use nccl (the default) or loopback");
+  try {
+    executor::check_backend_device(backend, cuda);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   if (cuda && a.reference_trainer)
     throw BadInput("--reference-trainer: the single-rank reference runs on the CPU only; drop --device cuda");
   Job job = resolve_job(a);

@@ -102,7 +102,7 @@ Job resolve_job(const RunRequest& a) {
   // engine runs eager); then whether this build has it.
   if (job.model.sdpa_attention) {
     const bool cuda = job.device == "cuda";
-    const double cc = cuda ? planner::load_profile(job.profile, profiles_dir()).compute_capability : 0;
+    const double cc = cuda ? planner::load_profile(job.profile, a.profiles_dir).compute_capability : 0;
     job.model = models::resolve_sdpa(job.model, cuda, cc, job.candidate.precision != planner::Precision::kFp32);
     job.attention = models::attention_name(job.model);
   }
