@@ -66,6 +66,11 @@ std::string cpu_precision_problem(c10::ScalarType dtype) {
 
 }  // namespace
 
+void check_save_on_signal(bool save_on_signal, bool has_save_dir) {
+  if (save_on_signal && !has_save_dir)
+    throw std::invalid_argument("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
+}
+
 void check_engine_options(const EngineOptions& o, int world_size) {
   const auto& m = o.model;
   if (o.batch < 1) throw std::invalid_argument("--batch " + std::to_string(o.batch) + ": must be at least 1");
@@ -73,8 +78,7 @@ void check_engine_options(const EngineOptions& o, int world_size) {
   spec::check_grad_accum(o.grad_accum);
   spec::check_schedule_options(o.schedule);
   models::check_seq_len(m, o.seq_len);
-  if (o.stop_requested && o.checkpoint.save_dir.empty())
-    throw std::invalid_argument("--save-on-signal: needs --save DIR (where the step it stops at is saved)");
+  check_save_on_signal(static_cast<bool>(o.stop_requested), !o.checkpoint.save_dir.empty());
   const spec::Candidate& c = o.candidate;
   const std::string problem =
       spec::strategy_problem(c, world_size, spec::shard_group_for(c.sharding, world_size, o.shard_group_size));

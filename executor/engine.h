@@ -163,6 +163,10 @@ EngineResult train_data_parallel(const EngineOptions& options, Communicator& wor
 // without a communicator: a launcher calls it before starting any rank, so
 // bad options fail once, in one line.
 void check_engine_options(const EngineOptions& options, int world_size);
+// --save-on-signal needs --save DIR (the step it stops at is saved there):
+// the rule check_engine_options applies, for a launcher to apply first,
+// before the checkpoint options' own checks. Throws std::invalid_argument.
+void check_save_on_signal(bool save_on_signal, bool has_save_dir);
 
 // True when this build trains on CUDA (LibTorch with CUDA). The CUDA path
 // has run on one card (an H200 with LibTorch 2.11, 2026-11-30:

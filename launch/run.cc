@@ -267,6 +267,11 @@ int run_rank(const RunRequest& a, const Job& job, executor::Communicator& comm, 
 // Returns, under --resume-anyway, the options that differ from the checkpoint's job.
 std::vector<std::string> check_checkpoint_args(const RunRequest& a, const Job& job, int world, int gpus_per_node,
                                                executor::Backend backend) {
+  try {
+    executor::check_save_on_signal(a.save_on_signal, !a.save.empty());
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   const bool any = !a.save.empty() || !a.resume.empty() || !a.export_path.empty();
   if (a.resume_anyway && a.resume.empty()) throw BadInput("--resume-anyway: needs --resume DIR");
   if (!any) {
