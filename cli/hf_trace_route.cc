@@ -1,20 +1,15 @@
 #include "cli/hf_trace_route.h"
 
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <csignal>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <spdlog/spdlog.h>
 #include <vector>
 
 #include "cli/commands.h"
+#include "launch/child_process.h"
 
 namespace shardfit::cli {
 namespace {
@@ -83,33 +78,6 @@ std::string last_line(const std::string& log) {
   return last;
 }
 
-// Runs `argv` (argv[0] looked up on PATH when it has no slash), its stdout
-// and stderr into `log`; returns its exit status (127: it could not start).
-// The child dies with this process.
-int run_logged(const std::vector<std::string>& argv, const std::string& log, const std::string& torch_lib) {
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) throw RouteFailure(std::string("fork failed: ") + std::strerror(errno));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(125);
-    if (FILE* f = std::fopen(log.c_str(), "w")) {
-      dup2(fileno(f), 1);
-      dup2(fileno(f), 2);
-    }
-    if (!torch_lib.empty()) setenv("SHARDFIT_TORCH_LIB", torch_lib.c_str(), 0);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw RouteFailure(std::string("waitpid failed: ") + std::strerror(errno));
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 // Why the recorder's run failed, from its status and last line.
 std::string failure_reason(int status, const std::string& python, const std::string& last) {
   if (status == 127 && last.empty()) return "cannot run " + python;
@@ -156,8 +124,10 @@ std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len) {
     std::string shown;  // the command as a user would type it, less the temporary --out
     for (const std::string& word : argv) shown += (shown.empty() ? "" : " ") + word;
     argv.insert(argv.end(), {"--out", out});
-    const int status =
-        run_logged(argv, log, beside_binary({"../pytorch/libshardfit_torch.so", "../lib/libshardfit_torch.so"}));
+    const std::string torch_lib = beside_binary({"../pytorch/libshardfit_torch.so", "../lib/libshardfit_torch.so"});
+    std::vector<std::pair<std::string, std::string>> env;
+    if (!torch_lib.empty()) env.emplace_back("SHARDFIT_TORCH_LIB", torch_lib);
+    const int status = launch::run_child(argv, log, env).status;
     if (status != 0) throw RouteFailure(failure_reason(status, python, last_line(log)));
     try {
       auto file = std::make_shared<planner::TraceFile>(planner::read_trace_file(out));

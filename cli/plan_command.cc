@@ -77,7 +77,11 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
     throw BadInput("--single-gpu-unwrapped: how a PyTorch job runs on one GPU; give --stack pytorch");
   r.single_gpu_unwrapped = a.single_gpu_unwrapped;
   // DDP's buckets, PyTorch's or the engine's (spec/grad_buckets.h).
-  r.schedule.ddp_bucket_cap_bytes = bucket_cap_bytes(a.ddp_bucket_cap_mb);
+  try {
+    r.schedule.ddp_bucket_cap_bytes = spec::bucket_cap_bytes(a.ddp_bucket_cap_mb);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   // --torch: which PyTorch runs the job, and so what the loop's calls do
   // when the script passes nothing (planner::torch_defaults).
   planner::TorchDefaults defaults;
@@ -380,8 +384,8 @@ Command add_plan_command(CLI::App& app) {
                   "ddp/zero1: DDP(bucket_cap_mb=...), the size gradient buckets close at (the first at 1 MiB); "
                   "--stack pytorch: the buckets DDP rebuilds after its first iteration; shardfit's engine: its "
                   "all-reduces (run it with the same option, or run --plan)")
-      ->capture_default_str()
-      ->check(BucketCapMb);
+      ->type_name("MB")
+      ->capture_default_str();
   sub->add_flag("--ddp-static-graph", a->ddp_static_graph,
                 "--stack pytorch: DDP(static_graph=True) (PyTorch's default is False)");
   sub->add_flag("--single-gpu-unwrapped", a->single_gpu_unwrapped,

@@ -128,8 +128,8 @@ Command add_run_command(CLI::App& app) {
                                      "ddp/zero1: DDP(bucket_cap_mb=...), the size gradient buckets close at, each "
                                      "all-reduced once autograd has its last gradient (the first at 1 MiB; "
                                      "default 25, or the plan's)")
-                         ->capture_default_str()
-                         ->check(BucketCapMb);
+                         ->type_name("MB")
+      ->capture_default_str();
   sub->add_flag("--async-gather", a->async_gather,
                 "Run prefetched all-gathers beside compute (default off, or the plan's), waited for where the "
                 "unit runs");

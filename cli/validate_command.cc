@@ -4,14 +4,9 @@
 // out of memory), record the measured max batch and the peak error per
 // rank, and write each candidate's report with both. Exit 1 on any
 // mismatch.
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "launch/child_process.h"
 #include "launch/output_file.h"
 #include "cli/validators.h"
 #include "executor/signals.h"
@@ -31,50 +27,6 @@
 
 namespace shardfit::cli {
 namespace {
-
-// Runs `argv` and returns its exit status (stdout/stderr go to `log`). The
-// child dies with this process (PR_SET_PDEATHSIG: SIGTERM, so a `run`
-// launcher stops its ranks); a SIGTERM/SIGINT to this process is passed on,
-// the child gets 5 s to stop its ranks before SIGKILL, then Interrupted.
-int run_child(const std::vector<std::string>& argv, const std::string& log) {
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) throw EnvironmentFailure("fork failed");
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(125);
-    FILE* f = std::fopen(log.c_str(), "w");
-    if (f) {
-      dup2(fileno(f), 1);
-      dup2(fileno(f), 2);
-    }
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw EnvironmentFailure(std::string("waitpid failed: ") + std::strerror(errno));
-    if (const int sig = executor::stop_signal_received()) {
-      kill(pid, SIGTERM);
-      bool gone = false;
-      for (int i = 0; i < 100 && !gone; ++i) {  // 5 s
-        gone = waitpid(pid, &status, WNOHANG) == pid;
-        if (!gone) usleep(50 * 1000);
-      }
-      if (!gone) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-      }
-      throw Interrupted("interrupted by " + executor::signal_name(sig) + ": stopped the run in progress (" + log +
-                            "); reports of finished candidates are kept",
-                        sig);
-    }
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 struct Args {
   std::string plan;
@@ -156,7 +108,13 @@ Command add_validate_command(CLI::App& app) {
                 } else {
                   argv.insert(argv.end(), {"--backend", "loopback", "--world-size", std::to_string(world)});
                 }
-                const int rc = run_child(argv, out + ".log");
+                const launch::ChildExit child = launch::run_child(argv, out + ".log");
+                if (child.stop_signal)
+                  throw Interrupted("interrupted by " + executor::signal_name(child.stop_signal) +
+                                        ": stopped the run in progress (" + out +
+                                        ".log); reports of finished candidates are kept",
+                                    child.stop_signal);
+                const int rc = child.status;
                 if (rc != 0) throw EnvironmentFailure(c->id() + " batch " + std::to_string(batch) + ": run exited " +
                                                       std::to_string(rc) + " (log: " + out + ".log)");
                 return reports::read_report_file(out);

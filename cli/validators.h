@@ -52,22 +52,6 @@ inline const CLI::Validator Positive(
     },
     "X>0");
 
-// --ddp-bucket-cap-mb (plan and run): DDP's bucket_cap_mb, converted as
-// DistributedDataParallel converts it, int(bucket_cap_mb * 1024 * 1024)
-// (distributed.py), at least one byte and at most 1e6 MB.
-using spec::bucket_cap_bytes;
-inline const CLI::Validator BucketCapMb(
-    [](std::string& text) -> std::string {
-      try {
-        size_t used = 0;
-        const double v = std::stod(text, &used);
-        if (used == text.size() && std::isfinite(v) && v <= 1e6 && bucket_cap_bytes(v) >= 1) return {};
-      } catch (const std::exception&) {
-      }
-      return "'" + text + "' must be a size in MB above 0 (at least one byte) and at most 1e6";
-    },
-    "MB");
-
 // A whole number in [lo, hi] (every numeric option bounded, so
 // that no size overflows downstream into an internal error).
 inline CLI::Validator IntRange(long long lo, long long hi) {

@@ -83,17 +83,7 @@ void check_engine_options(const EngineOptions& o, int world_size) {
   const std::string problem =
       spec::strategy_problem(c, world_size, spec::shard_group_for(c.sharding, world_size, o.shard_group_size));
   if (!problem.empty()) throw std::invalid_argument("--strategy " + c.to_id() + ": " + problem);
-  if (!o.device.is_cpu() && !o.device.is_cuda())
-    throw std::invalid_argument("--device " + o.device.str() + ": expected cpu or cuda");
-  if (o.device.is_cuda()) {
-    if (!engine_supports_cuda())
-      throw std::invalid_argument("--device cuda: this build has no CUDA (LibTorch for CPU); use --device cpu");
-    const int index = o.device.has_index() ? o.device.index() : 0;
-    const auto visible = static_cast<int>(torch::cuda::device_count());
-    if (index >= visible)
-      throw std::invalid_argument("--device " + o.device.str() + ": " + std::to_string(visible) +
-                                  " CUDA device(s) visible (one GPU per rank: cuda:LOCAL_RANK)");
-  }
+  check_device(o.device);
   // CUDA computes every precision the candidates name (bf16: Ampere and later).
   const std::string cpu_problem =
       o.device.is_cpu() ? cpu_precision_problem(scalar_type(spec::compute_dtype(c.precision))) : "";

@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <stdexcept>
+#include <string>
+#include <torch/cuda.h>
 
 #ifdef SHARDFIT_CUDA_TORCH
 #include "executor/cuda_meter.h"
@@ -53,15 +55,37 @@ class CpuDeviceMeter final : public DeviceMeter {
 
 }  // namespace
 
+namespace {
+// The first two rules, on a device kind.
+void check_device_kind(const std::string& text, bool cpu, bool cuda) {
+  if (!cpu && !cuda) throw std::invalid_argument("--device " + text + ": expected cpu or cuda");
+  if (cuda && !cuda_meter_built())
+    throw std::invalid_argument("--device " + text + ": this build has no CUDA (LibTorch for CPU); use --device cpu");
+}
+}  // namespace
+
+c10::Device parse_device(const std::string& text) {
+  check_device_kind(text, text == "cpu", text == "cuda");
+  return c10::Device(text);
+}
+
+void check_device(const c10::Device& device) {
+  check_device_kind(device.str(), device.is_cpu(), device.is_cuda());
+  if (device.is_cpu()) return;
+  const int index = device.has_index() ? device.index() : 0;
+  const auto visible = static_cast<int>(torch::cuda::device_count());
+  if (index >= visible)
+    throw std::invalid_argument("--device " + device.str() + ": " + std::to_string(visible) +
+                                " CUDA device(s) visible (one GPU per rank: cuda:LOCAL_RANK)");
+}
+
 std::unique_ptr<DeviceMeter> make_device_meter(c10::Device device) {
+  check_device(device);
   if (device.is_cpu()) return std::make_unique<CpuDeviceMeter>();
-  if (!device.is_cuda())
-    throw std::invalid_argument("--device " + device.str() + ": shardfit runs on cpu or cuda");
 #ifdef SHARDFIT_CUDA_TORCH
   return std::make_unique<CudaMeter>(device.has_index() ? device.index() : 0);
 #else
-  throw std::invalid_argument("--device " + device.str() +
-                              ": this build has no CUDA (LibTorch for CPU); use --device cpu");
+  throw std::logic_error("make_device_meter: check_device let a CUDA device through a CPU build");
 #endif
 }
 

@@ -67,11 +67,20 @@ class DeviceMeter {
   virtual std::vector<TimelinePoint> timeline() const = 0;
 };
 
+// --device's rules, each with its one message, for run before any rank
+// starts and for the engine and the meter where a caller reaches them
+// directly: cpu or cuda; cuda only in a build against a CUDA LibTorch; and,
+// for a rank's own device, an index among the cards it sees. Each throws
+// std::invalid_argument.
+//   parse_device: run's --device, "cpu" or "cuda" (each rank then takes
+//     cuda:LOCAL_RANK), by the first two rules.
+//   check_device: a rank's device, by all three.
+c10::Device parse_device(const std::string& text);
+void check_device(const c10::Device& device);
+
 // The meter for `device`: the CPU's (TrackingAllocator::cpu(), installed on
 // first use) or, in a build with a CUDA LibTorch, a CudaMeter on that GPU.
-// Throws std::invalid_argument for a device this build cannot meter (cuda
-// without a CUDA LibTorch; anything but cpu and cuda) and
-// std::runtime_error when the GPU is not visible.
+// Checks the device first (check_device).
 std::unique_ptr<DeviceMeter> make_device_meter(c10::Device device);
 
 // True when this build can run and meter CUDA devices (LibTorch with CUDA:

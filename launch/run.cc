@@ -369,10 +369,12 @@ int launch(const RunRequest& a, const Job& job, int nproc, int gpus_per_node) {
 }
 
 int run_job(const RunRequest& a, const RunPrinter& print) {
-  if (a.device != "cpu" && a.device != "cuda") throw BadInput("--device " + a.device + ": expected cpu or cuda");
-  const bool cuda = a.device == "cuda";
-  if (cuda && !executor::engine_supports_cuda())
-    throw BadInput("--device cuda: this build has no CUDA (LibTorch for CPU); use --device cpu");
+  bool cuda = false;
+  try {
+    cuda = executor::parse_device(a.device).is_cuda();
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   // The default backend follows the device: nccl for CUDA ranks, gloo for CPU ones.
   const executor::Backend backend = executor::parse_backend(!a.backend.empty() ? a.backend : cuda ? "nccl" : "gloo");
   if (backend == executor::Backend::kNccl && !executor::engine_supports_nccl())

@@ -42,8 +42,7 @@ Job resolve_job(const RunRequest& a) {
     // The plan's max batch is per micro-batch of its accumulation.
     job.grad_accum = a.grad_accum_given ? a.grad_accum : plan.grad_accum;
     job.schedule.prefetch = a.prefetch_given ? a.prefetch : plan.schedule.prefetch;
-    job.schedule.ddp_bucket_cap_bytes =
-        a.ddp_bucket_cap_given ? spec::bucket_cap_bytes(a.ddp_bucket_cap_mb) : plan.schedule.ddp_bucket_cap_bytes;
+    job.schedule.ddp_bucket_cap_bytes = plan.schedule.ddp_bucket_cap_bytes;
     job.schedule.async_reduce = a.async_reduce || plan.schedule.async_reduce;
     job.schedule.async_gather = a.async_gather || plan.schedule.async_gather;
     if (!a.model.empty() && a.model != plan.model.name)
@@ -63,12 +62,14 @@ Job resolve_job(const RunRequest& a) {
     if (model_name.empty()) throw BadInput("--model is required (or --plan FILE)");
     job.batch = a.batch;
     job.grad_accum = a.grad_accum;
-    job.schedule = {a.prefetch, a.async_reduce, a.async_gather, spec::bucket_cap_bytes(a.ddp_bucket_cap_mb)};
+    job.schedule = {a.prefetch, a.async_reduce, a.async_gather};
   }
   // The job's rules (one each, with one message), before any rank starts:
   // the plan's values meet them as the options' do.
   try {
     spec::check_steps(a.steps);
+    if (a.plan.empty() || a.ddp_bucket_cap_given)
+      job.schedule.ddp_bucket_cap_bytes = spec::bucket_cap_bytes(a.ddp_bucket_cap_mb);
     spec::check_grad_accum(job.grad_accum);
     spec::check_schedule_options(job.schedule);
   } catch (const std::invalid_argument& e) {

@@ -1,10 +1,34 @@
 #include "spec/grad_buckets.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
 namespace shardfit::spec {
+namespace {
+constexpr double kBytesPerMb = 1024.0 * 1024.0;
+
+[[noreturn]] void bad_bucket_cap(const std::string& given) {
+  throw std::invalid_argument("--ddp-bucket-cap-mb " + given +
+                              ": must be at least one byte (1/1048576 MB) and at most 1e6 MB");
+}
+}  // namespace
+
+int64_t bucket_cap_bytes(double mb) {
+  if (!std::isfinite(mb) || mb > kMaxDdpBucketCapMb || mb * kBytesPerMb < 1) {
+    char given[32];
+    std::snprintf(given, sizeof given, "%g", mb);
+    bad_bucket_cap(given);
+  }
+  return static_cast<int64_t>(mb * kBytesPerMb);
+}
+
+void check_bucket_cap_bytes(int64_t bytes) {
+  if (bytes < 1 || static_cast<double>(bytes) > kMaxDdpBucketCapMb * kBytesPerMb)
+    bad_bucket_cap("(" + std::to_string(bytes) + " bytes)");
+}
 
 std::vector<std::vector<int>> assign_buckets_by_size(const std::vector<int64_t>& param_bytes, int64_t cap_bytes,
                                                      int64_t first_cap_bytes) {

@@ -33,9 +33,17 @@ namespace shardfit::spec {
 // bytes as it converts it (int(bucket_cap_mb * 1024 * 1024)), and the first
 // bucket's 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES).
 inline constexpr int64_t kDdpBucketCapBytes = 25LL << 20;
+// --ddp-bucket-cap-mb's bounds: at least one byte, at most 1e6 MB (a bucket
+// no model's gradients fill; beyond it the byte count nears int64's range).
+inline constexpr double kMaxDdpBucketCapMb = 1e6;
 // --ddp-bucket-cap-mb in bytes, converted as DistributedDataParallel
-// converts bucket_cap_mb: int(bucket_cap_mb * 1024 * 1024).
-inline int64_t bucket_cap_bytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
+// converts bucket_cap_mb: int(bucket_cap_mb * 1024 * 1024). The option's one
+// rule: throws std::invalid_argument, naming the option and the value, for a
+// bucket under one byte, over kMaxDdpBucketCapMb, or not a number.
+int64_t bucket_cap_bytes(double mb);
+// The same rule for a cap already in bytes (a plan file's
+// ddp_bucket_cap_bytes, a caller of the engine or the planner).
+void check_bucket_cap_bytes(int64_t bytes);
 inline constexpr int64_t kDdpFirstBucketBytes = 1LL << 20;
 
 // The assignment alone: `param_bytes` in registration order; each bucket the

@@ -39,9 +39,7 @@ void check_schedule_options(const ScheduleOptions& options) {
   if (options.prefetch > kMaxPrefetch)
     throw std::invalid_argument("--prefetch " + std::to_string(options.prefetch) + ": at most " +
                                 std::to_string(kMaxPrefetch) + " (units gathered ahead; no model has that many)");
-  if (options.ddp_bucket_cap_bytes < 1)
-    throw std::invalid_argument("--ddp-bucket-cap-mb: " + std::to_string(options.ddp_bucket_cap_bytes) +
-                                " bytes; must be at least 1");
+  check_bucket_cap_bytes(options.ddp_bucket_cap_bytes);
 }
 
 Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options) : traits_(traits), options_(options) {

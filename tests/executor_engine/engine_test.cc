@@ -438,6 +438,18 @@ TEST(EngineCli, GradAccumOutOfRangeIsRefusedByOneRuleEverywhere) {
   }
 }
 
+// --ddp-bucket-cap-mb: one rule (spec::bucket_cap_bytes, and
+// check_bucket_cap_bytes for a cap already in bytes) for plan and run.
+TEST(EngineCli, DdpBucketCapOutOfRangeIsRefusedByOneRuleEverywhere) {
+  for (const auto& [given, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"0", "0"}, {"-1", "-1"}, {"0.0000001", "1e-07"}, {"2000000", "2e+06"}}) {
+    const std::string line =
+        "--ddp-bucket-cap-mb " + shown + ": must be at least one byte (1/1048576 MB) and at most 1e6 MB";
+    expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--ddp-bucket-cap-mb", given}, line);
+    expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2", "--ddp-bucket-cap-mb", given}, line);
+  }
+}
+
 // --steps: one rule (spec::check_steps) for run, validate (which passes it
 // to run) and plan (--stack pytorch's job length).
 TEST(EngineCli, StepsOutOfRangeIsRefusedByOneRuleEverywhere) {

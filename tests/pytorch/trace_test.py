@@ -257,7 +257,7 @@ class TraceTest(TraceCheck, unittest.TestCase):
         for extra, message in ((["--stack", "pytorch", "--fsdp-backward-prefetch", "sideways"],
                                 "--fsdp-backward-prefetch sideways: expected pre"),
                                (["--fsdp-backward-prefetch", "post"], "give --stack pytorch"),
-                               (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "must be a size in MB above 0"),
+                               (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "--ddp-bucket-cap-mb 0: must be at least one byte"),
                                (["--stack", "pytorch", "--prefetch", "3"], "--prefetch 3: FSDP1 prefetches one unit"),
                                (["--single-gpu-unwrapped"], "give --stack pytorch"),
                                (["--stack", "pytorch", "--gpus", "2", "--single-gpu-unwrapped"],

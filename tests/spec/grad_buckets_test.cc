@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <vector>
 
 namespace shardfit::spec {
@@ -27,6 +28,23 @@ TEST(GradBuckets, DefaultsAreDdps) {
   EXPECT_EQ(kDdpFirstBucketBytes, 1024 * 1024);
   // A small model's gradients all fit the first bucket.
   EXPECT_EQ(assign_buckets_by_size({400, 400, 400}).size(), 1u);
+}
+
+// --ddp-bucket-cap-mb in bytes as DDP converts it, int(bucket_cap_mb *
+// 1024 * 1024), and the option's one rule in MB and in bytes alike.
+TEST(GradBuckets, BucketCapConvertsAsDdpAndHasOneRule) {
+  EXPECT_EQ(bucket_cap_bytes(25), kDdpBucketCapBytes);
+  EXPECT_EQ(bucket_cap_bytes(0.5), 512 * 1024);
+  EXPECT_EQ(bucket_cap_bytes(1.0 / (1 << 20)), 1) << "one byte is the smallest bucket";
+  for (const double mb : {0.0, -1.0, 0.5 / (1 << 20), 1e6 + 1}) EXPECT_THROW(bucket_cap_bytes(mb), std::invalid_argument);
+  EXPECT_THROW(check_bucket_cap_bytes(0), std::invalid_argument);
+  EXPECT_NO_THROW(check_bucket_cap_bytes(1));
+  try {
+    check_bucket_cap_bytes(-5);
+    ADD_FAILURE() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "--ddp-bucket-cap-mb (-5 bytes): must be at least one byte (1/1048576 MB) and at most 1e6 MB");
+  }
 }
 
 std::vector<FlatParamLayout> two_units(int world) {
