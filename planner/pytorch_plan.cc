@@ -226,13 +226,14 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
                      ") (trace_recorder.py records them: bf16 for --target cpu, fp16 for --target cuda)"
                : ": its autocast traces are not batch-affine, so it cannot be planned in this version (" +
                      t.amp_not_affine + ")"));
-    // FSDP2 runs on CPU ranks (Gloo) too, fp32: through the exact allocator,
-    // as DDP's CPU jobs are planned.
-    if (fsdp && !cuda && !(want.precision == Precision::kFp32 && !want.offload &&
-                           want.sharding != Sharding::kHybrid))
-      throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP's zero2 and zero3 are simulated in fp32 "
-                                  "only (mixed precision, offload and HSDP through the CUDA caching allocator's "
-                                  "model): plan it with a CUDA --device and a trace recorded with --target cuda");
+    // FSDP runs on CPU ranks (Gloo) too, fp32: through the exact allocator,
+    // as DDP's CPU jobs are planned; FSDP2 with CPUOffloadPolicy
+    // (fsdp2_options: the host is the device) and as HSDP as well.
+    if (fsdp && !cuda && !(want.precision == Precision::kFp32 && (!want.offload || r.fsdp_version == 2)))
+      throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP is simulated in fp32 only, and offload "
+                                  "with FSDP2 only (mixed precision and FSDP1's offload through the CUDA caching "
+                                  "allocator's model): plan it with a CUDA --device and a trace recorded with "
+                                  "--target cuda");
     if (fsdp && want.precision != Precision::kFp32) check_fsdp_mixed(r, t, s, want);
     if (fsdp && want.wrap == "block" &&
         std::none_of(file.modules.begin(), file.modules.end(), [](const ModuleNode& m) { return m.is_block; }))
@@ -413,11 +414,20 @@ PytorchDdpOptions PytorchJobSim::ddp_options(const Candidate& c) const {
 
 PytorchFsdp2Options PytorchJobSim::fsdp2_options(const Candidate& c, const PytorchDdpOptions& o) const {
   PytorchFsdp2Options f;
-  f.reshard_after_forward = c.sharding == Sharding::kZero3;
+  // zero3, and hybrid (HSDP: fully_shard over the 2-D mesh, resharding
+  // after forward as the exported script calls it, launch_python.cc).
+  f.reshard_after_forward = c.sharding != Sharding::kZero2;
   // fully_shard(model, reshard_after_forward=True) on the root too, as
   // the blocks are called (torch 2.11 reshards the root then).
   f.reshard_root_after_forward = f.reshard_after_forward;
-  f.offload_params = c.offload;
+  // CPUOffloadPolicy moves the shards and their gradients to the host. On a
+  // CPU mesh the host is the device: torch 2.11's .cpu() at init,
+  // .to(device) before the all-gather and .to("cpu") after the
+  // reduce-scatter each return the tensor itself (fp32: no cast, so
+  // _get_param_all_gather_inputs' offload branch gathers the shards as
+  // they are), so the job allocates what it does without the policy,
+  // measured so at every timeline point (docs/pytorch-stack.md).
+  f.offload_params = c.offload && cuda_;
   f.wrap_blocks = c.wrap == "block";
   f.mixed_precision = compute_dtype(c.precision);
   f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
