@@ -32,6 +32,9 @@ model is built, as `shardfit run` counts its own ranks.
                    the Python frames that made it, to PREFIX.rankN.json
     --ckpt         every block under torch.utils.checkpoint (non-reentrant)
     --ckpt-reentrant  the same with use_reentrant=True (1.13's default)
+    --hf-gradient-checkpointing  transformers' own model.gradient_checkpointing_enable()
+                   (hf:<Architecture> only): each decoder layer a
+                   GradientCheckpointingLayer under non-reentrant checkpoint
     --bf16         forward under torch.autocast("cpu", torch.bfloat16)
     --grad-accum N N micro-batches per optimizer step, all but the last under
                    DDP.no_sync() (the gradients summed)
@@ -170,6 +173,11 @@ def train(args, rank, meter, torch, models, mesh=None):
     model.train()
     if args.ckpt or args.ckpt_reentrant:
         checkpoint_blocks(torch, model, reentrant=args.ckpt_reentrant)
+    if args.hf_gradient_checkpointing:
+        if not args.model.startswith("hf:"):
+            raise SystemExit("validate.py: --hf-gradient-checkpointing is transformers' own; --model %s is not "
+                             "hf:<Architecture>" % args.model)
+        model.gradient_checkpointing_enable()  # transformers 5.17: {"use_reentrant": False}
     if args.wrap.startswith("fsdp2"):
         ddp = fully_shard_blocks(torch, model, args, mesh)
     elif args.wrap.startswith("fsdp1"):
@@ -299,6 +307,8 @@ def parser():
     p.add_argument("--ckpt", action="store_true")
     p.add_argument("--ckpt-reentrant", action="store_true",
                    help="every block under torch.utils.checkpoint(use_reentrant=True), 1.13's default")
+    p.add_argument("--hf-gradient-checkpointing", action="store_true",
+                   help="transformers' model.gradient_checkpointing_enable() (hf: models): the plan's +ckpt")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--zero-grad", choices=["none", "zero"], default="none",
                    help="opt.zero_grad(set_to_none=True) (none: PyTorch 2.x's default) or set_to_none=False "
