@@ -129,7 +129,7 @@ Command add_run_command(CLI::App& app) {
                                      "all-reduced once autograd has its last gradient (the first at 1 MiB; "
                                      "default 25, or the plan's)")
                          ->type_name("MB")
-      ->capture_default_str();
+                         ->capture_default_str();
   sub->add_flag("--async-gather", a->async_gather,
                 "Run prefetched all-gathers beside compute (default off, or the plan's), waited for where the "
                 "unit runs");

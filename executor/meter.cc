@@ -53,15 +53,13 @@ class CpuDeviceMeter final : public DeviceMeter {
   TrackingAllocator& alloc_;
 };
 
-}  // namespace
-
-namespace {
-// The first two rules, on a device kind.
+// The first two of --device's rules, on a device kind.
 void check_device_kind(const std::string& text, bool cpu, bool cuda) {
   if (!cpu && !cuda) throw std::invalid_argument("--device " + text + ": expected cpu or cuda");
   if (cuda && !cuda_meter_built())
     throw std::invalid_argument("--device " + text + ": this build has no CUDA (LibTorch for CPU); use --device cpu");
 }
+
 }  // namespace
 
 c10::Device parse_device(const std::string& text) {

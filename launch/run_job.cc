@@ -68,6 +68,8 @@ Job resolve_job(const RunRequest& a) {
   // the plan's values meet them as the options' do.
   try {
     spec::check_steps(a.steps);
+    // --ddp-bucket-cap-mb: the option's own rule; a plan's bytes meet
+    // check_schedule_options' below.
     if (a.plan.empty() || a.ddp_bucket_cap_given)
       job.schedule.ddp_bucket_cap_bytes = spec::bucket_cap_bytes(a.ddp_bucket_cap_mb);
     spec::check_grad_accum(job.grad_accum);

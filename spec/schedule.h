@@ -141,9 +141,9 @@ inline constexpr int kMaxPrefetch = 1024;
 // The rules of a job's ScheduleOptions, each with its one message naming
 // the option as the CLI spells it: --prefetch from 1 (0, no prefetch at
 // all, is the schedule's own case for tests, not a job's) to kMaxPrefetch,
-// a DDP bucket from one byte to 1e6 MB (spec::check_bucket_cap_bytes). Throws std::invalid_argument. What checks a job's
-// options: the CLI before any work, build_plan and the engine for callers
-// that reach them directly.
+// a DDP bucket from one byte to 1e6 MB (check_bucket_cap_bytes). Throws
+// std::invalid_argument. What checks a job's options: the CLI before any
+// work, build_plan and the engine for callers that reach them directly.
 void check_schedule_options(const ScheduleOptions& options);
 
 // The schedule of one strategy.
