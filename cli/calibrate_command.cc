@@ -1,409 +1,58 @@
 // `shardfit calibrate --device cpu [--nproc N] --out FILE`: measures what the
-// time model's cpu profile otherwise guesses and writes a
-// profile with those figures, for `plan --device FILE` and `run --profile
-// FILE`:
-//   peak_flops_per_s.{fp32,bf16,fp16}  a square matmul at the size where one
-//       takes >= 20 ms (from 256, doubling, at most 2048), with the intra-op
-//       threads one of N ranks gets (as `run --nproc N` gives each rank);
-//   memory_bytes_per_s (and host memory, host link: the same DRAM)  an
-//       out-of-place add of 64 MiB fp32 tensors (3 × 64 MiB moved);
-//   measured_kernels  what the time model times a step op by op with
-//       (planner/time_model.h): each dtype's matmul rate on a grid of shapes
-//       (m, n, k in 16..1024) and its compute-bound kernels' rates, and one
-//       small kernel's dispatch overhead;
-//   gpu_link.latency_s  a gloo all-reduce of one element, the same way;
-//   gpu_link.bytes_per_s  a gloo all-reduce of 16 MiB fp32 among max(N, 2)
-//       ranks (threads of this process over loopback TCP), counted as the
-//       time model counts a ring all-reduce: 2(n−1)/n × 16 MiB per rank; the
-//       rate is the achieved one, so efficiency.collective becomes 1.
-// Before any of it, glibc's malloc is put in a job's steady state
-// (settle_malloc). Each figure is the median of its repetitions (at least
-// 3, and 0.3 s). The
-// efficiencies of compute and memory stay the base profile's estimates:
-// they stand for what a training step reaches of these rates, which is what
-// the report's step_time_error_pct then shows.
-#include <algorithm>
-#include <chrono>
+// time model's cpu profile otherwise guesses (launch/calibrate.h says what
+// and how) and writes a profile with those figures, for `plan --device FILE`
+// and `run --profile FILE`.
 #include <cstdio>
-#include <ctime>
-#include <functional>
-#include <tuple>
-#include <fstream>
-#include <thread>
-
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include <string>
 
 #include "cli/commands.h"
-#include "launch/output_file.h"
 #include "cli/validators.h"
-#include "executor/comm.h"
-#include "executor/launcher.h"
+#include "launch/calibrate.h"
+#include "launch/output_file.h"
 #include "planner/profile.h"
-#include "planner/time_model.h"
-#include "reports/machine.h"
 
 namespace shardfit::cli {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Median seconds of `op` over at least 3 runs and at least `min_total_s`.
-template <typename Op>
-double median_seconds(Op&& op, double min_total_s = 0.3) {
-  op();  // warm-up: first-touch allocations, thread pool start
-  std::vector<double> t;
-  double total = 0;
-  while (t.size() < 3 || total < min_total_s) {
-    const auto t0 = Clock::now();
-    op();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    t.push_back(s);
-    total += s;
-    if (t.size() >= 50) break;
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// The same over exactly `calls` timed calls (after one warm-up): for a
-// collective, whose ranks must all call it equally often. Stopping on each
-// rank's own clock, as median_seconds does, let one rank leave while the
-// other waited in one more all-reduce ("Connection closed by peer").
-template <typename Op>
-double median_seconds_of(Op&& op, int calls) {
-  op();
-  std::vector<double> t;
-  for (int i = 0; i < calls; ++i) {
-    const auto t0 = Clock::now();
-    op();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-struct Rate {
-  double per_s = 0;
-  std::string detail;
-};
-
-Rate matmul_rate(torch::Dtype dtype) {
-  int64_t n = 256;
-  for (;;) {
-    auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
-    torch::mm(a, b);  // not timed: a library's first call sets up (oneDNN's bf16 took 20 ms at 256)
-    const auto t0 = Clock::now();
-    torch::mm(a, b);
-    const double once = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (once >= 0.02 || n >= 2048) break;
-    n *= 2;
-  }
-  auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype), c = torch::empty({n, n}, dtype);
-  const double s = median_seconds([&] { torch::mm_out(c, a, b); });
-  const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-  char d[96];
-  std::snprintf(d, sizeof d, "%lldx%lld matmul, median %.2f ms", static_cast<long long>(n), static_cast<long long>(n),
-                s * 1e3);
-  return {flops / s, d};
-}
-
-// Seconds of one call of `op`, the median of samples of >= 1 ms each (a
-// small kernel runs many times per sample, so the clock's resolution and
-// its own cost stay out).
-template <typename Op>
-double seconds_per_call(Op&& op) {
-  op();
-  const auto t0 = Clock::now();
-  op();
-  const double once = std::chrono::duration<double>(Clock::now() - t0).count();
-  const int calls = static_cast<int>(std::clamp(1e-3 / std::max(once, 1e-9), 1.0, 100000.0));
-  return median_seconds([&] { for (int i = 0; i < calls; ++i) op(); }, 0.02) / calls;
-}
-
-// The grid of matrix products the time model interpolates in
-// (MeasuredKernels): every (m, n, k) of these sizes, m x k times k x n.
-const std::vector<int64_t> kGemmDims = {16, 64, 256, 1024};
-
-std::vector<double> matmul_grid_rates(torch::Dtype dtype) {
-  std::vector<double> rates;
-  for (int64_t m : kGemmDims)
-    for (int64_t n : kGemmDims)
-      for (int64_t k : kGemmDims) {
-        auto a = torch::randn({m, k}).to(dtype), b = torch::randn({k, n}).to(dtype), c = torch::empty({m, n}, dtype);
-        const double s = seconds_per_call([&] { torch::mm_out(c, a, b); });
-        rates.push_back(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / s);
-      }
-  return rates;
-}
-
-// What the time model charges each op beside its bytes: a chain of small
-// multiplications recorded by autograd, then its backward, divided by the
-// ops the trace recorder counts for it (PhaseWork::ops): per link a mul
-// kernel in forward, and in backward a MulBackward0 node and its mul kernel.
-double op_overhead_seconds() {
-  constexpr int kLinks = 200;
-  auto x = torch::randn({64}, torch::requires_grad());
-  const double s = seconds_per_call([&] {
-    at::Tensor y = x;
-    for (int i = 0; i < kLinks; ++i) y = y * 1.0001;
-    y.backward(torch::ones_like(y));
-  });
-  return s / (3.0 * kLinks);
-}
-
-// The compute-bound kernels a transformer step runs (random numbers,
-// transcendentals, row reductions), each timed on 2^20 elements of `dtype`
-// (a 1024 x 1024 matrix), in bytes moved per second as the trace recorder
-// counts them: its tensor inputs plus its outputs (KernelWork). Per dtype:
-// their cost is per element, so a bf16 kernel moves half the bytes in about
-// the same time. The step's other kernels (adds, copies) run at the memory
-// bandwidth. A kernel LibTorch lacks for `dtype` is left out.
-std::vector<std::pair<std::string, double>> kernel_rates(torch::Dtype dtype) {
-  constexpr int64_t kRows = 1024, kCols = 1024;
-  const double N = static_cast<double>(kRows * kCols), F = N * static_cast<double>(c10::elementSize(dtype));
-  auto x = torch::randn({kRows, kCols}).to(dtype), g = torch::randn({kRows, kCols}).to(dtype);
-  auto y = torch::softmax(x, -1);
-  auto w = torch::ones({kCols}, dtype), b = torch::zeros({kCols}, dtype);
-  const double row_stats = 2.0 * kRows * 4;  // layer norm's mean and rstd
-  struct Bench {
-    const char* op;
-    double bytes;
-    std::function<void()> run;
-  };
-  at::Tensor mask, mean, rstd, drop_out = x.clone();
-  const std::vector<Bench> benches = {
-      {"aten::native_dropout", F + F + N, [&] { mask = std::get<1>(at::native_dropout(x, 0.1, true)); }},
-      {"aten::native_dropout_backward", F + N + F, [&] { at::native_dropout_backward(g, mask, 1 / 0.9); }},
-      {"aten::bernoulli_", F, [&] { drop_out.bernoulli_(0.9); }},
-      {"aten::gelu", 2 * F, [&] { at::gelu(x, "tanh"); }},
-      {"aten::gelu_backward", 3 * F, [&] { at::gelu_backward(g, x, "tanh"); }},
-      {"aten::tanh", 2 * F, [&] { at::tanh(x); }},
-      {"aten::tanh_backward", 3 * F, [&] { at::tanh_backward(g, y); }},
-      {"aten::exp", 2 * F, [&] { at::exp(x); }},
-      {"aten::_softmax", 2 * F, [&] { at::_softmax(x, -1, false); }},
-      {"aten::_softmax_backward_data", 3 * F, [&] { at::_softmax_backward_data(g, y, -1, dtype); }},
-      {"aten::_log_softmax", 2 * F, [&] { at::_log_softmax(x, -1, false); }},
-      {"aten::_log_softmax_backward_data", 3 * F, [&] { at::_log_softmax_backward_data(g, y, -1, dtype); }},
-      {"aten::native_layer_norm", 2 * F + row_stats,
-       [&] { std::tie(std::ignore, mean, rstd) = at::native_layer_norm(x, {kCols}, w, b, 1e-5); }},
-      {"aten::native_layer_norm_backward", 3 * F + row_stats + F,
-       [&] { at::native_layer_norm_backward(g, x, {kCols}, mean, rstd, w, b, {true, true, true}); }},
-  };
-  std::vector<std::pair<std::string, double>> out;
-  for (const Bench& bench : benches) {
-    try {
-      out.emplace_back(bench.op, bench.bytes / seconds_per_call(bench.run));
-    } catch (const c10::Error& e) {  // e.g. a kernel 1.13 has no CPU version of for this dtype
-      std::fprintf(stderr, "calibrate: %s not measurable in %s: %s\n", bench.op, c10::toString(dtype),
-                   e.what_without_backtrace());
-    }
-  }
-  return out;
-}
-
-Rate memory_rate() {
-  const int64_t n = int64_t{16} << 20;  // 64 MiB of fp32
-  auto a = torch::rand({n}), b = torch::rand({n}), c = torch::empty({n});
-  const double s = median_seconds([&] { torch::add_out(c, a, b); });
-  char d[96];
-  std::snprintf(d, sizeof d, "add of 64 MiB fp32 tensors (3 x 64 MiB moved), median %.2f ms", s * 1e3);
-  return {3.0 * static_cast<double>(n) * 4.0 / s, d};
-}
-
-// Median seconds of a gloo all-reduce of `numel` fp32 among `ranks` threads
-// of this process over loopback TCP (the slowest rank's).
-double all_reduce_seconds(int ranks, int threads_per_rank, int64_t numel) {
-  const int port = executor::pick_free_port();
-  std::vector<double> seconds(static_cast<size_t>(ranks), 0);
-  std::vector<std::string> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> pool;
-  for (int r = 0; r < ranks; ++r) {
-    pool.emplace_back([&, r] {
-      try {
-        at::set_num_threads(threads_per_rank);
-        executor::CommOptions o;
-        o.backend = executor::Backend::kGloo;
-        o.rank = r;
-        o.world_size = ranks;
-        o.master_port = port;
-        o.timeout = std::chrono::seconds(60);
-        auto comm = executor::make_communicator(o);
-        auto t = torch::ones({numel});
-        // 21 calls: about 0.3 s of a 16 MiB all-reduce on loopback, as the
-        // other benchmarks run for.
-        seconds[static_cast<size_t>(r)] =
-            median_seconds_of([&] { comm->all_reduce(t, executor::ReduceOp::kSum); }, 21);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
-  for (const auto& e : errors)
-    if (!e.empty()) throw EnvironmentFailure("calibrate: the gloo all-reduce failed: " + e);
-  return *std::max_element(seconds.begin(), seconds.end());
-}
-
-// The rate beyond the fixed `latency_s` (the time model adds both).
-Rate all_reduce_rate(int ranks, int threads_per_rank, double latency_s) {
-  const int64_t numel = int64_t{4} << 20;  // 16 MiB of fp32
-  const double s = all_reduce_seconds(ranks, threads_per_rank, numel);
-  const double bytes = planner::all_reduce_bytes_per_rank(static_cast<double>(numel) * 4.0, ranks);
-  char d[160];
-  std::snprintf(d, sizeof d,
-                "gloo all-reduce of 16 MiB fp32 among %d ranks over loopback TCP, median %.2f ms less the "
-                "latency %.3f ms",
-                ranks, s * 1e3, latency_s * 1e3);
-  return {bytes / std::max(s - latency_s, s / 2), d};
-}
-
-// glibc's malloc maps a block at or above its mmap threshold afresh, every
-// page faulted on first touch (microseconds a page), and raises
-// the threshold to the size of a mapped block when it is freed, up to 32 MiB
-// (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: glibc malloc.c, free()'s "dynamic
-// mmap threshold"). A fresh process starts at 128 KiB, so a 4 MiB benchmark
-// output was mapped and faulted on every call or recycled from the heap,
-// depending on what had been freed before: the same native_dropout_backward
-// measured 0.77 and 2.34 ms a call in one Python process before and after
-// a 16 MiB block had been freed. A training job has freed its large blocks
-// from the first step on; calibrate starts from that state: one 24 MiB block
-// allocated, touched and freed, so every output below it comes from the
-// heap, as a step's activations do once the job runs. Blocks above 32 MiB
-// are mapped afresh either way.
-void settle_malloc() {
-  auto block = torch::empty({int64_t{24} << 20}, torch::kUInt8);
-  block.fill_(0);
-}
-
-std::string today() {
-  char buf[16];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
-  return buf;
-}
-
-}  // namespace
 
 Command add_calibrate_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
-      "calibrate", "Measure this machine's matmul, memory and collective rates into a profile (cpu)");
+      "calibrate",
+      "Measure this machine's matmul, memory and collective rates into a profile (cpu)");
   struct Args {
     std::string device = "cpu", out, base = "cpu", name = "cpu-calibrated";
     int nproc = 1;
   };
   auto a = std::make_shared<Args>();
-  sub->add_option("--device", a->device, "What to measure: cpu (a CUDA card is calibrated by scripts/gpu-check)")
+  sub->add_option("--device", a->device,
+                  "What to measure: cpu (a CUDA card is calibrated by scripts/gpu-check)")
       ->capture_default_str();
   sub->add_option("--nproc", a->nproc, "Ranks that will share this host's cores (as `run --nproc`)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  sub->add_option("--base", a->base, "The profile whose other figures the result keeps")->capture_default_str();
+  sub->add_option("--base", a->base, "The profile whose other figures the result keeps")
+      ->capture_default_str();
   sub->add_option("--name", a->name, "The result's profile name")->capture_default_str();
   sub->add_option("--out", a->out, "Where to write the profile JSON")->required()->check(Named);
-  return {sub, [a] {
-            if (a->device != "cpu")
-              throw BadInput("--device " + a->device + ": calibrate measures CPU ranks (cpu); a CUDA card's "
-                             "figures come from scripts/gpu-check (reports/gpu/)");
-            check_output_file("--out", a->out);  // before minutes of measuring, not after
-            const planner::DeviceProfile base = [&] {
-              try {
-                return planner::load_profile(a->base, profiles_dir());
-              } catch (const std::invalid_argument& e) {
-                throw BadInput(std::string("--base: ") + e.what());
-              }
-            }();
-            if (base.kind != planner::DeviceKind::kCpu)
-              throw BadInput("--base " + a->base + ": not a cpu profile");
-            const std::string base_path = planner::profile_file(a->base, profiles_dir());
-            std::ifstream in(base_path);
-            if (!in) throw BadInput("--base " + a->base + ": cannot read " + base_path);
-            nlohmann::json p = nlohmann::json::parse(in);
-
-            const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-            const int threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(a->nproc)));
-            at::set_num_threads(threads);
-            settle_malloc();
-            const reports::Machine m = reports::this_machine(threads);
-            const std::string where = "measured by `shardfit calibrate --device cpu --nproc " +
-                                      std::to_string(a->nproc) + "` on " + today() + ", " + m.cpu_model + ", LibTorch " +
-                                      TORCH_VERSION + ", " +
-                                      std::to_string(threads) + " intra-op thread(s) per rank: ";
-            std::fprintf(stderr, "calibrate: %s, %d thread(s) per rank\n", m.cpu_model.c_str(), threads);
-            auto& src = p["sources"];
-            nlohmann::json kernels = nlohmann::json::object();
-            const std::pair<const char*, torch::Dtype> dtypes[] = {
-                {"fp32", torch::kFloat}, {"bf16", torch::kBFloat16}, {"fp16", torch::kHalf}};
-            for (const auto& [key, dtype] : dtypes) {
-              Rate r;
-              try {
-                r = matmul_rate(dtype);
-              } catch (const c10::Error& e) {  // LibTorch 1.13 has no fp16 matmul on the CPU
-                src[std::string("peak_flops_per_s.") + key] =
-                    "not measurable here (" + std::string(e.what_without_backtrace()).substr(0, 80) + "), " +
-                    base.name + "'s figure kept: " + src[std::string("peak_flops_per_s.") + key].get<std::string>();
-                std::fprintf(stderr, "calibrate: %s matmul not measurable: %s; %s's figure kept\n", key,
-                             e.what_without_backtrace(), base.name.c_str());
-                continue;
-              }
-              p["peak_flops_per_s"][key] = r.per_s;
-              src[std::string("peak_flops_per_s.") + key] = where + r.detail;
-              std::fprintf(stderr, "calibrate: %s matmul %.1f GFLOP/s (%s)\n", key, r.per_s / 1e9, r.detail.c_str());
-              const std::vector<double> grid = matmul_grid_rates(dtype);
-              kernels["matmul_flops_per_s"][key] = grid;
-              src[std::string("measured_kernels.matmul_flops_per_s.") + key] =
-                  where + "torch::mm_out on every matmul_dims cube point, median of >= 1 ms samples";
-              std::fprintf(stderr, "calibrate: %s matmul grid %.1f (16^3) to %.1f (1024^3) GFLOP/s\n", key,
-                           grid.front() / 1e9, grid.back() / 1e9);
-              for (const auto& [op, rate] : kernel_rates(dtype)) {
-                kernels["kernel_bytes_per_s"][key][op] = rate;
-                src[std::string("measured_kernels.kernel_bytes_per_s.") + key + "." + op] =
-                    where + op + " on 1024 x 1024 " + key +
-                    ", bytes as the trace counts them (inputs and outputs), median of >= 1 ms samples";
-                std::fprintf(stderr, "calibrate: %s %s %.2f GB/s\n", key, op.c_str(), rate / 1e9);
-              }
-            }
-            kernels["matmul_dims"] = kGemmDims;
-            src["measured_kernels.matmul_dims"] =
-                "the sizes of the grid calibrate measures (m, n and k each), chosen to span a step's products "
-                "from attention heads to hidden sizes; beyond 1024 the rate is taken as 1024's";
-            kernels["op_overhead_s"] = op_overhead_seconds();
-            src["measured_kernels.op_overhead_s"] =
-                where + "a chain of 200 y = y * c on 64 fp32 elements under autograd and its backward, "
-                        "over the 600 ops the recorder counts for it, median of >= 1 ms samples";
-            std::fprintf(stderr, "calibrate: op overhead %.2f us\n", kernels["op_overhead_s"].get<double>() * 1e6);
-            p["measured_kernels"] = kernels;
-            const Rate mem = memory_rate();
-            for (const char* key : {"memory_bytes_per_s", "host_memory_bytes_per_s"}) {
-              p[key] = mem.per_s;
-              src[key] = where + mem.detail;
-            }
-            p["host_link"]["bytes_per_s"] = mem.per_s;
-            src["host_link.bytes_per_s"] = where + mem.detail + " (host and device are the same memory)";
-            std::fprintf(stderr, "calibrate: memory %.2f GB/s (%s)\n", mem.per_s / 1e9, mem.detail.c_str());
-            const int ranks = std::max(2, a->nproc);
-            const int link_threads = std::max(1, static_cast<int>(cores) / ranks);
-            const double latency = all_reduce_seconds(ranks, link_threads, 1);
-            const Rate link = all_reduce_rate(ranks, link_threads, latency);
-            p["gpu_link"]["bytes_per_s"] = link.per_s;
-            src["gpu_link.bytes_per_s"] = where + link.detail + ", bytes as the time model counts a ring all-reduce";
-            p["gpu_link"]["latency_s"] = latency;
-            src["gpu_link.latency_s"] = where + "gloo all-reduce of one fp32 among " + std::to_string(ranks) +
-                                        " ranks over loopback TCP, median";
-            std::fprintf(stderr, "calibrate: gloo latency %.1f us\n", latency * 1e6);
-            p["efficiency"]["collective"] = 1.0;
-            src["efficiency.collective"] = "1: gpu_link.bytes_per_s is the rate gloo achieved, measured as above";
-            std::fprintf(stderr, "calibrate: gloo all-reduce %.2f GB/s per rank (%s)\n", link.per_s / 1e9,
-                         link.detail.c_str());
-            p["name"] = a->name;
-            p["description"] = "CPU ranks on " + m.cpu_model + ", calibrated by shardfit calibrate on " + today() +
-                               " from " + base.name + " (matmul, memory and gloo rates measured; efficiencies as " +
-                               base.name + ")";
-            write_output_file("--out", a->out, p.dump(2) + "\n");
-            planner::load_profile(a->out, profiles_dir());  // what plan and run will read: it must load
-            std::printf("wrote %s (profile %s)\n", a->out.c_str(), a->name.c_str());
-            return kExitOk;
-          }};
+  return {
+      sub, [a] {
+        if (a->device != "cpu")
+          throw BadInput("--device " + a->device +
+                         ": calibrate measures CPU ranks (cpu); a CUDA card's "
+                         "figures come from scripts/gpu-check (reports/gpu/)");
+        check_output_file("--out", a->out);  // before minutes of measuring, not after
+        launch::CalibrateRequest request;
+        request.nproc = a->nproc;
+        request.base = a->base;
+        request.name = a->name;
+        request.profiles_dir = profiles_dir();
+        const nlohmann::json p = launch::calibrate_cpu(
+            request, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+        write_output_file("--out", a->out, p.dump(2) + "\n");
+        planner::load_profile(a->out, profiles_dir());  // what plan and run will read: it must load
+        std::printf("wrote %s (profile %s)\n", a->out.c_str(), a->name.c_str());
+        return kExitOk;
+      }};
 }
 
 }  // namespace shardfit::cli

@@ -1,14 +1,6 @@
 #include "cli/commands.h"
 
-#include <unistd.h>
-
 namespace shardfit::cli {
-
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : std::string("shardfit");
-}
 
 std::string& command_line() {
   static std::string line;

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "launch/child_process.h"
 #include "launch/output_file.h"
 #include "spec/errors.h"
 #include "spec/exit_codes.h"
@@ -52,7 +53,7 @@ Command add_verify_command(CLI::App& app);
 Command add_calibrate_command(CLI::App& app);
 
 // This executable's path (/proc/self/exe), for spawning itself.
-std::string self_exe();
+using launch::self_exe;
 
 // Where the device profiles are: $SHARDFIT_PROFILES, else next to the binary.
 std::string profiles_dir();

@@ -10,16 +10,20 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
-#include "cli/hf_trace_route.h"
 #include "cli/progress.h"
+#include "launch/hf_trace_route.h"
 #include "launch/output_file.h"
 #include "cli/validators.h"
 #include "models/model_config.h"
 #include "planner/plan_builder.h"
 #include "planner/plan_text.h"
+#include "spec/job.h"
 
 namespace shardfit::cli {
 namespace {
+
+using launch::HfTraceOptions;
+using launch::HfTraceRoute;
 
 struct PlanArgs {
   std::string model;
@@ -76,12 +80,6 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
   if (a.single_gpu_unwrapped && r.stack != planner::Stack::kPytorch)
     throw BadInput("--single-gpu-unwrapped: how a PyTorch job runs on one GPU; give --stack pytorch");
   r.single_gpu_unwrapped = a.single_gpu_unwrapped;
-  // DDP's buckets, PyTorch's or the engine's (spec/grad_buckets.h).
-  try {
-    r.schedule.ddp_bucket_cap_bytes = spec::bucket_cap_bytes(a.ddp_bucket_cap_mb);
-  } catch (const std::invalid_argument& e) {
-    throw BadInput(e.what());
-  }
   // --torch: which PyTorch runs the job, and so what the loop's calls do
   // when the script passes nothing (planner::torch_defaults).
   planner::TorchDefaults defaults;
@@ -150,10 +148,8 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
   if (!r.zero_grad_set_to_none && r.ddp_bucket_view)
     throw BadInput("--zero-grad zero with --ddp-bucket-view: not simulated yet (the gradients, views of DDP's first "
                    "buckets, keep them alive while the second forward rebuilds them; measured, not yet modelled)");
-  spec::check_steps(a.steps);
   if (a.steps != 2 && r.stack != planner::Stack::kPytorch)
     throw BadInput("--steps: --stack pytorch only (shardfit's plans are for a job's steady state)");
-  r.steps = a.steps;
 }
 
 // What the recorder is asked for a --model traced through transformers' own
@@ -179,6 +175,31 @@ void warn_on_trace_torch(const std::string& origin, const planner::PlanRequest& 
                  recorded, r.torch, recorded);
 }
 
+// The job the plan is for (spec::JobOptions), as the options give it, and
+// every axis of the sweep, checked by the job's rules before any work: the
+// same rules and messages as `run` and the planner's own. --seq-len here is
+// the sweep's first value; sweep_points sets each point's.
+spec::JobOptions job_from(const PlanArgs& a) {
+  spec::JobOptions job;
+  try {
+    job.steps = a.steps;
+    job.grad_accum = a.grad_accum;
+    job.schedule.prefetch = a.prefetch;
+    job.schedule.async_reduce = a.async_reduce;
+    job.schedule.async_gather = a.async_gather;
+    // DDP's buckets, PyTorch's or the engine's (spec/grad_buckets.h).
+    job.schedule.ddp_bucket_cap_bytes = spec::bucket_cap_bytes(a.ddp_bucket_cap_mb);
+    for (int64_t seq : int_list(a.seq_len)) spec::check_seq_len(seq);
+    for (int64_t gpus : int_list(a.gpus)) spec::check_gpus_per_node(gpus);
+    for (int64_t nodes : int_list(a.nodes)) spec::check_nodes(nodes);
+    job.seq_len = int_list(a.seq_len).front();
+    spec::check_job_options(job);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
+  return job;
+}
+
 // Everything a plan is asked but the sweep's axes (--seq-len, --gpus,
 // --nodes, --gpu-mem), which sweep_points sets per point. A --model whose
 // model_type has no built-in comes back as `route`: sweep_points traces it
@@ -187,6 +208,7 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
   planner::PlanRequest r;
   std::optional<models::NoBuiltinModel> no_builtin;
   if (a.model.empty() == a.trace.empty()) throw BadInput("plan: give --model or --trace (one of them)");
+  static_cast<spec::JobOptions&>(r) = job_from(a);
   set_stack_options(a, r);
   // A model traced in its own process (pytorch/trace_recorder.py): its loss
   // and attention are what its forward does.
@@ -222,7 +244,6 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
     throw BadInput("--optimizer " + a.optimizer + ": expected adamw or sgd");
   r.optimizer = a.optimizer == "adamw" ? planner::Optimizer::kAdamW : planner::Optimizer::kSgd;
   r.objective = planner::parse_objective(a.objective);
-  r.grad_accum = a.grad_accum;
   // --stack pytorch: --prefetch 2 is FSDP1's forward_prefetch=True (one unit
   // ahead: its forward_prefetch_limit); with FSDP2, --prefetch N is explicit
   // prefetching, N - 1 blocks ahead and N back (set_modules_to_*_prefetch).
@@ -230,15 +251,12 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
     throw BadInput("--prefetch " + std::to_string(a.prefetch) +
                    ": FSDP1 prefetches one unit ahead (forward_prefetch=True is --prefetch 2); for more, "
                    "--fsdp-version 2");
-  r.schedule.prefetch = a.prefetch;
   if (a.async_reduce && r.stack == planner::Stack::kPytorch)
     throw BadInput("--async-reduce: shardfit's engine option (PyTorch's DDP and FSDP always reduce beside backward); "
                    "drop it with --stack pytorch");
-  r.schedule.async_reduce = a.async_reduce;
   if (a.async_gather && r.stack == planner::Stack::kPytorch)
     throw BadInput("--async-gather: shardfit's engine option (PyTorch's FSDP always prefetches beside compute); "
                    "drop it with --stack pytorch");
-  r.schedule.async_gather = a.async_gather;
   if (a.all && a.json) throw BadInput("--all: the table's rows; --json always has every candidate");
   return r;
 }
@@ -435,7 +453,7 @@ Command add_plan_command(CLI::App& app) {
                               "Tokens per sequence; a comma list (1024,2048) sweeps, as --gpus, --nodes and "
                               "--gpu-mem do: one plan per combination, printed as a grid")
                   ->capture_default_str()
-                  ->check(ListOf(SeqLen));
+                  ->check(ListOf(SeqLenBounds));
   sub->add_option("--loss", a->loss,
                   "full (the whole tokens x vocab logits) or chunked:N (cross-entropy N tokens at a time, "
                   "logits recomputed in backward; llama family)")
@@ -443,10 +461,10 @@ Command add_plan_command(CLI::App& app) {
   auto* attention = sub->add_option("--attention", a->attention, kAttentionHelp)->capture_default_str();
   sub->add_option("--gpus", a->gpus, "GPUs per node (a comma list sweeps)")
       ->capture_default_str()
-      ->check(ListOf(GpusPerNode));
+      ->check(ListOf(GpusPerNodeBounds));
   sub->add_option("--nodes", a->nodes, "Nodes (a comma list sweeps)")
       ->capture_default_str()
-      ->check(ListOf(IntRange(1, kMaxNodes)));
+      ->check(ListOf(NodesBounds));
   sub->add_option("--device", a->device, "Device profile name (profiles/*.json) or path")->required();
   sub->add_option("--gpu-mem", a->gpu_mem, "Override the device memory (24GiB, 512MiB, bytes; a comma list sweeps)")
       ->check(ListOf(MemorySize));
@@ -469,7 +487,8 @@ Command add_plan_command(CLI::App& app) {
                   "BACKWARD_PRE), N - 1 in forward (FSDP's forward_prefetch); gathers stay synchronous. "
                   "--stack pytorch: 2 is FSDP1's forward_prefetch=True; with --fsdp-version 2, FSDP2's "
                   "set_modules_to_forward_prefetch (N - 1 blocks) and set_modules_to_backward_prefetch (N)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(PrefetchBounds);
   sub->add_flag("--async-reduce", a->async_reduce,
                 "Gradients reduce beside the rest of backward, as FSDP2's and DDP's do: one reduce-scatter in "
                 "flight (its unsharded grad lives through the next unit's backward), DDP's all-reduces waited "

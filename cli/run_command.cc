@@ -70,9 +70,9 @@ Command add_run_command(CLI::App& app) {
   auto* strategy = sub->add_option("--strategy", a->strategy,
                                    "Candidate id: SHARDING[+offload][+ckpt]/PRECISION/wrap=POLICY")
                        ->capture_default_str();
-  auto* batch = sub->add_option("--batch", a->batch, "Sequences per step per rank")->capture_default_str()->check(IntRange(1, kMaxBatch));
+  auto* batch = sub->add_option("--batch", a->batch, "Sequences per step per rank")->capture_default_str()->check(BatchBounds);
   auto* seq = sub->add_option("--seq-len", a->seq_len, "Tokens per sequence (default: min(128, model positions))")
-                  ->check(SeqLen);
+                  ->check(SeqLenBounds);
   sub->add_option("--steps", a->steps, "Training steps")->capture_default_str()->check(StepsBounds);
   sub->add_option("--seed", a->seed, "Seed for init, dropout and synthetic data")->capture_default_str()->check(Seed);
   sub->add_option("--data", a->data, "'synthetic' or an llm.c uint16 token file (GPT-2)")->capture_default_str()->check(Named);
@@ -103,11 +103,11 @@ Command add_run_command(CLI::App& app) {
                   "gloo (CPU ranks; the default on cpu), nccl (CUDA ranks; the default with --device cuda) or "
                   "loopback (one process rehearses rank --rank of --world-size)");
   sub->add_option("--rank", a->rank, "loopback: the rank this process stands in for (default 0)")
-      ->check(IntRange(0, kMaxWorld - 1));
-  sub->add_option("--world-size", a->world_size, "loopback: the world it rehearses")->check(IntRange(1, kMaxWorld));
-  sub->add_option("--gpus-per-node", a->gpus_per_node,
+      ->check(IntRange(0, spec::kMaxWorld - 1));
+  sub->add_option("--world-size", a->world_size, "loopback: the world it rehearses")->check(IntRange(1, spec::kMaxWorld));
+  auto* gpus_per_node = sub->add_option("--gpus-per-node", a->gpus_per_node,
                   "hybrid: ranks per (emulated) node, the shard group (default: LOCAL_WORLD_SIZE or the world)")
-      ->check(GpusPerNode);
+      ->check(GpusPerNodeBounds);
   sub->add_option("--timeout", a->timeout_s, "Seconds a rank waits for its peers (rendezvous, each collective)")
       ->capture_default_str()
       ->check(Seconds);
@@ -120,7 +120,8 @@ Command add_run_command(CLI::App& app) {
   auto* prefetch = sub->add_option("--prefetch", a->prefetch,
                                    "Units gathered ahead (zero3/hybrid): N in backward, N - 1 in forward (default 1, "
                                    "or the plan's); gathers stay synchronous")
-                       ->capture_default_str();
+                       ->capture_default_str()
+                       ->check(PrefetchBounds);
   sub->add_flag("--async-reduce", a->async_reduce,
                 "Reduce gradients beside the rest of backward (default off, or the plan's): one reduce-scatter "
                 "in flight as FSDP2 keeps, DDP's all-reduces waited for at backward's end");
@@ -173,12 +174,13 @@ Command add_run_command(CLI::App& app) {
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");
-  return {sub, [a, batch, seq, strategy, grad_accum, prefetch, bucket_cap] {
+  return {sub, [a, batch, seq, strategy, grad_accum, prefetch, bucket_cap, gpus_per_node] {
             a->batch_given = batch->count() > 0;
             a->grad_accum_given = grad_accum->count() > 0;
             a->prefetch_given = prefetch->count() > 0;
             a->ddp_bucket_cap_given = bucket_cap->count() > 0;
             a->seq_len_given = seq->count() > 0;
+            a->gpus_per_node_given = gpus_per_node->count() > 0;
             a->strategy_given = strategy->count() > 0;
             const char* parent = std::getenv("SHARDFIT_COMMAND_LINE");  // a rank of `--nproc`
             a->command_line = parent && std::getenv("RANK") ? parent : command_line();

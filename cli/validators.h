@@ -12,7 +12,7 @@
 
 #include "planner/profile.h"
 #include "spec/grad_buckets.h"
-#include "spec/job_limits.h"
+#include "spec/job.h"
 
 namespace shardfit::cli {
 
@@ -108,26 +108,11 @@ inline const CLI::Validator MemorySize(
     },
     "SIZE");
 
-// The bounds of a job's sizes (spec/job_limits.h).
-using spec::kMaxBatch;
-using spec::kMaxGpusPerNode;
-using spec::kMaxLocalRanks;
-using spec::kMaxNodes;
-using spec::kMaxSeqLen;
-using spec::kMaxSteps;
-using spec::kMaxWorld;
-
-// The size options every command shares, each one rule: plan's --seq-len
-// (each item of its list) and run's; plan's --gpus and run's
-// --gpus-per-node. (--steps, --grad-accum and --prefetch are the job's
-// rules, spec/job_limits.h and spec/schedule.h, so that a plan file's value
-// meets them too.)
-inline const CLI::Validator SeqLen = IntRange(1, kMaxSeqLen);
-
-// An option whose bounds are the job's rule (spec/job_limits.h), checked
-// there once, for the command line and a plan alike: here only its syntax,
-// a whole number written in decimal (CLI11 alone would read 0x10 and 010 as
-// 16 and 8), and the help's "N in [lo, hi]".
+// An option whose bounds are the job's rule (spec/job.h: --batch, --seq-len,
+// --steps, --grad-accum, plan's --gpus and --nodes, run's --gpus-per-node),
+// checked there once, for the command line and a plan alike, with one
+// message: here only its syntax, a whole number written in decimal (CLI11
+// alone would read 0x10 and 010 as 16 and 8), and the help's "N in [lo, hi]".
 inline CLI::Validator JobBounds(long long lo, long long hi) {
   return CLI::Validator(
       [](std::string& text) -> std::string {
@@ -141,9 +126,13 @@ inline CLI::Validator JobBounds(long long lo, long long hi) {
       },
       "N in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }
+inline const CLI::Validator BatchBounds = JobBounds(1, spec::kMaxBatch);
+inline const CLI::Validator SeqLenBounds = JobBounds(1, spec::kMaxSeqLen);
 inline const CLI::Validator StepsBounds = JobBounds(1, spec::kMaxSteps);
 inline const CLI::Validator GradAccumBounds = JobBounds(1, spec::kMaxGradAccum);
-inline const CLI::Validator GpusPerNode = IntRange(1, kMaxGpusPerNode);
+inline const CLI::Validator GpusPerNodeBounds = JobBounds(1, spec::kMaxGpusPerNode);
+inline const CLI::Validator NodesBounds = JobBounds(1, spec::kMaxNodes);
+inline const CLI::Validator PrefetchBounds = JobBounds(1, spec::kMaxPrefetch);
 
 // A file, directory or name option given an empty value: '' names nothing,
 // and each of these options left empty was read as not given (--resume ''

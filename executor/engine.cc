@@ -20,7 +20,7 @@
 #include "models/autograd_hooks.h"
 #include "models/model.h"
 #include "models/module_table.h"
-#include "spec/job_limits.h"
+#include "spec/job.h"
 #include "spec/recompute.h"
 #include "spec/schedule.h"
 #include "spec/strategy.h"
@@ -73,10 +73,8 @@ void check_save_on_signal(bool save_on_signal, bool has_save_dir) {
 
 void check_engine_options(const EngineOptions& o, int world_size) {
   const auto& m = o.model;
-  if (o.batch < 1) throw std::invalid_argument("--batch " + std::to_string(o.batch) + ": must be at least 1");
-  spec::check_steps(o.steps);
-  spec::check_grad_accum(o.grad_accum);
-  spec::check_schedule_options(o.schedule);
+  spec::check_batch(o.batch);
+  spec::check_job_options(o);
   models::check_seq_len(m, o.seq_len);
   check_save_on_signal(static_cast<bool>(o.stop_requested), !o.checkpoint.save_dir.empty());
   const spec::Candidate& c = o.candidate;

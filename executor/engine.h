@@ -55,18 +55,16 @@
 
 namespace shardfit::executor {
 
-// The single-rank trainer's options (model, batch, seq_len, steps, seed,
-// data, adamw, budget_bytes), read per rank: `batch` is sequences per rank
-// per micro-batch, `steps` optimizer steps, the seed's model init identical
-// on every rank; then what only the engine has.
+// The single-rank trainer's options (the job: seq_len, steps, grad_accum,
+// schedule; then model, batch, seed, data, adamw, budget_bytes), read per
+// rank: `batch` is sequences per rank per micro-batch, `steps` optimizer
+// steps, the seed's model init identical on every rank; then what only the
+// engine has. The schedule here: --prefetch N (N in backward, N - 1 in
+// forward), --async-reduce (FSDP2's one reduce-scatter in flight, DDP's
+// reductions waited for at backward's end; off: each unit's completes at
+// its post-backward), --async-gather (prefetched all-gathers beside compute).
 struct EngineOptions : TrainOptions {
   spec::Candidate candidate;
-  int64_t grad_accum = 1;  // micro-batches per optimizer step
-  // --prefetch N (N in backward, N - 1 in forward), --async-reduce (FSDP2's
-  // one reduce-scatter in flight, DDP's reductions waited for at backward's
-  // end; off: each unit's completes at its post-backward), --async-gather
-  // (prefetched all-gathers beside compute): spec::ScheduleOptions.
-  spec::ScheduleOptions schedule;
   // Clip the global gradient norm (over every rank's shard) to this value,
   // as torch.nn.utils.clip_grad_norm_. 0 = off, the default: the single-rank
   // trainer does not clip, and the parity tests compare against it.

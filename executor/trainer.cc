@@ -11,8 +11,11 @@
 namespace shardfit::executor {
 
 TrainResult train_single_rank(const TrainOptions& o, const std::function<void(const StepLog&)>& on_step) {
-  if (o.batch < 1) throw std::invalid_argument("--batch " + std::to_string(o.batch) + ": must be at least 1");
-  if (o.steps < 1) throw std::invalid_argument("--steps " + std::to_string(o.steps) + ": must be at least 1");
+  spec::check_batch(o.batch);
+  spec::check_job_options(o);
+  if (o.grad_accum != 1)
+    throw std::invalid_argument("--grad-accum " + std::to_string(o.grad_accum) +
+                                ": the single-rank trainer runs one micro-batch a step (the engine accumulates)");
   models::check_seq_len(o.model, o.seq_len);
   auto data = o.data == "synthetic" ? make_synthetic(o.model, o.seq_len, o.seed)
                                     : make_token_file(o.data, o.model, o.seq_len, o.batch);

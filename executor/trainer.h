@@ -11,14 +11,17 @@
 #include "executor/adamw.h"
 #include "executor/meter.h"
 #include "models/model_config.h"
+#include "spec/job.h"
 
 namespace shardfit::executor {
 
-struct TrainOptions {
+// The job (spec::JobOptions: seq_len, steps, grad_accum, the schedule's
+// options), then what training needs beside it. The single-rank trainer
+// runs one micro-batch a step and has no collectives to schedule: it
+// refuses grad_accum above 1, and the schedule is the engine's.
+struct TrainOptions : spec::JobOptions {
   models::ModelConfig model;
-  int64_t batch = 1;       // sequences per step
-  int64_t seq_len = 128;   // tokens per sequence
-  int64_t steps = 10;
+  int64_t batch = 1;       // sequences per step (per rank, per micro-batch)
   uint64_t seed = 1234;    // model init, dropout and synthetic data
   std::string data = "synthetic";  // or an llm.c token file
   AdamWOptions adamw;
@@ -40,8 +43,9 @@ struct TrainResult {
   std::string oom_message;
 };
 
-// Throws std::invalid_argument for bad options (batch 0, sequence longer
-// than the model's positions, unreadable data file).
+// Throws std::invalid_argument for bad options (batch 0, a job
+// spec::check_job_options refuses, grad_accum above 1, a sequence longer
+// than the model's positions, an unreadable data file).
 TrainResult train_single_rank(const TrainOptions& options,
                               const std::function<void(const StepLog&)>& on_step = {});
 

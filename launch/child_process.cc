@@ -61,4 +61,10 @@ ChildExit run_child(const std::vector<std::string>& argv, const std::string& log
   return {exit_status(status), 0};
 }
 
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : std::string("shardfit");
+}
+
 }  // namespace shardfit::launch

@@ -1,6 +1,7 @@
 // One child process run to completion, its output kept in a log file: how
-// `validate` runs each candidate's `shardfit run` and how `plan` runs the
-// Python tracer for a model with no built-in.
+// `validate` runs each candidate's `shardfit run` (launch/validate.h) and how
+// `plan` runs the Python tracer for a model with no built-in
+// (launch/hf_trace_route.h).
 #pragma once
 
 #include <string>
@@ -24,6 +25,9 @@ struct ChildExit {
 // environment does not already set it. The child dies with this process
 // (PR_SET_PDEATHSIG: SIGTERM). Throws spec::EnvironmentFailure when fork or
 // waitpid fails.
+// This executable's path (/proc/self/exe), for spawning itself.
+std::string self_exe();
+
 ChildExit run_child(const std::vector<std::string>& argv, const std::string& log,
                     const std::vector<std::pair<std::string, std::string>>& env = {});
 

@@ -61,10 +61,9 @@ using spec::kExitOom;
 // What the single-rank trainer and the engine both take from the job.
 executor::TrainOptions train_options(const RunRequest& a, const Job& job) {
   executor::TrainOptions o;
+  static_cast<spec::JobOptions&>(o) = job;  // seq_len, steps, grad_accum, schedule
   o.model = job.model;
   o.batch = job.batch;
-  o.seq_len = job.seq_len;
-  o.steps = a.steps;
   o.seed = a.seed;
   o.data = a.data;
   o.adamw.lr = a.lr;
@@ -77,8 +76,6 @@ executor::EngineOptions engine_options(const RunRequest& a, const Job& job, int 
   executor::EngineOptions o;
   static_cast<executor::TrainOptions&>(o) = train_options(a, job);
   o.candidate = job.candidate;
-  o.grad_accum = job.grad_accum;
-  o.schedule = job.schedule;
   o.clip_grad_norm = a.clip_grad_norm;
   o.shard_group_size = shard_group_size;
   // One GPU per rank: cuda:LOCAL_RANK (torchrun and --nproc set it; 0 alone or loopback).
@@ -98,14 +95,11 @@ executor::EngineOptions engine_options(const RunRequest& a, const Job& job, int 
 // allocator; cuda: the named card's caching-allocator model) under the same
 // budget, with the same micro-batches per step; nullopt (with
 // a warning) when no profile is found.
-std::optional<planner::CandidatePrediction> predict(const RunRequest& a, const Job& job, int world, int gpus_per_node,
-                                                    int64_t grad_accum, int64_t steps) {
+std::optional<planner::CandidatePrediction> predict(const RunRequest& a, const Job& job, int world, int gpus_per_node) {
   try {
     planner::PlanRequest r;
+    static_cast<spec::JobOptions&>(r) = job;  // the same seq_len, steps, grad_accum, schedule
     r.model = job.model;
-    r.seq_len = job.seq_len;
-    r.grad_accum = static_cast<int>(grad_accum);
-    r.schedule = job.schedule;
     r.profile = planner::load_profile(job.profile, a.profiles_dir);
     r.device_mem_bytes = job.budget_bytes;
     // A plan's topology: hybrid's shard group is a node; the others see one node of `world`.
@@ -116,7 +110,7 @@ std::optional<planner::CandidatePrediction> predict(const RunRequest& a, const J
       r.gpus_per_node = world;
       r.nodes = 1;
     }
-    return planner::predict_candidate(r, job.candidate, job.batch, steps >= 2 ? 2 : 1);
+    return planner::predict_candidate(r, job.candidate, job.batch, job.steps >= 2 ? 2 : 1);
   } catch (const std::exception& e) {
     spdlog::warn("no prediction in the report: {}", e.what());
     return std::nullopt;
@@ -164,7 +158,7 @@ int run_single_rank_trainer(const RunRequest& a, const Job& job, const RunPrinte
   r.loss = result.loss;
   r.tokens_per_s = result.tokens_per_s;
   r.ranks.push_back(rank_report(0, result.peak_allocated_bytes, result.timeline, result.oom, result.oom_message));
-  const auto pred = predict(a, job, 1, 1, /*grad_accum=*/1, a.steps);
+  const auto pred = predict(a, job, 1, 1);
   attach_prediction(r.ranks, pred);
   reports::set_step_time(r, static_cast<double>(job.batch * job.seq_len), predicted_step_time(pred));
   write_and_print(a, r, job, print);
@@ -175,7 +169,7 @@ int run_single_rank_trainer(const RunRequest& a, const Job& job, const RunPrinte
 std::map<std::string, std::string> job_options(const RunRequest& a, const Job& job, int gpus_per_node) {
   auto num = [](double v) { return nlohmann::json(v).dump(); };
   return {{"--model", job.model.name}, {"--strategy", job.candidate.to_id()}, {"--batch", std::to_string(job.batch)},
-          {"--seq-len", std::to_string(job.seq_len)}, {"--steps", std::to_string(a.steps)},
+          {"--seq-len", std::to_string(job.seq_len)}, {"--steps", std::to_string(job.steps)},
           {"--seed", std::to_string(a.seed)}, {"--data", a.data}, {"--device", a.device},
           {"--gpu-mem", std::to_string(job.budget_bytes)}, {"--lr", num(a.lr)}, {"--weight-decay", num(a.weight_decay)},
           {"--grad-accum", std::to_string(job.grad_accum)}, {"--prefetch", std::to_string(job.schedule.prefetch)},
@@ -229,7 +223,7 @@ int run_rank(const RunRequest& a, const Job& job, executor::Communicator& comm, 
     r.tokens_per_s = result.tokens_per_s;
     r.ddp_bucket_bytes = result.ddp_bucket_bytes;
     r.ranks = std::move(ranks);
-    const auto pred = predict(a, job, world, gpus_per_node, job.grad_accum, a.steps);
+    const auto pred = predict(a, job, world, gpus_per_node);
     attach_prediction(r.ranks, pred, job.device == "cuda");
     // Loopback: one process computes rank 0 alone, so its tokens/s is not the job's.
     if (comm.backend() != executor::Backend::kLoopback)
@@ -318,9 +312,9 @@ std::vector<std::string> check_checkpoint_args(const RunRequest& a, const Job& j
       throw BadInput("--resume " + a.resume + ": its shards are cut for another model, wrap policy or sharding than " +
                      job.model.name + " " + job.candidate.to_id() + " on " + std::to_string(world) + " ranks");
     const int64_t step = info.metadata.value("step", int64_t{0});
-    if (step >= a.steps)
+    if (step >= job.steps)
       throw BadInput("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(step) + "; --steps " +
-                     std::to_string(a.steps) + " (the total, counted from the start) leaves nothing to train");
+                     std::to_string(job.steps) + " (the total, counted from the start) leaves nothing to train");
     const nlohmann::json now = {{"candidate", job.candidate.to_id()}, {"batch_per_gpu", job.batch},
                                 {"seq_len", job.seq_len},              {"grad_accum", job.grad_accum},
                                 {"seed", a.seed},                      {"data", a.data},
@@ -455,7 +449,7 @@ int run_job(const RunRequest& a, const RunPrinter& print) {
   if (job.plan_world > 0 && world != job.plan_world)
     throw BadInput(std::to_string(world) + " ranks for a plan of " + std::to_string(job.plan_world) + " GPUs (" +
                    a.plan + "): run it with --nproc " + std::to_string(job.plan_world));
-  int gpus_per_node = a.gpus_per_node > 0 ? a.gpus_per_node : job.plan_gpus_per_node;
+  int gpus_per_node = a.gpus_per_node_given ? a.gpus_per_node : job.plan_gpus_per_node;
   if (gpus_per_node <= 0) gpus_per_node = in_job ? rank_env->local_world_size : world;
   job.resume_changes = check_checkpoint_args(a, job, world, gpus_per_node, backend);
   if (!a.init.empty() && (!a.resume.empty() || a.reference_trainer))

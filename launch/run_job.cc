@@ -9,8 +9,7 @@
 #include "planner/plan_output.h"
 #include "planner/profile.h"
 #include "spec/errors.h"
-#include "spec/job_limits.h"
-#include "spec/schedule.h"
+#include "spec/job.h"
 
 namespace shardfit::launch {
 using spec::BadInput;
@@ -64,16 +63,12 @@ Job resolve_job(const RunRequest& a) {
     job.grad_accum = a.grad_accum;
     job.schedule = {a.prefetch, a.async_reduce, a.async_gather};
   }
-  // The job's rules (one each, with one message), before any rank starts:
-  // the plan's values meet them as the options' do.
+  job.steps = a.steps;
+  // --ddp-bucket-cap-mb: the option's own rule (MB to bytes); a plan's bytes
+  // meet check_job_options' below.
   try {
-    spec::check_steps(a.steps);
-    // --ddp-bucket-cap-mb: the option's own rule; a plan's bytes meet
-    // check_schedule_options' below.
     if (a.plan.empty() || a.ddp_bucket_cap_given)
       job.schedule.ddp_bucket_cap_bytes = spec::bucket_cap_bytes(a.ddp_bucket_cap_mb);
-    spec::check_grad_accum(job.grad_accum);
-    spec::check_schedule_options(job.schedule);
   } catch (const std::invalid_argument& e) {
     throw BadInput(e.what());
   }
@@ -88,7 +83,17 @@ Job resolve_job(const RunRequest& a) {
   }
   job.candidate = planner::parse_candidate(strategy);
   if (a.plan.empty() || a.seq_len_given)
-    job.seq_len = a.seq_len > 0 ? a.seq_len : std::min<int64_t>(128, job.model.max_positions);
+    job.seq_len = a.seq_len_given ? a.seq_len : std::min<int64_t>(128, job.model.max_positions);
+  // The job's rules (one each, with one message), before any rank starts:
+  // the plan's values meet them as the options' do.
+  try {
+    spec::check_batch(job.batch);
+    spec::check_job_options(job);
+    if (a.gpus_per_node_given) spec::check_gpus_per_node(a.gpus_per_node, "--gpus-per-node");
+    models::check_seq_len(job.model, job.seq_len);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   // --gpu-mem's one rule is its option's (MemorySize): here it parses.
   if (!a.gpu_mem.empty()) job.budget_bytes = planner::parse_size_bytes(a.gpu_mem);
   // The prediction's profile: cpu on the CPU (exact allocator, as measured);

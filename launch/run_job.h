@@ -11,7 +11,7 @@
 #include "executor/adamw.h"
 #include "models/model_config.h"
 #include "planner/candidate.h"
-#include "spec/schedule.h"
+#include "spec/job.h"
 
 namespace shardfit::launch {
 
@@ -19,7 +19,7 @@ struct RunRequest {
   std::string model;
   std::string strategy = "ddp/fp32/wrap=none";
   int64_t batch = 1;
-  int64_t seq_len = 0;  // 0: min(128, the model's positions)
+  int64_t seq_len = 0;  // not given: the plan's, else min(128, the model's positions)
   int64_t steps = 10;
   uint64_t seed = 1234;
   std::string data = "synthetic";
@@ -33,7 +33,7 @@ struct RunRequest {
   std::string profile;  // the prediction's device profile; "": see resolve_job
   int rank = -1;       // loopback; -1 = not given (rank 0)
   int world_size = 0;  // loopback; 0 = 1
-  int gpus_per_node = 0;
+  int64_t gpus_per_node = 0;  // given: hybrid's shard group (else the launcher's or the plan's)
   double timeout_s = 300;
   std::string plan;
   std::string candidate;
@@ -58,22 +58,21 @@ struct RunRequest {
   std::string attention;    // "": the plan's, else sdpa
   // Which options the user gave (a plan fills in the others).
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false,
-       prefetch_given = false, ddp_bucket_cap_given = false;
+       prefetch_given = false, ddp_bucket_cap_given = false, gpus_per_node_given = false;
   std::string command_line;
   std::string profiles_dir;  // where the device profiles are (the CLI's: next to the binary)
 };
 
-// What one job runs, after the plan (if any) and the defaults are applied.
-struct Job {
+// What one job runs, after the plan (if any) and the defaults are applied:
+// the job (spec::JobOptions: --seq-len, --steps, --grad-accum, and the
+// schedule's options, each the option's or else the plan's) and the rest.
+struct Job : spec::JobOptions {
   models::ModelConfig model;
   planner::Candidate candidate;
   int64_t batch = 1;
-  int64_t seq_len = 128;
   std::string loss = "full";   // --loss, else the plan's
   std::string attention = "sdpa";  // --attention, else the plan's; sdpa resolved for the job's device
   int64_t budget_bytes = 0;
-  int64_t grad_accum = 1;      // --grad-accum, else the plan's
-  spec::ScheduleOptions schedule;  // --prefetch, else the plan's; --async-*, or the plan's
   int plan_world = 0;          // the plan's GPUs x nodes; 0 without a plan
   int plan_gpus_per_node = 0;  // the plan's GPUs per node
   std::string device = "cpu";   // --device

@@ -14,7 +14,7 @@
 
 #include "launch/output_file.h"
 #include "spec/errors.h"
-#include "spec/job_limits.h"
+#include "spec/job.h"
 #include "executor/signals.h"
 
 namespace shardfit::launch {

@@ -98,7 +98,7 @@ const std::vector<ModelConfig>& builtin_models();
 
 // A config.json whose model_type has no built-in C++ model (gemma2, phi3,
 // mixtral, ...): what plan needs to trace it through transformers' own class
-// instead (cli/hf_trace_route.h). Its message names that route.
+// instead (launch/hf_trace_route.h). Its message names that route.
 struct NoBuiltinModel : std::invalid_argument {
   NoBuiltinModel(const std::string& what, std::string path, std::string type)
       : std::invalid_argument(what), config_path(std::move(path)), model_type(std::move(type)) {}

@@ -17,7 +17,7 @@
 #include "planner/time_model.h"
 #include "planner/trace.h"
 #include "spec/grad_buckets.h"
-#include "spec/job_limits.h"
+#include "spec/job.h"
 #include "spec/recompute.h"
 #include "spec/schedule.h"
 #include "spec/shard_layout.h"
@@ -368,10 +368,9 @@ TraceNeeds trace_needs(const std::vector<Candidate>& candidates, const std::vect
 // The request's own checks, before anything is traced: one line each.
 void check_request(const PlanRequest& r) {
   const TraceFile* file = r.trace_file.get();
-  if (r.gpus_per_node < 1) throw std::invalid_argument("--gpus " + std::to_string(r.gpus_per_node) + ": must be at least 1");
-  if (r.nodes < 1) throw std::invalid_argument("--nodes " + std::to_string(r.nodes) + ": must be at least 1");
-  spec::check_grad_accum(r.grad_accum);
-  spec::check_schedule_options(r.schedule);
+  spec::check_gpus_per_node(r.gpus_per_node);
+  spec::check_nodes(r.nodes);
+  spec::check_job_options(r);
   if (file) {
     if (r.seq_len != file->seq_len)
       throw std::invalid_argument("--seq-len " + std::to_string(r.seq_len) + ": the trace file was recorded at " +

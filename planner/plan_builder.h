@@ -18,6 +18,7 @@
 #include "planner/step_simulator.h"
 #include "planner/time_model.h"
 #include "planner/trace_file.h"
+#include "spec/job.h"
 
 namespace shardfit::planner {
 
@@ -29,7 +30,13 @@ std::shared_ptr<TraceCache> make_trace_cache();
 // or PyTorch's own stack (planner/pytorch_stack.h; needs --trace).
 enum class Stack : uint8_t { kShardfit, kPytorch };
 
-struct PlanRequest {
+// The job (spec::JobOptions: --seq-len, --steps, --grad-accum and the
+// schedule's options) and what only a plan is asked.
+struct PlanRequest : spec::JobOptions {
+  // A plan is of a job's steady state: --stack pytorch reads `steps` (2 or
+  // more: step 2 on repeats; 1: a one-step job, no optimizer state during
+  // its forward); shardfit's engine's plans do not.
+  PlanRequest() { steps = 2; }
   Stack stack = Stack::kShardfit;
   // --stack pytorch: DDP(gradient_as_bucket_view=True) (default False, as PyTorch's).
   bool ddp_bucket_view = false;
@@ -70,10 +77,6 @@ struct PlanRequest {
   // --stack pytorch, FSDP1 bf16 candidates: MixedPrecision(
   // keep_low_precision_grads=True) (`--fsdp-keep-low-precision-grads`).
   bool fsdp_keep_low_precision_grads = false;
-  // --stack pytorch: the training steps the job runs. 2 or more: a job's
-  // steady state (step 2 on repeats); 1: a one-step job (no optimizer state
-  // during its forward).
-  int steps = 2;
   models::ModelConfig model;
   // --trace: plan this file's traces (a model traced in its own process,
   // e.g. one written in Python) instead of tracing `model`, which is then
@@ -85,7 +88,6 @@ struct PlanRequest {
   // kernels and a CPU rank's threads, not on the world or the memory. A
   // cache serves one model and one device profile.
   std::shared_ptr<TraceCache> trace_cache;
-  int64_t seq_len = 128;
   int gpus_per_node = 1;
   int nodes = 1;
   DeviceProfile profile;
@@ -98,13 +100,10 @@ struct PlanRequest {
   Optimizer optimizer = Optimizer::kAdamW;
   Objective objective = Objective::kThroughput;
   int64_t max_batch = 4096;      // search cap (only reached without a memory limit)
-  // Micro-batches per optimizer step; the batch searched for is the
-  // micro-batch. zero2/3/hybrid then hold their fp32 shard grads through
-  // every micro-batch after the first, so their max batch can only shrink.
-  int grad_accum = 1;
-  // --prefetch, --async-reduce, --async-gather, --ddp-bucket-cap-mb
-  // (spec::ScheduleOptions; the last for --stack pytorch's DDP too).
-  spec::ScheduleOptions schedule;
+  // grad_accum (JobOptions): the batch searched for is the micro-batch.
+  // zero2/3/hybrid then hold their fp32 shard grads through every
+  // micro-batch after the first, so their max batch can only shrink. The
+  // schedule's --ddp-bucket-cap-mb is --stack pytorch's DDP's too.
   // Called as the plan advances, from build_plan's worker threads but never
   // two at once: stage "trace" (one traced step of a distinct precision and
   // recompute set) or "simulate" (one candidate's batch search done), how
@@ -114,8 +113,9 @@ struct PlanRequest {
 };
 
 // Throws std::invalid_argument (one line) for impossible requests: zero
-// GPUs, a sequence the model cannot take, grad_accum < 1, memory smaller
-// than the fixed overheads, filters that leave no candidate.
+// GPUs, a job spec::check_job_options refuses, a sequence the model cannot
+// take, memory smaller than the fixed overheads, filters that leave no
+// candidate.
 Plan build_plan(const PlanRequest& request);
 
 // Internal to build_plan: `--stack pytorch` (planner/pytorch_plan.cc), with

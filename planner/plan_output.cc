@@ -10,7 +10,7 @@
 
 #include "planner/profile.h"
 #include "planner/pytorch_stack.h"
-#include "spec/job_limits.h"
+#include "spec/job.h"
 #include "spec/json_fields.h"
 
 namespace shardfit::planner {
@@ -19,6 +19,18 @@ namespace {
 using nlohmann::json;
 
 using spec::FieldReader;
+
+// A plan field that carries a job's option meets that option's one rule
+// (spec/job.h), its message after the field's name:
+// "field 'hardware.nodes' fails --nodes 70000: at most 65536 (nodes)".
+template <class Rule>
+void job_rule(const FieldReader& r, const std::string& key, Rule rule) {
+  try {
+    rule();
+  } catch (const std::invalid_argument& e) {
+    r.fail(key, std::string("fails ") + e.what());
+  }
+}
 
 json breakdown_to_json(const MemoryBreakdown& b) {
   return json{{"params", b.params_bytes},
@@ -167,10 +179,10 @@ Plan plan_from(const json& j, const std::string& origin) {
   plan.hardware.profile = hw.text("profile");
   plan.hardware.device_mem_bytes = hw.integer("device_mem_bytes", 0);
   plan.hardware.allocator_budget_bytes = hw.optional_integer("allocator_budget_bytes", 0);
-  // plan --gpus, --nodes and --grad-accum's bounds (spec/job_limits.h).
+  // plan --gpus, --nodes and --grad-accum's rules (spec/job.h), named by the field.
   const int64_t gpus = hw.integer("gpus_per_node", 1), nodes = hw.integer("nodes", 1);
-  if (gpus > spec::kMaxGpusPerNode) hw.fail("gpus_per_node", "is above " + std::to_string(spec::kMaxGpusPerNode));
-  if (nodes > spec::kMaxNodes) hw.fail("nodes", "is above " + std::to_string(spec::kMaxNodes));
+  job_rule(hw, "gpus_per_node", [gpus] { spec::check_gpus_per_node(gpus); });
+  job_rule(hw, "nodes", [nodes] { spec::check_nodes(nodes); });
   plan.hardware.gpus_per_node = static_cast<int>(gpus);
   plan.hardware.nodes = static_cast<int>(nodes);
 
@@ -178,7 +190,7 @@ Plan plan_from(const json& j, const std::string& origin) {
   if (plan.optimizer != "adamw" && plan.optimizer != "sgd") r.fail("optimizer", "must be \"adamw\" or \"sgd\"");
   if (r.has("grad_accum")) {
     const int64_t accum = r.integer("grad_accum", 1);
-    if (accum > spec::kMaxGradAccum) r.fail("grad_accum", "is above " + std::to_string(spec::kMaxGradAccum));
+    job_rule(r, "grad_accum", [accum] { spec::check_grad_accum(accum); });
     plan.grad_accum = static_cast<int>(accum);
   }
   if (r.has("prefetch")) plan.schedule.prefetch = static_cast<int>(r.integer("prefetch", 1));

@@ -402,7 +402,7 @@ PytorchDdpOptions PytorchJobSim::ddp_options(const Candidate& c) const {
   if (cuda_) o.overhead_bytes = r_.profile.cublas_workspace_allocations;
   // Step 2 is the steady state; with static_graph step 3 (step 2 starts
   // with the first iteration's _DDPSink clones held as the outputs).
-  o.steps = std::min(r_.steps, r_.ddp_static_graph ? 3 : 2);
+  o.steps = static_cast<int>(std::min<int64_t>(r_.steps, r_.ddp_static_graph ? 3 : 2));
   o.zero_redundancy = c.sharding == Sharding::kZero1;
   o.grad_scaler = c.precision == Precision::kFp16;  // AMP's fp16 recipe: autocast + GradScaler
   o.grad_accum = r_.grad_accum;
@@ -579,7 +579,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kBackwardPost ? "post"
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
-                                      r.steps, r.fsdp_version, r.fsdp_reduce_dtype,
+                                      static_cast<int>(r.steps), r.fsdp_version, r.fsdp_reduce_dtype,
                                       r.adamw_foreach.value_or(false), r.fsdp_keep_low_precision_grads};
   for (const Candidate& c : candidates) plan.candidates.push_back(search_pytorch_candidate(c, r, *file, traces, sim));
   if (sim.foreach_unrecorded())

@@ -2,7 +2,7 @@
 
 #include "planner/pytorch_ledger.h"
 #include "spec/grad_buckets.h"
-#include "spec/job_limits.h"
+#include "spec/job.h"
 
 #include <algorithm>
 #include <functional>

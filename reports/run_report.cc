@@ -1,6 +1,7 @@
 #include "reports/run_report.h"
 
 #include "reports/json_whole.h"
+#include "spec/job.h"
 
 #include <algorithm>
 #include <cmath>
@@ -167,11 +168,11 @@ namespace {
 constexpr int64_t kMaxBytes = int64_t{1} << 50;
 // Tokens a second above any job: 2^20 ranks at a million tokens/s each.
 constexpr double kMaxTokensPerS = 1e12;
-// The largest batch a report can name (run's --batch bound) and the most
-// micro-batches a step can accumulate (run's --grad-accum bound).
-constexpr int64_t kMaxBatch = int64_t{1} << 20;
-constexpr int64_t kMaxGradAccum = 4096;
-constexpr int64_t kMaxSteps = 1'000'000'000;  // run's --steps bound
+// The largest batch a report can name, the most micro-batches a step can
+// accumulate and the most steps a run takes: run's bounds (spec/job.h).
+constexpr int64_t kMaxBatch = spec::kMaxBatch;
+constexpr int64_t kMaxGradAccum = spec::kMaxGradAccum;
+constexpr int64_t kMaxSteps = spec::kMaxSteps;
 
 using Refuse = std::function<void(const std::string&)>;
 

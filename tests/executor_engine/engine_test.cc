@@ -461,18 +461,34 @@ TEST(EngineCli, StepsOutOfRangeIsRefusedByOneRuleEverywhere) {
   }
 }
 
-// The size options plan and run share: one validator each (cli/validators.h),
-// the same bound and message: --seq-len (each item of plan's list), and the
-// GPUs of a node (plan --gpus, run --gpus-per-node). --nproc above the
-// local ranks is one rule whether given or taken from a plan's world.
+// The job's sizes (spec/job.h): one rule each, for plan (each item of a
+// sweep's list) and run alike, the message naming the option as given:
+// --seq-len, --batch, the GPUs of a node (plan --gpus, run
+// --gpus-per-node) and --nodes. The command line checks only the syntax.
+// --nproc above the local ranks is one rule whether given or taken from a
+// plan's world.
 TEST(EngineCli, SizeOptionsSharedByPlanAndRunHaveOneBoundEach) {
-  const std::string seq = "'2000000' must be a whole number from 1 to 1048576";
+  const std::string seq = "--seq-len 2000000: at most 1048576 (tokens per sequence)";
   expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--seq-len", "2000000"}, seq);
   expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--seq-len", "16,2000000"}, seq);
   expect_refused_with({"run", "--model", "gpt2-tiny", "--seq-len", "2000000"}, seq);
-  const std::string gpus = "'2000' must be a whole number from 1 to 1024";
-  expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpus", "2000"}, gpus);
-  expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2", "--gpus-per-node", "2000"}, gpus);
+  // Given as 0, not read as "not given" (the model's default length).
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--seq-len", "0"}, "--seq-len 0: must be at least 1");
+  expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--seq-len", "0"},
+                      "--seq-len 0: must be at least 1");
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--batch", "0"}, "--batch 0: must be at least 1");
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2", "--batch", "2000000"},
+                      "--batch 2000000: at most 1048576 (sequences per GPU per micro-batch)");
+  expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpus", "2000"},
+                      "--gpus 2000: at most 1024 (GPUs per node)");
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2", "--gpus-per-node", "2000"},
+                      "--gpus-per-node 2000: at most 1024 (GPUs per node)");
+  expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2", "--gpus-per-node", "0"},
+                      "--gpus-per-node 0: must be at least 1");
+  expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--nodes", "2,0"},
+                      "--nodes 0: must be at least 1");
+  expect_refused_with({"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpus", "0x10"},
+                      "--gpus: '0x10' must be a whole number");
   expect_refused_with({"run", "--model", "gpt2-tiny", "--nproc", "2000", "--oversubscribe"},
                       "--nproc 2000: at most 1024 local ranks");
 }

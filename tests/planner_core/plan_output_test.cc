@@ -168,6 +168,11 @@ TEST(PlanOutputTest, ErrorsNameTheField) {
       {[](json& j) { j.erase("schema"); }, "'schema' is missing"},
       {[](json& j) { j["model"].erase("seq_len"); }, "'model.seq_len' is missing"},
       {[](json& j) { j["hardware"]["nodes"] = 0; }, "'hardware.nodes' must be >= 1"},
+      // A field that carries a job's option meets the option's one rule (spec/job.h).
+      {[](json& j) { j["hardware"]["nodes"] = 70000; }, "'hardware.nodes' fails --nodes 70000: at most 65536"},
+      {[](json& j) { j["hardware"]["gpus_per_node"] = 2000; },
+       "'hardware.gpus_per_node' fails --gpus 2000: at most 1024"},
+      {[](json& j) { j["grad_accum"] = 5000; }, "'grad_accum' fails --grad-accum 5000: at most 4096"},
       {[](json& j) { j["candidates"][2]["predicted"]["step_time_s"] = "fast"; },
        "'candidates[2].predicted.step_time_s' must be a number"},
       {[](json& j) { j["candidates"][1]["predicted"]["breakdown_bytes"].erase("grads"); },

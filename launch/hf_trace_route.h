@@ -20,7 +20,7 @@
 #include "models/model_config.h"
 #include "planner/trace_file.h"
 
-namespace shardfit::cli {
+namespace shardfit::launch {
 
 // What the recorder is asked besides the config and the sequence length.
 struct HfTraceOptions {
@@ -44,4 +44,4 @@ class HfTraceRoute {
   std::map<int64_t, std::shared_ptr<planner::TraceFile>> traced_;
 };
 
-}  // namespace shardfit::cli
+}  // namespace shardfit::launch

@@ -1,4 +1,4 @@
-#include "cli/hf_trace_route.h"
+#include "launch/hf_trace_route.h"
 
 #include <unistd.h>
 
@@ -8,10 +8,12 @@
 #include <spdlog/spdlog.h>
 #include <vector>
 
-#include "cli/commands.h"
 #include "launch/child_process.h"
+#include "spec/errors.h"
 
-namespace shardfit::cli {
+namespace shardfit::launch {
+using spec::BadInput;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -148,4 +150,4 @@ std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len) {
   }
 }
 
-}  // namespace shardfit::cli
+}  // namespace shardfit::launch

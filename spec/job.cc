@@ -1,4 +1,4 @@
-#include "spec/job_limits.h"
+#include "spec/job.h"
 
 #include <stdexcept>
 #include <string>
@@ -14,10 +14,25 @@ void check_count(const char* option, int64_t value, long long max, const char* w
 }
 }  // namespace
 
+void check_batch(int64_t batch) { check_count("--batch", batch, kMaxBatch, "sequences per GPU per micro-batch"); }
+
+void check_seq_len(int64_t seq_len) { check_count("--seq-len", seq_len, kMaxSeqLen, "tokens per sequence"); }
+
+void check_steps(int64_t steps) { check_count("--steps", steps, kMaxSteps, "training steps"); }
+
 void check_grad_accum(int64_t grad_accum) {
   check_count("--grad-accum", grad_accum, kMaxGradAccum, "micro-batches per optimizer step");
 }
 
-void check_steps(int64_t steps) { check_count("--steps", steps, kMaxSteps, "training steps"); }
+void check_gpus_per_node(int64_t gpus, const char* option) { check_count(option, gpus, kMaxGpusPerNode, "GPUs per node"); }
+
+void check_nodes(int64_t nodes) { check_count("--nodes", nodes, kMaxNodes, "nodes"); }
+
+void check_job_options(const JobOptions& job) {
+  check_seq_len(job.seq_len);
+  check_steps(job.steps);
+  check_grad_accum(job.grad_accum);
+  check_schedule_options(job.schedule);
+}
 
 }  // namespace shardfit::spec

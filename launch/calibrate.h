@@ -1,0 +1,47 @@
+// `shardfit calibrate --device cpu [--nproc N] --out FILE`'s work: measures what the
+// time model's cpu profile otherwise guesses and writes a
+// profile with those figures, for `plan --device FILE` and `run --profile
+// FILE`:
+//   peak_flops_per_s.{fp32,bf16,fp16}  a square matmul at the size where one
+//       takes >= 20 ms (from 256, doubling, at most 2048), with the intra-op
+//       threads one of N ranks gets (as `run --nproc N` gives each rank);
+//   memory_bytes_per_s (and host memory, host link: the same DRAM)  an
+//       out-of-place add of 64 MiB fp32 tensors (3 × 64 MiB moved);
+//   measured_kernels  what the time model times a step op by op with
+//       (planner/time_model.h): each dtype's matmul rate on a grid of shapes
+//       (m, n, k in 16..1024) and its compute-bound kernels' rates, and one
+//       small kernel's dispatch overhead;
+//   gpu_link.latency_s  a gloo all-reduce of one element, the same way;
+//   gpu_link.bytes_per_s  a gloo all-reduce of 16 MiB fp32 among max(N, 2)
+//       ranks (threads of this process over loopback TCP), counted as the
+//       time model counts a ring all-reduce: 2(n−1)/n × 16 MiB per rank; the
+//       rate is the achieved one, so efficiency.collective becomes 1.
+// Before any of it, glibc's malloc is put in a job's steady state
+// (settle_malloc). Each figure is the median of its repetitions (at least
+// 3, and 0.3 s). The
+// efficiencies of compute and memory stay the base profile's estimates:
+// they stand for what a training step reaches of these rates, which is what
+// the report's step_time_error_pct then shows.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace shardfit::launch {
+
+struct CalibrateRequest {
+  int nproc = 1;             // ranks that will share this host's cores (as `run --nproc`)
+  std::string base = "cpu";  // the profile whose other figures the result keeps
+  std::string name = "cpu-calibrated";  // the result's profile name
+  std::string profiles_dir;             // where `base` is looked up by name
+};
+
+// Measures this machine and returns `base`'s profile JSON with the measured
+// figures, each with its source. `note` gets one line per figure as it is
+// measured (the CLI prints them). Throws spec::BadInput when `base` is not a
+// readable cpu profile.
+nlohmann::json calibrate_cpu(const CalibrateRequest& request,
+                             const std::function<void(const std::string&)>& note);
+
+}  // namespace shardfit::launch
