@@ -156,14 +156,19 @@ def fully_shard_blocks(torch, model, args, mesh):
 
 def fsdp1_blocks(torch, model, args):
     """FSDP1 as transformer_auto_wrap_policy wraps it: every block its own
-    FullyShardedDataParallel unit, the root the rest, on the CPU
-    (device_id=cpu), FULL_SHARD for fsdp1-zero3, SHARD_GRAD_OP for
-    fsdp1-zero2, the other options at their defaults (BACKWARD_PRE)."""
+    FullyShardedDataParallel unit, the root the rest; or, with
+    --fsdp-min-params N, as size_based_auto_wrap_policy(min_num_params=N)
+    does (the plan's wrap=size:N). On the CPU (device_id=cpu), FULL_SHARD for
+    fsdp1-zero3, SHARD_GRAD_OP for fsdp1-zero2, the other options at their
+    defaults (BACKWARD_PRE)."""
+    import functools
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
     strategy = ShardingStrategy.FULL_SHARD if args.wrap == "fsdp1-zero3" else ShardingStrategy.SHARD_GRAD_OP
-    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({model.block_class}),
-                                    sharding_strategy=strategy, device_id=torch.device("cpu"))
+    policy = (functools.partial(size_based_auto_wrap_policy, min_num_params=args.fsdp_min_params)
+              if args.fsdp_min_params else ModuleWrapPolicy({model.block_class}))
+    return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy,
+                                    device_id=torch.device("cpu"))
 
 
 def train(args, rank, meter, torch, models, mesh=None):
@@ -301,6 +306,9 @@ def parser():
                         "block N on, set_modules_to_backward_prefetch(the N before it) (plan --prefetch N)")
     p.add_argument("--fsdp-mesh", metavar="RxS",
                    help="FSDP2 on a 2-D mesh (HSDP): R replicas of S-rank shard groups, R x S = --nproc")
+    p.add_argument("--fsdp-min-params", type=int, default=0, metavar="N",
+                   help="fsdp1-*: size_based_auto_wrap_policy(min_num_params=N) instead of one unit per block "
+                        "(the plan's wrap=size:N)")
     p.add_argument("--fsdp-offload", choices=["pinned", "unpinned"],
                    help="FSDP2's CPUOffloadPolicy(pin_memory=True, its default, or False); pinned needs a CUDA "
                         "driver, even for a CPU mesh")
