@@ -163,7 +163,7 @@ class Fsdp1Job {
   spec::UnitPartition part_;
   std::vector<FlatParam> units_;
   std::vector<int64_t> forward_copy_;  // NO_SHARD + offload: see unshard
-  std::unordered_map<int, int64_t> split_tie_bytes_;
+  SplitTieGrads split_ties_;
   ShardedAdamw adamw_;
   std::vector<int64_t> buffer_ids_;
   std::vector<int> forward_order_;  // units by pre-forward (_exec_order_data, first iteration)
@@ -212,10 +212,9 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
     units_[u].numel = part_.units[u].numel;
     units_[u].shard = fsdp_shard_numel(units_[u].numel, W);
   }
-  // A tie split across units: the owner's own gradient (in the traces, added
-  // into the borrower's and freed) is its unit's, kept until its flat
-  // gradient is made. By owner module: the gradient's bytes.
-  split_tie_bytes_ = split_tie_grad_bytes(modules, part_, low);
+  // A tie split across units: the owner's and the borrower's gradients are
+  // each its own unit's (SplitTieGrads).
+  split_ties_ = split_tie_grads(modules, part_, low);
 
   // AdamW over the flat shards, in parameters() order (the units' pre-order,
   // as part.units is).
@@ -280,7 +279,7 @@ bool Fsdp1Job::step(int k) {
     u.needs_pre_forward = o_.forward_prefetch;
   }
   if (k == 1) cast_buffers();
-  if (!walk_fsdp_step(*in_.no_grads, part_, split_tie_bytes_, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
+  if (!walk_fsdp_step(*in_.no_grads, part_, split_ties_, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
                       previous_outputs_))
     return false;
   // Units whose backward-end marker the trace has none of (a module whose
@@ -360,6 +359,7 @@ FsdpStepHooks Fsdp1Job::hooks(int k) {
     if (o_.backward_prefetch == Prefetch::kBackwardPre) prefetch(ui, false);
   };
   hooks.post_backward = [this](int ui) { post_backward(ui); };
+  hooks.post_backward_after_last_grad = true;
   return hooks;
 }
 
@@ -592,36 +592,72 @@ ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<i
   return {compose_optimizer_step(steps, order, true), compose_optimizer_step(steps, order, false)};
 }
 
-std::unordered_map<int, int64_t> split_tie_grad_bytes(const std::vector<ModuleNode>& modules,
-                                                      const spec::UnitPartition& part, int64_t element_bytes) {
-  // A tie split across units (FSDP1's kCopiedPerUnit): the owner's own
-  // gradient (in the traces, added into the borrower's and freed) is its
-  // unit's, kept until its flat gradient is made.
-  std::unordered_map<int, int64_t> out;
+SplitTieGrads split_tie_grads(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part,
+                              int64_t element_bytes) {
+  SplitTieGrads out;
   for (size_t m = 0; m < modules.size(); ++m)
     for (const std::string& name : modules[m].borrowed_params)
       if (const spec::ParamOwner o = spec::param_owner(modules, name);
-          o.param && part.module_unit[o.module] != part.module_unit[m])
-        out[o.module] = element_bytes * o.param->numel;
+          o.param && part.module_unit[o.module] != part.module_unit[m]) {
+        out.owner_bytes[o.module] = element_bytes * o.param->numel;
+        out.borrowers[static_cast<int>(m)] = {o.module, element_bytes * o.param->numel};
+      }
   return out;
 }
 
-bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
-                    const std::unordered_map<int, int64_t>& split_tie_bytes, const std::string& step,
+bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
+                    const std::string& step,
                     std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
                     std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
                     std::vector<int64_t>& previous_outputs,
                     std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins) {
   std::unordered_map<int, int> unit_at;  // wrapped module -> unit
   for (size_t u = 0; u < part.units.size(); ++u) unit_at[part.units[u].root_module] = static_cast<int>(u);
-  std::unordered_set<int64_t> freed_in_trace, kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
+  std::unordered_set<int64_t> kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
+  std::unordered_map<int64_t, int> freed_in;  // trace storage -> the module active where the trace frees it
   for (const auto& e : t.events)
-    if (e.kind == MemEvent::kFree) freed_in_trace.insert(e.tensor);
+    if (e.kind == MemEvent::kFree) freed_in[e.tensor] = e.module;
+  // A gradient of a split tie (SplitTieGrads): the owner's own, or the
+  // borrower's, which the trace frees in the owner's backward.
+  std::unordered_set<int> borrowed_seen;  // owners whose borrower's gradient came first
+  auto split_tie_grad = [&](const MemEvent& e) {
+    if (const auto own = split_ties.owner_bytes.find(e.module); own != split_ties.owner_bytes.end())
+      return own->second == e.bytes;
+    const auto b = split_ties.borrowers.find(e.module);
+    if (b == split_ties.borrowers.end() || b->second.bytes != e.bytes) return false;
+    const auto freed = freed_in.find(e.tensor);
+    if (freed != freed_in.end() && freed->second != b->second.owner) return false;
+    borrowed_seen.insert(b->second.owner);
+    return true;
+  };
+  // The trace's sum of the two (AccumulateGrad adding the owner's gradient
+  // to the borrower's out of place, the result kept as the one .grad): with
+  // a copy per unit nothing adds them, so it is not allocated.
+  auto split_tie_sum = [&](const MemEvent& e) {
+    const auto own = split_ties.owner_bytes.find(e.module);
+    return own != split_ties.owner_bytes.end() && own->second == e.bytes && !freed_in.count(e.tensor) &&
+           borrowed_seen.count(e.module);
+  };
   std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
   std::unordered_set<int64_t> held_grads;     // trace storages kept as a unit's parameter gradient
+  // post_backward_after_last_grad: the units but the root whose backward
+  // the trace ends only with the whole backward (an end with no op: no
+  // marker ran), with their parameters' gradients still to come; the unit
+  // whose last one came.
+  std::vector<int64_t> grads_to_come(part.units.size(), -1);
+  if (hooks.post_backward_after_last_grad)
+    for (const auto& e : t.events)
+      if (const auto u = unit_at.find(e.module); u != unit_at.end() && u->second != 0 &&
+                                                 e.kind == MemEvent::kModuleEnd && e.phase != Phase::kForward && e.op < 0)
+        grads_to_come[u->second] = static_cast<int64_t>(part.units[u->second].params.size());
+  int grads_done_unit = -1;
   bool in_backward = false;
   for (const auto& e : t.events) {
     if (ledger.oom()) return false;
+    if (grads_done_unit >= 0 && e.kind != MemEvent::kFree) {
+      hooks.post_backward(grads_done_unit);  // runs once: the trace's end of it finds it done
+      grads_done_unit = -1;
+    }
     if (!in_backward && e.phase != Phase::kForward) {
       // The forward returned: the loop's `outputs = model(x)` drops the
       // previous step's.
@@ -641,20 +677,22 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
       } else {
         (begin ? hooks.pre_backward : hooks.post_backward)(unit->second);
       }
+    } else if (e.kind == MemEvent::kAlloc && in_backward && split_tie_sum(e)) {
+      continue;
     } else if (e.kind == MemEvent::kAlloc) {
       const bool output = kept_output.count(e.tensor) > 0;
-      const auto tie = split_tie_bytes.find(e.module);
-      const bool grad = in_backward && !output &&
-                        (!freed_in_trace.count(e.tensor) || (tie != split_tie_bytes.end() && tie->second == e.bytes));
+      const bool grad = in_backward && !output && (!freed_in.count(e.tensor) || split_tie_grad(e));
       const int64_t id = ledger.alloc(output ? Category::kActivations : grad ? Category::kGrads : Category::kActivations,
                                       e.bytes, label, 0);
       if (id < 0) return false;
       live[e.tensor] = id;
       if (output) outputs.push_back(id);
       if (grad) {
-        unit_grads[part.module_unit[e.module]].push_back(id);
-        if (grad_origins) (*grad_origins)[part.module_unit[e.module]].emplace_back(e.module, e.bytes);
+        const int u = part.module_unit[e.module];
+        unit_grads[u].push_back(id);
+        if (grad_origins) (*grad_origins)[u].emplace_back(e.module, e.bytes);
         held_grads.insert(e.tensor);
+        if (grads_to_come[u] > 0 && --grads_to_come[u] == 0) grads_done_unit = u;
       }
     } else if (e.kind == MemEvent::kFree && !held_grads.count(e.tensor)) {
       if (auto it = live.find(e.tensor); it != live.end()) {

@@ -120,11 +120,38 @@ struct FsdpStepHooks {
   std::function<void()> backward_begins;  // the forward returned: the root's pre-backward hook
   std::function<void(int)> pre_backward;  // a unit's backward begins (the hook on its outputs' gradients)
   std::function<void(int)> post_backward; // a unit's backward has ended (its inputs' gradients are ready)
+  // FSDP1: post_backward is the hook on the flat parameter's AccumulateGrad,
+  // which runs once the backward of the views the unit's pre-forward made
+  // (_use_unsharded_views) has run; the autograd engine runs the ready node
+  // made latest first, and those views were made just before the unit's
+  // modules ran, so they run right after its last parameter gradient. For a
+  // unit whose inputs need no gradient (an embedding's ids) the trace has no
+  // end of its backward until the whole backward's (the tracer's markers sit
+  // on inputs that need one): with this set, such a unit's post_backward
+  // runs after its last gradient and the frees that follow it, before the
+  // next allocation or module event. Not the root's: its views were made
+  // before any other node, so they run last, at the backward's end. FSDP2
+  // waits for the backward's end for such a unit too (its root's final
+  // callback), as the trace does.
+  bool post_backward_after_last_grad = false;
 };
-// The gradient of a tie split across units, by owner module: its bytes (see
-// the .cc). Empty when every tie is inside one unit.
-std::unordered_map<int, int64_t> split_tie_grad_bytes(const std::vector<ModuleNode>& modules,
-                                                      const spec::UnitPartition& part, int64_t element_bytes);
+// The gradients of a tie split across units (FSDP1's kCopiedPerUnit: each
+// unit that registers the weight flattens its own copy), each its module's
+// unit's, kept until that unit's flat gradient is made. In the traces (one
+// parameter) the borrower's backward runs first: its gradient becomes the
+// parameter's .grad, and the owner's own gradient is added into it and
+// freed; the borrower's is freed only then, in the owner's backward.
+// Empty when every tie is inside one unit.
+struct SplitTieGrads {
+  std::unordered_map<int, int64_t> owner_bytes;  // owner module -> its own gradient's bytes
+  struct Borrowed {
+    int owner = -1;     // the module that owns the weight
+    int64_t bytes = 0;  // the gradient's bytes
+  };
+  std::unordered_map<int, Borrowed> borrowers;  // borrowing module -> its gradient
+};
+SplitTieGrads split_tie_grads(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part,
+                              int64_t element_bytes);
 // Replays the trace's storages on the compute stream (0) into `ledger`,
 // labelled `label` (stepK/forward, then stepK/backward: the hooks allocate
 // under it too). The parameters' gradients (kept by AccumulateGrad; an
@@ -135,8 +162,8 @@ std::unordered_map<int, int64_t> split_tie_grad_bytes(const std::vector<ModuleNo
 // units' forward order is appended to `forward_order` when it is given.
 // With `grad_origins`, each gradient's (module, bytes) is appended to
 // (*grad_origins)[unit] beside its id in unit_grads. False on out of memory.
-bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part,
-                    const std::unordered_map<int, int64_t>& split_tie_bytes, const std::string& step,
+bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
+                    const std::string& step,
                     std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
                     std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
                     std::vector<int64_t>& previous_outputs,

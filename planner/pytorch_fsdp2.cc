@@ -232,7 +232,7 @@ bool Fsdp2Job::step(int k) {
     }
     g.pre_backward_done = g.post_backward_done = false;
   }
-  if (!walk_fsdp_step(*in_.no_grads, part_, {}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
+  if (!walk_fsdp_step(*in_.no_grads, part_, SplitTieGrads{}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
                       previous_outputs_, &grad_origins_))
     return false;
   finalize_backward();

@@ -28,6 +28,8 @@ model is built, as `shardfit run` counts its own ranks.
     --wrap fsdp1-zero3  FSDP1: FullyShardedDataParallel(device_id=cpu), every
                    block a unit (ModuleWrapPolicy), FULL_SHARD
     --wrap fsdp1-zero2  the same with SHARD_GRAD_OP
+    --fsdp-min-params N  fsdp1-*: size_based_auto_wrap_policy(min_num_params=N)
+                   instead of a unit per block (the plan's wrap=size:N)
     --log-allocations PREFIX  every allocation and free of each rank, with
                    the Python frames that made it, to PREFIX.rankN.json
     --ckpt         every block under torch.utils.checkpoint (non-reentrant)

@@ -452,3 +452,41 @@ TEST(PytorchFsdp, ShardsArePaddedToTheFirstChunk) {
 
 }  // namespace
 }  // namespace shardfit::planner
+
+namespace shardfit::planner {
+namespace {
+
+// A tied weight wrapped into two units (size:5: "emb" and "head" alone):
+// each unit flattens its own copy, so the owner's and the borrower's
+// gradients are each their own unit's (SplitTieGrads); by block (one unit
+// holding both) the tie is not split and nothing is.
+TEST(PytorchFsdp, ATieSplitAcrossUnitsGivesEachItsOwnGradient) {
+  std::vector<ModuleNode> m(3);
+  m[0].type = "Net";
+  m[0].children = {1, 2};
+  m[1].path = "emb";
+  m[1].type = "Embedding";
+  m[1].parent = 0;
+  m[1].params = {ParamInfo{"emb.w", {10}, 10}};
+  m[2].path = "head";
+  m[2].type = "Linear";
+  m[2].parent = 0;
+  m[2].borrowed_params = {"emb.w"};
+  const spec::UnitPartition split =
+      spec::wrap_modules(m, spec::WrapPolicy::parse("size:5"), spec::TiedParams::kCopiedPerUnit);
+  ASSERT_EQ(split.units.size(), 3u);
+  const SplitTieGrads ties = split_tie_grads(m, split, 4);
+  ASSERT_EQ(ties.owner_bytes.size(), 1u);
+  EXPECT_EQ(ties.owner_bytes.at(1), 40);
+  ASSERT_EQ(ties.borrowers.size(), 1u);
+  EXPECT_EQ(ties.borrowers.at(2).owner, 1);
+  EXPECT_EQ(ties.borrowers.at(2).bytes, 40);
+  const spec::UnitPartition together =
+      spec::wrap_modules(m, spec::WrapPolicy::parse("size:100"), spec::TiedParams::kCopiedPerUnit);
+  const SplitTieGrads none = split_tie_grads(m, together, 4);
+  EXPECT_TRUE(none.owner_bytes.empty());
+  EXPECT_TRUE(none.borrowers.empty());
+}
+
+}  // namespace
+}  // namespace shardfit::planner
