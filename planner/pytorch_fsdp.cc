@@ -643,9 +643,11 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const 
   // post_backward_after_last_grad: the units but the root whose backward
   // the trace ends only with the whole backward (an end with no op: no
   // marker ran), with their parameters' gradients still to come; the unit
-  // whose last one came.
+  // whose last one came. A trace that names no op at all (made by hand)
+  // cannot tell the tracer's ends from the markers': its ends stand.
   std::vector<int64_t> grads_to_come(part.units.size(), -1);
-  if (hooks.post_backward_after_last_grad)
+  const bool names_ops = std::any_of(t.events.begin(), t.events.end(), [](const MemEvent& e) { return e.op >= 0; });
+  if (hooks.post_backward_after_last_grad && names_ops)
     for (const auto& e : t.events)
       if (const auto u = unit_at.find(e.module); u != unit_at.end() && u->second != 0 &&
                                                  e.kind == MemEvent::kModuleEnd && e.phase != Phase::kForward && e.op < 0)
@@ -654,7 +656,7 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const 
   bool in_backward = false;
   for (const auto& e : t.events) {
     if (ledger.oom()) return false;
-    if (grads_done_unit >= 0 && e.kind != MemEvent::kFree) {
+    if (grads_done_unit >= 0 && (e.kind != MemEvent::kFree || e.op < 0)) {
       hooks.post_backward(grads_done_unit);  // runs once: the trace's end of it finds it done
       grads_done_unit = -1;
     }

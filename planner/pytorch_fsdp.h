@@ -128,11 +128,12 @@ struct FsdpStepHooks {
   // unit whose inputs need no gradient (an embedding's ids) the trace has no
   // end of its backward until the whole backward's (the tracer's markers sit
   // on inputs that need one): with this set, such a unit's post_backward
-  // runs after its last gradient and the frees that follow it, before the
-  // next allocation or module event. Not the root's: its views were made
-  // before any other node, so they run last, at the backward's end. FSDP2
-  // waits for the backward's end for such a unit too (its root's final
-  // callback), as the trace does.
+  // runs after its last gradient and the frees its node makes (inside an
+  // op), before the next allocation, module event or free outside any op
+  // (the graph's teardown at the backward's end). Not the root's: its views
+  // were made before any other node, so they run last, at the backward's
+  // end. FSDP2 waits for the backward's end for such a unit too (its root's
+  // final callback), as the trace does.
   bool post_backward_after_last_grad = false;
 };
 // The gradients of a tie split across units (FSDP1's kCopiedPerUnit: each
