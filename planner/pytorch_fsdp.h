@@ -103,8 +103,9 @@ void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, c
 inline int64_t fsdp_shard_numel(int64_t numel, int world) { return (numel + world - 1) / world; }
 
 // What both FSDP versions share (FSDP1 here, FSDP2's fully_shard in
-// pytorch_fsdp2.h): one step's walk through the no-grads trace, calling the
-// version's hooks where PyTorch calls them.
+// pytorch_fsdp2.h; defined in pytorch_fsdp_walk.cc): AdamW over shards, the
+// gradients of a tie split across units, and one step's walk through the
+// no-grads trace, calling the version's hooks where PyTorch calls them.
 class Ledger;
 // torch.optim.AdamW over shards of these sizes (elements; a 0 is skipped),
 // in this order, from the traced steps of one parameter alone (`in`'s

@@ -1,0 +1,163 @@
+// What FSDP1 (pytorch_fsdp.cc) and FSDP2 (pytorch_fsdp2.cc) share, declared
+// in pytorch_fsdp.h: AdamW over shards, the gradients of a tie split across
+// units, and one step's walk through the no-grads trace calling the
+// version's hooks.
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "planner/adamw_steps.h"
+#include "planner/pytorch_fsdp.h"
+#include "planner/pytorch_ledger.h"
+#include "spec/wrap_policy.h"
+
+namespace shardfit::planner {
+
+ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards) {
+  // A traced AdamW step for one parameter resized to a shard: every storage
+  // of the parameter's size (its exp_avg and exp_avg_sq, the update's sqrt
+  // and division: optim/adamw.py _single_tensor_adamw) becomes the shard's
+  // size; the rest (none in 1.13's for-loop AdamW on a GPU parameter; its
+  // `step` is a host tensor) stays. The parameter is the largest, so that no
+  // other storage shares its size.
+  const size_t ref = static_cast<size_t>(
+      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
+  if (in.foreach_first && in.foreach_later) {
+    // foreach=True: the multi-tensor step over the shards, each the largest
+    // parameter's part resized.
+    std::vector<MultiTensorAdamwStep::Entry> list;
+    for (int64_t shard : shards)
+      if (shard > 0) list.push_back({static_cast<int>(ref), 4 * shard});
+    return {in.foreach_first->compose(list), in.foreach_later->compose(list)};
+  }
+  std::vector<ModelTrace> steps;
+  std::vector<int> order;
+  for (int64_t shard : shards) {
+    if (shard == 0) continue;
+    for (int k = 0; k < 2; ++k) {
+      ModelTrace t = (*in.optimizer_param_steps)[2 * ref + k];
+      for (auto& e : t.events)
+        if (e.kind == MemEvent::kAlloc && e.bytes == 4 * in.param_numels[ref]) e.bytes = 4 * shard;
+      steps.push_back(std::move(t));
+    }
+    order.push_back(static_cast<int>(order.size()));
+  }
+  return {compose_optimizer_step(steps, order, true), compose_optimizer_step(steps, order, false)};
+}
+
+SplitTieGrads split_tie_grads(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part,
+                              int64_t element_bytes) {
+  SplitTieGrads out;
+  for (size_t m = 0; m < modules.size(); ++m)
+    for (const std::string& name : modules[m].borrowed_params)
+      if (const spec::ParamOwner o = spec::param_owner(modules, name);
+          o.param && part.module_unit[o.module] != part.module_unit[m]) {
+        out.owner_bytes[o.module] = element_bytes * o.param->numel;
+        out.borrowers[static_cast<int>(m)] = {o.module, element_bytes * o.param->numel};
+      }
+  return out;
+}
+
+bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
+                    const std::string& step,
+                    std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
+                    std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
+                    std::vector<int64_t>& previous_outputs,
+                    std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins) {
+  std::unordered_map<int, int> unit_at;  // wrapped module -> unit
+  for (size_t u = 0; u < part.units.size(); ++u) unit_at[part.units[u].root_module] = static_cast<int>(u);
+  std::unordered_set<int64_t> kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
+  std::unordered_map<int64_t, int> freed_in;  // trace storage -> the module active where the trace frees it
+  for (const auto& e : t.events)
+    if (e.kind == MemEvent::kFree) freed_in[e.tensor] = e.module;
+  // A gradient of a split tie (SplitTieGrads): the owner's own, or the
+  // borrower's, which the trace frees in the owner's backward.
+  std::unordered_set<int> borrowed_seen;  // owners whose borrower's gradient came first
+  auto split_tie_grad = [&](const MemEvent& e) {
+    if (const auto own = split_ties.owner_bytes.find(e.module); own != split_ties.owner_bytes.end())
+      return own->second == e.bytes;
+    const auto b = split_ties.borrowers.find(e.module);
+    if (b == split_ties.borrowers.end() || b->second.bytes != e.bytes) return false;
+    const auto freed = freed_in.find(e.tensor);
+    if (freed != freed_in.end() && freed->second != b->second.owner) return false;
+    borrowed_seen.insert(b->second.owner);
+    return true;
+  };
+  // The trace's sum of the two (AccumulateGrad adding the owner's gradient
+  // to the borrower's out of place, the result kept as the one .grad): with
+  // a copy per unit nothing adds them, so it is not allocated.
+  auto split_tie_sum = [&](const MemEvent& e) {
+    const auto own = split_ties.owner_bytes.find(e.module);
+    return own != split_ties.owner_bytes.end() && own->second == e.bytes && !freed_in.count(e.tensor) &&
+           borrowed_seen.count(e.module);
+  };
+  std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
+  std::unordered_set<int64_t> held_grads;     // trace storages kept as a unit's parameter gradient
+  // post_backward_after_last_grad: the units but the root whose backward
+  // the trace ends only with the whole backward (an end with no op: no
+  // marker ran), with their parameters' gradients still to come; the unit
+  // whose last one came. A trace that names no op at all (made by hand)
+  // cannot tell the tracer's ends from the markers': its ends stand.
+  std::vector<int64_t> grads_to_come(part.units.size(), -1);
+  const bool names_ops = std::any_of(t.events.begin(), t.events.end(), [](const MemEvent& e) { return e.op >= 0; });
+  if (hooks.post_backward_after_last_grad && names_ops)
+    for (const auto& e : t.events)
+      if (const auto u = unit_at.find(e.module); u != unit_at.end() && u->second != 0 &&
+                                                 e.kind == MemEvent::kModuleEnd && e.phase != Phase::kForward && e.op < 0)
+        grads_to_come[u->second] = static_cast<int64_t>(part.units[u->second].params.size());
+  int grads_done_unit = -1;
+  bool in_backward = false;
+  for (const auto& e : t.events) {
+    if (ledger.oom()) return false;
+    if (grads_done_unit >= 0 && (e.kind != MemEvent::kFree || e.op < 0)) {
+      hooks.post_backward(grads_done_unit);  // runs once: the trace's end of it finds it done
+      grads_done_unit = -1;
+    }
+    if (!in_backward && e.phase != Phase::kForward) {
+      // The forward returned: the loop's `outputs = model(x)` drops the
+      // previous step's.
+      in_backward = true;
+      ledger.free_all(previous_outputs);
+      ledger.point(step + "/forward");
+      label = step + "/backward";
+      hooks.backward_begins();
+    }
+    const auto unit = unit_at.find(e.module);
+    const bool unit_event =
+        unit != unit_at.end() && (e.kind == MemEvent::kModuleBegin || e.kind == MemEvent::kModuleEnd);
+    if (unit_event) {
+      const bool begin = e.kind == MemEvent::kModuleBegin;
+      if (e.phase == Phase::kForward) {
+        (begin ? hooks.pre_forward : hooks.post_forward)(unit->second);
+      } else {
+        (begin ? hooks.pre_backward : hooks.post_backward)(unit->second);
+      }
+    } else if (e.kind == MemEvent::kAlloc && in_backward && split_tie_sum(e)) {
+      continue;
+    } else if (e.kind == MemEvent::kAlloc) {
+      const bool output = kept_output.count(e.tensor) > 0;
+      const bool grad = in_backward && !output && (!freed_in.count(e.tensor) || split_tie_grad(e));
+      const int64_t id = ledger.alloc(output ? Category::kActivations : grad ? Category::kGrads : Category::kActivations,
+                                      e.bytes, label, 0);
+      if (id < 0) return false;
+      live[e.tensor] = id;
+      if (output) outputs.push_back(id);
+      if (grad) {
+        const int u = part.module_unit[e.module];
+        unit_grads[u].push_back(id);
+        if (grad_origins) (*grad_origins)[u].emplace_back(e.module, e.bytes);
+        held_grads.insert(e.tensor);
+        if (grads_to_come[u] > 0 && --grads_to_come[u] == 0) grads_done_unit = u;
+      }
+    } else if (e.kind == MemEvent::kFree && !held_grads.count(e.tensor)) {
+      if (auto it = live.find(e.tensor); it != live.end()) {
+        ledger.free(it->second);
+        live.erase(it);
+      }
+    }
+  }
+  return !ledger.oom();
+}
+
+}  // namespace shardfit::planner
