@@ -136,12 +136,16 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
   const std::string adamw_step = a.adamw_foreach ? "foreach" : a.adamw_step;
   if (a.adamw_foreach && !a.adamw_step.empty() && a.adamw_step != "foreach")
     throw BadInput("--adamw-foreach with --adamw-step " + a.adamw_step + ": one AdamW step; give one of them");
-  if (!adamw_step.empty() && adamw_step != "foreach" && adamw_step != "for-loop")
-    throw BadInput("--adamw-step " + adamw_step + ": expected for-loop (foreach=False) or foreach (foreach=True)");
+  const auto step = planner::parse_adamw_step(adamw_step);
+  if (!adamw_step.empty() && !step)
+    throw BadInput("--adamw-step " + adamw_step +
+                   ": expected for-loop (foreach=False), foreach (foreach=True) or fused (fused=True)");
   if (!adamw_step.empty() && r.stack != planner::Stack::kPytorch)
     throw BadInput(std::string(a.adamw_foreach ? "--adamw-foreach" : "--adamw-step") +
                    ": a PyTorch optimizer option; give --stack pytorch (shardfit's engine steps AdamW unit by unit)");
-  if (!adamw_step.empty()) r.adamw_foreach = adamw_step == "foreach";
+  if (step == planner::AdamwStep::kFused && r.torch == "1.13")
+    throw BadInput("--adamw-step fused with --torch 1.13: its AdamW has no fused step");
+  if (!adamw_step.empty()) r.adamw_step = step;
   r.fsdp_backward_prefetch = bp == "post"   ? planner::FsdpBackwardPrefetch::kBackwardPost
                              : bp == "none" ? planner::FsdpBackwardPrefetch::kNone
                                             : planner::FsdpBackwardPrefetch::kBackwardPre;
@@ -433,8 +437,9 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--adamw-step", a->adamw_step,
                   "--stack pytorch: torch.optim.AdamW's step: foreach (foreach=True, the multi-tensor step: each "
                   "temporary made for every parameter at once; zero1: ZeroRedundancyOptimizer's local AdamW, "
-                  "FSDP: over the shards) or for-loop (foreach=False); default: what --torch's AdamW picks given "
-                  "no foreach, per candidate: 2.11 the multi-tensor step on CUDA for DDP, zero1 and FSDP2 "
+                  "FSDP: over the shards), fused (fused=True, PyTorch 2.x: one kernel updates every parameter in "
+                  "place; its state only) or for-loop (foreach=False); default: what --torch's AdamW picks given "
+                  "neither, per candidate: 2.11 the multi-tensor step on CUDA for DDP, zero1 and FSDP2 "
                   "parameters, the for-loop for FSDP1's flat ones and on a CPU; 1.13 the for-loop");
   sub->add_flag("--adamw-foreach", a->adamw_foreach, "--stack pytorch: --adamw-step foreach");
   sub->add_option("--fsdp-reduce-dtype", a->fsdp_reduce_dtype,

@@ -9,6 +9,24 @@
 
 namespace shardfit::planner {
 
+const char* adamw_step_name(AdamwStep s) {
+  switch (s) {
+    case AdamwStep::kForeach:
+      return "foreach";
+    case AdamwStep::kFused:
+      return "fused";
+    case AdamwStep::kForLoop:
+      break;
+  }
+  return "for-loop";
+}
+
+std::optional<AdamwStep> parse_adamw_step(const std::string& name) {
+  for (AdamwStep s : {AdamwStep::kForLoop, AdamwStep::kForeach, AdamwStep::kFused})
+    if (name == adamw_step_name(s)) return s;
+  return std::nullopt;
+}
+
 ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param, const std::vector<int>& params,
                                   bool first) {
   auto trace_of = [&](size_t i) -> const ModelTrace& {
@@ -91,10 +109,12 @@ ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param, cons
 
 namespace {
 
-std::invalid_argument not_split(const std::string& why) {
-  return std::invalid_argument("--adamw-foreach: the trace file's AdamW(foreach=True) step does not split into "
-                               "its call's and its parameters' storages (" +
-                               why + "): record it again with pytorch/trace_recorder.py");
+std::invalid_argument not_split(AdamwStep which, const std::string& why) {
+  const std::string name = adamw_step_name(which);
+  return std::invalid_argument("--adamw-step " + name + ": the trace file's AdamW(" +
+                               (which == AdamwStep::kFused ? "fused" : "foreach") +
+                               "=True) step does not split into its call's and its parameters' storages (" + why +
+                               "): record it again with pytorch/trace_recorder.py");
 }
 
 // Alloc and free events only, each storage's id made its first appearance's
@@ -112,10 +132,10 @@ std::vector<std::pair<int, int64_t>> canonical(const ModelTrace& t) {
 
 }  // namespace
 
-MultiTensorAdamwStep::MultiTensorAdamwStep(const ModelTrace& step, std::vector<int64_t> param_bytes)
+MultiTensorAdamwStep::MultiTensorAdamwStep(const ModelTrace& step, std::vector<int64_t> param_bytes, AdamwStep which)
     : param_bytes_(std::move(param_bytes)) {
   const int64_t n = static_cast<int64_t>(param_bytes_.size());
-  if (n == 0) throw not_split("no parameters");
+  if (n == 0) throw not_split(which, "no parameters");
   for (const MemEvent& e : step.events)
     if (e.kind == MemEvent::kAlloc || e.kind == MemEvent::kFree) events_.push_back({e});
   // The trailing frees outside any op are the step's return (its locals
@@ -140,7 +160,7 @@ MultiTensorAdamwStep::MultiTensorAdamwStep(const ModelTrace& step, std::vector<i
     const MemEvent& e = ev.e;
     if (e.kind == MemEvent::kFree) {
       const auto it = of_tensor.find(e.tensor);
-      if (it == of_tensor.end()) throw not_split("a storage freed that it did not allocate");
+      if (it == of_tensor.end()) throw not_split(which, "a storage freed that it did not allocate");
       std::tie(ev.owner, ev.run) = it->second;
       ev.late_free = i >= tail && ev.owner >= 0;
       if (i < tail) --live_transients;
@@ -168,7 +188,7 @@ MultiTensorAdamwStep::MultiTensorAdamwStep(const ModelTrace& step, std::vector<i
     of_tensor[e.tensor] = at;
   }
   if (kept % n || outputs % n || groups % n)
-    throw not_split(std::to_string(kept) + " kept, " + std::to_string(outputs) + " returned and " +
+    throw not_split(which, std::to_string(kept) + " kept, " + std::to_string(outputs) + " returned and " +
                     std::to_string(groups) + " per-tensor groups of storages for " + std::to_string(n) +
                     " parameters");
   // The state: the same number per parameter, made parameter by parameter.
@@ -180,7 +200,7 @@ MultiTensorAdamwStep::MultiTensorAdamwStep(const ModelTrace& step, std::vector<i
     if (events_[i].owner >= 0 && !events_[i].late_free) blocks_[events_[i].run][events_[i].owner].push_back(i);
   std::vector<Entry> all;
   for (int p = 0; p < n; ++p) all.push_back({p, param_bytes_[p]});
-  if (canonical(compose(all)) != canonical(step)) throw not_split("the parameters' parts do not rebuild it");
+  if (canonical(compose(all)) != canonical(step)) throw not_split(which, "the parameters' parts do not rebuild it");
 }
 
 ModelTrace MultiTensorAdamwStep::compose(const std::vector<Entry>& list) const {

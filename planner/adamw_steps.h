@@ -4,15 +4,29 @@
 // steps over every parameter (pytorch/trace_recorder.py); these compose the
 // step over another list from them, for both of 1.13's implementations
 // (torch/optim/adamw.py): the for-loop one (foreach=False, 1.13's default on
-// CPU tensors) and the multi-tensor one (foreach=True).
+// CPU tensors) and the multi-tensor one (foreach=True), and 2.x's fused one.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "planner/model_trace.h"
 
 namespace shardfit::planner {
+
+// Which of torch.optim.AdamW's implementations steps (`plan --adamw-step`):
+// the for-loop one (foreach=False), the multi-tensor one (foreach=True), or
+// the fused one (fused=True: one _fused_adamw_ kernel over the list, which
+// allocates nothing; its step counts on the parameters' device). The fused
+// step splits as the multi-tensor one does (MultiTensorAdamwStep): its
+// state per parameter, and on a CPU the per-tensor add of its step counts.
+enum class AdamwStep : uint8_t { kForLoop, kForeach, kFused };
+// "for-loop", "foreach", "fused": the option's words and the plan's.
+const char* adamw_step_name(AdamwStep s);
+// Those words back; anything else: std::nullopt.
+std::optional<AdamwStep> parse_adamw_step(const std::string& name);
 
 // foreach=False: one step over `params` (indices, in the local optimizer's
 // order) composed from each parameter's step alone (TraceFile::
@@ -41,8 +55,10 @@ ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param_steps
 // or not rebuilt exactly) is refused with one line.
 class MultiTensorAdamwStep {
  public:
-  // `step` traced over parameters of these bytes, in this order.
-  MultiTensorAdamwStep(const ModelTrace& step, std::vector<int64_t> param_bytes);
+  // `step` traced over parameters of these bytes, in this order, by the
+  // multi-tensor AdamW or (`which`) the fused one.
+  MultiTensorAdamwStep(const ModelTrace& step, std::vector<int64_t> param_bytes,
+                       AdamwStep which = AdamwStep::kForeach);
 
   // One entry of the list to compose: the traced parameter whose part it
   // repeats, and its bytes (every storage of that parameter's size becomes

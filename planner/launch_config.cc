@@ -30,13 +30,16 @@ ojson backward_prefetch(const Plan& plan) {
 
 // `plan --adamw-step`, else its PyTorch's default; a plan from before
 // candidates recorded it: the job's.
-bool adamw_foreach(const Plan& plan, const PlanCandidate& pc) {
-  return pc.adamw_foreach ? *pc.adamw_foreach : plan.pytorch_job && plan.pytorch_job->adamw_foreach;
+std::string adamw_keyword(const Plan& plan, const PlanCandidate& pc) {
+  const std::string step = !pc.adamw_step.empty() ? pc.adamw_step
+                           : plan.pytorch_job     ? plan.pytorch_job->adamw_step
+                                                  : "";
+  if (step == "fused") return "fused=True";
+  return step == "foreach" ? "foreach=True" : "foreach=False";
 }
 
 std::string adamw_assumed(const Plan& plan, const PlanCandidate& pc) {
-  return std::string("the plan assumed torch.optim.AdamW(foreach=") + (adamw_foreach(plan, pc) ? "True" : "False") +
-         ")";
+  return "the plan assumed torch.optim.AdamW(" + adamw_keyword(plan, pc) + ")";
 }
 
 void check_ckpt(const Candidate& c, LaunchFormat format) {
@@ -120,10 +123,13 @@ LaunchConfig ddp_json(const Plan& plan, const PlanCandidate& pc, const WrapPolic
   ojson kwargs{{"device_ids", "[the local rank's device] (None on the CPU)"},
                {"bucket_cap_mb", static_cast<double>(plan.schedule.ddp_bucket_cap_bytes) / (1 << 20)}};
   out.settings["ddp_kwargs"] = kwargs;
-  if (c.sharding == Sharding::kZero1)
+  if (c.sharding == Sharding::kZero1) {
+    const std::string kw = adamw_keyword(plan, pc);  // foreach=True: {"foreach": true}
+    const size_t eq = kw.find('=');
     out.settings["optimizer"] = ojson{{"class", "torch.distributed.optim.ZeroRedundancyOptimizer"},
                                       {"optimizer_class", "torch.optim.AdamW"},
-                                      {"foreach", adamw_foreach(plan, pc)}};
+                                      {kw.substr(0, eq), kw.substr(eq + 1) == "True"}};
+  }
   if (c.precision != Precision::kFp32)
     out.settings["autocast"] = ojson{{"dtype", torch_dtype(c.precision)}};
   out.settings["activation_checkpointing"] = checkpointing(plan, c, wrap, block_class);

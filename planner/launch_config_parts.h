@@ -34,8 +34,9 @@ bool planned_fsdp2(const Plan& plan);
 // "BACKWARD_POST"), or null for none.
 ojson backward_prefetch(const Plan& plan);
 
-// Whether the plan simulated torch.optim.AdamW(foreach=True) for the candidate.
-bool adamw_foreach(const Plan& plan, const PlanCandidate& pc);
+// The keyword the plan simulated torch.optim.AdamW with for the candidate:
+// "foreach=False", "foreach=True" or "fused=True".
+std::string adamw_keyword(const Plan& plan, const PlanCandidate& pc);
 // "the plan assumed torch.optim.AdamW(foreach=False)".
 std::string adamw_assumed(const Plan& plan, const PlanCandidate& pc);
 

@@ -263,12 +263,12 @@ void write_ddp(std::ostringstream& py, const Plan& plan, const Candidate& c, con
      << ")\n";
 }
 
-// make_optimizer: the plan's optimizer (AdamW, its foreach as simulated; SGD
+// make_optimizer: the plan's optimizer (AdamW, its foreach or fused as simulated; SGD
 // for `plan --optimizer sgd`), under ZeroRedundancyOptimizer for zero1.
 void write_optimizer(std::ostringstream& py, const Plan& plan, const PlanCandidate& pc) {
   const bool sgd = plan.optimizer == "sgd";
   const std::string cls = sgd ? "torch.optim.SGD" : "torch.optim.AdamW";
-  const std::string extra = sgd ? "" : ", foreach=" + py_bool(adamw_foreach(plan, pc));
+  const std::string extra = sgd ? "" : ", " + adamw_keyword(plan, pc);
   py << "\n\n"
      << "def make_optimizer(model, **kwargs):\n"
      << "    \"\"\"" << (sgd ? "SGD" : "AdamW") << " as the plan simulated it"

@@ -68,12 +68,13 @@ struct PlanRequest : spec::JobOptions {
   // they are computed in: param_dtype's, fp32 without mixed precision),
   // "fp32", "bf16" or "fp16" (parse_fsdp_reduce_dtype).
   std::string fsdp_reduce_dtype = "param";
-  // --stack pytorch: torch.optim.AdamW's step (`--adamw-step`): true the
-  // multi-tensor one (foreach=True), for zero1 and FSDP composed over the
-  // partition or the shards (planner/adamw_steps.h), false the for-loop one;
-  // unset, what the job's PyTorch picks for each candidate when the script
-  // passes no foreach (adamw_foreach_default in pytorch_plan.cc).
-  std::optional<bool> adamw_foreach;
+  // --stack pytorch: torch.optim.AdamW's step (`--adamw-step`): the
+  // for-loop one, the multi-tensor one (foreach=True) or the fused one
+  // (fused=True), the last two for zero1 and FSDP composed over the
+  // partition or the shards (planner/adamw_steps.h); unset, what the job's
+  // PyTorch picks for each candidate when the script passes neither
+  // (adamw_foreach_default in pytorch_stack.h).
+  std::optional<AdamwStep> adamw_step;
   // --stack pytorch, FSDP1 bf16 candidates: MixedPrecision(
   // keep_low_precision_grads=True) (`--fsdp-keep-low-precision-grads`).
   bool fsdp_keep_low_precision_grads = false;

@@ -148,7 +148,12 @@ PlanCandidate candidate_from(const FieldReader& r) {
     pc.oom = oom;
   }
   pc.units = static_cast<int>(r.optional_integer("units", 0));
-  if (r.has("adamw_foreach")) pc.adamw_foreach = r.boolean("adamw_foreach");
+  if (r.has("adamw_step")) {
+    pc.adamw_step = r.text("adamw_step");
+    if (!parse_adamw_step(pc.adamw_step)) r.fail("adamw_step", "must be \"for-loop\", \"foreach\" or \"fused\"");
+  } else if (r.has("adamw_foreach")) {
+    pc.adamw_step = r.boolean("adamw_foreach") ? "foreach" : "for-loop";
+  }
   if (r.has("attention")) {
     pc.attention = r.text("attention");
     if (pc.attention != "eager" && pc.attention != "flash" && pc.attention != "efficient")
@@ -224,7 +229,12 @@ Plan plan_from(const json& j, const std::string& origin) {
       job.fsdp_version = static_cast<int>(p.integer("fsdp_version", 1));
       if (job.fsdp_version > 2) p.fail("fsdp_version", "must be 1 or 2");
     }
-    if (p.has("adamw_foreach")) job.adamw_foreach = p.boolean("adamw_foreach");
+    if (p.has("adamw_step")) {
+      job.adamw_step = p.text("adamw_step");
+      if (!parse_adamw_step(job.adamw_step)) p.fail("adamw_step", "must be \"for-loop\", \"foreach\" or \"fused\"");
+    } else if (p.has("adamw_foreach") && p.boolean("adamw_foreach")) {
+      job.adamw_step = "foreach";
+    }
     if (p.has("fsdp_keep_low_precision_grads"))
       job.fsdp_keep_low_precision_grads = p.boolean("fsdp_keep_low_precision_grads");
     if (p.has("fsdp_reduce_dtype")) {
@@ -357,7 +367,10 @@ void to_json(json& j, const PlanCandidate& c) {
                 {"allocation_bytes", c.oom->allocation_bytes},
                 {"allocated_bytes", c.oom->allocated_bytes},
                 {"reserved_bytes", c.oom->reserved_bytes}};
-  if (c.adamw_foreach) j["adamw_foreach"] = *c.adamw_foreach;
+  if (!c.adamw_step.empty()) {
+    j["adamw_step"] = c.adamw_step;
+    j["adamw_foreach"] = c.adamw_step == "foreach";
+  }
   if (!c.attention.empty()) j["attention"] = c.attention;
   if (!p.rank_peak_allocated_bytes.empty()) j["predicted"]["rank_peak_allocated_bytes"] = p.rank_peak_allocated_bytes;
   if (!p.rank_timelines.empty()) {
@@ -411,9 +424,11 @@ void to_json(json& j, const Plan& plan) {
                         {"steps", plan.pytorch_job->steps},
                         {"fsdp_version", plan.pytorch_job->fsdp_version},
                         {"fsdp_reduce_dtype", plan.pytorch_job->fsdp_reduce_dtype},
-                        {"adamw_foreach", plan.pytorch_job->adamw_foreach},
+                        {"adamw_foreach", plan.pytorch_job->adamw_step == "foreach"},
                         {"fsdp_keep_low_precision_grads", plan.pytorch_job->fsdp_keep_low_precision_grads}};
   if (plan.pytorch_job && !plan.pytorch_job->torch.empty()) j["pytorch_job"]["torch"] = plan.pytorch_job->torch;
+  if (plan.pytorch_job && !plan.pytorch_job->adamw_step.empty())
+    j["pytorch_job"]["adamw_step"] = plan.pytorch_job->adamw_step;
   if (plan.schedule.async_reduce) j["async_reduce"] = true;
   if (plan.schedule.async_gather) j["async_gather"] = true;
 }

@@ -90,10 +90,12 @@ struct PlanCandidate {
   };
   std::optional<Oom> oom;
   int units = 0;  // extra: wrapped units (FSDP instances); 0 = unknown
-  // extra, --stack pytorch: the AdamW step simulated for it, true
-  // foreach=True, false the for-loop; absent in shardfit's plans (and in
-  // older PyTorch-stack plans: pytorch_job.adamw_foreach then).
-  std::optional<bool> adamw_foreach;
+  // extra, --stack pytorch: the AdamW step simulated for it, "for-loop"
+  // (foreach=False), "foreach" (foreach=True) or "fused" (fused=True),
+  // written as adamw_step and, for older readers, adamw_foreach; "" in
+  // shardfit's plans (and in PyTorch-stack plans older than candidates'
+  // adamw_foreach: pytorch_job's then).
+  std::string adamw_step;
   // extra: the attention kernel it runs, "eager", "flash" or "efficient"
   // (--attention sdpa resolves per precision); "" for a traced model (its
   // forward's own) and in older plans (model.attention's then).
@@ -155,9 +157,10 @@ struct Plan {
     int steps = 0;                       // training steps simulated (2: the steady state)
     int fsdp_version = 1;                // FSDP candidates: 1 (FullyShardedDataParallel) or 2 (fully_shard); absent in older plans = 1
     std::string fsdp_reduce_dtype = "param";  // FSDP's reduce_dtype: "param" (none given), "fp32", "bf16", "fp16"; absent = "param"
-    // torch.optim.AdamW(foreach=True) for every candidate (`--adamw-step
-    // foreach`); absent = false: each candidate's adamw_foreach says which.
-    bool adamw_foreach = false;
+    // `--adamw-step` given for every candidate: "for-loop", "foreach" or
+    // "fused"; "" when none was (each candidate's says which). Written as
+    // adamw_step when given, and adamw_foreach (true for "foreach").
+    std::string adamw_step{};
     // FSDP1's MixedPrecision(keep_low_precision_grads=True); absent = false
     bool fsdp_keep_low_precision_grads = false;
   };

@@ -23,13 +23,13 @@ ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<i
   // other storage shares its size.
   const size_t ref = static_cast<size_t>(
       std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
-  if (in.foreach_first && in.foreach_later) {
-    // foreach=True: the multi-tensor step over the shards, each the largest
-    // parameter's part resized.
+  if (in.list_step_first && in.list_step_later) {
+    // foreach=True or fused=True: one step over the list of shards, each
+    // the largest parameter's part resized.
     std::vector<MultiTensorAdamwStep::Entry> list;
     for (int64_t shard : shards)
       if (shard > 0) list.push_back({static_cast<int>(ref), 4 * shard});
-    return {in.foreach_first->compose(list), in.foreach_later->compose(list)};
+    return {in.list_step_first->compose(list), in.list_step_later->compose(list)};
   }
   std::vector<ModelTrace> steps;
   std::vector<int> order;

@@ -279,9 +279,12 @@ void check_job(const PlanRequest& r, const TraceFile& file, const std::vector<Ca
   if (r.optimizer != Optimizer::kAdamW || file.optimizer_steps.size() != 2)
     throw std::invalid_argument("--stack pytorch: needs --optimizer adamw and a trace file with the optimizer's "
                                 "steps (record it again with pytorch/trace_recorder.py)");
-  if (r.adamw_foreach.value_or(false) && file.optimizer_foreach_steps.size() != 2)
+  if (r.adamw_step == AdamwStep::kForeach && file.optimizer_foreach_steps.size() != 2)
     throw std::invalid_argument("--adamw-step foreach: the trace file has no AdamW(foreach=True) steps (recorded "
                                 "since 2026-12-03: record it again with pytorch/trace_recorder.py)");
+  if (r.adamw_step == AdamwStep::kFused && file.optimizer_fused_steps.size() != 2)
+    throw std::invalid_argument("--adamw-step fused: the trace file has no AdamW(fused=True) steps (recorded under "
+                                "PyTorch 2.x since 2026-12-05: record it again with pytorch/trace_recorder.py)");
   if (r.grad_accum != 1 && r.ddp_bucket_view)
     throw std::invalid_argument("--grad-accum with --ddp-bucket-view: not simulated in this version (a no_sync "
                                 "micro-batch makes .grad tensors of its own that the synced one replaces by bucket "
@@ -313,12 +316,12 @@ void check_job(const PlanRequest& r, const TraceFile& file, const std::vector<Ca
 class PytorchJobSim {
  public:
   PytorchJobSim(const PlanRequest& r, const TraceFile& file, const PytorchTraces& t, int64_t budget);
-  PytorchJobSim(const PytorchJobSim&) = delete;  // in_foreach_ points into it
+  PytorchJobSim(const PytorchJobSim&) = delete;  // in_foreach_ and in_fused_ point into it
   PytorchJobSim& operator=(const PytorchJobSim&) = delete;
   // Every rank's result at `batch` (one when the ranks are alike).
   std::vector<StepSimResult> simulate(const Candidate& c, int64_t batch);
   // Each candidate's AdamW step: --adamw-step's, else its PyTorch's default.
-  bool foreach_for(const Candidate& c);
+  AdamwStep step_for(const Candidate& c);
   // The traces a candidate replays (PytorchTraces::at1 / affine's first index).
   int kind_of(const Candidate& c) const {
     return is_fsdp(c) && c.precision == Precision::kBf16   ? kMixed
@@ -347,8 +350,8 @@ class PytorchJobSim {
   const bool cuda_;
   const int world_;
   const bool has_foreach_;
-  PytorchDdpInputs in_, in_foreach_;
-  std::optional<MultiTensorAdamwStep> foreach_first_, foreach_later_;
+  PytorchDdpInputs in_, in_foreach_, in_fused_;
+  std::optional<MultiTensorAdamwStep> foreach_first_, foreach_later_, fused_first_, fused_later_;
   bool foreach_unrecorded_ = false;
 };
 
@@ -361,35 +364,38 @@ PytorchJobSim::PytorchJobSim(const PlanRequest& r, const TraceFile& file, const 
       world_(r.gpus_per_node * r.nodes),
       has_foreach_(file.optimizer_foreach_steps.size() == 2) {
   in_.param_bytes = file.param_count() * dtype_bytes(DType::kF32);
-  // AdamW(foreach=True): its multi-tensor step over every parameter, as traced.
+  // The for-loop AdamW (foreach=False): its steps over every parameter, as traced.
   in_.optimizer_first = &file.optimizer_steps[0];
   in_.optimizer_later = &file.optimizer_steps[1];
   in_.param_numels = file.param_numels();
   in_.buffers = file.buffers();
   if (!file.optimizer_zero_grad.events.empty()) in_.zero_grad = &file.optimizer_zero_grad;
   in_.optimizer_param_steps = &file.optimizer_param_steps;
-  // The same with AdamW(foreach=True): zero1's partition and FSDP's shards
-  // compose their multi-tensor steps from the traced ones
-  // (planner/adamw_steps.h); split once, here.
-  in_foreach_ = in_;
-  if (has_foreach_) {
-    const std::vector<ModelTrace>& adamw = file.optimizer_foreach_steps;
-    in_foreach_.optimizer_first = &adamw[0];
-    in_foreach_.optimizer_later = &adamw[1];
-    std::vector<int64_t> param_bytes;
-    for (int64_t numel : in_.param_numels) param_bytes.push_back(numel * dtype_bytes(DType::kF32));
-    foreach_first_.emplace(adamw[0], param_bytes);
-    foreach_later_.emplace(adamw[1], param_bytes);
-    in_foreach_.foreach_first = &*foreach_first_;
-    in_foreach_.foreach_later = &*foreach_later_;
-  }
+  // The same with AdamW(foreach=True) and AdamW(fused=True): DDP replays
+  // their steps as traced; zero1's partition and FSDP's shards compose
+  // theirs from them (planner/adamw_steps.h), split once, here.
+  std::vector<int64_t> param_bytes;
+  for (int64_t numel : in_.param_numels) param_bytes.push_back(numel * dtype_bytes(DType::kF32));
+  auto over_the_list = [&](const std::vector<ModelTrace>& steps, AdamwStep which, PytorchDdpInputs* in,
+                           std::optional<MultiTensorAdamwStep>* first, std::optional<MultiTensorAdamwStep>* later) {
+    *in = in_;
+    if (steps.size() != 2) return;
+    in->optimizer_first = &steps[0];
+    in->optimizer_later = &steps[1];
+    first->emplace(steps[0], param_bytes, which);
+    later->emplace(steps[1], param_bytes, which);
+    in->list_step_first = &**first;
+    in->list_step_later = &**later;
+  };
+  over_the_list(file.optimizer_foreach_steps, AdamwStep::kForeach, &in_foreach_, &foreach_first_, &foreach_later_);
+  over_the_list(file.optimizer_fused_steps, AdamwStep::kFused, &in_fused_, &fused_first_, &fused_later_);
 }
 
-bool PytorchJobSim::foreach_for(const Candidate& c) {
-  if (r_.adamw_foreach) return *r_.adamw_foreach;
+AdamwStep PytorchJobSim::step_for(const Candidate& c) {
+  if (r_.adamw_step) return *r_.adamw_step;
   const bool wanted = adamw_foreach_default(r_.torch, cuda_, is_fsdp(c) && r_.fsdp_version == 1);
   foreach_unrecorded_ = foreach_unrecorded_ || (wanted && !has_foreach_);
-  return wanted && has_foreach_;
+  return wanted && has_foreach_ ? AdamwStep::kForeach : AdamwStep::kForLoop;
 }
 
 PytorchDdpOptions PytorchJobSim::ddp_options(const Candidate& c) const {
@@ -469,7 +475,8 @@ std::vector<StepSimResult> PytorchJobSim::simulate(const Candidate& c, int64_t b
   const int k = kind_of(c);
   const ModelTrace none = batch == 1 ? *t_.at1[k][0] : t_.affine[k][0]->at(batch);
   const ModelTrace with = batch == 1 ? *t_.at1[k][1] : t_.affine[k][1]->at(batch);
-  PytorchDdpInputs at = foreach_for(c) ? in_foreach_ : in_;
+  const AdamwStep step = step_for(c);
+  PytorchDdpInputs at = step == AdamwStep::kFused ? in_fused_ : step == AdamwStep::kForeach ? in_foreach_ : in_;
   at.no_grads = &none;
   at.with_grads = &with;
   PytorchDdpOptions o = ddp_options(c);
@@ -510,7 +517,7 @@ PlanCandidate search_pytorch_candidate(const Candidate& c, const PlanRequest& r,
   PlanCandidate pc;
   pc.candidate = c;
   pc.units = is_fsdp(c) ? static_cast<int>(fsdp_units(file.modules, c, r.fsdp_version).units.size()) : 1;
-  pc.adamw_foreach = sim.foreach_for(c);
+  pc.adamw_step = adamw_step_name(sim.step_for(c));
   pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(sim.simulate(c, b)); }, r.max_batch);
   const auto at_fit = sim.simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
   set_fit(pc, worst(at_fit));
@@ -580,7 +587,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                       : r.fsdp_backward_prefetch == FsdpBackwardPrefetch::kNone       ? "none"
                                                                                                        : "pre",
                                       static_cast<int>(r.steps), r.fsdp_version, r.fsdp_reduce_dtype,
-                                      r.adamw_foreach.value_or(false), r.fsdp_keep_low_precision_grads};
+                                      r.adamw_step ? adamw_step_name(*r.adamw_step) : "",
+                                      r.fsdp_keep_low_precision_grads};
   for (const Candidate& c : candidates) plan.candidates.push_back(search_pytorch_candidate(c, r, *file, traces, sim));
   if (sim.foreach_unrecorded())
     spdlog::warn("--trace: no AdamW(foreach=True) steps in the file (recorded since 2026-12-03), the step PyTorch {} "

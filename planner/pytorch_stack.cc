@@ -283,13 +283,13 @@ std::pair<ModelTrace, ModelTrace> zero_redundancy_steps(const PytorchDdpInputs& 
 // parameters in place (_sync_params: dist.broadcast of each parameter,
 // parameters_as_bucket_view=False by default): nothing allocated.
   const auto part = zero_redundancy_partition(in.param_numels, o.world_size).at(o.rank);
-  if (in.foreach_first && in.foreach_later) {
-    // ZeroRedundancyOptimizer(optimizer_class=AdamW, foreach=True): the
-    // local optimizer's multi-tensor step over its partition.
+  if (in.list_step_first && in.list_step_later) {
+    // ZeroRedundancyOptimizer(optimizer_class=AdamW, foreach=True or
+    // fused=True): the local optimizer's step over its partition's list.
     std::vector<MultiTensorAdamwStep::Entry> list;
     for (int p : part) list.push_back({p, 4 * in.param_numels[p]});
-    zero_first = in.foreach_first->compose(list);
-    zero_later = in.foreach_later->compose(list);
+    zero_first = in.list_step_first->compose(list);
+    zero_later = in.list_step_later->compose(list);
   } else {
     if (!in.optimizer_param_steps || in.optimizer_param_steps->size() != 2 * in.param_numels.size())
       throw std::invalid_argument("--stack pytorch zero1: the trace file lacks each parameter's optimizer steps: "

@@ -83,12 +83,12 @@ struct PytorchDdpInputs {
   // (TraceFile::optimizer_param_steps), in parameters() order.
   std::vector<int64_t> param_numels;
   const std::vector<ModelTrace>* optimizer_param_steps = nullptr;
-  // torch.optim.AdamW(foreach=True) (`plan --adamw-foreach`): its two steps
-  // over every parameter, split, from which zero1's partition and FSDP's
-  // shards compose theirs (nullptr: the for-loop AdamW). DDP replays the
-  // traced steps themselves (optimizer_first, optimizer_later).
-  const MultiTensorAdamwStep* foreach_first = nullptr;
-  const MultiTensorAdamwStep* foreach_later = nullptr;
+  // torch.optim.AdamW(foreach=True) or (fused=True) (`plan --adamw-step`):
+  // its two steps over every parameter, split, from which zero1's partition
+  // and FSDP's shards compose theirs (nullptr: the for-loop AdamW). DDP
+  // replays the traced steps themselves (optimizer_first, optimizer_later).
+  const MultiTensorAdamwStep* list_step_first = nullptr;
+  const MultiTensorAdamwStep* list_step_later = nullptr;
 };
 
 struct PytorchDdpOptions {

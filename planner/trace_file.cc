@@ -325,6 +325,8 @@ std::string trace_file_json(const TraceFile& f) {
     if (!f.optimizer_foreach_steps.empty())
       out["optimizer"]["foreach_steps"] =
           steps_json(f.optimizer_foreach_steps.begin(), f.optimizer_foreach_steps.end());
+    if (!f.optimizer_fused_steps.empty())
+      out["optimizer"]["fused_steps"] = steps_json(f.optimizer_fused_steps.begin(), f.optimizer_fused_steps.end());
   }
   return out.dump() + "\n";
 }
@@ -442,6 +444,7 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
       events_from(r, f.modules.size(), &f.optimizer_zero_grad);
     }
     if (opt.has("foreach_steps")) two_steps("foreach_steps", &f.optimizer_foreach_steps);
+    if (opt.has("fused_steps")) two_steps("fused_steps", &f.optimizer_fused_steps);
     if (opt.has("per_param")) {
       const json& per = opt.need("per_param");
       if (!per.is_array() || per.size() != f.param_numels().size())

@@ -48,6 +48,11 @@ struct TraceFile {
   // parameters at once): [0] its first step, [1] a later one. Empty when not
   // recorded (files from before 2026-12-03).
   std::vector<ModelTrace> optimizer_foreach_steps;
+  // The same with fused=True (one _fused_adamw_ kernel over every
+  // parameter; its step counts on the parameters' device): [0] the first
+  // step, [1] a later one. Empty when not recorded (PyTorch 1.13's
+  // recordings, and files from before 2026-12-05).
+  std::vector<ModelTrace> optimizer_fused_steps;
   // Every parameter's element count, in the module table's order.
   std::vector<int64_t> param_numels() const;
 

@@ -41,7 +41,7 @@ ROOT = os.path.dirname(HERE)
 NAME = "shardfit"
 TARGETS = ("shardfit", "shardfit_torch")
 # pytorch/trace_recorder.py and the modules it imports (trace_recorder.sibling).
-TRACER_MODULES = ("trace_recorder", "shardfit_meter", "models", "cpu_flash_attention", "cpu_grouped_mm",
+TRACER_MODULES = ("trace_recorder", "trace_optimizer", "shardfit_meter", "models", "cpu_flash_attention", "cpu_grouped_mm",
                   "cpu_index_backward", "autocast_emulation", "hf_models")
 SUMMARY = "Memory planner for sharded data-parallel training: trace a PyTorch model, plan DDP/ZeRO/FSDP"
 # What the installing Python says of its torch, one value a line.

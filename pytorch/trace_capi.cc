@@ -206,19 +206,21 @@ int shardfit_trace_write(const char* path, const char* name, const char* factory
     f.traces = std::move(g_traces);
     g_traces.clear();
     if (!g_optimizer.empty()) {
-      // Recorded in order: the optimizer's two steps over every parameter,
-      // its zero_grad, then two steps per parameter alone, then two steps
-      // of the foreach=True optimizer (pytorch/trace_recorder.py).
+      // Recorded in order (pytorch/trace_optimizer.py): the optimizer's two
+      // steps over every parameter, its zero_grad, then two steps per
+      // parameter alone, then two steps of the foreach=True optimizer, then
+      // two of the fused=True one.
       f.optimizer = optimizer ? optimizer : "";
       const size_t n = g_optimizer.size(), per_param = 2 * f.param_numels().size();
-      if (n < 3 || (n != 3 && n != 3 + per_param && n != 3 + per_param + 2))
+      if (n < 3 || (n != 3 && n != 3 + per_param && n != 3 + per_param + 2 && n != 3 + per_param + 4))
         return fail("the optimizer's traces are not 3 (two steps, zero_grad), nor 3 + 2 per parameter (+ 2 "
-                    "foreach steps)");
+                    "foreach steps, + 2 fused steps)");
       f.optimizer_steps.assign(g_optimizer.begin(), g_optimizer.begin() + 2);
       f.optimizer_zero_grad = g_optimizer[2];
-      const auto param_end = g_optimizer.begin() + static_cast<std::ptrdiff_t>(std::min(n, 3 + per_param));
-      f.optimizer_param_steps.assign(g_optimizer.begin() + 3, param_end);
-      f.optimizer_foreach_steps.assign(param_end, g_optimizer.end());
+      auto at = [&](size_t i) { return g_optimizer.begin() + static_cast<std::ptrdiff_t>(std::min(n, i)); };
+      f.optimizer_param_steps.assign(at(3), at(3 + per_param));
+      f.optimizer_foreach_steps.assign(at(3 + per_param), at(5 + per_param));
+      f.optimizer_fused_steps.assign(at(5 + per_param), at(7 + per_param));
     }
     g_optimizer.clear();
     const std::string text = trace_file_json(f);

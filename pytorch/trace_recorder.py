@@ -33,9 +33,10 @@ the forward's outputs converted to fp32 as Accelerate does). With
 --param-dtype bf16 (a CUDA target), the same again with the model cast to
 bf16, as FSDP's MixedPrecision(param_dtype=torch.bfloat16) runs it: its
 forward computes with the gathered bf16 flat parameter, buffers cast to
-buffer_dtype, floating inputs to param_dtype. Then two steps
-of torch.optim.AdamW on the meta parameters: its lazily made
-state and its for-loop temporaries, recorded from PyTorch's own code.
+buffer_dtype, floating inputs to param_dtype. Then torch.optim.AdamW's
+steps on the meta parameters (trace_optimizer.py): its lazily made state and
+the temporaries of its for-loop, multi-tensor and fused implementations,
+recorded from PyTorch's own code.
 
 Bad input (a factory that does not import or build, a forward that does not
 return a scalar, an op with no meta kernel or a data-dependent shape): one
@@ -467,72 +468,6 @@ def _low_dtypes():
     return {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-OPTIMIZER = "torch.optim.AdamW(lr=6e-4, weight_decay=0.01)"
-
-
-def make_optimizer(params):
-    """The optimizer whose steps are traced: torch.optim.AdamW as the user
-    builds it (1.13's default on CPU tensors is the for-loop implementation,
-    foreach=False: optim/adamw.py). Its hyperparameters change no byte."""
-    import torch
-    return torch.optim.AdamW(params, lr=6e-4, weight_decay=0.01)
-
-
-def trace_optimizer(lib, model, modules_json, target_cuda=False):
-    """Records two optimizer steps over every parameter, each .grad present:
-    the first (AdamW creates its state lazily: step, exp_avg, exp_avg_sq per
-    parameter) and a later one; then its zero_grad(set_to_none=True); then
-    two steps of each parameter alone."""
-    import torch
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    opt = make_optimizer(model.parameters())
-    def step(o):
-        if lib.shardfit_trace_begin(modules_json.encode(), 0, 0, b"fp32", b"[]", b"accumulate",
-                                    1 if target_cuda else 0, torch.get_num_threads()) != 0:
-            raise BadInput("trace: " + lib.shardfit_trace_error().decode())
-        try:
-            o.step()
-        except (NotImplementedError, RuntimeError) as e:
-            lib.shardfit_trace_end()
-            raise BadInput("the optimizer's step cannot be traced on the meta device (%s)"
-                           % str(e).split("\n")[0])
-        lib.shardfit_trace_end()
-
-    step(opt)
-    step(opt)
-    # opt.zero_grad(set_to_none=True), as the training loop calls it: the
-    # gradients it drops were made outside the recording (not in the trace);
-    # what it allocates itself is (the profiler's record_function it runs
-    # under holds a few hundred host bytes on a CPU target).
-    if lib.shardfit_trace_begin(modules_json.encode(), 0, 0, b"fp32", b"[]", b"accumulate",
-                                1 if target_cuda else 0, torch.get_num_threads()) != 0:
-        raise BadInput("trace: " + lib.shardfit_trace_error().decode())
-    opt.zero_grad(set_to_none=True)
-    lib.shardfit_trace_end()
-    del opt
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    # Each parameter's steps alone: ZeroRedundancyOptimizer's local
-    # optimizer holds a partition of the parameters, and a partition's step
-    # is its parameters' state, then their updates (planner/pytorch_stack.cc).
-    for p in model.parameters():
-        one = make_optimizer([p])
-        step(one)
-        step(one)
-        del one
-    # The same optimizer with foreach=True (optim/adamw.py
-    # _multi_tensor_adamw; PyTorch 2.x's default on CUDA): each temporary is
-    # made for every parameter at once. Its ops' meta kernels are
-    # planner/meta_kernels.cc's.
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    multi = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.01, foreach=True)
-    step(multi)
-    step(multi)
-    del multi
-
-
 def prepare(target_cuda=False):
     """The library loaded and the process's meta kernels made the C++ tracer's
     (use_the_cpp_meta_kernels); for a CPU target, what the CPU runs where the
@@ -656,9 +591,13 @@ def record_model(factory, input_fn, seq_len, out, name, factory_name, input_name
     finally:
         for h in handles:
             h.remove()
-    trace_optimizer(lib, model, modules_json, target_cuda)
+    optimizer = sibling("trace_optimizer")
+    try:
+        optimizer.trace_steps(lib, model, modules_json, target_cuda)
+    except optimizer.NotTraced as e:
+        raise BadInput(str(e))
     if lib.shardfit_trace_write(out.encode(), name.encode(), factory_name.encode(), input_name.encode(), seq_len,
-                                modules_json.encode(), 1 if target_cuda else 0, OPTIMIZER.encode()) != 0:
+                                modules_json.encode(), 1 if target_cuda else 0, optimizer.OPTIMIZER.encode()) != 0:
         raise BadInput("--out %s: %s" % (out, lib.shardfit_trace_error().decode()))
 
 

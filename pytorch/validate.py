@@ -198,11 +198,12 @@ def train(args, rank, meter, torch, models, mesh=None):
         # foreach reaches the local AdamW through ZeroRedundancyOptimizer's
         # **defaults (zero_redundancy_optimizer.py __init__).
         opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=6e-4,
-                                      weight_decay=0.01, foreach=args.foreach)
+                                      weight_decay=0.01, **adamw_implementation(args))
     else:
-        # foreach=True: the multi-tensor step (plan --adamw-foreach); 1.13's
+        # foreach=True: the multi-tensor step, fused=True: one kernel (plan
+        # --adamw-step foreach or fused); 1.13's
         # default on CPU tensors is the for-loop one.
-        opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01, foreach=args.foreach)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01, **adamw_implementation(args))
     gen = torch.Generator().manual_seed(args.seed + 1 + rank)
     meter.mark("init")
     losses, step_times = [], []
@@ -235,6 +236,12 @@ def train(args, rank, meter, torch, models, mesh=None):
         meter.mark("step%d/optimizer" % step)
         step_times.append(time.perf_counter() - started)
     return {"rank": rank, "timeline": meter.timeline(), "losses": losses, "step_times_s": step_times}
+
+
+def adamw_implementation(args):
+    """AdamW's keyword for --foreach or --fused (the plan's --adamw-step);
+    neither: foreach=False, the for-loop step, as the plan's for-loop."""
+    return {"fused": True} if args.fused else {"foreach": args.foreach}
 
 
 def build_model(args, torch, models):
@@ -328,7 +335,9 @@ def parser():
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
-    p.add_argument("--foreach", action="store_true", help="torch.optim.AdamW(foreach=True)")
+    step = p.add_mutually_exclusive_group()  # one AdamW implementation; neither: the for-loop on CPU tensors
+    step.add_argument("--foreach", action="store_true", help="torch.optim.AdamW(foreach=True)")
+    step.add_argument("--fused", action="store_true", help="torch.optim.AdamW(fused=True)")
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP(bucket_cap_mb=...), PyTorch's default 25")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step, all but the last under DDP.no_sync()")

@@ -113,7 +113,7 @@ TEST(MultiTensorAdamw, AStepThatDoesNotSplitIsRefusedInOneLine) {
     MultiTensorAdamwStep split(t, {40, 8, 24});
     FAIL() << "split";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("--adamw-foreach"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--adamw-step foreach"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("5 returned"), std::string::npos) << e.what();
   }
   EXPECT_THROW(MultiTensorAdamwStep(first_step({40}), {}), std::invalid_argument);

@@ -147,7 +147,7 @@ TEST(LaunchConfig, FsdpMapsEveryShardingWrapPrecisionAndCheckpointing) {
 TEST(LaunchConfig, AnFsdp1PlanExportsTheJobItSimulated) {
   Plan plan = plan_with("zero3/bf16/wrap=block", 12, 2, 1);
   plan.stack = "pytorch";
-  plan.pytorch_job = Plan::PytorchJob{"2.11", "none", "non-reentrant", 25 << 20, "post", 2, 1, "fp32", false, true};
+  plan.pytorch_job = Plan::PytorchJob{"2.11", "none", "non-reentrant", 25 << 20, "post", 2, 1, "fp32", "", true};
   const LaunchConfig f = export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
   const ojson& k = f.settings["fsdp_kwargs"];
   EXPECT_EQ(k["mixed_precision"], ojson({{"param_dtype", "bfloat16"},
@@ -249,16 +249,21 @@ TEST(LaunchConfig, AnFsdp2PlanExportsFullyShard) {
     return all;
   };
   EXPECT_NE(notes(f).find("AdamW(foreach=False)"), std::string::npos) << notes(f);
-  plan.pytorch_job->adamw_foreach = true;
+  plan.pytorch_job->adamw_step = "foreach";
   EXPECT_NE(notes(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block"))
                 .find("AdamW(foreach=True)"),
             std::string::npos);
+  plan.pytorch_job->adamw_step = "fused";
+  EXPECT_NE(notes(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block"))
+                .find("AdamW(fused=True)"),
+            std::string::npos);
+  plan.pytorch_job->adamw_step = "foreach";
   plan.pytorch_job->fsdp_version = 1;
   EXPECT_NE(notes(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block"))
                 .find("AdamW(foreach=True)"),
             std::string::npos);
   plan.pytorch_job->fsdp_version = 2;
-  plan.pytorch_job->adamw_foreach = false;
+  plan.pytorch_job->adamw_step = "";
   // Accelerate's mixed_precision casts every dtype alike: reduce_dtype
   // float32 is not its to say, and is refused rather than dropped.
   EXPECT_THROW(export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"),

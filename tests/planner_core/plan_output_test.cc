@@ -87,7 +87,8 @@ TEST(PlanOutputTest, RoundTrips) {
   plan.candidates[5].oom = PlanCandidate::Oom{1, "init", 1000, 2 << 20, 5 << 20, 20 << 20};
   plan.stack = "pytorch";
   plan.single_gpu_unwrapped = true;
-  plan.pytorch_job = Plan::PytorchJob{"1.13", "zero", "reentrant", 5 << 20, "post", 3, 2, "fp32", true, true};
+  plan.pytorch_job = Plan::PytorchJob{"1.13", "zero", "reentrant", 5 << 20, "post", 3, 2, "fp32", "fused", true};
+  plan.candidates[5].adamw_step = "foreach";
   plan.hardware.allocator_budget_bytes = int64_t{22} << 30;
   std::string text = plan_to_json_text(plan);
   EXPECT_EQ(json::parse(text)["candidates"][5]["oom"]["allocation_bytes"], 2 << 20);
@@ -107,6 +108,26 @@ TEST(PlanOutputTest, RoundTrips) {
   EXPECT_EQ(back.pytorch_job->fsdp_reduce_dtype, "fp32");
   EXPECT_TRUE(back.pytorch_job->fsdp_keep_low_precision_grads);
   EXPECT_EQ(back.pytorch_job->torch, "1.13");
+  // The AdamW step: the job's --adamw-step and each candidate's; a reader
+  // older than adamw_step finds adamw_foreach (true only for foreach).
+  EXPECT_EQ(back.pytorch_job->adamw_step, "fused");
+  EXPECT_EQ(back.candidates[5].adamw_step, "foreach");
+  EXPECT_EQ(back.candidates[0].adamw_step, "");
+  EXPECT_EQ(json::parse(text)["pytorch_job"]["adamw_foreach"], false);
+  EXPECT_EQ(json::parse(text)["candidates"][5]["adamw_foreach"], true);
+  {
+    // A plan from before adamw_step: adamw_foreach read as the step.
+    json before = json::parse(text);
+    before["pytorch_job"].erase("adamw_step");
+    before["pytorch_job"]["adamw_foreach"] = true;
+    before["candidates"][5].erase("adamw_step");
+    before["candidates"][5]["adamw_foreach"] = false;
+    const Plan read = parse_plan(before.dump());
+    EXPECT_EQ(read.pytorch_job->adamw_step, "foreach");
+    EXPECT_EQ(read.candidates[5].adamw_step, "for-loop");
+    before["candidates"][5]["adamw_step"] = "fast";
+    EXPECT_THROW(parse_plan(before.dump()), std::invalid_argument);
+  }
   // An older plan has no fsdp_version: FSDP1; an unknown one is refused.
   // Nor a torch version: none is assumed; one no plan makes is refused.
   json older = json::parse(text);

@@ -394,8 +394,8 @@ TEST(PytorchFsdp, MultiTensorAdamwHoldsEveryShardsTemporariesAtOnce) {
   Fixture f;
   const MultiTensorAdamwStep first(multi_tensor_adamw(true), {40, 8, 16});
   const MultiTensorAdamwStep later(multi_tensor_adamw(false), {40, 8, 16});
-  f.in.foreach_first = &first;
-  f.in.foreach_later = &later;
+  f.in.list_step_first = &first;
+  f.in.list_step_later = &later;
   const StepSimResult r = f.run(PytorchFsdpOptions{});
   ASSERT_FALSE(r.oom);
   // After backward: the shards (8 + 24) and their reduced gradients (32).

@@ -12,7 +12,7 @@ from torch_required import ROOT  # noqa: E402 (the skip without torch, pytorch/ 
 import torch  # noqa: E402
 import models  # noqa: E402
 import shardfit_meter  # noqa: E402
-import trace_recorder as tr  # noqa: E402
+import trace_optimizer  # noqa: E402
 from trace_check import RECORDER, SHARDFIT, TraceCheck, replay_peak  # noqa: E402
 
 
@@ -90,19 +90,27 @@ class TraceTest(TraceCheck, unittest.TestCase):
                 e = 2 if t.get("autocast") else 4
                 self.assertEqual(kept, sorted([4] + [b * 64 * 3 * 64 * e] * 2 + [b * 64 * 512 * e]))
 
-    def test_the_optimizers_steps_are_what_adamw_allocates_on_the_cpu(self):
+    def check_steps_against_the_cpu(self, steps, **implementation):
+        """Each recorded step replayed: its peak and what it leaves are what
+        AdamW(**implementation) allocates stepping gpt2-tiny on the CPU.
+        Returns the meter and the optimizer, stepped."""
         meter = shardfit_meter.Meter()
         model = models.build("gpt2-tiny")
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-        opt = tr.make_optimizer(model.parameters())
-        for step in self.file["optimizer"]["steps"]:
+        opt = trace_optimizer.make_optimizer(model.parameters(), **implementation)
+        self.assertEqual(len(steps), 2)
+        for step in steps:
             meter.reset_peak()
             base = meter.allocated
             opt.step()
             peak, left = replay_peak(step["events"])
             self.assertEqual(peak, meter.peak - base)
             self.assertEqual(left, meter.allocated - base)
+        return meter, opt
+
+    def test_the_optimizers_steps_are_what_adamw_allocates_on_the_cpu(self):
+        meter, opt = self.check_steps_against_the_cpu(self.file["optimizer"]["steps"])
         # zero_grad(set_to_none=True): what it allocates itself (1.13's
         # profiler record_function holds a few hundred host bytes; 2.11's
         # nothing, and the file then has no zero_grad), then the gradients go.
@@ -112,6 +120,18 @@ class TraceTest(TraceCheck, unittest.TestCase):
         peak, left = replay_peak(self.file["optimizer"].get("zero_grad", {"events": []})["events"])
         self.assertEqual(peak, meter.peak - base)
         self.assertEqual(left - 141056 * 4, meter.allocated - base)
+
+    def test_the_multi_tensor_steps_are_what_adamw_foreach_allocates_on_the_cpu(self):
+        self.check_steps_against_the_cpu(self.file["optimizer"]["foreach_steps"], foreach=True)
+
+    @unittest.skipIf(not trace_optimizer.has_fused(), "1.13's AdamW(fused=True) is CUDA's only: no fused steps traced")
+    def test_the_fused_steps_are_what_adamw_fused_allocates_on_the_cpu(self):
+        steps = self.file["optimizer"]["fused_steps"]
+        self.check_steps_against_the_cpu(steps, fused=True)
+        # The first step makes each parameter's state (a 4-byte step count,
+        # exp_avg, exp_avg_sq); later ones keep nothing new.
+        self.assertEqual(replay_peak(steps[0]["events"])[1], 28 * 4 + 2 * 141056 * 4)
+        self.assertEqual(replay_peak(steps[1]["events"])[1], 0)
 
     def test_plan_from_the_trace_file(self):
         out = subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--device", "cpu", "--gpus", "2",
@@ -482,12 +502,26 @@ class TraceTest(TraceCheck, unittest.TestCase):
                                   "ddp/fp32/wrap=none,zero1/fp32/wrap=none,zero3/fp32/wrap=block"] + list(extra),
                                  capture_output=True, text=True, timeout=120)
             self.assertEqual(out.returncode, 0, out.stderr)
-            return {c["id"].split("/")[0]: c["adamw_foreach"] for c in json.loads(out.stdout)["candidates"]}
-        self.assertEqual(steps("a100-40gb"), {"ddp": True, "zero1": True, "zero3": False})
-        self.assertEqual(steps("a100-40gb", "--fsdp-version", "2"), {"ddp": True, "zero1": True, "zero3": True})
-        self.assertEqual(steps("a100-40gb", "--torch", "1.13"), {"ddp": False, "zero1": False, "zero3": False})
-        self.assertEqual(steps("a100-40gb", "--adamw-step", "for-loop"), {"ddp": False, "zero1": False, "zero3": False})
-        self.assertEqual(steps("a100-40gb", "--adamw-step", "foreach"), {"ddp": True, "zero1": True, "zero3": True})
+            candidates = json.loads(out.stdout)["candidates"]
+            for c in candidates:  # adamw_foreach, for readers older than adamw_step
+                self.assertEqual(c["adamw_foreach"], c["adamw_step"] == "foreach")
+            return {c["id"].split("/")[0]: c["adamw_step"] for c in candidates}
+        loop, multi = "for-loop", "foreach"
+        self.assertEqual(steps("a100-40gb"), {"ddp": multi, "zero1": multi, "zero3": loop})
+        self.assertEqual(steps("a100-40gb", "--fsdp-version", "2"), {"ddp": multi, "zero1": multi, "zero3": multi})
+        self.assertEqual(steps("a100-40gb", "--torch", "1.13"), {"ddp": loop, "zero1": loop, "zero3": loop})
+        self.assertEqual(steps("a100-40gb", "--adamw-step", "for-loop"), {"ddp": loop, "zero1": loop, "zero3": loop})
+        self.assertEqual(steps("a100-40gb", "--adamw-step", "foreach"), {"ddp": multi, "zero1": multi, "zero3": multi})
+        if torch.__version__.startswith("1."):
+            return  # 1.13's AdamW has no fused step: its traces hold none
+        self.assertEqual(steps("a100-40gb", "--adamw-step", "fused"),
+                         {"ddp": "fused", "zero1": "fused", "zero3": "fused"})
+        # fused=True on CUDA: one kernel updates in place, its step counts on
+        # the GPU (4 bytes each, a 512-byte block of the caching allocator);
+        # no temporaries, so its step rises least.
+        rise, state = optimizer_rise("--adamw-step", "fused")
+        self.assertEqual(rise, 0)
+        self.assertGreater(state, 0)
 
     def _check_reduce_dtypes(self, mixed):
         """FSDP's reduce_dtype: fp32 beside bf16 parameters, bf16 beside fp32 ones. Returns the bf16 backward point."""
