@@ -158,15 +158,17 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
 
 // What the recorder is asked for a --model traced through transformers' own
 // class: the profile's kernels (a CUDA profile: --target cuda) and, for
-// --stack pytorch on CUDA, the model cast to the bf16 or fp16 that
-// --strategies or --precision names, as FSDP's MixedPrecision candidates
-// need (bf16 when both are named: the recorder casts to one).
+// --stack pytorch, the model cast to the bf16
+// or fp16 (CUDA only) that --strategies or --precision names, as FSDP's
+// MixedPrecision candidates need (bf16 when both are named: the recorder
+// casts to one).
 HfTraceOptions hf_trace_options(const PlanArgs& a, const planner::PlanRequest& r) {
   HfTraceOptions o;
   o.cuda = r.profile.kind == planner::DeviceKind::kCuda;
-  if (o.cuda && r.stack == planner::Stack::kPytorch)
+  if (r.stack == planner::Stack::kPytorch)
     for (const char* dtype : {"fp16", "bf16"})
-      if ((a.strategies + "," + a.precision).find(dtype) != std::string::npos) o.param_dtype = dtype;
+      if ((o.cuda || std::string(dtype) == "bf16") && (a.strategies + "," + a.precision).find(dtype) != std::string::npos)
+        o.param_dtype = dtype;
   return o;
 }
 
@@ -298,10 +300,12 @@ std::vector<planner::PlanRequest> sweep_points(const PlanArgs& a, const planner:
     throw BadInput(std::string(a.all ? "--all" : "--top") +
                    ": a sweep prints one grid line per point; give one value to each of --seq-len, --gpus, --nodes "
                    "and --gpu-mem for a plan's rows");
-  // A --model traced through transformers' own class: one trace per length.
+  // A --model traced through transformers' own class: one trace per length
+  // (and, on a CPU, per rank's threads: the cores over the point's ranks).
   for (planner::PlanRequest& r : points)
     if (route) {
-      r.trace_file = route->trace(r.seq_len);
+      const bool cpu = r.profile.kind != planner::DeviceKind::kCuda;
+      r.trace_file = route->trace(r.seq_len, cpu ? planner::cpu_rank_threads(r.gpus_per_node * r.nodes) : 0);
       if (&r == &points.front()) warn_on_trace_torch("--model " + a.model, r);
     }
   return points;

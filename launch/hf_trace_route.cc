@@ -112,8 +112,8 @@ HfTraceRoute::HfTraceRoute(const models::NoBuiltinModel& no_builtin, HfTraceOpti
       model_type_(no_builtin.model_type),
       options_(std::move(options)) {}
 
-std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len) {
-  if (auto it = traced_.find(seq_len); it != traced_.end()) return it->second;
+std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len, int threads) {
+  if (auto it = traced_.find({seq_len, threads}); it != traced_.end()) return it->second;
   std::string python = "python";
   try {
     python = tracer_python();
@@ -123,6 +123,7 @@ std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len) {
     std::vector<std::string> argv = {python, script, "--model", "hf:", "--config", config_path_, "--seq-len",
                                      std::to_string(seq_len), "--target", options_.cuda ? "cuda" : "cpu"};
     if (!options_.param_dtype.empty()) argv.insert(argv.end(), {"--param-dtype", options_.param_dtype});
+    if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
     std::string shown;  // the command as a user would type it, less the temporary --out
     for (const std::string& word : argv) shown += (shown.empty() ? "" : " ") + word;
     argv.insert(argv.end(), {"--out", out});
@@ -136,7 +137,7 @@ std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len) {
       // Said once it worked, so that a failure is the one line below.
       spdlog::info("plan: model_type '{}' has no built-in: traced {} through transformers' own class ({})",
                    model_type_, file->model_name, shown);
-      traced_[seq_len] = file;
+      traced_[{seq_len, threads}] = file;
       return file;
     } catch (const std::invalid_argument& e) {
       throw RouteFailure(std::string("its trace cannot be read: ") + e.what());

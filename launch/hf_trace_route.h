@@ -32,16 +32,18 @@ class HfTraceRoute {
  public:
   HfTraceRoute(const models::NoBuiltinModel& no_builtin, HfTraceOptions options);
 
-  // The config traced at `seq_len` (once per length), or BadInput with one
-  // line naming the route and why it could not be taken (no Python with
-  // torch and transformers, an architecture transformers does not know, the
-  // recorder refusing the config).
-  std::shared_ptr<planner::TraceFile> trace(int64_t seq_len);
+  // The config traced at `seq_len` (once per length and thread count), for
+  // CPU ranks of `threads` intra-op threads each (the recorder's --threads;
+  // 0: its own), or BadInput with one line naming the route and why it
+  // could not be taken (no Python with torch and transformers, an
+  // architecture transformers does not know, the recorder refusing the
+  // config).
+  std::shared_ptr<planner::TraceFile> trace(int64_t seq_len, int threads = 0);
 
  private:
   std::string config_path_, model_type_;
   HfTraceOptions options_;
-  std::map<int64_t, std::shared_ptr<planner::TraceFile>> traced_;
+  std::map<std::pair<int64_t, int>, std::shared_ptr<planner::TraceFile>> traced_;
 };
 
 }  // namespace shardfit::launch

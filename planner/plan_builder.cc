@@ -58,6 +58,12 @@ void set_limit(PlanCandidate& pc, const StepSimResult& stop, int64_t batch) {
                               stop.oom_reserved_bytes};
 }
 
+// The intra-op threads `shardfit run` gives each of a CPU plan's ranks when
+// they all run on this host, as validate runs them (launch/run.cc).
+int cpu_rank_threads(int world) {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(std::max(1, world))));
+}
+
 namespace detail {
 
 // A model's traces for one (precision, recomputed modules) pair at every batch:
@@ -199,12 +205,6 @@ std::string trace_key(DType dtype, bool cuda, const std::vector<int>& recompute)
   std::string key = std::to_string(static_cast<int>(trace_dtype(dtype, cuda))) + ":";
   for (int m : recompute) key += std::to_string(m) + ",";
   return key;
-}
-
-// The intra-op threads `shardfit run` gives each of a CPU plan's ranks when
-// they all run on this host, as validate runs them (launch/run.cc).
-int cpu_rank_threads(int world) {
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(std::max(1, world))));
 }
 
 class TraceSource {

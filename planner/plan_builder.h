@@ -22,6 +22,11 @@
 
 namespace shardfit::planner {
 
+// The intra-op threads `shardfit run` gives each of `world` CPU ranks on
+// this host (the cores / the ranks, at least 1): what a CPU trace's bf16
+// matmuls book oneDNN scratchpads for.
+int cpu_rank_threads(int world);
+
 // Traces one `shardfit plan` sweep's plans share (make_trace_cache).
 struct TraceCache;
 std::shared_ptr<TraceCache> make_trace_cache();

@@ -136,6 +136,12 @@ struct FsdpStepHooks {
   // end. FSDP2 waits for the backward's end for such a unit too (its root's
   // final callback), as the trace does.
   bool post_backward_after_last_grad = false;
+  // The backward's last op has run: what the autograd engine calls before
+  // the graph is torn down (the frees outside any op that end the trace's
+  // backward: storages only the graph held, e.g. transformers' ids, mask
+  // and a scalar), such as FSDP2's _root_post_backward_final_callback,
+  // queued on the engine. Unset: nothing.
+  std::function<void()> backward_ends;
 };
 // The gradients of a tie split across units (FSDP1's kCopiedPerUnit: each
 // unit that registers the weight flattens its own copy), each its module's

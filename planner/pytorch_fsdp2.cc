@@ -51,7 +51,7 @@ bool gloo_all_gather(Ledger& ledger, int64_t output_bytes, const std::string& la
 // int64 tensor and its fp32 cast, as any CPU division by a Python number
 // makes them). The clone goes when the work does; Gloo's worker thread
 // sometimes holds the all-reduce's work, and with it the clone, longer
-// (docs/pytorch-stack.md, "Late frees"): the plan is the program order.
+// (docs/pytorch-validation.md, "Late frees"): the plan is the program order.
 bool gloo_reduce_scatter(Ledger& ledger, int64_t input_bytes, const std::string& label) {
   const int64_t clone = ledger.alloc(Category::kCommBuffers, input_bytes, label);
   if (clone < 0) return false;
@@ -297,6 +297,7 @@ FsdpStepHooks Fsdp2Job::hooks(int k) {
     pre_backward(0);  // the root's hook on the loss
   };
   hooks.post_backward = [this](int gi) { post_backward(gi); };
+  hooks.backward_ends = [this] { finalize_backward(); };
   return hooks;
 }
 
@@ -436,8 +437,11 @@ void Fsdp2Job::post_backward(int gi) {
   ledger_.free(last_grad);
 }
 
-// _root_post_backward_final_callback: every group whose post-backward
-// did not run (the root's inputs need no gradient), in all_states order
+// _root_post_backward_final_callback, queued on the autograd engine, so it
+// runs after the backward's last op and before the graph's teardown
+// (FsdpStepHooks::backward_ends; after the walk for a trace naming no op):
+// every group whose post-backward did not run (the root's inputs need no
+// gradient), in all_states order
 // (the root's first), each then finalized (finalize_backward: the
 // all-reduce state released, a prefetch no backward used dropped); then
 // the last reduce-scatter's input goes.

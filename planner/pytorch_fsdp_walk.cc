@@ -106,10 +106,20 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const 
       if (const auto u = unit_at.find(e.module); u != unit_at.end() && u->second != 0 &&
                                                  e.kind == MemEvent::kModuleEnd && e.phase != Phase::kForward && e.op < 0)
         grads_to_come[u->second] = static_cast<int64_t>(part.units[u->second].params.size());
+  // Where the graph's teardown begins: the trailing frees and module ends
+  // outside any op, after the backward's last op (the whole trace when it
+  // names no op: nothing to tell apart).
+  size_t teardown = t.events.size();
+  while (names_ops && teardown > 0 && t.events[teardown - 1].phase != Phase::kForward &&
+         t.events[teardown - 1].op < 0 &&
+         (t.events[teardown - 1].kind == MemEvent::kFree || t.events[teardown - 1].kind == MemEvent::kModuleEnd))
+    --teardown;
   int grads_done_unit = -1;
   bool in_backward = false;
-  for (const auto& e : t.events) {
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const MemEvent& e = t.events[i];
     if (ledger.oom()) return false;
+    if (i == teardown && in_backward && hooks.backward_ends) hooks.backward_ends();
     if (grads_done_unit >= 0 && (e.kind != MemEvent::kFree || e.op < 0)) {
       hooks.post_backward(grads_done_unit);  // runs once: the trace's end of it finds it done
       grads_done_unit = -1;

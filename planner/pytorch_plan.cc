@@ -110,8 +110,9 @@ struct PytorchTraces {
   Precision amp = Precision::kFp32;
   std::string amp_name;
   bool has_amp = false;
-  // Traces of the model cast to bf16 or fp16, not under autocast (CUDA
-  // targets only): what FSDP's MixedPrecision(param_dtype=...) computes.
+  // Traces of the model cast to bf16 or fp16, not under autocast
+  // (trace_recorder.py --param-dtype; fp16 for CUDA targets only): what
+  // FSDP's MixedPrecision(param_dtype=...) computes.
   bool has_mixed = false, has_mixed16 = false;
   // By kind ([kFp32], [kCkpt] with the blocks checkpointed, [kAmp] the
   // forward under autocast, [kMixed] the model in bf16, [kMixed16] in fp16)
@@ -120,8 +121,9 @@ struct PytorchTraces {
   std::unique_ptr<AffineTrace> affine[kTraceKinds][2];
   // Autocast traces whose sizes are not affine in the batch (a CPU bf16
   // matmul's oneDNN scratchpad follows the shapes' blocking, not the batch):
-  // no autocast candidates, said once; fp32 plans as before.
-  std::string amp_not_affine;
+  // no autocast candidates, said once; fp32 plans as before. The same for a
+  // CPU trace of the model cast to bf16: no bf16 FSDP candidates.
+  std::string amp_not_affine, mixed_not_affine;
 };
 
 void load_traces(const PlanRequest& r, const TraceFile& file, bool cuda, PytorchTraces& t) {
@@ -131,7 +133,7 @@ void load_traces(const PlanRequest& r, const TraceFile& file, bool cuda, Pytorch
   t.amp = cuda ? Precision::kFp16 : Precision::kBf16;
   t.amp_name = spec::precision_name(t.amp);
   t.has_amp = file.find(t.amp_dtype, {}, 1, false, false, /*autocast=*/true) != nullptr;
-  auto cast_traces = [&](DType d) { return cuda && file.find(d, {}, 1, false, false, /*autocast=*/false); };
+  auto cast_traces = [&](DType d) { return file.find(d, {}, 1, false, false, /*autocast=*/false) != nullptr; };
   t.has_mixed = cast_traces(DType::kBF16);
   t.has_mixed16 = cast_traces(DType::kF16);
   for (int k = 0; k < kTraceKinds; ++k) {
@@ -159,12 +161,14 @@ void load_traces(const PlanRequest& r, const TraceFile& file, bool cuda, Pytorch
       try {
         t.affine[k][g] = std::make_unique<AffineTrace>(*at[2], *at[3]);
       } catch (const std::logic_error& e) {
-        if (k != kAmp) throw;  // fp32 and the cast model's traces must be affine
-        t.amp_not_affine = e.what();
+        // fp32's traces must be affine, and a CUDA target's cast ones.
+        if (k != kAmp && !(k == kMixed && !cuda)) throw;
+        (k == kAmp ? t.amp_not_affine : t.mixed_not_affine) = e.what();
       }
     }
   }
   if (!t.amp_not_affine.empty()) t.has_amp = false;  // said once the candidates are known (build_pytorch_plan)
+  if (!t.mixed_not_affine.empty()) t.has_mixed = false;  // said by check_fsdp_mixed, for a candidate that needs them
   if (r.ckpt_reentrant && !t.blocks.empty() && !t.has_ckpt)
     throw std::invalid_argument("--checkpoint reentrant: the trace file has no traces with use_reentrant=True (record "
                                 "it again with pytorch/trace_recorder.py)");
@@ -178,10 +182,14 @@ void check_fsdp_mixed(const PlanRequest& r, const PytorchTraces& t, const std::s
   if (bf16 && !r.profile.supports(DType::kBF16))
     throw std::invalid_argument("--strategies " + s + ": " + r.profile.name + " has no bf16 (FSDP's "
                                 "MixedPrecision(param_dtype=torch.bfloat16) needs it)");
+  if (bf16 && !t.mixed_not_affine.empty())
+    throw std::invalid_argument("--strategies " + s + ": the trace file's bf16 traces of the cast model are not "
+                                "batch-affine, so it cannot be planned in this version (" + t.mixed_not_affine + ")");
   if (!(bf16 ? t.has_mixed : t.has_mixed16))
     throw std::invalid_argument("--strategies " + s + ": FSDP's MixedPrecision(param_dtype=torch." +
                                 (bf16 ? "bfloat16" : "float16") + ") needs the model's traces in " + name +
-                                ": record the trace file with trace_recorder.py --target cuda --param-dtype " +
+                                ": record the trace file with trace_recorder.py " +
+                                (r.profile.kind == DeviceKind::kCuda ? "--target cuda " : "") + "--param-dtype " +
                                 name);
   // 1.13's FSDP runs a world of one as NO_SHARD, cast as a whole
   // (planner/pytorch_fsdp.cc); FSDP2's world of one computes in fp32.
@@ -226,14 +234,20 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
                      ") (trace_recorder.py records them: bf16 for --target cpu, fp16 for --target cuda)"
                : ": its autocast traces are not batch-affine, so it cannot be planned in this version (" +
                      t.amp_not_affine + ")"));
-    // FSDP runs on CPU ranks (Gloo) too, fp32: through the exact allocator,
+    // FSDP runs on CPU ranks (Gloo) too: fp32 through the exact allocator,
     // as DDP's CPU jobs are planned; FSDP2 with CPUOffloadPolicy
-    // (fsdp2_options: the host is the device) and as HSDP as well.
-    if (fsdp && !cuda && !(want.precision == Precision::kFp32 && (!want.offload || r.fsdp_version == 2)))
-      throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP is simulated in fp32 only, and offload "
-                                  "with FSDP2 only (mixed precision and FSDP1's offload through the CUDA caching "
-                                  "allocator's model): plan it with a CUDA --device and a trace recorded with "
-                                  "--target cuda");
+    // (fsdp2_options: the host is the device), as HSDP, and by block under
+    // MixedPrecisionPolicy(param_dtype=torch.bfloat16) from the CPU trace of
+    // the model cast to bf16 (which casts each block's inputs, as
+    // fully_shard on the blocks does: trace_recorder.py).
+    const bool on_cpu = want.precision == Precision::kFp32
+                            ? !want.offload || fsdp2
+                            : fsdp2 && want.precision == Precision::kBf16 && !want.offload && want.wrap == "block";
+    if (fsdp && !cuda && !on_cpu)
+      throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP is simulated in fp32, and FSDP2 also with "
+                                  "offload (fp32) or in bf16 by block (MixedPrecisionPolicy, no offload); the rest through "
+                                  "the CUDA caching allocator's model: plan it with a CUDA --device and a trace "
+                                  "recorded with --target cuda");
     if (fsdp && want.precision != Precision::kFp32) check_fsdp_mixed(r, t, s, want);
     if (fsdp && want.wrap == "block" &&
         std::none_of(file.modules.begin(), file.modules.end(), [](const ModuleNode& m) { return m.is_block; }))

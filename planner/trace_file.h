@@ -1,7 +1,7 @@
 // shardfit.trace/1: a model's traces written to a file, so a model that
 // shardfit cannot build (one written in Python, traced in its own process by
 // pytorch/trace_recorder.py) is planned exactly as a built-in is:
-// `shardfit plan --trace FILE`. docs/pytorch-stack.md documents the schema.
+// `shardfit plan --trace FILE`. docs/trace-file.md documents the schema.
 //
 // A file holds one model's module table and one or more ModelTraces of it at
 // one sequence length: batches 1, 2 and 3 (the planner's exact batch-1 trace

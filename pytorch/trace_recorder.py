@@ -462,6 +462,24 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
         lib.shardfit_trace_end()  # also after a bad forward: the recorder is released
 
 
+def block_inputs_cast(blocks, dtype):
+    """FSDP2's MixedPrecisionPolicy(cast_forward_inputs=True, its default)
+    as fully_shard on each block applies it: the block's pre-forward casts
+    every floating tensor among its arguments to param_dtype
+    (_fsdp_state.py _pre_forward, 2.11), before the block runs; e.g. the
+    rotary tables a model computes in fp32 once and passes to every block.
+    Forward pre-hooks put ahead of the recorder's own, so the casts are
+    recorded before the block begins. Returns their handles."""
+    import torch
+
+    def cast(x):
+        return x.to(dtype) if isinstance(x, torch.Tensor) and torch.is_floating_point(x) and x.dtype != dtype else x
+
+    def hook(_module, args, kwargs):
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+    return [m.register_forward_pre_hook(hook, prepend=True, with_kwargs=True) for m in blocks]
+
+
 # FSDP's MixedPrecision(param_dtype=...) names (--param-dtype).
 def _low_dtypes():
     import torch
@@ -582,11 +600,17 @@ def record_model(factory, input_fn, seq_len, out, name, factory_name, input_name
             print("trace_recorder.py: no traces under torch.autocast(%s): %s" % (precision, e), file=sys.stderr)
         # The model cast to param_dtype, as FSDP's MixedPrecision computes
         # (parameters and floating buffers; the gradients follow), then back.
+        # On a CPU target it is FSDP2's (the only FSDP planned in bf16 on
+        # CPU ranks): fully_shard on each block casts the block's floating
+        # inputs too (block_inputs_cast).
         if param_dtype:
             model.to(_low_dtypes()[param_dtype])
+            casts = [] if target_cuda else block_inputs_cast(blocks, _low_dtypes()[param_dtype])
             try:
                 trace_batches(param_dtype=param_dtype)
             finally:
+                for h in casts:
+                    h.remove()
                 model.to(torch.float32)
     finally:
         for h in handles:
@@ -619,15 +643,25 @@ def main():
                         "Face Accelerate's mixed precision does (convert_outputs_to_fp32)")
     p.add_argument("--param-dtype", choices=["bf16", "fp16"],
                    help="also trace the model cast to this dtype, as PyTorch FSDP's MixedPrecision(param_dtype=..., "
-                        "reduce_dtype=..., buffer_dtype=...) runs it (plan's zero2/zero3 bf16 or fp16 candidates, "
-                        "fp16 with ShardedGradScaler; --target cuda only: 1.13's FSDP runs on CUDA)")
+                        "reduce_dtype=..., buffer_dtype=...) and FSDP2's MixedPrecisionPolicy(param_dtype=...) run "
+                        "it (plan's zero2/zero3 bf16 or fp16 candidates, fp16 with ShardedGradScaler; fp16 with "
+                        "--target cuda only)")
+    p.add_argument("--threads", type=int,
+                   help="--target cpu: the intra-op threads of each rank the trace stands for (oneDNN's bf16 "
+                        "matmuls book scratchpads per thread; `shardfit run` and scripts/pytorch-validate give "
+                        "each of N ranks the host's cores / N); default: this process's torch.get_num_threads()")
     a = p.parse_args()
     try:
         if a.seq_len < 1:
             raise BadInput("--seq-len %d: must be at least 1" % a.seq_len)
-        if a.param_dtype and a.target != "cuda":
-            raise BadInput("--param-dtype %s: FSDP's MixedPrecision, traced for CUDA only (--target cuda): "
-                           "PyTorch 1.13's FSDP runs on CUDA" % a.param_dtype)
+        if a.threads is not None:
+            if a.threads < 1:
+                raise BadInput("--threads %d: must be at least 1" % a.threads)
+            import torch
+            torch.set_num_threads(a.threads)
+        if a.param_dtype == "fp16" and a.target != "cuda":
+            raise BadInput("--param-dtype fp16: FSDP's fp16 MixedPrecision with ShardedGradScaler, traced for CUDA "
+                           "only (--target cuda); on a CPU, --param-dtype bf16")
         record(a.model, a.input, a.seq_len, a.out, a.name, target_cuda=a.target == "cuda",
                fp32_outputs=a.fp32_outputs, param_dtype=a.param_dtype, config=a.config)
     except BadInput as e:

@@ -23,8 +23,9 @@ model is built, as `shardfit run` counts its own ranks.
                    True, its default, or False): 2.11 pins only with a CUDA
                    driver (a CPU-only host: "Found no NVIDIA driver")
     --fsdp-bf16    FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                   reduce_dtype=torch.float32) (plan does not simulate it
-                   on a CPU: no cast CPU trace is recorded)
+                   reduce_dtype=torch.float32) (plan's bf16 candidates
+                   with --fsdp-reduce-dtype fp32, from a trace recorded with
+                   --param-dtype bf16 --threads of a rank)
     --wrap fsdp1-zero3  FSDP1: FullyShardedDataParallel(device_id=cpu), every
                    block a unit (ModuleWrapPolicy), FULL_SHARD
     --wrap fsdp1-zero2  the same with SHARD_GRAD_OP

@@ -108,8 +108,9 @@ def _check_trace_args(seq_len, target, param_dtype, make_batch):
                        "either way" % (target,))
     if param_dtype not in (None, "bf16", "fp16"):
         raise BadInput("param_dtype=%r: 'bf16', 'fp16' or None" % (param_dtype,))
-    if param_dtype and target != "cuda":
-        raise BadInput("param_dtype=%r: FSDP's MixedPrecision, traced for target='cuda' only" % param_dtype)
+    if param_dtype == "fp16" and target != "cuda":
+        raise BadInput("param_dtype='fp16': FSDP's fp16 MixedPrecision with ShardedGradScaler, traced for "
+                       "target='cuda' only; on a CPU, 'bf16'")
     if not callable(make_batch):
         raise BadInput("make_batch=%r: a function (batch, seq_len, device) returning the forward's positional "
                        "arguments" % (make_batch,))

@@ -32,15 +32,17 @@ class TraceCheck:
     def check_every_batch(self, name, file, build=None, inputs=None):
         # The same model on the CPU, one forward + loss + backward with the
         # gradients in place or none, its blocks checkpointed or not, its
-        # forward under torch.autocast("cpu", torch.bfloat16) or not (as each
-        # trace says), measured by the meter.
+        # forward under torch.autocast("cpu", torch.bfloat16) or not, or the
+        # model cast to bf16 (as each trace says), measured by the meter.
         import validate
         meter = shardfit_meter.Meter()
-        params = file["model"]["params"] * 4
+        params = file["model"]["params"] * 4  # fp32 gradients; a cast model's are half
         for t in file["traces"]:
             torch.manual_seed(0)
             model = build() if build else models.build(name)
             model.train()
+            if t["dtype"] == "bf16" and not t.get("autocast"):
+                model.to(torch.bfloat16)  # --param-dtype bf16's traces
             if t["recompute"]:
                 validate.checkpoint_blocks(torch, model, reentrant=t.get("checkpoint") == "reentrant")
             for p in model.parameters():
@@ -54,7 +56,8 @@ class TraceCheck:
             loss.backward()
             del out, loss, x
             peak, left = replay_peak(t["events"])
-            kept = 0 if t["grads"] == "accumulate" else params  # AccumulateGrad kept each op's gradient
+            cast = t["dtype"] == "bf16" and not t.get("autocast")
+            kept = 0 if t["grads"] == "accumulate" else params // (2 if cast else 1)  # AccumulateGrad kept each op's gradient
             # What the forward returned beside the loss (its frees left out of the trace; dropped here)
             sizes = {e[3]: e[4] for e in t["events"] if e[0] == "alloc"}
             left -= sum(sizes[i] for i in t.get("kept_outputs", []))

@@ -63,6 +63,42 @@ class TraceTest(TraceCheck, unittest.TestCase):
         _, file = self.record("llama-tiny-ri")
         self.check_every_batch("llama-tiny-ri", file)
 
+    def test_the_model_cast_to_bf16_is_traced_exactly_on_the_cpu(self):
+        # --param-dtype bf16 for the CPU (FSDP2's MixedPrecisionPolicy on CPU
+        # ranks): every cast trace is what the cast model allocates on the
+        # CPU, its bf16 matmuls' oneDNN scratchpads included (for this
+        # process's threads, which the recorder's default follows). GPT-2's
+        # blocks take only the hidden states, so casting their inputs adds
+        # nothing here.
+        path = os.path.join(self.tmp.name, "gpt2-hf2022-tiny-bf16.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
+                              "--param-dtype", "bf16", "--out", path], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        with open(path) as f:
+            file = json.load(f)
+        cast = [t for t in file["traces"] if t["dtype"] == "bf16" and not t.get("autocast")]
+        self.assertEqual([(t["batch"], t["grads"]) for t in cast],
+                         [(b, g) for g in ("accumulate", "none") for b in (1, 2, 3)])
+        self.check_every_batch("gpt2-hf2022-tiny", dict(file, traces=cast))
+        # Planned on CPU ranks as FSDP2 by block (fully_shard casting each
+        # block's inputs, as the trace does); FSDP1's mixed precision and
+        # FSDP2 on the root alone are refused there, one line each.
+        def plan(*extra):
+            return subprocess.run([SHARDFIT, "plan", "--trace", path, "--stack", "pytorch", "--device", "cpu",
+                                   "--gpus", "2", "--gpu-mem", "64MiB", "--json"] + list(extra),
+                                  capture_output=True, text=True, timeout=300)
+        out = plan("--fsdp-version", "2", "--fsdp-reduce-dtype", "fp32", "--strategies",
+                   "zero3/fp32/wrap=block,zero3/bf16/wrap=block")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        batch = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
+        self.assertGreater(batch["zero3/bf16/wrap=block"], batch["zero3/fp32/wrap=block"])
+        for extra in (["--fsdp-version", "2", "--strategies", "zero3/bf16/wrap=none"],
+                      ["--strategies", "zero3/bf16/wrap=block"]):
+            out = plan(*extra)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+            self.assertIn("in bf16 by block (MixedPrecisionPolicy", out.stderr)
+
     def test_a_model_with_buffers_is_traced_exactly_and_its_buffers_listed(self):
         self.check_every_batch("gpt2-hf2022-tiny", self.hf_file)
         buffers = [b for m in self.hf_file["modules"] for b in m.get("buffers", [])]
@@ -413,11 +449,12 @@ class TraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertIn("a precision needs its traces", out.stderr)
         out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "64",
-                              "--param-dtype", "bf16", "--out", os.path.join(self.tmp.name, "cpu-mixed.json")],
+                              "--param-dtype", "fp16", "--out", os.path.join(self.tmp.name, "cpu-mixed.json")],
                              capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
-        self.assertIn("--param-dtype bf16: FSDP's MixedPrecision, traced for CUDA only", out.stderr)
+        self.assertIn("--param-dtype fp16: FSDP's fp16 MixedPrecision with ShardedGradScaler, traced for CUDA only",
+                      out.stderr)
 
     def _check_fsdp2_plans(self, mixed):
         """FSDP2 per block or on the root, HSDP over two nodes, and FSDP2's refusals."""
