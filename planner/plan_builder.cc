@@ -399,8 +399,8 @@ std::vector<Candidate> plan_candidates(const PlanRequest& r, const models::Model
     copts.supported_precisions = kept;
   }
   copts.device_name = r.profile.name + (model.flash_attention ? " with --attention flash" : "") +
-                      (file ? " with this trace file (a precision needs its traces: bf16 on a CUDA target from "
-                              "trace_recorder.py --param-dtype bf16)"
+                      (file ? " with this trace file (a precision needs its traces: bf16 from trace_recorder.py "
+                              "--param-dtype bf16)"
                             : "");
   copts.nodes = r.nodes;
   return enumerate_candidates(copts);
