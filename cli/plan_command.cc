@@ -145,7 +145,7 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
                    ": a PyTorch optimizer option; give --stack pytorch (shardfit's engine steps AdamW unit by unit)");
   if (step == planner::AdamwStep::kFused && r.torch == "1.13")
     throw BadInput("--adamw-step fused with --torch 1.13: its AdamW has no fused step");
-  if (!adamw_step.empty()) r.adamw_step = step;
+  r.adamw_step = step;  // none given: each candidate's PyTorch default
   r.fsdp_backward_prefetch = bp == "post"   ? planner::FsdpBackwardPrefetch::kBackwardPost
                              : bp == "none" ? planner::FsdpBackwardPrefetch::kNone
                                             : planner::FsdpBackwardPrefetch::kBackwardPre;

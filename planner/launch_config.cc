@@ -30,16 +30,16 @@ ojson backward_prefetch(const Plan& plan) {
 
 // `plan --adamw-step`, else its PyTorch's default; a plan from before
 // candidates recorded it: the job's.
-std::string adamw_keyword(const Plan& plan, const PlanCandidate& pc) {
+AdamwKeyword adamw_keyword(const Plan& plan, const PlanCandidate& pc) {
   const std::string step = !pc.adamw_step.empty() ? pc.adamw_step
                            : plan.pytorch_job     ? plan.pytorch_job->adamw_step
                                                   : "";
-  if (step == "fused") return "fused=True";
-  return step == "foreach" ? "foreach=True" : "foreach=False";
+  if (step == "fused") return {"fused", true};
+  return {"foreach", step == "foreach"};
 }
 
 std::string adamw_assumed(const Plan& plan, const PlanCandidate& pc) {
-  return "the plan assumed torch.optim.AdamW(" + adamw_keyword(plan, pc) + ")";
+  return "the plan assumed torch.optim.AdamW(" + adamw_keyword(plan, pc).python() + ")";
 }
 
 void check_ckpt(const Candidate& c, LaunchFormat format) {
@@ -124,11 +124,10 @@ LaunchConfig ddp_json(const Plan& plan, const PlanCandidate& pc, const WrapPolic
                {"bucket_cap_mb", static_cast<double>(plan.schedule.ddp_bucket_cap_bytes) / (1 << 20)}};
   out.settings["ddp_kwargs"] = kwargs;
   if (c.sharding == Sharding::kZero1) {
-    const std::string kw = adamw_keyword(plan, pc);  // foreach=True: {"foreach": true}
-    const size_t eq = kw.find('=');
+    const AdamwKeyword kw = adamw_keyword(plan, pc);
     out.settings["optimizer"] = ojson{{"class", "torch.distributed.optim.ZeroRedundancyOptimizer"},
                                       {"optimizer_class", "torch.optim.AdamW"},
-                                      {kw.substr(0, eq), kw.substr(eq + 1) == "True"}};
+                                      {kw.name, kw.value}};
   }
   if (c.precision != Precision::kFp32)
     out.settings["autocast"] = ojson{{"dtype", torch_dtype(c.precision)}};

@@ -35,8 +35,13 @@ bool planned_fsdp2(const Plan& plan);
 ojson backward_prefetch(const Plan& plan);
 
 // The keyword the plan simulated torch.optim.AdamW with for the candidate:
-// "foreach=False", "foreach=True" or "fused=True".
-std::string adamw_keyword(const Plan& plan, const PlanCandidate& pc);
+// foreach=False, foreach=True or fused=True.
+struct AdamwKeyword {
+  std::string name;  // "foreach" or "fused"
+  bool value = false;
+  std::string python() const { return name + (value ? "=True" : "=False"); }
+};
+AdamwKeyword adamw_keyword(const Plan& plan, const PlanCandidate& pc);
 // "the plan assumed torch.optim.AdamW(foreach=False)".
 std::string adamw_assumed(const Plan& plan, const PlanCandidate& pc);
 

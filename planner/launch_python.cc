@@ -268,7 +268,7 @@ void write_ddp(std::ostringstream& py, const Plan& plan, const Candidate& c, con
 void write_optimizer(std::ostringstream& py, const Plan& plan, const PlanCandidate& pc) {
   const bool sgd = plan.optimizer == "sgd";
   const std::string cls = sgd ? "torch.optim.SGD" : "torch.optim.AdamW";
-  const std::string extra = sgd ? "" : ", " + adamw_keyword(plan, pc);
+  const std::string extra = sgd ? "" : ", " + adamw_keyword(plan, pc).python();
   py << "\n\n"
      << "def make_optimizer(model, **kwargs):\n"
      << "    \"\"\"" << (sgd ? "SGD" : "AdamW") << " as the plan simulated it"

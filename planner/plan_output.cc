@@ -96,6 +96,13 @@ Prediction prediction_from(const FieldReader& r) {
   return p;
 }
 
+// `adamw_step` (a candidate's or pytorch_job's): one of AdamwStep's names.
+std::string adamw_step_field(const FieldReader& r) {
+  std::string step = r.text("adamw_step");
+  if (!parse_adamw_step(step)) r.fail("adamw_step", "must be \"for-loop\", \"foreach\" or \"fused\"");
+  return step;
+}
+
 PlanCandidate candidate_from(const FieldReader& r) {
   PlanCandidate pc;
   std::string id = r.text("id");
@@ -149,8 +156,7 @@ PlanCandidate candidate_from(const FieldReader& r) {
   }
   pc.units = static_cast<int>(r.optional_integer("units", 0));
   if (r.has("adamw_step")) {
-    pc.adamw_step = r.text("adamw_step");
-    if (!parse_adamw_step(pc.adamw_step)) r.fail("adamw_step", "must be \"for-loop\", \"foreach\" or \"fused\"");
+    pc.adamw_step = adamw_step_field(r);
   } else if (r.has("adamw_foreach")) {
     pc.adamw_step = r.boolean("adamw_foreach") ? "foreach" : "for-loop";
   }
@@ -230,8 +236,7 @@ Plan plan_from(const json& j, const std::string& origin) {
       if (job.fsdp_version > 2) p.fail("fsdp_version", "must be 1 or 2");
     }
     if (p.has("adamw_step")) {
-      job.adamw_step = p.text("adamw_step");
-      if (!parse_adamw_step(job.adamw_step)) p.fail("adamw_step", "must be \"for-loop\", \"foreach\" or \"fused\"");
+      job.adamw_step = adamw_step_field(p);
     } else if (p.has("adamw_foreach") && p.boolean("adamw_foreach")) {
       job.adamw_step = "foreach";
     }

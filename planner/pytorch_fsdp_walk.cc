@@ -107,7 +107,7 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const 
                                                  e.kind == MemEvent::kModuleEnd && e.phase != Phase::kForward && e.op < 0)
         grads_to_come[u->second] = static_cast<int64_t>(part.units[u->second].params.size());
   // Where the graph's teardown begins: the trailing frees and module ends
-  // outside any op, after the backward's last op (the whole trace when it
+  // outside any op, after the backward's last op (none when the trace
   // names no op: nothing to tell apart).
   size_t teardown = t.events.size();
   while (names_ops && teardown > 0 && t.events[teardown - 1].phase != Phase::kForward &&

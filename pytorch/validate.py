@@ -64,6 +64,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def rank_threads(nproc):
+    """The intra-op threads each of `nproc` ranks on this host runs with (the
+    cores / the ranks, at least 1, as `shardfit run` gives them): what a CPU
+    trace of the job stands for (trace_recorder.py --threads)."""
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
 def worker(rank, args, queue):
     sys.path.insert(0, HERE)
     import torch
@@ -72,7 +79,7 @@ def worker(rank, args, queue):
     import torch.distributed as dist
     import models
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.nproc))
+    torch.set_num_threads(rank_threads(args.nproc))
     # A rank that fails takes the job down: start_processes ends the others,
     # and no collective waits longer than this for a rank that is gone.
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=rank,
