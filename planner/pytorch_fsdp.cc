@@ -5,6 +5,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "planner/adamw_steps.h"
 #include "planner/pytorch_ledger.h"
 #include "spec/wrap_policy.h"
 
@@ -121,7 +122,7 @@ class Fsdp1Job {
   bool step(int k);
   void zero_grad();
   void cast_buffers();
-  FsdpStepHooks hooks(int k);
+  StepHooks hooks(int k);
   void unshard(FlatParam& u);
   void reshard(FlatParam& u);
   void reshard_forward_copy(int ui);
@@ -278,7 +279,7 @@ bool Fsdp1Job::step(int k) {
     u.needs_pre_forward = o_.forward_prefetch;
   }
   if (k == 1) cast_buffers();
-  if (!walk_fsdp_step(*in_.no_grads, part_, split_ties_, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
+  if (!walk_pytorch_step(*in_.no_grads, part_, split_ties_, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
                       previous_outputs_))
     return false;
   // Units whose backward-end marker the trace has none of (a module whose
@@ -321,9 +322,9 @@ void Fsdp1Job::cast_buffers() {
 }
 
 // FSDP's hooks, where the walk through the step's trace calls them.
-FsdpStepHooks Fsdp1Job::hooks(int k) {
+StepHooks Fsdp1Job::hooks(int k) {
   using Prefetch = PytorchFsdpOptions::Prefetch;
-  FsdpStepHooks hooks;
+  StepHooks hooks;
   hooks.pre_forward = [this, k](int ui) {
     if (k == 1) forward_order_.push_back(ui);
     unshard(units_[ui]);  // _pre_forward_unshard
@@ -553,6 +554,38 @@ void Fsdp1Job::finalize_params() {
 }
 
 }  // namespace
+
+ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards) {
+  // A traced AdamW step for one parameter resized to a shard: every storage
+  // of the parameter's size (its exp_avg and exp_avg_sq, the update's sqrt
+  // and division: optim/adamw.py _single_tensor_adamw) becomes the shard's
+  // size; the rest (none in 1.13's for-loop AdamW on a GPU parameter; its
+  // `step` is a host tensor) stays. The parameter is the largest, so that no
+  // other storage shares its size.
+  const size_t ref = static_cast<size_t>(
+      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
+  if (in.list_step_first && in.list_step_later) {
+    // foreach=True or fused=True: one step over the list of shards, each
+    // the largest parameter's part resized.
+    std::vector<MultiTensorAdamwStep::Entry> list;
+    for (int64_t shard : shards)
+      if (shard > 0) list.push_back({static_cast<int>(ref), 4 * shard});
+    return {in.list_step_first->compose(list), in.list_step_later->compose(list)};
+  }
+  std::vector<ModelTrace> steps;
+  std::vector<int> order;
+  for (int64_t shard : shards) {
+    if (shard == 0) continue;
+    for (int k = 0; k < 2; ++k) {
+      ModelTrace t = (*in.optimizer_param_steps)[2 * ref + k];
+      for (auto& e : t.events)
+        if (e.kind == MemEvent::kAlloc && e.bytes == 4 * in.param_numels[ref]) e.bytes = 4 * shard;
+      steps.push_back(std::move(t));
+    }
+    order.push_back(static_cast<int>(order.size()));
+  }
+  return {compose_optimizer_step(steps, order, true), compose_optimizer_step(steps, order, false)};
+}
 
 StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
                                     const PytorchFsdpOptions& o, AllocatorModel& allocator) {

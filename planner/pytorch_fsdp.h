@@ -24,6 +24,7 @@
 #include "planner/allocator_model.h"
 #include "planner/model_trace.h"
 #include "planner/pytorch_stack.h"
+#include "planner/pytorch_walk.h"
 #include "planner/step_simulator.h"
 #include "spec/wrap_policy.h"
 
@@ -102,79 +103,14 @@ void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, c
 // numel): the shard's numel, ceil(numel / world).
 inline int64_t fsdp_shard_numel(int64_t numel, int world) { return (numel + world - 1) / world; }
 
-// What both FSDP versions share (FSDP1 here, FSDP2's fully_shard in
-// pytorch_fsdp2.h; defined in pytorch_fsdp_walk.cc): AdamW over shards, the
-// gradients of a tie split across units, and one step's walk through the
-// no-grads trace, calling the version's hooks where PyTorch calls them.
-class Ledger;
-// torch.optim.AdamW over shards of these sizes (elements; a 0 is skipped),
-// in this order, from the traced steps of one parameter alone (`in`'s
-// optimizer_param_steps), resized: its first step (state created) and any
-// later one.
+// AdamW over shards (defined in pytorch_fsdp.cc, shared with FSDP2's
+// fully_shard in pytorch_fsdp2.h): torch.optim.AdamW over shards of these
+// sizes (elements; a 0 is skipped), in this order, from the traced steps of
+// one parameter alone (`in`'s optimizer_param_steps), resized: its first
+// step (state created) and any later one.
 struct ShardedAdamw {
   ModelTrace first, later;
 };
 ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards);
-struct FsdpStepHooks {
-  std::function<void(int)> pre_forward;   // a unit's forward begins (its forward pre-hook)
-  std::function<void(int)> post_forward;  // a unit's forward has ended (its forward hook)
-  std::function<void()> backward_begins;  // the forward returned: the root's pre-backward hook
-  std::function<void(int)> pre_backward;  // a unit's backward begins (the hook on its outputs' gradients)
-  std::function<void(int)> post_backward; // a unit's backward has ended (its inputs' gradients are ready)
-  // FSDP1: post_backward is the hook on the flat parameter's AccumulateGrad,
-  // which runs once the backward of the views the unit's pre-forward made
-  // (_use_unsharded_views) has run; the autograd engine runs the ready node
-  // made latest first, and those views were made just before the unit's
-  // modules ran, so they run right after its last parameter gradient. For a
-  // unit whose inputs need no gradient (an embedding's ids) the trace has no
-  // end of its backward until the whole backward's (the tracer's markers sit
-  // on inputs that need one): with this set, such a unit's post_backward
-  // runs after its last gradient and the frees its node makes (inside an
-  // op), before the next allocation, module event or free outside any op
-  // (the graph's teardown at the backward's end). Not the root's: its views
-  // were made before any other node, so they run last, at the backward's
-  // end. FSDP2 waits for the backward's end for such a unit too (its root's
-  // final callback), as the trace does.
-  bool post_backward_after_last_grad = false;
-  // The backward's last op has run: what the autograd engine calls before
-  // the graph is torn down (the frees outside any op that end the trace's
-  // backward: storages only the graph held, e.g. transformers' ids, mask
-  // and a scalar), such as FSDP2's _root_post_backward_final_callback,
-  // queued on the engine. Unset: nothing.
-  std::function<void()> backward_ends;
-};
-// The gradients of a tie split across units (FSDP1's kCopiedPerUnit: each
-// unit that registers the weight flattens its own copy), each its module's
-// unit's, kept until that unit's flat gradient is made. In the traces (one
-// parameter) the borrower's backward runs first: its gradient becomes the
-// parameter's .grad, and the owner's own gradient is added into it and
-// freed; the borrower's is freed only then, in the owner's backward.
-// Empty when every tie is inside one unit.
-struct SplitTieGrads {
-  std::unordered_map<int, int64_t> owner_bytes;  // owner module -> its own gradient's bytes
-  struct Borrowed {
-    int owner = -1;     // the module that owns the weight
-    int64_t bytes = 0;  // the gradient's bytes
-  };
-  std::unordered_map<int, Borrowed> borrowers;  // borrowing module -> its gradient
-};
-SplitTieGrads split_tie_grads(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part,
-                              int64_t element_bytes);
-// Replays the trace's storages on the compute stream (0) into `ledger`,
-// labelled `label` (stepK/forward, then stepK/backward: the hooks allocate
-// under it too). The parameters' gradients (kept by AccumulateGrad; an
-// owner's own gradient of a split tie) are appended to unit_grads[unit] and
-// left for post_backward to free; what the forward returns beside the loss
-// is appended to `outputs`, and `previous_outputs` (the last step's) freed
-// when the forward returns, where a point stepK/forward is recorded. The
-// units' forward order is appended to `forward_order` when it is given.
-// With `grad_origins`, each gradient's (module, bytes) is appended to
-// (*grad_origins)[unit] beside its id in unit_grads. False on out of memory.
-bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
-                    const std::string& step,
-                    std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
-                    std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
-                    std::vector<int64_t>& previous_outputs,
-                    std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins = nullptr);
 
 }  // namespace shardfit::planner

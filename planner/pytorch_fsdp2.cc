@@ -88,7 +88,7 @@ class Fsdp2Job {
  private:
   bool init();
   bool step(int k);
-  FsdpStepHooks hooks(int k);
+  StepHooks hooks(int k);
   void unshard(Group& g);
   void wait_for_unshard(Group& g, bool forward);
   void reshard(Group& g);
@@ -232,7 +232,7 @@ bool Fsdp2Job::step(int k) {
     }
     g.pre_backward_done = g.post_backward_done = false;
   }
-  if (!walk_fsdp_step(*in_.no_grads, part_, SplitTieGrads{}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
+  if (!walk_pytorch_step(*in_.no_grads, part_, SplitTieGrads{}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
                       previous_outputs_, &grad_origins_))
     return false;
   finalize_backward();
@@ -247,8 +247,8 @@ bool Fsdp2Job::step(int k) {
 }
 
 // FSDP2's hooks, where the walk through the step's trace calls them.
-FsdpStepHooks Fsdp2Job::hooks(int k) {
-  FsdpStepHooks hooks;
+StepHooks Fsdp2Job::hooks(int k) {
+  StepHooks hooks;
   hooks.pre_forward = [this](int gi) {  // FSDPParamGroup.pre_forward
     unshard(groups_[gi]);
     wait_for_unshard(groups_[gi], true);
@@ -439,7 +439,7 @@ void Fsdp2Job::post_backward(int gi) {
 
 // _root_post_backward_final_callback, queued on the autograd engine, so it
 // runs after the backward's last op and before the graph's teardown
-// (FsdpStepHooks::backward_ends; after the walk for a trace naming no op):
+// (StepHooks::backward_ends; after the walk for a trace naming no op):
 // every group whose post-backward did not run (the root's inputs need no
 // gradient), in all_states order
 // (the root's first), each then finalized (finalize_backward: the

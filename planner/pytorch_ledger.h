@@ -88,27 +88,16 @@ class Ledger {
   CategoryBytes by_{};
 };
 
-// Replays a trace's storages. Storages still live at its end stay charged to
-// `kept` (the gradients of a no-grads trace; the optimizer's state) and
-// their ids are appended to `kept_ids`; the rest are `transient`. With
-// `stop_at_backward` (a training step's trace) the labels are step/forward
-// and step/backward and a point is recorded where backward begins; else
-// every label is `step`. False on out of memory. `before_model` (when
-// given) runs where the root module's forward begins (after the trace's
-// inputs are made): DDP's pre-forward work.
-//
-// The storages the forward returned beside the loss (ModelTrace::
-// kept_outputs) are charged as activations and appended to `outputs`;
-// `forward_returned` (when given) runs where the forward has returned
-// (before the first backward event): where the loop's `outputs = model(...)`
-// drops the previous step's.
-bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
-            Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model = {},
-            std::vector<int64_t>* outputs = nullptr, const std::function<void()>& forward_returned = {});
+// Replays a trace that is not a model's step (opt.zero_grad(), an
+// optimizer step) under `label`: storages still live at its end stay,
+// charged to `kept` (the optimizer's state); the rest are `transient`. A
+// model's step goes through walk_pytorch_step (pytorch_walk.h). False on
+// out of memory.
+bool replay(const ModelTrace& t, Ledger& ledger, const std::string& label, Category transient, Category kept);
 
 // The phases of the loop every simulation here shares (DDP's in
-// pytorch_stack.cc, FSDP1's in pytorch_fsdp.cc, FSDP2's in pytorch_fsdp2.cc),
-// each written once:
+// pytorch_stack.cc, FSDP1's in pytorch_fsdp.cc, FSDP2's in pytorch_fsdp2.cc)
+// around the walk through the model's step, each written once:
 //
 // A storage of each of `bytes`, charged to `c` under `label` (init's: the
 // profile's cuBLAS workspaces before the model, the model's buffers), their

@@ -1,6 +1,7 @@
 #include "planner/pytorch_stack.h"
 
 #include "planner/pytorch_ledger.h"
+#include "planner/pytorch_walk.h"
 #include "spec/grad_buckets.h"
 #include "spec/job.h"
 
@@ -132,43 +133,22 @@ bool optimizer_step(Ledger& ledger, const std::string& step, const ModelTrace* a
   const std::string label = step + "/optimizer";
   int64_t found_inf_copy = -1;
   if (grad_scaler && !grad_scaler_unscale(ledger, label, found_inf_copy, host_grads)) return false;
-  if (adamw && !replay(*adamw, ledger, label, false, Category::kTemporaries, Category::kOptimizer, nullptr))
+  if (adamw && !replay(*adamw, ledger, label, Category::kTemporaries, Category::kOptimizer))
     return false;
   if (grad_scaler && !grad_scaler_update(ledger, label, found_inf_copy, host_grads)) return false;
   ledger.point(label);
   return true;
 }
 
-bool replay(const ModelTrace& t, Ledger& ledger, const std::string& step, bool stop_at_backward, Category transient,
-            Category kept, std::vector<int64_t>* kept_ids, const std::function<bool()>& before_model,
-            std::vector<int64_t>* outputs, const std::function<void()>& forward_returned) {
+bool replay(const ModelTrace& t, Ledger& ledger, const std::string& label, Category transient, Category kept) {
   std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
-  std::unordered_map<int64_t, bool> freed, output;
+  std::unordered_map<int64_t, bool> freed;
   for (const auto& e : t.events)
     if (e.kind == MemEvent::kFree) freed[e.tensor] = true;
-  for (int64_t id : t.kept_outputs) output[id] = true;
-  bool in_backward = false;
-  bool model_called = false;
   for (const auto& e : t.events) {
-    if (before_model && !model_called && e.kind == MemEvent::kModuleBegin && e.module == 0 &&
-        e.phase == Phase::kForward) {
-      model_called = true;
-      if (!before_model()) return false;
-    }
-    if (stop_at_backward && !in_backward && e.phase != Phase::kForward) {
-      in_backward = true;
-      if (forward_returned) forward_returned();
-      ledger.point(step + "/forward");
-    }
-    const std::string label =
-        !stop_at_backward ? step : step + (e.phase == Phase::kForward ? "/forward" : "/backward");
     if (e.kind == MemEvent::kAlloc) {
-      const bool is_output = output.count(e.tensor) > 0;
-      const bool stays = !freed.count(e.tensor) && !is_output;
-      const int64_t id = ledger.alloc(stays ? kept : transient, e.bytes, label);
+      const int64_t id = ledger.alloc(freed.count(e.tensor) ? transient : kept, e.bytes, label);
       if (id < 0) return false;
-      if (stays && kept_ids) kept_ids->push_back(id);
-      if (is_output && outputs) outputs->push_back(id);
       live[e.tensor] = id;
     } else if (e.kind == MemEvent::kFree) {
       if (auto it = live.find(e.tensor); it != live.end()) {
@@ -345,6 +325,14 @@ bool ddp_init(Ledger& ledger, const PytorchDdpInputs& in, const PytorchDdpOption
   return true;
 }
 
+// The modules a trace's events name (its module table may be empty: traces
+// made by hand).
+int trace_modules(const ModelTrace& t) {
+  int n = static_cast<int>(t.modules.size());
+  for (const auto& e : t.events) n = std::max(n, e.module + 1);
+  return n;
+}
+
 }  // namespace
 
 StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpOptions& o) {
@@ -373,6 +361,8 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   if (o.zero_redundancy) std::tie(zero_first, zero_later) = zero_redundancy_steps(in, o);
 
   const std::vector<int64_t> rebuilt = ddp_bucket_bytes(numels, o.bucket_cap_bytes);
+  const spec::UnitPartition part = whole_model_unit(std::max(trace_modules(*in.no_grads), trace_modules(*in.with_grads)));
+  std::string label;
   std::vector<int64_t> grads;  // .grad storages outside the buckets (the default mode)
   // What the previous forward returned beside the loss, held by the loop's
   // `outputs` until the next forward returns (none when it returns the loss).
@@ -384,8 +374,7 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
     // they are views of the buckets: nothing freed); with set_to_none=False
     // (PyTorch < 2.0's default) each .grad zeroed in place: they stay.
     if (in.zero_grad &&
-        !replay(*in.zero_grad, ledger, step + "/forward", false, Category::kTemporaries, Category::kTemporaries,
-                nullptr))
+        !replay(*in.zero_grad, ledger, step + "/forward", Category::kTemporaries, Category::kTemporaries))
       return out;
     if (o.zero_grad_set_to_none) ledger.free_all(grads);
     // Forward, loss and backward. With no .grad (first step, or after
@@ -413,43 +402,43 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
       const bool first_static = o.static_graph && k == 1 && m == o.grad_accum;
       const bool views = o.gradient_as_bucket_view && !first_static;
       const ModelTrace& fb = (views || grads_exist) ? *in.with_grads : *in.no_grads;
-      const bool ok = replay(fb, ledger, micro, /*stop_at_backward=*/true, Category::kActivations, Category::kGrads,
-                             &grads, [&] {
-                               // DDP.forward: in the second iteration the buckets are rebuilt
-                               // (Reducer::rebuild_buckets, once the first synced backward has
-                               // recorded the gradients' order: sync_bucket_indices' four int32
-                               // tensors, then initialize_buckets frees the old buckets and
-                               // makes the new), then the buffers are broadcast.
-                               if (o.wrapped && k == 2 && m == 1) {
-                                 std::vector<int64_t> sync;
-                                 for (int64_t b : ddp_rebuild_sync_tensors(numels, rebuilt.size())) {
-                                   sync.push_back(ledger.alloc(Category::kCommBuffers, b, micro + "/forward"));
-                                   if (sync.back() < 0) return false;
-                                 }
-                                 ledger.free_all(sync);
-                                 ledger.free_all(buckets);
-                                 for (int64_t b : rebuilt) {
-                                   buckets.push_back(ledger.alloc(Category::kCommBuffers, b, micro + "/forward"));
-                                   if (buckets.back() < 0) return false;
-                                 }
-                               }
-                               return m > 1 || broadcast(ledger, buffer_flats, micro + "/forward");
-                             },
-                             &outputs, [&] {
-                               if (first_static) {
-                                 // _DDPSink: a clone of each returned tensor; the originals
-                                 // (what the loop would hold) go as DDP.forward returns.
-                                 std::vector<int64_t> clones;
-                                 for (int64_t b : fb.output_tensor_bytes)
-                                   clones.push_back(ledger.alloc(Category::kActivations, b, micro + "/forward"));
-                                 ledger.free_all(outputs);
-                                 outputs = std::move(clones);
-                               }
-                               ledger.free_all(previous_outputs);
-                               // scaler.scale(loss), first call: its scale and growth tracker
-                               // (an out of memory here stops the replay at its next allocation).
-                               if (o.grad_scaler && k == 1 && m == 1) grad_scaler_init(ledger, micro + "/forward");
-                             });
+      StepHooks hooks;
+      bool model_called = false;
+      hooks.pre_forward = [&](int) {
+        // DDP.forward: in the second iteration the buckets are rebuilt
+        // (Reducer::rebuild_buckets, once the first synced backward has
+        // recorded the gradients' order: sync_bucket_indices' four int32
+        // tensors, then initialize_buckets frees the old buckets and makes
+        // the new), then the buffers are broadcast.
+        if (model_called) return;
+        model_called = true;
+        if (o.wrapped && k == 2 && m == 1) {
+          std::vector<int64_t> sync;
+          if (!alloc_each(ledger, Category::kCommBuffers, ddp_rebuild_sync_tensors(numels, rebuilt.size()), label,
+                          &sync))
+            return;
+          ledger.free_all(sync);
+          ledger.free_all(buckets);
+          if (!alloc_each(ledger, Category::kCommBuffers, rebuilt, label, &buckets)) return;
+        }
+        if (m == 1) broadcast(ledger, buffer_flats, label);
+      };
+      if (first_static)
+        hooks.forward_returns = [&] {
+          // _DDPSink: a clone of each returned tensor; the originals (what
+          // the loop would hold) go as DDP.forward returns.
+          std::vector<int64_t> clones;
+          if (!alloc_each(ledger, Category::kActivations, fb.output_tensor_bytes, label, &clones)) return;
+          ledger.free_all(outputs);
+          outputs = std::move(clones);
+        };
+      // scaler.scale(loss), first call: its scale and growth tracker.
+      if (o.grad_scaler && k == 1 && m == 1) hooks.backward_begins = [&] { grad_scaler_init(ledger, label); };
+      label = micro + "/forward";
+      std::vector<std::vector<int64_t>> unit_grads{std::move(grads)};
+      const bool ok =
+          walk_pytorch_step(fb, part, {}, micro, label, hooks, ledger, unit_grads, outputs, previous_outputs);
+      grads = std::move(unit_grads[0]);
       if (!ok) return out;
       previous_outputs.swap(outputs);
       if (first_static && o.gradient_as_bucket_view) ledger.free_all(grads);  // delay_all_reduce: now views

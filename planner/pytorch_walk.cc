@@ -1,50 +1,16 @@
-// What FSDP1 (pytorch_fsdp.cc) and FSDP2 (pytorch_fsdp2.cc) share, declared
-// in pytorch_fsdp.h: AdamW over shards, the gradients of a tie split across
-// units, and one step's walk through the no-grads trace calling the
-// version's hooks.
+// The one walk through a step's trace that DDP, FSDP1 and FSDP2 share
+// (pytorch_walk.h), and the partitions it walks.
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
-#include "planner/adamw_steps.h"
-#include "planner/pytorch_fsdp.h"
+#include "planner/pytorch_walk.h"
+
 #include "planner/pytorch_ledger.h"
 #include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
-
-ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards) {
-  // A traced AdamW step for one parameter resized to a shard: every storage
-  // of the parameter's size (its exp_avg and exp_avg_sq, the update's sqrt
-  // and division: optim/adamw.py _single_tensor_adamw) becomes the shard's
-  // size; the rest (none in 1.13's for-loop AdamW on a GPU parameter; its
-  // `step` is a host tensor) stays. The parameter is the largest, so that no
-  // other storage shares its size.
-  const size_t ref = static_cast<size_t>(
-      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
-  if (in.list_step_first && in.list_step_later) {
-    // foreach=True or fused=True: one step over the list of shards, each
-    // the largest parameter's part resized.
-    std::vector<MultiTensorAdamwStep::Entry> list;
-    for (int64_t shard : shards)
-      if (shard > 0) list.push_back({static_cast<int>(ref), 4 * shard});
-    return {in.list_step_first->compose(list), in.list_step_later->compose(list)};
-  }
-  std::vector<ModelTrace> steps;
-  std::vector<int> order;
-  for (int64_t shard : shards) {
-    if (shard == 0) continue;
-    for (int k = 0; k < 2; ++k) {
-      ModelTrace t = (*in.optimizer_param_steps)[2 * ref + k];
-      for (auto& e : t.events)
-        if (e.kind == MemEvent::kAlloc && e.bytes == 4 * in.param_numels[ref]) e.bytes = 4 * shard;
-      steps.push_back(std::move(t));
-    }
-    order.push_back(static_cast<int>(order.size()));
-  }
-  return {compose_optimizer_step(steps, order, true), compose_optimizer_step(steps, order, false)};
-}
 
 SplitTieGrads split_tie_grads(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part,
                               int64_t element_bytes) {
@@ -59,12 +25,22 @@ SplitTieGrads split_tie_grads(const std::vector<ModuleNode>& modules, const spec
   return out;
 }
 
-bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
-                    const std::string& step,
-                    std::string& label, const FsdpStepHooks& hooks, Ledger& ledger,
-                    std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
-                    std::vector<int64_t>& previous_outputs,
-                    std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins) {
+spec::UnitPartition whole_model_unit(int num_modules) {
+  spec::UnitPartition part;
+  part.units.push_back(spec::Unit{0, "root", {}, {}, 0});
+  for (int m = 0; m < num_modules; ++m) part.units[0].modules.push_back(m);
+  part.module_unit.assign(static_cast<size_t>(num_modules), 0);
+  return part;
+}
+
+bool walk_pytorch_step(const ModelTrace& t, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
+                       const std::string& step, std::string& label, const StepHooks& hooks, Ledger& ledger,
+                       std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
+                       std::vector<int64_t>& previous_outputs,
+                       std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins) {
+  auto call = [](const std::function<void(int)>& hook, int u) {
+    if (hook) hook(u);
+  };
   std::unordered_map<int, int> unit_at;  // wrapped module -> unit
   for (size_t u = 0; u < part.units.size(); ++u) unit_at[part.units[u].root_module] = static_cast<int>(u);
   std::unordered_set<int64_t> kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
@@ -121,17 +97,18 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const 
     if (ledger.oom()) return false;
     if (i == teardown && in_backward && hooks.backward_ends) hooks.backward_ends();
     if (grads_done_unit >= 0 && (e.kind != MemEvent::kFree || e.op < 0)) {
-      hooks.post_backward(grads_done_unit);  // runs once: the trace's end of it finds it done
+      call(hooks.post_backward, grads_done_unit);  // runs once: the trace's end of it finds it done
       grads_done_unit = -1;
     }
     if (!in_backward && e.phase != Phase::kForward) {
       // The forward returned: the loop's `outputs = model(x)` drops the
       // previous step's.
       in_backward = true;
+      if (hooks.forward_returns) hooks.forward_returns();
       ledger.free_all(previous_outputs);
       ledger.point(step + "/forward");
       label = step + "/backward";
-      hooks.backward_begins();
+      if (hooks.backward_begins) hooks.backward_begins();
     }
     const auto unit = unit_at.find(e.module);
     const bool unit_event =
@@ -139,9 +116,9 @@ bool walk_fsdp_step(const ModelTrace& t, const spec::UnitPartition& part, const 
     if (unit_event) {
       const bool begin = e.kind == MemEvent::kModuleBegin;
       if (e.phase == Phase::kForward) {
-        (begin ? hooks.pre_forward : hooks.post_forward)(unit->second);
+        call(begin ? hooks.pre_forward : hooks.post_forward, unit->second);
       } else {
-        (begin ? hooks.pre_backward : hooks.post_backward)(unit->second);
+        call(begin ? hooks.pre_backward : hooks.post_backward, unit->second);
       }
     } else if (e.kind == MemEvent::kAlloc && in_backward && split_tie_sum(e)) {
       continue;
