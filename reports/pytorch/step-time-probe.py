@@ -1,0 +1,120 @@
+"""Where a CPU training step's time goes, for reports/pytorch/step-time-*.md.
+
+  step-time-probe.py plain MODEL   one process, no wrapper: a model of
+                                   pytorch/models.py at 4 x 64, fp32, one
+                                   thread, for-loop AdamW; the median
+                                   forward, backward and optimizer step over
+                                   10 steps after 2 warm-up steps, and the
+                                   ATen ops each phase dispatches
+  step-time-probe.py gloo [PORT]   2 Gloo ranks, one thread each: the median
+                                   of 200 calls of each collective FSDP and
+                                   DDP issue at test size (100 KB fp32), and
+                                   one all-gather after 3 small matmuls
+
+Run with the pinned stack's Python (.venv/bin/python) on an idle machine."""
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+
+def plain(name):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pytorch"))
+    import models
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.set_num_threads(1)
+    model = models.build(name)
+    vocab = models.vocab_size(name)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    gen = torch.Generator().manual_seed(0)
+    phases = {"forward": [], "backward": [], "optimizer": []}
+    for i in range(12):
+        x = torch.randint(0, vocab, (4, 64), generator=gen)
+        opt.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        out = model(x)
+        loss = out[0] if isinstance(out, (tuple, dict)) else out
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        if i >= 2:
+            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+                phases[k].append(v)
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    with Count():
+        x = torch.randint(0, vocab, (4, 64), generator=gen)
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss = out[0] if isinstance(out, (tuple, dict)) else out
+        counts.append(Count.ops)
+        loss.backward()
+        counts.append(Count.ops - sum(counts))
+        opt.step()
+        counts.append(Count.ops - sum(counts))
+    for (k, v), n in zip(phases.items(), counts):
+        print("%-9s %7.2f ms  %4d ops" % (k, statistics.median(v) * 1e3, n))
+    print("step      %7.2f ms" % (sum(statistics.median(v) for v in phases.values()) * 1e3))
+
+
+def gloo_rank(rank, port):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    n = 25000  # 100 KB of fp32
+    x, out, shard = torch.randn(n), torch.empty(2 * n), torch.empty(n // 2)
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+
+    def median_us(f, reps=200):
+        dist.barrier()
+        times = []
+        for _ in range(reps):
+            s = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - s)
+        return statistics.median(times) * 1e6
+
+    def matmuls():
+        for _ in range(3):
+            torch.mm(a, b)
+
+    def matmuls_then_gather():
+        matmuls()
+        dist.all_gather_into_tensor(out, x)
+
+    rows = [("all_reduce, 1 element", lambda: dist.all_reduce(torch.ones(1))),
+            ("all_gather_into_tensor, 100 KB", lambda: dist.all_gather_into_tensor(out, x)),
+            ("reduce_scatter_tensor, 100 KB", lambda: dist.reduce_scatter_tensor(shard, x)),
+            ("all_reduce, 100 KB", lambda: dist.all_reduce(x)),
+            ("3 matmuls 128^3", matmuls),
+            ("3 matmuls, then the all-gather", matmuls_then_gather)]
+    results = [(name, median_us(f)) for name, f in rows]
+    if rank == 0:
+        for name, us in results:
+            print("%-32s %8.1f us" % (name, us))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "plain":
+        plain(sys.argv[2])
+    elif len(sys.argv) >= 2 and sys.argv[1] == "gloo":
+        import torch.multiprocessing as mp
+        mp.start_processes(gloo_rank, args=(int(sys.argv[2]) if len(sys.argv) > 2 else 29931,), nprocs=2,
+                           start_method="spawn")
+    else:
+        sys.exit(__doc__)
