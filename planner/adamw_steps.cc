@@ -27,6 +27,18 @@ std::optional<AdamwStep> parse_adamw_step(const std::string& name) {
   return std::nullopt;
 }
 
+int64_t adamw_step_ops(AdamwStep step, int64_t tensors) {
+  switch (step) {
+    case AdamwStep::kForeach:
+      return 12 + 2 * tensors;
+    case AdamwStep::kFused:
+      return 4;
+    case AdamwStep::kForLoop:
+      break;
+  }
+  return 2 + 10 * tensors;
+}
+
 ModelTrace compose_optimizer_step(const std::vector<ModelTrace>& per_param, const std::vector<int>& params,
                                   bool first) {
   auto trace_of = [&](size_t i) -> const ModelTrace& {

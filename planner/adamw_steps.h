@@ -27,6 +27,22 @@ enum class AdamwStep : uint8_t { kForLoop, kForeach, kFused };
 const char* adamw_step_name(AdamwStep s);
 // Those words back; anything else: std::nullopt.
 std::optional<AdamwStep> parse_adamw_step(const std::string& name);
+// The ops one step of `step` dispatches over `tensors` parameters that have
+// a gradient, as PyTorch 2.11 runs it on a CPU (torch/optim/adam.py, which
+// AdamW's step calls; counted by a TorchDispatchMode around step 2:
+// reports/pytorch/step-time-probe.py adamw-ops): the profiler's
+// record_function enter and exit around every step, then
+//  - for-loop (_single_tensor_adam): per parameter its step count's add_,
+//    the weight decay's mul_, lerp_, mul_ and addcmul_ into the moments,
+//    the step count read back (_local_scalar_dense), sqrt, div, add_ of eps
+//    and addcdiv_ into the parameter: 2 + 10 n;
+//  - foreach (_multi_tensor_adam): one _foreach_ op of each kind over the
+//    list (add_, mul_ twice, lerp_, addcmul_, sqrt, div_, add_, addcdiv_),
+//    a lift_fresh, and per parameter its step count read back twice (the
+//    two bias corrections): 12 + 2 n;
+//  - fused (_fused_adam): the step counts' _foreach_add_ and one
+//    _fused_adamw_: 4.
+int64_t adamw_step_ops(AdamwStep step, int64_t tensors);
 
 // foreach=False: one step over `params` (indices, in the local optimizer's
 // order) composed from each parameter's step alone (TraceFile::

@@ -42,9 +42,10 @@ spec::UnitPartition fsdp_units(const std::vector<ModuleNode>& modules, const Can
 // stream beside backward and, with BACKWARD_PRE or BACKWARD_POST, gathers the
 // next unit ahead of its backward (prefetch 1); with forward_prefetch
 // (FSDP1, --prefetch 2) the next unit ahead of its forward too, else the
-// forward's gathers are waited for.
+// forward's gathers are waited for. The optimizer's step pays each op it
+// dispatches (`adamw`'s over the tensors it steps: adamw_step_ops).
 StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const TraceFile& file, int world,
-                           const AffineTrace& trace, int64_t batch) {
+                           const AffineTrace& trace, int64_t batch, AdamwStep adamw) {
   StepTimeInputs ti;
   ti.candidate = c;
   // FLOPs and op shapes are affine in the batch: the trace gives them at any batch.
@@ -66,14 +67,17 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     if (const auto d = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype))  // MixedPrecision(Policy)(reduce_dtype=d)
       ti.reduce_elem_bytes = static_cast<int>(dtype_bytes(*d));
     const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
+    int64_t optimized = 0;  // the tensors AdamW steps: FSDP1's flat parameters, FSDP2's DTensors
     for (const auto& u : part.units) {
       int64_t padded = fsdp_shard_numel(u.numel, world) * world;  // FSDP1: one flat parameter
       if (r.fsdp_version == 2) {                                  // FSDP2: each parameter on its own
         padded = 0;
         for (const ParamInfo& p : u.params) padded += fsdp2_shard_numel(p, shard_world) * shard_world;
       }
+      optimized += r.fsdp_version == 2 ? static_cast<int64_t>(u.params.size()) : u.numel > 0 ? 1 : 0;
       ti.unit_padded_numel.push_back(padded);
     }
+    ti.optimizer_ops = adamw_step_ops(adamw, optimized);
   } else {
     ti.reduce_elem_bytes = 4;
     if (r.single_gpu_unwrapped) {
@@ -82,6 +86,15 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
       const std::vector<int64_t> buckets = ddp_bucket_bytes(file.param_numels(), r.schedule.ddp_bucket_cap_bytes);
       for (auto b = buckets.rbegin(); b != buckets.rend(); ++b) ti.unit_padded_numel.push_back(*b / 4);
     }
+    // AdamW over every parameter, or ZeroRedundancyOptimizer's local one
+    // over the largest rank's partition (the step waits for the slowest).
+    size_t optimized = file.param_numels().size();
+    if (c.sharding == Sharding::kZero1) {
+      optimized = 0;
+      for (const auto& rank : zero_redundancy_partition(file.param_numels(), world))
+        optimized = std::max(optimized, rank.size());
+    }
+    ti.optimizer_ops = adamw_step_ops(adamw, static_cast<int64_t>(optimized));
   }
   return estimate_step_time(ti, r.profile);
 }
@@ -549,7 +562,8 @@ PlanCandidate search_pytorch_candidate(const Candidate& c, const PlanRequest& r,
   }
   if (pc.max_batch_per_gpu > 0) {
     const int world = r.gpus_per_node * r.nodes;
-    set_step_time(pc, pytorch_step_time(c, r, file, world, *t.affine[sim.kind_of(c)][0], pc.max_batch_per_gpu));
+    set_step_time(pc, pytorch_step_time(c, r, file, world, *t.affine[sim.kind_of(c)][0], pc.max_batch_per_gpu,
+                                          sim.step_for(c)));
   }
   return pc;
 }

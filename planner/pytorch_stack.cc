@@ -361,7 +361,8 @@ StepSimResult simulate_pytorch_ddp(const PytorchDdpInputs& in, const PytorchDdpO
   if (o.zero_redundancy) std::tie(zero_first, zero_later) = zero_redundancy_steps(in, o);
 
   const std::vector<int64_t> rebuilt = ddp_bucket_bytes(numels, o.bucket_cap_bytes);
-  const spec::UnitPartition part = whole_model_unit(std::max(trace_modules(*in.no_grads), trace_modules(*in.with_grads)));
+  const spec::UnitPartition part =
+      whole_model_unit(std::max(trace_modules(*in.no_grads), trace_modules(*in.with_grads)));
   std::string label;
   std::vector<int64_t> grads;  // .grad storages outside the buckets (the default mode)
   // What the previous forward returned beside the loss, held by the loop's

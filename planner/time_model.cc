@@ -243,6 +243,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   } else {
     t.optimizer_s = optimizer_bytes / (profile.memory_bytes_per_s * profile.efficiency.memory);
   }
+  if (by_op) t.optimizer_s += static_cast<double>(in.optimizer_ops) * kernels.op_overhead_s;
 
   const double forward_s = k * phase_time(micro_forward_s, fwd);
   // The reducing backward phases, and (ddp/zero1) the compute-only others.

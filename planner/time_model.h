@@ -93,6 +93,11 @@ struct StepTimeInputs {
                              // hybrid: GPUs per node, ddp: ignored)
   int nodes = 1;
   int optimizer_states = 2;  // fp32 states per param: AdamW 2, SGD 0
+  // The ops one optimizer step dispatches on this rank (PyTorch's stack:
+  // adamw_step_ops over the parameters its optimizer holds), each paying a
+  // profile's measured op_overhead_s; 0 (the engine's few flat tensors):
+  // the step is its bytes alone.
+  int64_t optimizer_ops = 0;
   // What a gradient reduction moves per element when not the compute
   // dtype's (0): 4 for ddp/zero1 under PyTorch's autocast (AMP: the
   // parameters, so their gradients and DDP's all-reduce, stay fp32); FSDP's

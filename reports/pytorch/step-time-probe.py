@@ -6,6 +6,10 @@
                                    forward, backward and optimizer step over
                                    10 steps after 2 warm-up steps, and the
                                    ATen ops each phase dispatches
+  step-time-probe.py adamw-ops     the ops torch.optim.AdamW's second step
+                                   dispatches over 1, 2 and 5 parameters,
+                                   for-loop, foreach and fused
+                                   (planner/adamw_steps.h adamw_step_ops)
   step-time-probe.py gloo [PORT]   2 Gloo ranks, one thread each: the median
                                    of 200 calls of each collective FSDP and
                                    DDP issue at test size (100 KB fp32), and
@@ -69,6 +73,34 @@ def plain(name):
     print("step      %7.2f ms" % (sum(statistics.median(v) for v in phases.values()) * 1e3))
 
 
+def adamw_ops():
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    for step, kwargs in (("for-loop", dict(foreach=False)), ("foreach", dict(foreach=True)),
+                         ("fused", dict(fused=True))):
+        for n in (1, 2, 5):
+            params = [torch.nn.Parameter(torch.randn(10)) for _ in range(n)]
+            opt = torch.optim.AdamW(params, lr=1e-3, **kwargs)
+            for p in params:
+                p.grad = torch.randn(10)
+            opt.step()  # the first creates the state
+            with Count() as count:
+                opt.step()
+            print("%-8s %d parameters: %3d ops" % (step, n, sum(count.ops.values())),
+                  dict(count.ops) if n == 1 else "")
+
+
 def gloo_rank(rank, port):
     import torch.distributed as dist
 
@@ -112,6 +144,8 @@ def gloo_rank(rank, port):
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "plain":
         plain(sys.argv[2])
+    elif len(sys.argv) >= 2 and sys.argv[1] == "adamw-ops":
+        adamw_ops()
     elif len(sys.argv) >= 2 and sys.argv[1] == "gloo":
         import torch.multiprocessing as mp
         mp.start_processes(gloo_rank, args=(int(sys.argv[2]) if len(sys.argv) > 2 else 29931,), nprocs=2,

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "planner/adamw_steps.h"
+
 namespace shardfit::planner {
 namespace {
 
@@ -432,6 +434,31 @@ TEST(TimeModelByOpTest, TimesEachOpAtItsMeasuredRate) {
   // Without the work (a trace file from before it) the FLOPs divide by one rate.
   in.forward_work = {};
   EXPECT_DOUBLE_EQ(estimate_step_time(in, p).forward_compute_s, 1 / (1e12 * 0.5));
+}
+
+// PyTorch's optimizer step pays a dispatch for each op it runs: the
+// for-loop AdamW's ten a parameter, not the fused step's four in all; a
+// profile without measured kernels times the step by its bytes alone.
+TEST(TimeModelByOpTest, TheOptimizerPaysADispatchPerOpItRuns) {
+  DeviceProfile p = fake_device();
+  p.measured_kernels.op_overhead_s = 1e-6;
+  p.measured_kernels.matmul_dims = {16, 256};
+  p.measured_kernels.matmul_flops_per_s[DType::kF32] = std::vector<double>(8, 1e11);
+  StepTimeInputs in;
+  in.candidate = parse_candidate("ddp/fp32/wrap=none");
+  in.unit_padded_numel = {1000};
+  in.forward_work.add_kernel("aten::add", 8);
+  in.backward_work.nodes = 1;
+  const double bytes_only = estimate_step_time(in, p).optimizer_s;
+  in.optimizer_ops = adamw_step_ops(AdamwStep::kForLoop, 21);
+  EXPECT_EQ(in.optimizer_ops, 212);  // llama-tiny's 21 parameters, as torch 2.11 counts them
+  EXPECT_NEAR(estimate_step_time(in, p).optimizer_s, bytes_only + 212e-6, 1e-15);
+  in.optimizer_ops = adamw_step_ops(AdamwStep::kForeach, 21);
+  EXPECT_NEAR(estimate_step_time(in, p).optimizer_s, bytes_only + 54e-6, 1e-15);
+  in.optimizer_ops = adamw_step_ops(AdamwStep::kFused, 21);
+  EXPECT_NEAR(estimate_step_time(in, p).optimizer_s, bytes_only + 4e-6, 1e-15);
+  p.measured_kernels = {};
+  EXPECT_DOUBLE_EQ(estimate_step_time(in, p).optimizer_s, bytes_only);
 }
 
 TEST(TimeModelByOpTest, MatmulRateInterpolatesInLogSpaceAndClampsToTheGrid) {
