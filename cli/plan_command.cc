@@ -394,8 +394,9 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--stack", a->stack,
                   "Whose training step to predict: shardfit (its engine, `shardfit run`) or pytorch (PyTorch's own "
                   "DistributedDataParallel or ZeroRedundancyOptimizer and torch.optim.AdamW in the loop "
-                  "pytorch/validate.py runs, torch.utils.checkpoint as +ckpt; PyTorch FSDP on a CUDA device "
-                  "when --strategies names zero2|zero3[+offload]/fp32/wrap=size:N; needs --trace or a --model "
+                  "pytorch/validate.py runs, torch.utils.checkpoint as +ckpt; PyTorch FSDP when --strategies "
+                  "names zero2|zero3[+offload]/PRECISION/wrap=size:N or block, or FSDP1's NO_SHARD as "
+                  "ddp/PRECISION/wrap=size:N or block (docs/pytorch-stack.md); needs --trace or a --model "
                   "traced through transformers' own class; fp32, and the trace's autocast: bf16 on a CPU, fp16 "
                   "with GradScaler on CUDA)")
       ->capture_default_str();

@@ -22,6 +22,12 @@ DType reduce_dtype(const Plan& plan, const Candidate& c) {
 
 bool planned_fsdp2(const Plan& plan) { return plan.pytorch_job && plan.pytorch_job->fsdp_version == 2; }
 
+bool planned_no_shard(const Plan& plan, const Candidate& c) { return plan.pytorch_job && fsdp_no_shard(c); }
+
+bool planned_ddp(const Plan& plan, const Candidate& c) {
+  return (c.sharding == Sharding::kDdp && !planned_no_shard(plan, c)) || c.sharding == Sharding::kZero1;
+}
+
 ojson backward_prefetch(const Plan& plan) {
   if (!plan.pytorch_job || plan.pytorch_job->fsdp_backward_prefetch == "pre") return "BACKWARD_PRE";
   if (plan.pytorch_job->fsdp_backward_prefetch == "post") return "BACKWARD_POST";
@@ -195,8 +201,10 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
                   const std::string& block_class) {
   const Candidate& c = pc.candidate;
   check_ckpt(c, LaunchFormat::kFsdp);
-  check_ddp_offload(c, LaunchFormat::kFsdp);
-  if (c.sharding == Sharding::kDdp || c.sharding == Sharding::kZero1) return ddp_json(plan, pc, wrap, block_class);
+  if (planned_ddp(plan, c)) {
+    check_ddp_offload(c, LaunchFormat::kFsdp);
+    return ddp_json(plan, pc, wrap, block_class);
+  }
   if (planned_fsdp2(plan)) return fully_shard(plan, pc, wrap, block_class);
   ojson kwargs;
   kwargs["sharding_strategy"] = fsdp_sharding(c.sharding);
@@ -324,7 +332,7 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
                         const LaunchOptions& options) {
   const Candidate& c = pc.candidate;
   check_ckpt(c, LaunchFormat::kAccelerate);
-  if (c.offload && c.sharding == Sharding::kDdp)
+  if (c.offload && c.sharding == Sharding::kDdp && !planned_no_shard(plan, c))
     throw InexpressibleCandidate("accelerate cannot express '" + c.to_id() +
                                  "': MULTI_GPU (DistributedDataParallel) has no offload; use a zero3+offload candidate");
   if (plan.hardware.nodes > 1 && options.main_process_ip.empty())
@@ -334,7 +342,7 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
   LaunchConfig out;
   ojson& s = out.settings;
   s["compute_environment"] = "LOCAL_MACHINE";
-  if (c.sharding == Sharding::kDdp) {
+  if (c.sharding == Sharding::kDdp && !planned_no_shard(plan, c)) {
     // One process is Accelerate's 'NO' (no distributed wrapper at all).
     s["distributed_type"] = plan.hardware.world_size() > 1 ? "MULTI_GPU" : "NO";
   } else if (c.sharding == Sharding::kZero1) {
@@ -361,7 +369,7 @@ LaunchConfig accelerate(const Plan& plan, const PlanCandidate& pc, const WrapPol
        << plan.model.seq_len << "\n# per-device batch " << pc.max_batch_per_gpu
        << ", gradient accumulation " << plan.grad_accum
        << " (set them in the training script: Accelerate's config has no batch keys)\n";
-  if (c.sharding != Sharding::kDdp && c.sharding != Sharding::kZero1 && !planned_fsdp2(plan))
+  if (!planned_ddp(plan, c) && !planned_fsdp2(plan))
     text << "# fsdp_sharding_strategy repeats fsdp_reshard_after_forward: Accelerate 1.15 applies the former for "
             "FSDP1\n";
   const std::string other_ranks =

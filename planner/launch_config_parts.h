@@ -30,6 +30,15 @@ DType reduce_dtype(const Plan& plan, const Candidate& c);
 
 bool planned_fsdp2(const Plan& plan);
 
+// A --stack pytorch plan's ddp candidate with an auto wrap policy:
+// FSDP1's NO_SHARD (planner/pytorch_stack.h fsdp_no_shard), not
+// DistributedDataParallel.
+bool planned_no_shard(const Plan& plan, const Candidate& c);
+
+// DistributedDataParallel, with ZeroRedundancyOptimizer for zero1: the
+// candidates no FSDP wraps.
+bool planned_ddp(const Plan& plan, const Candidate& c);
+
 // FSDP1's BackwardPrefetch member as the plan simulated it ("BACKWARD_PRE",
 // "BACKWARD_POST"), or null for none.
 ojson backward_prefetch(const Plan& plan);

@@ -36,7 +36,7 @@ std::string py_dtype(DType d) { return std::string("torch.") + torch_dtype(d); }
 enum class Family : uint8_t { kDdp, kFsdp1, kFsdp2 };
 
 Family family_of(const Plan& plan, const Candidate& c) {
-  if (c.sharding == Sharding::kDdp || c.sharding == Sharding::kZero1) return Family::kDdp;
+  if (planned_ddp(plan, c)) return Family::kDdp;
   return planned_fsdp2(plan) ? Family::kFsdp2 : Family::kFsdp1;
 }
 
@@ -120,6 +120,7 @@ void write_checkpointing(std::ostringstream& py, const Plan& plan, const WrapPol
 void write_fsdp1(std::ostringstream& py, const Plan& plan, const Candidate& c, const WrapPolicyText& wrap) {
   const char* strategy = c.sharding == Sharding::kZero2   ? "SHARD_GRAD_OP"
                          : c.sharding == Sharding::kZero3 ? "FULL_SHARD"
+                         : c.sharding == Sharding::kDdp   ? "NO_SHARD"
                                                           : "HYBRID_SHARD";
   const ojson prefetch = backward_prefetch(plan);
   const DType reduce = reduce_dtype(plan, c);
@@ -288,8 +289,8 @@ LaunchConfig python_module(const Plan& plan, const PlanCandidate& pc, const Wrap
                            const std::string& block_class) {
   const Candidate& c = pc.candidate;
   check_ckpt(c, LaunchFormat::kPython);
-  check_ddp_offload(c, LaunchFormat::kPython);
   const Family family = family_of(plan, c);
+  if (family == Family::kDdp) check_ddp_offload(c, LaunchFormat::kPython);
   std::ostringstream py;
   write_header(py, plan, pc, family, wrap, block_class);
   if (family == Family::kFsdp1) write_fsdp1(py, plan, c, wrap);

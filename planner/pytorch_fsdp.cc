@@ -53,22 +53,31 @@ void keep_grad_shard(Ledger& ledger, FlatParam& u, int64_t shard) {
 // way on the shard when its factor is not 1. No record_stream on a CPU: the
 // flat gradient goes as the hook returns. The shard is kept as .grad, or
 // added into the one kept from the last step and dropped.
+// _get_gradient_predivide_factor: the smallest power of two f with W / f
+// <= f (W divisible by it); the gradient is divided by it before the
+// reduction and by W / f after.
+int gradient_predivide_factor(int W) {
+  int pre = 1;
+  while (W % pre == 0 && W / pre > pre) pre *= 2;
+  return pre;
+}
+
+// _div_if_needed on a CPU tensor: tensor.div_(factor) wraps the Python
+// float as a 0-dim double and casts it to fp32, both dropped at once.
+void cpu_divide(Ledger& ledger, const std::string& label, int stream) {
+  const int64_t scalar = ledger.alloc(Category::kTemporaries, 8, label, stream);
+  ledger.free(ledger.alloc(Category::kTemporaries, 4, label, stream));
+  ledger.free(scalar);
+}
+
 void cpu_reduce_grad(Ledger& ledger, const std::string& label, int W, FlatParam& u, int64_t flat, int stream) {
   auto alloc = [&](Category c, int64_t bytes) { return ledger.alloc(c, bytes, label, stream); };
   const int64_t padded = u.shard * W != u.numel ? alloc(Category::kCommBuffers, 4 * u.shard * W) : -1;
   const int64_t shard = alloc(Category::kGrads, 4 * u.shard);
-  auto divide = [&] {  // tensor.div_(factor): the wrapped scalar and its cast
-    const int64_t scalar = alloc(Category::kTemporaries, 8);
-    ledger.free(alloc(Category::kTemporaries, 4));
-    ledger.free(scalar);
-  };
-  // _get_gradient_predivide_factor: the smallest power of two f with
-  // W / f <= f (W divisible by it), the rest divided after the reduction.
-  int64_t pre = 1;
-  while (W % pre == 0 && W / pre > pre) pre *= 2;
-  if (pre > 1) divide();
+  const int pre = gradient_predivide_factor(W);
+  if (pre > 1) cpu_divide(ledger, label, stream);
   ledger.free(alloc(Category::kCommBuffers, 4 * u.shard * W));  // Gloo's clone of the input
-  if (W / pre > 1) divide();
+  if (W / pre > 1) cpu_divide(ledger, label, stream);
   keep_grad_shard(ledger, u, shard);
   ledger.free(padded);
   ledger.free(flat);
@@ -137,7 +146,7 @@ class Fsdp1Job {
   const std::vector<ModuleNode>& modules_;
   const PytorchFsdpOptions& o_;
   const int W;
-  // A world of one runs as NO_SHARD (fully_sharded_data_parallel.py: "We
+  // NO_SHARD, as a world of one runs (fully_sharded_data_parallel.py: "We
   // clamp the strategy to NO_SHARD for world size of 1"): each unit's flat
   // parameter whole and unpadded, never gathered; its gradient all-reduced in
   // place and kept as .grad. With MixedPrecision, `_mp_shard` is the whole
@@ -188,7 +197,7 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
       modules_(modules),
       o_(o),
       W((check_fsdp_request(in, o.world_size, o.steps, "FSDP"), o.world_size)),
-      no_shard(W == 1),
+      no_shard(W == 1 || o.no_shard),
       mixed(o.mixed_precision != DType::kF32),
       low(dtype_bytes(o.mixed_precision)),
       reduce_dtype(o.reduce_dtype.value_or(o.mixed_precision)),
@@ -210,7 +219,7 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   forward_copy_.assign(part_.units.size(), -1);
   for (size_t u = 0; u < units_.size(); ++u) {
     units_[u].numel = part_.units[u].numel;
-    units_[u].shard = fsdp_shard_numel(units_[u].numel, W);
+    units_[u].shard = no_shard ? units_[u].numel : fsdp_shard_numel(units_[u].numel, W);
   }
   // A tie split across units: the owner's and the borrower's gradients are
   // each its own unit's (SplitTieGrads).
@@ -471,9 +480,11 @@ void Fsdp1Job::post_backward(int ui) {
   }
 }
 
-// NO_SHARD's reduce: .grad is the new flat gradient, or one kept from the
-// last step (zero_grad(set_to_none=False)) that AccumulateGrad added the new
-// one into, in place, dropping it. With MixedPrecision or a
+// NO_SHARD's reduce (_reduce_grad_no_shard): .grad is the new flat
+// gradient, or one kept from the last step (zero_grad(set_to_none=False))
+// that AccumulateGrad added the new one into, in place, dropping it. It is
+// all-reduced in place (on a CPU, Gloo's allreduce over the tensor itself),
+// divided before and after as the sharded reduce is (cpu_divide). With MixedPrecision or a
 // reduce_dtype, on the post-backward stream: `.to(reduce_dtype)` (a
 // new tensor unless it is that dtype; the old one held by
 // orig_grad_data until the hook returns), the in-place all-reduce,
@@ -493,6 +504,9 @@ void Fsdp1Job::no_shard_reduce(FlatParam& u, int64_t flat) {
     grad = alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream);
     dtype = reduce_dtype;
   }
+  const int pre = gradient_predivide_factor(W);
+  if (o_.cpu && pre > 1) cpu_divide(ledger_, label_, kPostBackwardStream);
+  if (o_.cpu && W / pre > 1) cpu_divide(ledger_, label_, kPostBackwardStream);
   if (casts && !keep_low_grads && dtype != DType::kF32) {
     const int64_t fp32 = alloc(Category::kGrads, 4 * u.numel, kPostBackwardStream);
     if (grad != orig) ledger_.free(grad);

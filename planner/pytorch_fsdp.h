@@ -12,7 +12,7 @@
 // allocator's model with one pool per stream FSDP uses. Checked by hand
 // against 1.13's source; torch 2.11's FSDP1 on an H200 measured otherwise
 // (reports/gpu/README.md: its own kernels and allocator), not yet modelled.
-// A world size of 1 runs as NO_SHARD, as 1.13 clamps it.
+// NO_SHARD, and a world size of 1 as NO_SHARD, as FSDP clamps it.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,10 @@ struct PytorchFsdpOptions {
   // and gathered again for its backward) or SHARD_GRAD_OP (kept from the
   // forward until the unit's backward is done).
   bool reshard_after_forward = true;
+  // ShardingStrategy.NO_SHARD (the plan's ddp with an auto wrap policy):
+  // every unit's flat parameter whole on each rank, its gradient
+  // all-reduced. A world of one runs so whatever the strategy.
+  bool no_shard = false;
   bool offload_params = false;  // CPUOffload(offload_params=True): shards, grads and AdamW on the host
   // auto_wrap_policy: size_based_auto_wrap_policy(min_num_params) (kSize;
   // its default 1e8), or transformer_auto_wrap_policy with the trace's block

@@ -21,6 +21,14 @@
 namespace shardfit::planner {
 namespace {
 
+// FSDP's candidates: zero2 and zero3; FSDP1's NO_SHARD, ddp with an auto
+// wrap policy (ddp/.../wrap=none is DistributedDataParallel); with FSDP2
+// also hybrid (HSDP).
+bool is_fsdp(const Candidate& c) {
+  return c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid ||
+         fsdp_no_shard(c);
+}
+
 // The FSDP candidate's units: FSDP1's auto wrap policy (a tied weight
 // copied into each unit holding a registration of it), or FSDP2's
 // fully_shard on each block and the root (a parameter in one group only).
@@ -61,7 +69,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   ti.nodes = r.nodes;
   ti.optimizer_states = 2;  // AdamW: exp_avg, exp_avg_sq
   ti.schedule.async_reduce = true;
-  if (c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid) {
+  if (is_fsdp(c)) {  // NO_SHARD: the time model's ddp, all-reducing each unit's gradient, gathering none
     ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
     ti.schedule.prefetch = r.schedule.prefetch;  // 2: forward_prefetch (FSDP1)
     if (const auto d = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype))  // MixedPrecision(Policy)(reduce_dtype=d)
@@ -69,7 +77,8 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
     int64_t optimized = 0;  // the tensors AdamW steps: FSDP1's flat parameters, FSDP2's DTensors
     for (const auto& u : part.units) {
-      int64_t padded = fsdp_shard_numel(u.numel, world) * world;  // FSDP1: one flat parameter
+      // FSDP1: one flat parameter, padded unless NO_SHARD.
+      int64_t padded = fsdp_no_shard(c) ? u.numel : fsdp_shard_numel(u.numel, world) * world;
       if (r.fsdp_version == 2) {                                  // FSDP2: each parameter on its own
         padded = 0;
         for (const ParamInfo& p : u.params) padded += fsdp2_shard_numel(p, shard_world) * shard_world;
@@ -104,10 +113,6 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
 // exactly, 2 and 3 extended affinely.
 enum TraceKind : int { kFp32 = 0, kCkpt = 1, kAmp = 2, kMixed = 3, kMixed16 = 4, kTraceKinds = 5 };
 
-// FSDP's candidates: zero2 and zero3; with FSDP2 also hybrid (HSDP).
-bool is_fsdp(const Candidate& c) {
-  return c.sharding == Sharding::kZero2 || c.sharding == Sharding::kZero3 || c.sharding == Sharding::kHybrid;
-}
 
 // What the trace file holds for the candidates, read once.
 struct PytorchTraces {
@@ -225,7 +230,8 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
                           want.wrap == "none" &&
                           (want.precision == Precision::kFp32 || (want.precision == amp && !want.recompute));
     const bool fsdp2 = r.fsdp_version == 2;
-    const bool fsdp = is_fsdp(want) && (fsdp2 || want.sharding != Sharding::kHybrid) && !want.recompute &&
+    const bool fsdp = is_fsdp(want) && (fsdp2 ? !fsdp_no_shard(want) : want.sharding != Sharding::kHybrid) &&
+                      !want.recompute &&
                       (fsdp2 ? want.wrap == "none" || want.wrap == "block"
                              : want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") &&
                       (want.precision == Precision::kFp32 || want.precision == Precision::kBf16 ||
@@ -236,7 +242,8 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
                                   "on a CPU, fp16 with GradScaler on CUDA), wrap=none, and FSDP as zero2 or "
                                   "zero3[+offload]/fp32, bf16 (MixedPrecision) or fp16 (MixedPrecision and "
                                   "ShardedGradScaler)/wrap=size:N or wrap=block "
-                                  "(transformer_auto_wrap_policy), with --fsdp-version 2 also hybrid (HSDP) and "
+                                  "(transformer_auto_wrap_policy), FSDP1's NO_SHARD as ddp/.../wrap=size:N or block, with "
+                                  "--fsdp-version 2 also hybrid (HSDP) and "
                                   "wrap=block (fully_shard on each block, then the root) or wrap=none (the root "
                                   "only), only in this version");
     if (!fsdp && want.precision == amp && !t.has_amp)
@@ -481,6 +488,7 @@ PytorchFsdp2Options PytorchJobSim::fsdp2_options(const Candidate& c, const Pytor
 PytorchFsdpOptions PytorchJobSim::fsdp1_options(const Candidate& c, const PytorchDdpOptions& o) const {
   PytorchFsdpOptions f;
   f.reshard_after_forward = c.sharding == Sharding::kZero3;
+  f.no_shard = fsdp_no_shard(c);
   f.offload_params = c.offload;
   f.wrap = WrapPolicy::parse(c.wrap);
   f.world_size = world_;

@@ -24,6 +24,7 @@
 #include "planner/adamw_steps.h"
 #include "planner/allocator_model.h"
 #include "planner/model_trace.h"
+#include "spec/candidate.h"
 #include "spec/grad_buckets.h"
 #include "planner/step_simulator.h"
 
@@ -32,6 +33,15 @@ namespace shardfit::planner {
 // FullyShardedDataParallel(backward_prefetch=...) (`plan --stack pytorch
 // --fsdp-backward-prefetch`): BACKWARD_PRE, BACKWARD_POST or None.
 enum class FsdpBackwardPrefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
+
+// Under --stack pytorch a ddp candidate with an auto wrap policy and no
+// +ckpt (ddp/PRECISION/wrap=size:N or block; SPEC's alias no_shard) is
+// FSDP1's FullyShardedDataParallel(sharding_strategy=NO_SHARD,
+// auto_wrap_policy=...); with wrap=none, or +ckpt (the wrap then names what
+// is checkpointed), it is DistributedDataParallel.
+inline bool fsdp_no_shard(const spec::Candidate& c) {
+  return c.sharding == spec::Sharding::kDdp && c.wrap != "none" && !c.recompute;
+}
 
 // FSDP's reduce_dtype (`plan --stack pytorch --fsdp-reduce-dtype`, the plan's
 // pytorch_job.fsdp_reduce_dtype): "param" (none given: the gradients are

@@ -95,10 +95,16 @@ bool walk_pytorch_step(const ModelTrace& t, const spec::UnitPartition& part, con
   for (size_t i = 0; i < t.events.size(); ++i) {
     const MemEvent& e = t.events[i];
     if (ledger.oom()) return false;
-    if (i == teardown && in_backward && hooks.backward_ends) hooks.backward_ends();
     if (grads_done_unit >= 0 && (e.kind != MemEvent::kFree || e.op < 0)) {
       call(hooks.post_backward, grads_done_unit);  // runs once: the trace's end of it finds it done
       grads_done_unit = -1;
+    }
+    if (i == teardown && in_backward) {
+      // FSDP1's root: its flat parameter's AccumulateGrad is the backward's
+      // last op, so its hook runs before the teardown (the trace ends the
+      // root's backward after it).
+      if (hooks.post_backward_after_last_grad) call(hooks.post_backward, 0);
+      if (hooks.backward_ends) hooks.backward_ends();
     }
     if (!in_backward && e.phase != Phase::kForward) {
       // The forward returned: the loop's `outputs = model(x)` drops the

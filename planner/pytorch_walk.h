@@ -44,10 +44,11 @@ struct StepHooks {
   // on inputs that need one): with this set, such a unit's post_backward
   // runs after its last gradient and the frees its node makes (inside an
   // op), before the next allocation, module event or free outside any op
-  // (the graph's teardown at the backward's end). Not the root's: its views
-  // were made before any other node, so they run last, at the backward's
-  // end. FSDP2 waits for the backward's end for such a unit too (its root's
-  // final callback), as the trace does.
+  // (the graph's teardown at the backward's end). The root's views were
+  // made before any other node, so they run last: its post_backward runs as
+  // the backward's last op ends, before the teardown (which the trace ends
+  // the root's backward after). FSDP2 waits for the backward's end for such
+  // a unit too (its root's final callback), as the trace does.
   bool post_backward_after_last_grad = false;
   // The backward's last op has run: what the autograd engine calls before
   // the graph is torn down (the frees outside any op that end the trace's

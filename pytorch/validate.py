@@ -29,6 +29,8 @@ model is built, as `shardfit run` counts its own ranks.
     --wrap fsdp1-zero3  FSDP1: FullyShardedDataParallel(device_id=cpu), every
                    block a unit (ModuleWrapPolicy), FULL_SHARD
     --wrap fsdp1-zero2  the same with SHARD_GRAD_OP
+    --wrap fsdp1-noshard  the same with NO_SHARD (each unit's flat parameter
+                   whole on every rank, its gradient all-reduced)
     --fsdp-min-params N  fsdp1-*: size_based_auto_wrap_policy(min_num_params=N)
                    instead of a unit per block (the plan's wrap=size:N)
     --log-allocations PREFIX  every allocation and free of each rank, with
@@ -169,12 +171,13 @@ def fsdp1_blocks(torch, model, args):
     FullyShardedDataParallel unit, the root the rest; or, with
     --fsdp-min-params N, as size_based_auto_wrap_policy(min_num_params=N)
     does (the plan's wrap=size:N). On the CPU (device_id=cpu), FULL_SHARD for
-    fsdp1-zero3, SHARD_GRAD_OP for fsdp1-zero2, the other options at their
-    defaults (BACKWARD_PRE)."""
+    fsdp1-zero3, SHARD_GRAD_OP for fsdp1-zero2, NO_SHARD for fsdp1-noshard,
+    the other options at their defaults (BACKWARD_PRE)."""
     import functools
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
-    strategy = ShardingStrategy.FULL_SHARD if args.wrap == "fsdp1-zero3" else ShardingStrategy.SHARD_GRAD_OP
+    strategy = {"fsdp1-zero3": ShardingStrategy.FULL_SHARD, "fsdp1-zero2": ShardingStrategy.SHARD_GRAD_OP,
+                "fsdp1-noshard": ShardingStrategy.NO_SHARD}[args.wrap]
     policy = (functools.partial(size_based_auto_wrap_policy, min_num_params=args.fsdp_min_params)
               if args.fsdp_min_params else ModuleWrapPolicy({model.block_class}))
     return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy,
@@ -315,7 +318,7 @@ def parser():
                    help="a model of pytorch/models.py, or hf:<Architecture> (transformers' own class, with --config)")
     p.add_argument("--config", help="--model hf:...: a transformers config.json (pytorch/hf_models.py)")
     p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1", "fsdp2-zero3", "fsdp2-zero2",
-                                       "fsdp1-zero3", "fsdp1-zero2"], default="ddp")
+                                       "fsdp1-zero3", "fsdp1-zero2", "fsdp1-noshard"], default="ddp")
     p.add_argument("--fsdp-bf16", action="store_true",
                    help="FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)")
     p.add_argument("--fsdp-prefetch", type=int, default=0, metavar="N",

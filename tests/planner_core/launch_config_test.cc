@@ -184,6 +184,31 @@ TEST(LaunchConfig, AnFsdp1PlanExportsTheJobItSimulated) {
   EXPECT_NO_THROW(export_launch_config(fp32, fp32.candidates[0], LaunchFormat::kAccelerate, "GPT2Block"));
 }
 
+// Under --stack pytorch a ddp candidate with an auto wrap policy is FSDP1's
+// NO_SHARD, as planned; the engine's ddp candidates stay
+// DistributedDataParallel whatever their wrap (it names what +ckpt
+// checkpoints).
+TEST(LaunchConfig, APytorchDdpCandidateWithAWrapPolicyExportsNoShard) {
+  Plan plan = plan_with("ddp+offload/fp32/wrap=size:2000", 12, 2, 1);
+  plan.stack = "pytorch";
+  plan.pytorch_job = Plan::PytorchJob{"2.11", "none", "non-reentrant", 25 << 20, "pre", 2, 1, "param", "", false};
+  const LaunchConfig f = export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block");
+  EXPECT_EQ(f.settings["fsdp_kwargs"]["sharding_strategy"], "NO_SHARD");
+  EXPECT_EQ(f.settings["fsdp_kwargs"]["cpu_offload"], ojson({{"offload_params", true}}));
+  const LaunchConfig a = export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block");
+  EXPECT_EQ(a.settings["distributed_type"], "FSDP");
+  EXPECT_EQ(a.settings["fsdp_config"]["fsdp_sharding_strategy"], "NO_SHARD");
+  const LaunchConfig py = export_launch_config(plan, plan.candidates[0], LaunchFormat::kPython, "GPT2Block");
+  EXPECT_EQ(py.settings["module"], "fsdp1");
+  EXPECT_NE(py.text.find("ShardingStrategy.NO_SHARD"), std::string::npos);
+  Plan engine = plan_with("ddp+ckpt/fp32/wrap=block", 12, 2, 1);
+  EXPECT_EQ(export_launch_config(engine, engine.candidates[0], LaunchFormat::kPython, "GPT2Block").settings["module"],
+            "ddp");
+  EXPECT_EQ(export_launch_config(engine, engine.candidates[0], LaunchFormat::kAccelerate, "GPT2Block")
+                .settings["distributed_type"],
+            "MULTI_GPU");
+}
+
 TEST(LaunchConfig, AccelerateYamlHasFsdpConfigKeys) {
   const LaunchConfig c = export_one("zero3+offload/bf16/wrap=size:2000", LaunchFormat::kAccelerate);
   const ojson& s = c.settings;

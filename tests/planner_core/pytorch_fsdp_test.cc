@@ -139,6 +139,32 @@ TEST(PytorchFsdp, OneRankRunsAsNoShard) {
   EXPECT_EQ(at(r, "step2/optimizer").allocated_bytes, 64);
 }
 
+// NO_SHARD on 8 ranks: each unit's flat parameter whole and unpadded, as
+// on one rank (sharded, root and lin would pad to 8 and 16 elements), so
+// every timeline point holds what one rank's does. On CPU ranks each unit's
+// gradient is divided by 4 before Gloo's in-place all-reduce and by 2 after
+// (_get_gradient_predivide_factor(8)): each division a 0-dim double and its
+// fp32 cast, 12 bytes come and gone once the parameters' gradients are, so
+// under backward's peak (lin's gradients and its flat one, both live).
+TEST(PytorchFsdp, NoShardKeepsWholeUnitsOnEveryRank) {
+  Fixture f;
+  PytorchFsdpOptions o;
+  o.cpu = true;
+  const StepSimResult one = f.run(o, 1);
+  o.no_shard = true;
+  const StepSimResult eight = f.run(o, 8);
+  ASSERT_FALSE(eight.oom);
+  ASSERT_EQ(one.timeline.size(), eight.timeline.size());
+  for (size_t i = 0; i < one.timeline.size(); ++i) {
+    EXPECT_EQ(one.timeline[i].allocated_bytes, eight.timeline[i].allocated_bytes) << one.timeline[i].label;
+    EXPECT_EQ(one.timeline[i].peak_allocated_bytes, eight.timeline[i].peak_allocated_bytes) << one.timeline[i].label;
+  }
+  EXPECT_EQ(at(eight, "init").allocated_bytes, 64);
+  // The sharded strategies pad: FULL_SHARD's shards on 8 ranks are 1 and 2 elements.
+  o.no_shard = false;
+  EXPECT_EQ(at(f.run(o, 8), "init").allocated_bytes, 4 + 8);
+}
+
 // BackwardPrefetch on three units (the root, then two Linears of 12
 // elements run in that order: each a 24 B shard, 48 B gathered). In
 // backward lin2 runs first; BACKWARD_PRE gathers lin1 as lin2's backward

@@ -149,6 +149,14 @@ class ExportConfigTest(unittest.TestCase):
         cls.fsdp2 = os.path.join(cls.tmp.name, "plan-fsdp2.json")
         with open(cls.fsdp2, "w") as f:
             json.dump(p, f)
+        # And for FSDP1, with the ddp candidate by block that `plan --stack
+        # pytorch --strategies ddp/fp32/wrap=block` plans as NO_SHARD.
+        p["pytorch_job"]["fsdp_version"] = 1
+        ddp = next(c for c in p["candidates"] if c["id"] == "ddp/fp32/wrap=none")
+        p["candidates"].append(dict(ddp, id="ddp/fp32/wrap=block", wrap="block"))
+        cls.fsdp1 = os.path.join(cls.tmp.name, "plan-fsdp1.json")
+        with open(cls.fsdp1, "w") as f:
+            json.dump(p, f)
 
     @classmethod
     def tearDownClass(cls):
@@ -330,6 +338,7 @@ class ExportConfigTest(unittest.TestCase):
             (self.plan, "zero3+ckpt/fp32/" + b, dict(kind="fsdp1", strategy="FULL_SHARD", units=3)),
             (self.plan, "zero3+offload/fp32/" + b, dict(kind="fsdp1-offload")),
             (self.two_nodes, "hybrid/fp32/" + b, dict(kind="fsdp1", strategy="HYBRID_SHARD", units=3)),
+            (self.fsdp1, "ddp/fp32/" + b, dict(kind="fsdp1", strategy="NO_SHARD", units=3)),
             (self.fsdp2, "zero3/bf16/" + b, dict(kind="fsdp2", units=3)),
             (self.fsdp2, "zero2/fp32/" + b, dict(kind="fsdp2", units=3)),
             (self.fsdp2, "zero3+ckpt/fp32/" + b, dict(kind="fsdp2", units=3)),
