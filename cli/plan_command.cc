@@ -42,6 +42,7 @@ struct PlanArgs {
   bool adamw_foreach = false;  // the older spelling of --adamw-step foreach
   std::string adamw_step;      // empty: each candidate's PyTorch default
   bool fsdp_keep_low_precision_grads = false;
+  bool fsdp_use_orig_params = false;
   int steps = 2;
   std::string seq_len = "128";  // a comma list sweeps, as --gpus, --nodes and --gpu-mem do
   std::string loss = "full";
@@ -133,6 +134,10 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
     throw BadInput("--fsdp-keep-low-precision-grads: FSDP1's MixedPrecision option; FSDP2 (--fsdp-version 2) has "
                    "no such option");
   r.fsdp_keep_low_precision_grads = a.fsdp_keep_low_precision_grads;
+  if (a.fsdp_use_orig_params && (r.stack != planner::Stack::kPytorch || a.fsdp_version == 2))
+    throw BadInput("--fsdp-use-orig-params: FSDP1's FullyShardedDataParallel option; give --stack pytorch and "
+                   "--fsdp-version 1 (FSDP2's parameters are always the original ones, as DTensors)");
+  r.fsdp_use_orig_params = a.fsdp_use_orig_params;
   const std::string adamw_step = a.adamw_foreach ? "foreach" : a.adamw_step;
   if (a.adamw_foreach && !a.adamw_step.empty() && a.adamw_step != "foreach")
     throw BadInput("--adamw-foreach with --adamw-step " + a.adamw_step + ": one AdamW step; give one of them");
@@ -455,6 +460,9 @@ Command add_plan_command(CLI::App& app) {
   sub->add_flag("--fsdp-keep-low-precision-grads", a->fsdp_keep_low_precision_grads,
                 "--stack pytorch, FSDP1 bf16 candidates: MixedPrecision(keep_low_precision_grads=True), the reduced "
                 "gradient shards cast to param_dtype for the optimizer");
+  sub->add_flag("--fsdp-use-orig-params", a->fsdp_use_orig_params,
+                "--stack pytorch, FSDP1 candidates: FullyShardedDataParallel(use_orig_params=True), AdamW over each "
+                "original parameter's part of the rank's shard (each rank its own), not the FlatParameters");
   sub->add_option("--checkpoint", a->checkpoint,
                   "--stack pytorch: the +ckpt candidates' torch.utils.checkpoint: non-reentrant (use_reentrant=False, "
                   "what transformers' gradient_checkpointing_enable() passes) or reentrant (use_reentrant=True, "

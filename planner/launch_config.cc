@@ -24,6 +24,8 @@ bool planned_fsdp2(const Plan& plan) { return plan.pytorch_job && plan.pytorch_j
 
 bool planned_no_shard(const Plan& plan, const Candidate& c) { return plan.pytorch_job && fsdp_no_shard(c); }
 
+bool planned_orig_params(const Plan& plan) { return plan.pytorch_job && plan.pytorch_job->fsdp_use_orig_params; }
+
 bool planned_ddp(const Plan& plan, const Candidate& c) {
   return (c.sharding == Sharding::kDdp && !planned_no_shard(plan, c)) || c.sharding == Sharding::kZero1;
 }
@@ -226,11 +228,12 @@ LaunchConfig fsdp(const Plan& plan, const PlanCandidate& pc, const WrapPolicyTex
   kwargs["limit_all_gathers"] = true;
   // The unit's device (FSDP1 moves the module there; on a CPU job,
   // torch.device("cpu")), rank 0's weights broadcast at wrap time, and
-  // FlatParameters (use_orig_params=False), which the plan simulated and its
-  // AdamW foreach default depends on (planner/pytorch_stack.h).
+  // FlatParameters (use_orig_params=False) unless the plan simulated the
+  // original parameters; its AdamW foreach default depends on it
+  // (planner/pytorch_stack.h).
   kwargs["device_id"] = "the local rank's device (torch.device('cuda', LOCAL_RANK); torch.device('cpu') on the CPU)";
   kwargs["sync_module_states"] = true;
-  kwargs["use_orig_params"] = false;
+  kwargs["use_orig_params"] = planned_orig_params(plan);
   if (c.sharding == Sharding::kHybrid)  // HYBRID_SHARD over ("replicate", "shard") = (nodes, GPUs per node)
     kwargs["device_mesh"] = ojson{{"shape", ojson::array({plan.hardware.nodes, plan.hardware.gpus_per_node})},
                                   {"mesh_dim_names", ojson::array({"replicate", "shard"})}};
@@ -303,7 +306,7 @@ ojson accelerate_fsdp_config(const Plan& plan, const Candidate& c, const WrapPol
     const ojson prefetch = backward_prefetch(plan);
     fsdp["fsdp_backward_prefetch"] = prefetch.is_null() ? ojson("NO_PREFETCH") : prefetch;
     fsdp["fsdp_forward_prefetch"] = plan.schedule.prefetch >= 2;
-    fsdp["fsdp_use_orig_params"] = false;  // FlatParameters, as planned (fsdp's use_orig_params)
+    fsdp["fsdp_use_orig_params"] = planned_orig_params(plan);  // as planned (fsdp's use_orig_params)
     fsdp["fsdp_sync_module_states"] = true;
   }
   fsdp["fsdp_cpu_ram_efficient_loading"] = false;

@@ -59,7 +59,8 @@
 // Every FSDP1 target gets backward prefetch as the plan simulated it
 // (BACKWARD_PRE for shardfit's own plans) and limit_all_gathers true, and
 // device_id (the local rank's device), sync_module_states true and
-// use_orig_params false (the FlatParameters the plan simulated).
+// use_orig_params as the plan simulated it (false, its FlatParameters, unless
+// planned with --fsdp-use-orig-params).
 // The batch is the candidate's max batch per GPU and the plan's grad accum.
 #pragma once
 

@@ -39,6 +39,9 @@ bool planned_no_shard(const Plan& plan, const Candidate& c);
 // candidates no FSDP wraps.
 bool planned_ddp(const Plan& plan, const Candidate& c);
 
+// FSDP1's use_orig_params as the plan simulated it (false: FlatParameters).
+bool planned_orig_params(const Plan& plan);
+
 // FSDP1's BackwardPrefetch member as the plan simulated it ("BACKWARD_PRE",
 // "BACKWARD_POST"), or null for none.
 ojson backward_prefetch(const Plan& plan);

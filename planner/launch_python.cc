@@ -6,7 +6,7 @@
 //   FSDP1   FullyShardedDataParallel(model, sharding_strategy=ShardingStrategy.X,
 //           auto_wrap_policy=functools.partial(...), cpu_offload=CPUOffload(...),
 //           mixed_precision=MixedPrecision(...), backward_prefetch, device_id,
-//           sync_module_states (on a GPU), use_orig_params=False, ...)
+//           sync_module_states (on a GPU), use_orig_params as planned, ...)
 //   FSDP2   fully_shard(unit, mesh=..., reshard_after_forward=..., mp_policy=
 //           MixedPrecisionPolicy(...), offload_policy=CPUOffloadPolicy()) on
 //           every unit, then the root (as pytorch/validate.py and
@@ -152,7 +152,8 @@ void write_fsdp1(std::ostringstream& py, const Plan& plan, const Candidate& c, c
      << "        # Rank 0's weights broadcast at wrap time; FSDP1 does it on the GPU only\n"
      << "        # (on the CPU the ranks must build the same weights, from one seed).\n"
      << "        sync_module_states=device.type != \"cpu\",\n"
-     << "        use_orig_params=False,  # FlatParameters, as planned\n"
+     << (planned_orig_params(plan) ? "        use_orig_params=True,  # the original parameters, as planned\n"
+                                   : "        use_orig_params=False,  # FlatParameters, as planned\n")
      << "    )\n";
   if (c.sharding == Sharding::kHybrid)
     py << "    # HYBRID_SHARD: sharded within a node, replicated across nodes.\n"

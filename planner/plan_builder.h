@@ -83,6 +83,10 @@ struct PlanRequest : spec::JobOptions {
   // --stack pytorch, FSDP1 bf16 candidates: MixedPrecision(
   // keep_low_precision_grads=True) (`--fsdp-keep-low-precision-grads`).
   bool fsdp_keep_low_precision_grads = false;
+  // --stack pytorch, FSDP1 candidates: FullyShardedDataParallel(
+  // use_orig_params=True) (`--fsdp-use-orig-params`): AdamW over each
+  // original parameter's part of the rank's shard, not the FlatParameters.
+  bool fsdp_use_orig_params = false;
   models::ModelConfig model;
   // --trace: plan this file's traces (a model traced in its own process,
   // e.g. one written in Python) instead of tracing `model`, which is then

@@ -163,6 +163,8 @@ struct Plan {
     std::string adamw_step{};
     // FSDP1's MixedPrecision(keep_low_precision_grads=True); absent = false
     bool fsdp_keep_low_precision_grads = false;
+    // FSDP1's use_orig_params=True; absent = false (FlatParameters)
+    bool fsdp_use_orig_params = false;
   };
   std::optional<PytorchJob> pytorch_job;
   PlanModel model;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "planner/adamw_steps.h"
 #include "planner/pytorch_ledger.h"
@@ -130,6 +131,7 @@ class Fsdp1Job {
   bool init();
   bool step(int k);
   void zero_grad();
+  void drop_grads();  // every unit's .grad
   void cast_buffers();
   StepHooks hooks(int k);
   void unshard(FlatParam& u);
@@ -189,6 +191,7 @@ class Fsdp1Job {
   // the allocator may reuse its block only once the reduce-scatter queued
   // behind it is done; taken here as when the next unit's hook runs.
   int64_t in_flight_grad_ = -1;
+  bool orig_grads_dropped_ = false;  // use_orig_params: zero_grad dropped the views; see zero_grad
 };
 
 Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules, const PytorchFsdpOptions& o,
@@ -225,11 +228,14 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   // each its own unit's (SplitTieGrads).
   split_ties_ = split_tie_grads(modules, part_, low);
 
-  // AdamW over the flat shards, in parameters() order (the units' pre-order,
-  // as part.units is).
-  std::vector<int64_t> shards;
-  for (const FlatParam& u : units_) shards.push_back(u.shard);
-  adamw_ = sharded_adamw_steps(in, shards);
+  // use_orig_params=True with a tie split across units: PyTorch's FSDP1
+  // gives the weight two flat parameters' views and fails in its forward
+  // (torch 2.11 on CPU ranks: "size mismatch").
+  if (o.use_orig_params && !split_ties_.borrowers.empty())
+    throw std::invalid_argument("--fsdp-use-orig-params: a tied weight split across FSDP units (the wrap policy "
+                                "puts its owner and a borrower apart), which PyTorch's FSDP1 cannot run with "
+                                "use_orig_params=True; wrap=block keeps them together");
+  adamw_ = sharded_adamw_steps(in, fsdp1_optimized_shards(modules, part_, W, o.rank, no_shard, o.use_orig_params));
   unit_grads_.resize(units_.size());
 }
 
@@ -306,14 +312,25 @@ bool Fsdp1Job::step(int k) {
 }
 
 // opt.zero_grad(): set_to_none drops each shard's .grad; else zeroed in
-// place, it stays (prepare_gradient keeps it as _saved_grad_shard).
+// place, it stays (prepare_gradient keeps it as _saved_grad_shard). With
+// use_orig_params the optimizer's tensors are the original parameters,
+// whose .grad are views of the flat one: set_to_none drops the views, and
+// the flat gradient goes only when the root's pre-forward finds every one
+// of them None (_reset_flat_param_grad_info_if_needed), after the loop has
+// made the next batch.
 void Fsdp1Job::zero_grad() {
-  if (o_.zero_grad_set_to_none || o_.offload_params)
-    for (auto& u : units_) {
-      ledger_.free(u.grad_shard);
-      u.grad_shard = -1;
-      u.grad_dtype = DType::kF32;
-    }
+  const bool drop = o_.zero_grad_set_to_none || o_.offload_params;
+  orig_grads_dropped_ = drop && o_.use_orig_params && !o_.offload_params;
+  if (drop && !orig_grads_dropped_) drop_grads();
+}
+
+void Fsdp1Job::drop_grads() {
+  orig_grads_dropped_ = false;
+  for (auto& u : units_) {
+    ledger_.free(u.grad_shard);
+    u.grad_shard = -1;
+    u.grad_dtype = DType::kF32;
+  }
 }
 
 // buffer_dtype: the root's lazy init (_cast_buffers, in the first
@@ -335,6 +352,7 @@ StepHooks Fsdp1Job::hooks(int k) {
   using Prefetch = PytorchFsdpOptions::Prefetch;
   StepHooks hooks;
   hooks.pre_forward = [this, k](int ui) {
+    if (ui == 0 && orig_grads_dropped_) drop_grads();  // _root_pre_forward's _reset_flat_param_grad_info_if_needed
     if (k == 1) forward_order_.push_back(ui);
     unshard(units_[ui]);  // _pre_forward_unshard
     units_[ui].needs_pre_forward = false;
@@ -599,6 +617,32 @@ ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<i
     order.push_back(static_cast<int>(order.size()));
   }
   return {compose_optimizer_step(steps, order, true), compose_optimizer_step(steps, order, false)};
+}
+
+std::vector<int64_t> fsdp1_optimized_shards(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part,
+                                            int world, int rank, bool no_shard, bool use_orig_params) {
+  std::vector<int64_t> shard(part.units.size());
+  for (size_t u = 0; u < part.units.size(); ++u)
+    shard[u] = no_shard ? part.units[u].numel : fsdp_shard_numel(part.units[u].numel, world);
+  if (!use_orig_params) return shard;  // the units' pre-order, as part.units is
+  std::unordered_map<std::string, std::pair<size_t, int64_t>> at;  // name -> unit, offset in its flat parameter
+  for (size_t u = 0; u < part.units.size(); ++u) {
+    int64_t offset = 0;
+    for (const ParamInfo& p : part.units[u].params) {
+      at.emplace(p.name, std::make_pair(u, offset));
+      offset += p.numel;
+    }
+  }
+  std::vector<int64_t> out;
+  for (const ModuleNode& m : modules)
+    for (const ParamInfo& p : m.params) {
+      const auto it = at.find(p.name);
+      if (it == at.end()) continue;
+      const auto [u, offset] = it->second;
+      const int64_t begin = no_shard ? 0 : rank * shard[u], end = begin + shard[u];
+      out.push_back(std::max<int64_t>(0, std::min(offset + p.numel, end) - std::max(offset, begin)));
+    }
+  return out;
 }
 
 StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,

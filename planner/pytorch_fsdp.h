@@ -70,6 +70,11 @@ struct PytorchFsdpOptions {
   // grads`): _finalize_params casts each reduced fp32 shard to param_dtype
   // for the optimizer.
   bool keep_low_precision_grads = false;
+  // FullyShardedDataParallel(use_orig_params=True) (`--fsdp-use-orig-params`):
+  // AdamW steps the original parameters, each a view of its part of the
+  // rank's shard, so the ranks differ: simulated for `rank`.
+  bool use_orig_params = false;
+  int rank = 0;
   // ShardedGradScaler around the step (fp16 MixedPrecision, as FSDP's docs
   // pair them: torch/distributed/fsdp/sharded_grad_scaler.py): its scale and
   // growth tracker from the first scale(), unscale_'s tensors around the
@@ -116,5 +121,13 @@ struct ShardedAdamw {
   ModelTrace first, later;
 };
 ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards);
+
+// What AdamW steps on `rank` under FSDP1, in elements (0: nothing to step):
+// each unit's flat shard, or with use_orig_params each original parameter's
+// part of its unit's shard (_use_sharded_views), in model.parameters() order
+// (the module table's, each module's own parameters); a parameter with no
+// part there has no gradient (_use_sharded_grad_views), so no state.
+std::vector<int64_t> fsdp1_optimized_shards(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part,
+                                            int world, int rank, bool no_shard, bool use_orig_params);
 
 }  // namespace shardfit::planner

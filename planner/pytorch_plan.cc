@@ -75,7 +75,16 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     if (const auto d = parse_fsdp_reduce_dtype(r.fsdp_reduce_dtype))  // MixedPrecision(Policy)(reduce_dtype=d)
       ti.reduce_elem_bytes = static_cast<int>(dtype_bytes(*d));
     const spec::UnitPartition part = fsdp_units(file.modules, c, r.fsdp_version);
-    int64_t optimized = 0;  // the tensors AdamW steps: FSDP1's flat parameters, FSDP2's DTensors
+    // The tensors AdamW steps: FSDP1's flat parameters (or, with
+    // use_orig_params, the parameters' parts of the busiest rank's shard),
+    // FSDP2's DTensors.
+    int64_t optimized = 0;
+    for (int rank = 0; r.fsdp_version == 1 && rank < (r.fsdp_use_orig_params ? world : 1); ++rank) {
+      const auto tensors = fsdp1_optimized_shards(file.modules, part, world, rank, fsdp_no_shard(c),
+                                                  r.fsdp_use_orig_params);
+      optimized = std::max<int64_t>(optimized, std::count_if(tensors.begin(), tensors.end(),
+                                                             [](int64_t n) { return n > 0; }));
+    }
     for (const auto& u : part.units) {
       // FSDP1: one flat parameter, padded unless NO_SHARD.
       int64_t padded = fsdp_no_shard(c) ? u.numel : fsdp_shard_numel(u.numel, world) * world;
@@ -83,7 +92,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
         padded = 0;
         for (const ParamInfo& p : u.params) padded += fsdp2_shard_numel(p, shard_world) * shard_world;
       }
-      optimized += r.fsdp_version == 2 ? static_cast<int64_t>(u.params.size()) : u.numel > 0 ? 1 : 0;
+      if (r.fsdp_version == 2) optimized += static_cast<int64_t>(u.params.size());
       ti.unit_padded_numel.push_back(padded);
     }
     ti.optimizer_ops = adamw_step_ops(adamw, optimized);
@@ -427,7 +436,8 @@ PytorchJobSim::PytorchJobSim(const PlanRequest& r, const TraceFile& file, const 
 
 AdamwStep PytorchJobSim::step_for(const Candidate& c) {
   if (r_.adamw_step) return *r_.adamw_step;
-  const bool wanted = adamw_foreach_default(r_.torch, cuda_, is_fsdp(c) && r_.fsdp_version == 1);
+  const bool wanted =
+      adamw_foreach_default(r_.torch, cuda_, is_fsdp(c) && r_.fsdp_version == 1 && !r_.fsdp_use_orig_params);
   foreach_unrecorded_ = foreach_unrecorded_ || (wanted && !has_foreach_);
   return wanted && has_foreach_ ? AdamwStep::kForeach : AdamwStep::kForLoop;
 }
@@ -502,6 +512,7 @@ PytorchFsdpOptions PytorchJobSim::fsdp1_options(const Candidate& c, const Pytorc
   f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
   f.reduce_dtype = parse_fsdp_reduce_dtype(r_.fsdp_reduce_dtype);
   f.keep_low_precision_grads = r_.fsdp_keep_low_precision_grads;
+  f.use_orig_params = r_.fsdp_use_orig_params;
   f.cpu = !cuda_;
   return f;
 }
@@ -520,8 +531,11 @@ std::vector<StepSimResult> PytorchJobSim::simulate(const Candidate& c, int64_t b
     // Rank 0, whose shards are the padded size: no rank holds more.
     ranks.push_back(simulate_pytorch_fsdp2(at, file_.modules, fsdp2_options(c, o), *device_allocator()));
   } else if (is_fsdp(c)) {
-    // Every rank alike (the padded shards are one size).
-    ranks.push_back(simulate_pytorch_fsdp(at, file_.modules, fsdp1_options(c, o), *device_allocator()));
+    // Every rank alike (the padded shards are one size), unless AdamW steps
+    // the original parameters' parts of each rank's shard (use_orig_params).
+    PytorchFsdpOptions f = fsdp1_options(c, o);
+    for (f.rank = 0; f.rank < (f.use_orig_params ? world_ : 1); ++f.rank)
+      ranks.push_back(simulate_pytorch_fsdp(at, file_.modules, f, *device_allocator()));
   } else {
     for (int rank = 0; rank < (o.zero_redundancy ? world_ : 1); ++rank) {
       o.rank = rank;
@@ -624,7 +638,7 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                                                                                        : "pre",
                                       static_cast<int>(r.steps), r.fsdp_version, r.fsdp_reduce_dtype,
                                       r.adamw_step ? adamw_step_name(*r.adamw_step) : "",
-                                      r.fsdp_keep_low_precision_grads};
+                                      r.fsdp_keep_low_precision_grads, r.fsdp_use_orig_params};
   for (const Candidate& c : candidates) plan.candidates.push_back(search_pytorch_candidate(c, r, *file, traces, sim));
   if (sim.foreach_unrecorded())
     spdlog::warn("--trace: no AdamW(foreach=True) steps in the file (recorded since 2026-12-03), the step PyTorch {} "

@@ -33,6 +33,8 @@ model is built, as `shardfit run` counts its own ranks.
                    whole on every rank, its gradient all-reduced)
     --fsdp-min-params N  fsdp1-*: size_based_auto_wrap_policy(min_num_params=N)
                    instead of a unit per block (the plan's wrap=size:N)
+    --fsdp-use-orig-params  fsdp1-*: FSDP(use_orig_params=True): the
+                   optimizer over each parameter's part of the rank's shard
     --log-allocations PREFIX  every allocation and free of each rank, with
                    the Python frames that made it, to PREFIX.rankN.json
     --ckpt         every block under torch.utils.checkpoint (non-reentrant)
@@ -181,7 +183,7 @@ def fsdp1_blocks(torch, model, args):
     policy = (functools.partial(size_based_auto_wrap_policy, min_num_params=args.fsdp_min_params)
               if args.fsdp_min_params else ModuleWrapPolicy({model.block_class}))
     return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy,
-                                    device_id=torch.device("cpu"))
+                                    device_id=torch.device("cpu"), use_orig_params=args.fsdp_use_orig_params)
 
 
 def train(args, rank, meter, torch, models, mesh=None):
@@ -329,6 +331,8 @@ def parser():
     p.add_argument("--fsdp-min-params", type=int, default=0, metavar="N",
                    help="fsdp1-*: size_based_auto_wrap_policy(min_num_params=N) instead of one unit per block "
                         "(the plan's wrap=size:N)")
+    p.add_argument("--fsdp-use-orig-params", action="store_true",
+                   help="fsdp1-*: FullyShardedDataParallel(use_orig_params=True) (plan --fsdp-use-orig-params)")
     p.add_argument("--fsdp-offload", choices=["pinned", "unpinned"],
                    help="FSDP2's CPUOffloadPolicy(pin_memory=True, its default, or False); pinned needs a CUDA "
                         "driver, even for a CPU mesh")

@@ -201,6 +201,18 @@ TEST(LaunchConfig, APytorchDdpCandidateWithAWrapPolicyExportsNoShard) {
   const LaunchConfig py = export_launch_config(plan, plan.candidates[0], LaunchFormat::kPython, "GPT2Block");
   EXPECT_EQ(py.settings["module"], "fsdp1");
   EXPECT_NE(py.text.find("ShardingStrategy.NO_SHARD"), std::string::npos);
+  EXPECT_NE(py.text.find("use_orig_params=False"), std::string::npos);
+  // --fsdp-use-orig-params: what the plan simulated, in every format.
+  plan.pytorch_job->fsdp_use_orig_params = true;
+  EXPECT_EQ(export_launch_config(plan, plan.candidates[0], LaunchFormat::kFsdp, "GPT2Block")
+                .settings["fsdp_kwargs"]["use_orig_params"],
+            true);
+  EXPECT_EQ(export_launch_config(plan, plan.candidates[0], LaunchFormat::kAccelerate, "GPT2Block")
+                .settings["fsdp_config"]["fsdp_use_orig_params"],
+            true);
+  EXPECT_NE(export_launch_config(plan, plan.candidates[0], LaunchFormat::kPython, "GPT2Block")
+                .text.find("use_orig_params=True"),
+            std::string::npos);
   Plan engine = plan_with("ddp+ckpt/fp32/wrap=block", 12, 2, 1);
   EXPECT_EQ(export_launch_config(engine, engine.candidates[0], LaunchFormat::kPython, "GPT2Block").settings["module"],
             "ddp");

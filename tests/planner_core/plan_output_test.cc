@@ -87,7 +87,7 @@ TEST(PlanOutputTest, RoundTrips) {
   plan.candidates[5].oom = PlanCandidate::Oom{1, "init", 1000, 2 << 20, 5 << 20, 20 << 20};
   plan.stack = "pytorch";
   plan.single_gpu_unwrapped = true;
-  plan.pytorch_job = Plan::PytorchJob{"1.13", "zero", "reentrant", 5 << 20, "post", 3, 2, "fp32", "fused", true};
+  plan.pytorch_job = Plan::PytorchJob{"1.13", "zero", "reentrant", 5 << 20, "post", 3, 2, "fp32", "fused", true, true};
   plan.candidates[5].adamw_step = "foreach";
   plan.hardware.allocator_budget_bytes = int64_t{22} << 30;
   std::string text = plan_to_json_text(plan);
@@ -107,6 +107,7 @@ TEST(PlanOutputTest, RoundTrips) {
   EXPECT_EQ(back.pytorch_job->fsdp_version, 2);
   EXPECT_EQ(back.pytorch_job->fsdp_reduce_dtype, "fp32");
   EXPECT_TRUE(back.pytorch_job->fsdp_keep_low_precision_grads);
+  EXPECT_TRUE(back.pytorch_job->fsdp_use_orig_params);
   EXPECT_EQ(back.pytorch_job->torch, "1.13");
   // The AdamW step: the job's --adamw-step and each candidate's; a reader
   // older than adamw_step finds adamw_foreach (true only for foreach).
@@ -138,9 +139,11 @@ TEST(PlanOutputTest, RoundTrips) {
   older["pytorch_job"].erase("fsdp_version");
   older["pytorch_job"].erase("fsdp_reduce_dtype");
   older["pytorch_job"].erase("fsdp_keep_low_precision_grads");
+  older["pytorch_job"].erase("fsdp_use_orig_params");
   EXPECT_EQ(parse_plan(older.dump()).pytorch_job->fsdp_version, 1);
   EXPECT_EQ(parse_plan(older.dump()).pytorch_job->fsdp_reduce_dtype, "param");
   EXPECT_FALSE(parse_plan(older.dump()).pytorch_job->fsdp_keep_low_precision_grads);
+  EXPECT_FALSE(parse_plan(older.dump()).pytorch_job->fsdp_use_orig_params);
   older["pytorch_job"]["fsdp_version"] = 3;
   EXPECT_THROW(parse_plan(older.dump()), std::invalid_argument);
   // reduce_dtype: param_dtype's or one named; nothing else.

@@ -165,6 +165,37 @@ TEST(PytorchFsdp, NoShardKeepsWholeUnitsOnEveryRank) {
   EXPECT_EQ(at(f.run(o, 8), "init").allocated_bytes, 4 + 8);
 }
 
+// use_orig_params=True: AdamW steps each parameter's part of the rank's
+// shard. On 2 ranks the root's shard is ln[0:2] or ln[2:4], lin's is
+// w[0:6] on rank 0 and w[6:10] + b on rank 1, in parameters() order (ln,
+// lin.w, lin.b; 0 where a parameter has no part). Rank 0 steps 2 and 6
+// elements, as its flat shards; rank 1 steps 2, 4 and 2: the same state
+// (64 B), but its step's highest point (the state, w's denominator carried
+// into b's update and b's two temporaries: 64 + 16 + 16) is 16 B under rank
+// 0's (64, the root's denominator 8, lin's temporaries 48).
+TEST(PytorchFsdp, UseOrigParamsStepsEachParametersPartOfTheShard) {
+  const std::vector<ModuleNode> m = modules();
+  const spec::UnitPartition part = spec::wrap_modules(m, spec::WrapPolicy::parse("size:10"),
+                                                      spec::TiedParams::kCopiedPerUnit);
+  EXPECT_EQ(fsdp1_optimized_shards(m, part, 2, 0, false, false), (std::vector<int64_t>{2, 6}));
+  EXPECT_EQ(fsdp1_optimized_shards(m, part, 2, 0, false, true), (std::vector<int64_t>{2, 6, 0}));
+  EXPECT_EQ(fsdp1_optimized_shards(m, part, 2, 1, false, true), (std::vector<int64_t>{2, 4, 2}));
+  EXPECT_EQ(fsdp1_optimized_shards(m, part, 2, 1, true, true), (std::vector<int64_t>{4, 10, 2}));  // NO_SHARD
+
+  Fixture f;
+  PytorchFsdpOptions o;
+  const StepSimResult flat = f.run(o);
+  o.use_orig_params = true;
+  const StepSimResult rank0 = f.run(o);
+  o.rank = 1;
+  const StepSimResult rank1 = f.run(o);
+  ASSERT_FALSE(rank1.oom);
+  EXPECT_EQ(at(rank0, "step1/optimizer").peak_allocated_bytes, at(flat, "step1/optimizer").peak_allocated_bytes);
+  EXPECT_EQ(at(rank1, "step1/optimizer").allocated_bytes, at(flat, "step1/optimizer").allocated_bytes);
+  EXPECT_EQ(at(rank1, "step1/optimizer").peak_allocated_bytes,
+            at(flat, "step1/optimizer").peak_allocated_bytes - 16);
+}
+
 // BackwardPrefetch on three units (the root, then two Linears of 12
 // elements run in that order: each a 24 B shard, 48 B gathered). In
 // backward lin2 runs first; BACKWARD_PRE gathers lin1 as lin2's backward

@@ -497,7 +497,11 @@ class TraceTest(TraceCheck, unittest.TestCase):
                                (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-backward-prefetch", "none"],
                                 "FSDP2 (--fsdp-version 2) has no such option"),
                                (["--stack", "pytorch", "--fsdp-version", "2", "--strategies",
-                                 "zero3/fp32/wrap=size:1000"], "--fsdp-version 2 also hybrid (HSDP) and wrap=block")):
+                                 "zero3/fp32/wrap=size:1000"], "--fsdp-version 2 also hybrid (HSDP) and wrap=block"),
+                               (["--stack", "pytorch", "--fsdp-version", "2", "--fsdp-use-orig-params"],
+                                "--fsdp-use-orig-params: FSDP1's FullyShardedDataParallel option"),
+                               (["--stack", "pytorch", "--fsdp-version", "2", "--strategies", "ddp/fp32/wrap=block"],
+                                "FSDP1's NO_SHARD as ddp/.../wrap=size:N or block")):
             out = subprocess.run([SHARDFIT, "plan", "--trace", mixed, "--device", "a100-40gb", "--gpus", "2"] + extra,
                                  capture_output=True, text=True, timeout=120)
             self.assertEqual(out.returncode, 2, out.stderr)
