@@ -43,17 +43,6 @@ void keep_grad_shard(Ledger& ledger, FlatParam& u, int64_t shard) {
   u.grad_dtype = DType::kF32;
 }
 
-// _post_backward_hook's reduction as torch 2.11 runs it on CPU ranks (fp32,
-// sharded), after the flat gradient `flat` is made and the unit resharded:
-// _runtime_utils.py _reduce_grad. _get_reduce_scatter_tensors pads the flat
-// gradient (F.pad, a copy) only when world x shard exceeds it, and makes the
-// shard (empty_like(chunks[0])); _div_if_needed divides the input in place
-// by the predivide factor (a Python float: a 0-dim double and its fp32 cast,
-// 8 and 4 bytes, come and go); Gloo's reduce_scatter_tensor clones the input
-// for the collective (made and dropped around it); the postdivide the same
-// way on the shard when its factor is not 1. No record_stream on a CPU: the
-// flat gradient goes as the hook returns. The shard is kept as .grad, or
-// added into the one kept from the last step and dropped.
 // _get_gradient_predivide_factor: the smallest power of two f with W / f
 // <= f (W divisible by it); the gradient is divided by it before the
 // reduction and by W / f after.
@@ -71,6 +60,17 @@ void cpu_divide(Ledger& ledger, const std::string& label, int stream) {
   ledger.free(scalar);
 }
 
+// _post_backward_hook's reduction as torch 2.11 runs it on CPU ranks (fp32,
+// sharded), after the flat gradient `flat` is made and the unit resharded:
+// _runtime_utils.py _reduce_grad. _get_reduce_scatter_tensors pads the flat
+// gradient (F.pad, a copy) only when world x shard exceeds it, and makes the
+// shard (empty_like(chunks[0])); _div_if_needed divides the input in place
+// by the predivide factor (a Python float: a 0-dim double and its fp32 cast,
+// 8 and 4 bytes, come and go); Gloo's reduce_scatter_tensor clones the input
+// for the collective (made and dropped around it); the postdivide the same
+// way on the shard when its factor is not 1. No record_stream on a CPU: the
+// flat gradient goes as the hook returns. The shard is kept as .grad, or
+// added into the one kept from the last step and dropped.
 void cpu_reduce_grad(Ledger& ledger, const std::string& label, int W, FlatParam& u, int64_t flat, int stream) {
   auto alloc = [&](Category c, int64_t bytes) { return ledger.alloc(c, bytes, label, stream); };
   const int64_t padded = u.shard * W != u.numel ? alloc(Category::kCommBuffers, 4 * u.shard * W) : -1;
