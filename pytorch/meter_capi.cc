@@ -8,14 +8,46 @@
 // the same rule as `shardfit run`'s reports (the requested nbytes).
 //
 // pytorch/shardfit_meter.py is the Python side; nothing else calls these.
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
 
 #include <c10/util/Exception.h>
 
 #include "executor/tracking_allocator.h"
 
 using shardfit::executor::TrackingAllocator;
+
+namespace {
+
+// What the allocator's observer does here: the watch below, then Python's
+// observer (the allocation log) when one is set.
+std::mutex g_mu;
+std::condition_variable g_freed;
+bool g_watching = false;
+std::thread::id g_watcher;
+std::unordered_set<const void*> g_watched;  // made on the watching thread, not yet freed
+void (*g_python_observer)(const void* data, int64_t bytes) = nullptr;
+
+void observe(const void* data, int64_t bytes) {
+  void (*python)(const void*, int64_t) = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (bytes > 0) {
+      if (g_watching && std::this_thread::get_id() == g_watcher) g_watched.insert(data);
+    } else if (g_watched.erase(data) > 0) {
+      g_freed.notify_all();
+    }
+    python = g_python_observer;
+  }
+  if (python) python(data, bytes);
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -39,7 +71,35 @@ void shardfit_meter_mark(const char* label) { TrackingAllocator::cpu().mark(labe
 // (bytes > 0) and every release (bytes 0), on the thread that makes it; null
 // stops it. pytorch/shardfit_meter.py's allocation log is its one user.
 void shardfit_meter_set_observer(void (*observer)(const void* data, int64_t bytes)) {
-  TrackingAllocator::set_observer(observer);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_python_observer = observer;
+  }
+  TrackingAllocator::set_observer(&observe);
+}
+
+// The watch: from shardfit_meter_watch_begin() on, the storages this thread
+// allocates are noted; shardfit_meter_watch_settle(timeout_ms) stops noting
+// and waits (at most timeout_ms) until every noted storage is freed, on
+// whichever thread frees it. Returns how many are still live then (0:
+// settled). validate.py waits so around a synchronous collective on Gloo,
+// whose worker thread may drop the finished work (and the storages it holds)
+// after wait() has returned (docs/pytorch-validation.md, "Late frees").
+void shardfit_meter_watch_begin() {
+  TrackingAllocator::set_observer(&observe);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_watched.clear();
+  g_watcher = std::this_thread::get_id();
+  g_watching = true;
+}
+
+int64_t shardfit_meter_watch_settle(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  g_watching = false;
+  g_freed.wait_for(lock, std::chrono::milliseconds(timeout_ms), [] { return g_watched.empty(); });
+  const auto left = static_cast<int64_t>(g_watched.size());
+  g_watched.clear();
+  return left;
 }
 
 int64_t shardfit_meter_timeline_size() {

@@ -54,6 +54,9 @@ def load_library():
     lib.shardfit_meter_set_budget.argtypes = [i64]
     lib.shardfit_meter_mark.argtypes = [ctypes.c_char_p]
     lib.shardfit_meter_set_observer.argtypes = [_OBSERVER]
+    lib.shardfit_meter_watch_begin.argtypes = []
+    lib.shardfit_meter_watch_settle.restype = i64
+    lib.shardfit_meter_watch_settle.argtypes = [i64]
     lib.shardfit_meter_timeline_point.restype = ctypes.c_int
     lib.shardfit_meter_timeline_point.argtypes = [i64, ctypes.c_char_p, i64,
                                                   ctypes.POINTER(i64), ctypes.POINTER(i64)]
@@ -91,6 +94,26 @@ class Meter:
 
     def mark(self, label):
         self._lib.shardfit_meter_mark(label.encode())
+
+    def settled(self, call, timeout_s=10.0):
+        """`call`, a function, wrapped: each call returns only once every
+        storage allocated on the calling thread during it has been freed
+        again, on any thread (or `timeout_s` has passed: the function's
+        `unsettled` attribute counts those calls). For a collective whose
+        input copies die on the process group's worker thread after the call
+        returned. Allocates nothing."""
+        lib = self._lib
+
+        def wrapped(*args, **kwargs):
+            lib.shardfit_meter_watch_begin()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                if lib.shardfit_meter_watch_settle(int(timeout_s * 1000)):
+                    wrapped.unsettled += 1
+
+        wrapped.unsettled = 0
+        return wrapped
 
     def log_allocations(self, phase=lambda: ""):
         """From now on, every allocation and release appended to the list

@@ -75,6 +75,20 @@ def rank_threads(nproc):
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
+def settled_when_synchronous(meter, collective):
+    """`collective` that, called without async_op, returns once what it
+    allocated on this thread is freed (shardfit_meter.Meter.settled)."""
+    settled = meter.settled(collective)
+
+    def call(*args, async_op=False, **kwargs):
+        if async_op:
+            return collective(*args, async_op=True, **kwargs)
+        return settled(*args, **kwargs)
+
+    call.settled = settled
+    return call
+
+
 def worker(rank, args, queue):
     sys.path.insert(0, HERE)
     import torch
@@ -88,6 +102,13 @@ def worker(rank, args, queue):
     # and no collective waits longer than this for a rank that is gone.
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=rank,
                             world_size=args.nproc, timeout=datetime.timedelta(seconds=120))
+    # Gloo's reduce_scatter_tensor all-reduces a clone of its input; the
+    # worker thread that ran it holds the clone until it loops again, which
+    # under load is after wait() has returned and the step has gone on. FSDP1
+    # and FSDP2 call it synchronously (dist.reduce_scatter_tensor, looked up at
+    # each call), so each such call here returns once the clone is freed: the
+    # program order the plan simulates. Nothing more is allocated.
+    dist.reduce_scatter_tensor = settled_when_synchronous(meter, dist.reduce_scatter_tensor)
     mesh = None
     if args.wrap.startswith("fsdp2"):
         # FSDP2's 1-D mesh over the Gloo ranks, made with the process group
@@ -119,6 +140,8 @@ def worker(rank, args, queue):
         raise SystemExit(3)  # the other ranks are ended by start_processes
     result["peak_allocated_bytes"] = meter.peak - base
     rebase(result["timeline"], base)
+    if dist.reduce_scatter_tensor.settled.unsettled:  # clones still live after the timeout
+        result["unsettled_reduce_scatters"] = dist.reduce_scatter_tensor.settled.unsettled
     if alloc_log is not None:
         with open("%s.rank%d.json" % (args.log_allocations, rank), "w") as f:
             json.dump(list(alloc_log), f, indent=0)
