@@ -60,27 +60,41 @@ void cpu_divide(Ledger& ledger, const std::string& label, int stream) {
   ledger.free(scalar);
 }
 
-// _post_backward_hook's reduction as torch 2.11 runs it on CPU ranks (fp32,
-// sharded), after the flat gradient `flat` is made and the unit resharded:
-// _runtime_utils.py _reduce_grad. _get_reduce_scatter_tensors pads the flat
-// gradient (F.pad, a copy) only when world x shard exceeds it, and makes the
-// shard (empty_like(chunks[0])); _div_if_needed divides the input in place
-// by the predivide factor (a Python float: a 0-dim double and its fp32 cast,
-// 8 and 4 bytes, come and go); Gloo's reduce_scatter_tensor clones the input
-// for the collective (made and dropped around it); the postdivide the same
-// way on the shard when its factor is not 1. No record_stream on a CPU: the
-// flat gradient goes as the hook returns. The shard is kept as .grad, or
-// added into the one kept from the last step and dropped.
-void cpu_reduce_grad(Ledger& ledger, const std::string& label, int W, FlatParam& u, int64_t flat, int stream) {
+// _post_backward_hook's reduction as torch 2.11 runs it on CPU ranks
+// (sharded), after the flat gradient `flat` is made and the unit resharded:
+// _runtime_utils.py _reduce_grad. With MixedPrecision `flat` is param_dtype,
+// and unless that is reduce_dtype (`reduce` bytes an element),
+// `flat_param.grad.data = flat_param.grad.to(reduce_dtype)` first makes the
+// flat gradient in it (`cast_flat`; the param_dtype one held by the hook's
+// autograd_computed_grad until it returns). _get_reduce_scatter_tensors pads
+// it (F.pad, a copy) only when world x shard exceeds it, and makes the shard
+// (empty_like(chunks[0])); _div_if_needed divides the input in place by the
+// predivide factor (a Python float: a 0-dim double and its fp32 cast, 8 and
+// 4 bytes, come and go); Gloo's reduce_scatter_tensor clones the input for
+// the collective (made and dropped around it); the postdivide the same way
+// on the shard when its factor is not 1; _cast_grad_to_param_dtype makes a
+// shard that is not fp32 fp32 (`sharded_grad.data.to(param.dtype)`, the low
+// one dropped). No record_stream on a CPU: the flat gradients go as the hook
+// returns. The shard is kept as .grad, or added into the one kept from the
+// last step and dropped.
+void cpu_reduce_grad(Ledger& ledger, const std::string& label, int W, FlatParam& u, int64_t flat, int stream,
+                     int64_t reduce, bool cast_flat) {
   auto alloc = [&](Category c, int64_t bytes) { return ledger.alloc(c, bytes, label, stream); };
-  const int64_t padded = u.shard * W != u.numel ? alloc(Category::kCommBuffers, 4 * u.shard * W) : -1;
-  const int64_t shard = alloc(Category::kGrads, 4 * u.shard);
+  const int64_t cast = cast_flat ? alloc(Category::kGrads, reduce * u.numel) : -1;
+  const int64_t padded = u.shard * W != u.numel ? alloc(Category::kCommBuffers, reduce * u.shard * W) : -1;
+  int64_t shard = alloc(Category::kGrads, reduce * u.shard);
   const int pre = gradient_predivide_factor(W);
   if (pre > 1) cpu_divide(ledger, label, stream);
-  ledger.free(alloc(Category::kCommBuffers, 4 * u.shard * W));  // Gloo's clone of the input
+  ledger.free(alloc(Category::kCommBuffers, reduce * u.shard * W));  // Gloo's clone of the input
   if (W / pre > 1) cpu_divide(ledger, label, stream);
+  if (reduce != 4) {
+    const int64_t fp32 = alloc(Category::kGrads, 4 * u.shard);
+    ledger.free(shard);
+    shard = fp32;
+  }
   keep_grad_shard(ledger, u, shard);
   ledger.free(padded);
+  ledger.free(cast);
   ledger.free(flat);
 }
 
@@ -492,7 +506,7 @@ void Fsdp1Job::post_backward(int ui) {
   if (no_shard) {
     no_shard_reduce(u, flat);
   } else if (o_.cpu) {
-    cpu_reduce_grad(ledger_, label_, W, u, flat, kPostBackwardStream);
+    cpu_reduce_grad(ledger_, label_, W, u, flat, kPostBackwardStream, reduce, reduce_cast);
   } else {
     sharded_reduce(u, flat);
   }

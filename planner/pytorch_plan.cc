@@ -268,15 +268,25 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
     // (fsdp2_options: the host is the device), as HSDP, and by block under
     // MixedPrecisionPolicy(param_dtype=torch.bfloat16) from the CPU trace of
     // the model cast to bf16 (which casts each block's inputs, as
-    // fully_shard on the blocks does: trace_recorder.py).
-    const bool on_cpu = want.precision == Precision::kFp32
-                            ? !want.offload || fsdp2
-                            : fsdp2 && want.precision == Precision::kBf16 && !want.offload && want.wrap == "block";
+    // fully_shard on the blocks does: trace_recorder.py); FSDP1 under
+    // MixedPrecision(param_dtype=torch.bfloat16) from the same traces where
+    // those casts converted nothing (its root casts the inputs, ids here).
+    const bool bf16 = want.precision == Precision::kBf16 && !want.offload;
+    const bool on_cpu = want.precision == Precision::kFp32 ? !want.offload || fsdp2
+                                                           : bf16 && (fsdp2 ? want.wrap == "block" : true);
     if (fsdp && !cuda && !on_cpu)
       throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP is simulated in fp32, and FSDP2 also with "
-                                  "offload (fp32) or in bf16 by block (MixedPrecisionPolicy, no offload); the rest through "
-                                  "the CUDA caching allocator's model: plan it with a CUDA --device and a trace "
-                                  "recorded with --target cuda");
+                                  "offload (fp32) or in bf16 by block (MixedPrecisionPolicy, no offload), FSDP1 in "
+                                  "bf16 without offload; the rest through the CUDA caching allocator's model: plan "
+                                  "it with a CUDA --device and a trace recorded with --target cuda");
+    if (fsdp && !cuda && !fsdp2 && bf16 && file.block_input_casts != 0)
+      throw std::invalid_argument(
+          "--strategies " + s + ": FSDP1's MixedPrecision casts only the root's inputs, and " +
+          (file.block_input_casts < 0
+               ? "the trace file does not say whether its bf16 traces cast any block's inputs (record it again with "
+                 "this version's trace_recorder.py --param-dtype bf16)"
+               : "the trace file's bf16 traces cast " + std::to_string(file.block_input_casts) +
+                     " floating block inputs, as FSDP2's fully_shard does: plan it with --fsdp-version 2"));
     if (fsdp && want.precision != Precision::kFp32) check_fsdp_mixed(r, t, s, want);
     if (fsdp && want.wrap == "block" &&
         std::none_of(file.modules.begin(), file.modules.end(), [](const ModuleNode& m) { return m.is_block; }))

@@ -305,6 +305,7 @@ std::string trace_file_json(const TraceFile& f) {
               {"modules", modules},
               {"traces", traces}};
   if (!f.torch_version.empty()) out["torch"] = f.torch_version;
+  if (f.block_input_casts >= 0) out["block_input_casts"] = f.block_input_casts;
   if (!f.optimizer_steps.empty()) {
     // One optimizer trace: its op names and events.
     auto step_json = [](const ModelTrace& t) { return json{{"op_names", t.op_names}, {"events", events_to_json(t)}}; };
@@ -352,6 +353,7 @@ TraceFile parse_trace_file(const std::string& text, const std::string& origin) {
   if (model.has("input")) f.input = model.text("input");
   f.seq_len = top.integer("seq_len", 1);
   if (top.has("torch")) f.torch_version = top.text("torch");
+  if (top.has("block_input_casts")) f.block_input_casts = top.integer("block_input_casts", 0);
   const std::string target = top.text("target");
   if (target != "cpu" && target != "cuda") top.fail("target", "must be \"cpu\" or \"cuda\"");
   f.target_cuda = target == "cuda";

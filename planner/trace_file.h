@@ -27,6 +27,13 @@ struct TraceFile {
   // The PyTorch whose operators were traced (its LibTorch's TORCH_VERSION,
   // e.g. "2.11.0"); empty in files written before it was recorded.
   std::string torch_version;
+  // The traces of the model cast to bf16 on a CPU target are recorded with
+  // FSDP2's per-block input casts (MixedPrecisionPolicy's
+  // cast_forward_inputs): how many floating block inputs they converted.
+  // 0: none, so the same traces are FSDP1's MixedPrecision, which casts the
+  // root's inputs only. -1: not recorded (no such traces, a CUDA target,
+  // whose cast traces are FSDP1's, or a file from before 2026-12-06).
+  int64_t block_input_casts = -1;
   std::vector<ModuleNode> modules;
   std::vector<ModelTrace> traces;  // each with modules left empty (they are the file's)
   // The optimizer's own steps, traced on the model's parameters (all of

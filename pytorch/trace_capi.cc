@@ -33,6 +33,7 @@ struct ActiveTrace {
 std::unique_ptr<ActiveTrace> g_active;
 std::vector<ModelTrace> g_traces;      // finished steps, in order
 std::vector<ModelTrace> g_optimizer;   // finished optimizer steps, in order
+int64_t g_block_input_casts = -1;      // TraceFile::block_input_casts for the next file
 bool g_active_is_optimizer = false;
 std::string g_error;
 
@@ -126,6 +127,14 @@ int shardfit_trace_forget_autocast() {
   return 0;
 }
 
+// The floating block inputs that FSDP2's per-block casts converted while
+// the cast model's traces were recorded (TraceFile::block_input_casts), for
+// the next file written.
+int shardfit_trace_block_input_casts(int64_t n) {
+  g_block_input_casts = n;
+  return 0;
+}
+
 // Brackets the recorder dropping what the forward returned beside the loss:
 // the storages freed in between are the outputs a training loop keeps
 // (ModelTrace::kept_outputs); their frees are left out of the trace.
@@ -202,6 +211,8 @@ int shardfit_trace_write(const char* path, const char* name, const char* factory
     f.seq_len = seq_len;
     f.target_cuda = target_cuda != 0;
     f.torch_version = TORCH_VERSION;  // this library's LibTorch, the one the recording process runs
+    f.block_input_casts = g_block_input_casts;
+    g_block_input_casts = -1;
     f.modules = parse_module_table(modules_json, "the module table");
     f.traces = std::move(g_traces);
     g_traces.clear();

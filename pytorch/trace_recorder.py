@@ -132,6 +132,7 @@ def library():
         lib.shardfit_trace_last_peak.restype = i64
         lib.shardfit_trace_write.argtypes = [c, c, c, c, i64, c, ctypes.c_int, c]
         lib.shardfit_trace_output_tensors.argtypes = [c]
+        lib.shardfit_trace_block_input_casts.argtypes = [i64]
         for name in ("forward_begin", "forward_end", "backward_begin", "backward_end", "recompute_begin",
                      "recompute_end", "outputs_dropped"):
             getattr(lib, "shardfit_trace_" + name).argtypes = [ctypes.c_int]
@@ -469,15 +470,23 @@ def block_inputs_cast(blocks, dtype):
     (_fsdp_state.py _pre_forward, 2.11), before the block runs; e.g. the
     rotary tables a model computes in fp32 once and passes to every block.
     Forward pre-hooks put ahead of the recorder's own, so the casts are
-    recorded before the block begins. Returns their handles."""
+    recorded before the block begins. Returns their handles, each with
+    `converted`: a one-element list counting the tensors converted."""
     import torch
+    converted = [0]
 
     def cast(x):
-        return x.to(dtype) if isinstance(x, torch.Tensor) and torch.is_floating_point(x) and x.dtype != dtype else x
+        if isinstance(x, torch.Tensor) and torch.is_floating_point(x) and x.dtype != dtype:
+            converted[0] += 1
+            return x.to(dtype)
+        return x
 
     def hook(_module, args, kwargs):
         return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
-    return [m.register_forward_pre_hook(hook, prepend=True, with_kwargs=True) for m in blocks]
+    handles = [m.register_forward_pre_hook(hook, prepend=True, with_kwargs=True) for m in blocks]
+    for h in handles:
+        h.converted = converted
+    return handles
 
 
 # FSDP's MixedPrecision(param_dtype=...) names (--param-dtype).
@@ -600,14 +609,17 @@ def record_model(factory, input_fn, seq_len, out, name, factory_name, input_name
             print("trace_recorder.py: no traces under torch.autocast(%s): %s" % (precision, e), file=sys.stderr)
         # The model cast to param_dtype, as FSDP's MixedPrecision computes
         # (parameters and floating buffers; the gradients follow), then back.
-        # On a CPU target it is FSDP2's (the only FSDP planned in bf16 on
-        # CPU ranks): fully_shard on each block casts the block's floating
-        # inputs too (block_inputs_cast).
+        # On a CPU target with FSDP2's casts: fully_shard on each block casts
+        # the block's floating inputs too (block_inputs_cast). The file says
+        # how many it converted: none, and the traces are FSDP1's as well,
+        # whose MixedPrecision casts the root's inputs only.
         if param_dtype:
             model.to(_low_dtypes()[param_dtype])
             casts = [] if target_cuda else block_inputs_cast(blocks, _low_dtypes()[param_dtype])
             try:
                 trace_batches(param_dtype=param_dtype)
+                if not target_cuda:
+                    lib.shardfit_trace_block_input_casts(casts[0].converted[0] if casts else 0)
             finally:
                 for h in casts:
                     h.remove()

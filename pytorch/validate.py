@@ -23,9 +23,10 @@ model is built, as `shardfit run` counts its own ranks.
                    True, its default, or False): 2.11 pins only with a CUDA
                    driver (a CPU-only host: "Found no NVIDIA driver")
     --fsdp-bf16    FSDP2 with MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                   reduce_dtype=torch.float32) (plan's bf16 candidates
-                   with --fsdp-reduce-dtype fp32, from a trace recorded with
-                   --param-dtype bf16 --threads of a rank)
+                   reduce_dtype=torch.float32), FSDP1 with MixedPrecision(
+                   the same, buffer_dtype=torch.bfloat16) (plan's bf16
+                   candidates with --fsdp-reduce-dtype fp32, from a trace
+                   recorded with --param-dtype bf16 --threads of a rank)
     --wrap fsdp1-zero3  FSDP1: FullyShardedDataParallel(device_id=cpu), every
                    block a unit (ModuleWrapPolicy), FULL_SHARD
     --wrap fsdp1-zero2  the same with SHARD_GRAD_OP
@@ -197,7 +198,8 @@ def fsdp1_blocks(torch, model, args):
     --fsdp-min-params N, as size_based_auto_wrap_policy(min_num_params=N)
     does (the plan's wrap=size:N). On the CPU (device_id=cpu), FULL_SHARD for
     fsdp1-zero3, SHARD_GRAD_OP for fsdp1-zero2, NO_SHARD for fsdp1-noshard,
-    the other options at their defaults (BACKWARD_PRE)."""
+    the other options at their defaults (BACKWARD_PRE); with --fsdp-bf16
+    MixedPrecision(bf16 parameters and buffers, fp32 reduction)."""
     import functools
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
@@ -205,8 +207,15 @@ def fsdp1_blocks(torch, model, args):
                 "fsdp1-noshard": ShardingStrategy.NO_SHARD}[args.wrap]
     policy = (functools.partial(size_based_auto_wrap_policy, min_num_params=args.fsdp_min_params)
               if args.fsdp_min_params else ModuleWrapPolicy({model.block_class}))
+    kw = {}
+    if args.fsdp_bf16:
+        # As the plan's FSDP1 bf16 candidates export it with
+        # --fsdp-reduce-dtype fp32 (planner/launch_config.cc).
+        from torch.distributed.fsdp import MixedPrecision
+        kw["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                               buffer_dtype=torch.bfloat16)
     return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy,
-                                    device_id=torch.device("cpu"), use_orig_params=args.fsdp_use_orig_params)
+                                    device_id=torch.device("cpu"), use_orig_params=args.fsdp_use_orig_params, **kw)
 
 
 def train(args, rank, meter, torch, models, mesh=None):
@@ -345,7 +354,8 @@ def parser():
     p.add_argument("--wrap", choices=["ddp", "ddp-bv", "zero1", "fsdp2-zero3", "fsdp2-zero2",
                                        "fsdp1-zero3", "fsdp1-zero2", "fsdp1-noshard"], default="ddp")
     p.add_argument("--fsdp-bf16", action="store_true",
-                   help="FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)")
+                   help="FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32); "
+                        "FSDP1's MixedPrecision(the same, buffer_dtype=torch.bfloat16)")
     p.add_argument("--fsdp-prefetch", type=int, default=0, metavar="N",
                    help="FSDP2, N >= 2: each block's set_modules_to_forward_prefetch(the next N - 1 blocks) and, from "
                         "block N on, set_modules_to_backward_prefetch(the N before it) (plan --prefetch N)")

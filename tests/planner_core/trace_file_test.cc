@@ -55,6 +55,17 @@ TEST(TraceFile, WhatIsWrittenReadsBackTheSame) {
   EXPECT_EQ(trace_file_json(g), trace_file_json(f));
 }
 
+TEST(TraceFile, TheBlockInputCastsReadBackAndANegativeCountIsNamed) {
+  json j = json::parse(seed_text());
+  EXPECT_EQ(parse_trace_file(j.dump(), "toy").block_input_casts, -1);  // not said
+  j["block_input_casts"] = 0;
+  const TraceFile f = parse_trace_file(j.dump(), "toy");
+  EXPECT_EQ(f.block_input_casts, 0);
+  EXPECT_EQ(parse_trace_file(trace_file_json(f), "again").block_input_casts, 0);
+  j["block_input_casts"] = -2;
+  EXPECT_NE(error_of(j.dump()).find("block_input_casts"), std::string::npos) << error_of(j.dump());
+}
+
 TEST(TraceFile, TheReturnedTensorsReadBackAndANegativeSizeIsNamed) {
   json j = json::parse(seed_text());
   j["traces"][0]["output_tensors"] = {4, 96};

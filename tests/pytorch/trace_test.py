@@ -64,8 +64,8 @@ class TraceTest(TraceCheck, unittest.TestCase):
         self.check_every_batch("llama-tiny-ri", file)
 
     def test_the_model_cast_to_bf16_is_traced_exactly_on_the_cpu(self):
-        # --param-dtype bf16 for the CPU (FSDP2's MixedPrecisionPolicy on CPU
-        # ranks): every cast trace is what the cast model allocates on the
+        # --param-dtype bf16 for the CPU (FSDP2's MixedPrecisionPolicy and
+        # FSDP1's MixedPrecision on CPU ranks): every cast trace is what the cast model allocates on the
         # CPU, its bf16 matmuls' oneDNN scratchpads included (for this
         # process's threads, which the recorder's default follows). GPT-2's
         # blocks take only the hidden states, so casting their inputs adds
@@ -80,24 +80,44 @@ class TraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual([(t["batch"], t["grads"]) for t in cast],
                          [(b, g) for g in ("accumulate", "none") for b in (1, 2, 3)])
         self.check_every_batch("gpt2-hf2022-tiny", dict(file, traces=cast))
+        # The casts converted nothing, so the traces are FSDP1's as well.
+        self.assertEqual(file["block_input_casts"], 0)
         # Planned on CPU ranks as FSDP2 by block (fully_shard casting each
-        # block's inputs, as the trace does); FSDP1's mixed precision and
-        # FSDP2 on the root alone are refused there, one line each.
-        def plan(*extra):
-            return subprocess.run([SHARDFIT, "plan", "--trace", path, "--stack", "pytorch", "--device", "cpu",
+        # block's inputs, as the trace does) and as FSDP1's MixedPrecision
+        # by block or by size; FSDP2 on the root alone is refused there.
+        def plan(*extra, trace=path):
+            return subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", "cpu",
                                    "--gpus", "2", "--gpu-mem", "64MiB", "--json"] + list(extra),
                                   capture_output=True, text=True, timeout=300)
-        out = plan("--fsdp-version", "2", "--fsdp-reduce-dtype", "fp32", "--strategies",
-                   "zero3/fp32/wrap=block,zero3/bf16/wrap=block")
-        self.assertEqual(out.returncode, 0, out.stderr)
-        batch = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
-        self.assertGreater(batch["zero3/bf16/wrap=block"], batch["zero3/fp32/wrap=block"])
-        for extra in (["--fsdp-version", "2", "--strategies", "zero3/bf16/wrap=none"],
-                      ["--strategies", "zero3/bf16/wrap=block"]):
-            out = plan(*extra)
+        for version, strategies in (("2", "zero3/fp32/wrap=block,zero3/bf16/wrap=block"),
+                                    ("1", "zero3/fp32/wrap=block,zero3/bf16/wrap=block,zero2/bf16/wrap=size:2000")):
+            out = plan("--fsdp-version", version, "--fsdp-reduce-dtype", "fp32", "--strategies", strategies)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            batch = {c["id"]: c["max_batch_per_gpu"] for c in json.loads(out.stdout)["candidates"]}
+            self.assertGreater(batch["zero3/bf16/wrap=block"], batch["zero3/fp32/wrap=block"])
+        out = plan("--fsdp-version", "2", "--strategies", "zero3/bf16/wrap=none")
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("in bf16 by block (MixedPrecisionPolicy", out.stderr)
+        # A model whose blocks take fp32 inputs (llama-tiny's rotary tables,
+        # computed in fp32 and passed to each of its 2 blocks: 2 tensors x 2
+        # blocks x 6 traces converted): FSDP1 would not cast them, so its
+        # bf16 plan is refused, one line; so is a file that does not say.
+        llama = os.path.join(self.tmp.name, "llama-tiny-bf16.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "llama-tiny", "--seq-len", "8",
+                              "--param-dtype", "bf16", "--out", llama], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        with open(llama) as f:
+            self.assertEqual(json.load(f)["block_input_casts"], 24)
+        unsaid = os.path.join(self.tmp.name, "gpt2-hf2022-tiny-bf16-unsaid.trace.json")
+        with open(unsaid, "w") as f:
+            json.dump({k: v for k, v in file.items() if k != "block_input_casts"}, f)
+        for trace, why in ((llama, "cast 24 floating block inputs"), (unsaid, "does not say")):
+            out = plan("--fsdp-reduce-dtype", "fp32", "--strategies", "zero3/bf16/wrap=block", trace=trace)
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
-            self.assertIn("in bf16 by block (MixedPrecisionPolicy", out.stderr)
+            self.assertIn("FSDP1's MixedPrecision casts only the root's inputs", out.stderr)
+            self.assertIn(why, out.stderr)
 
     def test_a_model_with_buffers_is_traced_exactly_and_its_buffers_listed(self):
         self.check_every_batch("gpt2-hf2022-tiny", self.hf_file)
