@@ -303,8 +303,9 @@ StepHooks Fsdp2Job::hooks(int k) {
 
 // FSDPParamGroup.unshard -> _fsdp_collectives.py foreach_all_gather, on
 // the copy-in stream: the all-gather inputs (_get_param_all_gather_inputs:
-// under CPUOffloadPolicy each shard copied to the GPU, then cast to
-// param_dtype with a policy, the fp32 copy dropped; else with a policy one
+// under CPUOffloadPolicy each shard copied to the GPU (on a CPU mesh the
+// shard itself), then cast to param_dtype with a policy, the fp32 copy
+// dropped; else with a policy one
 // flat param_dtype copy of every shard, the foreach-copy fast path; else
 // the shards themselves), the flat output of world x Σ shard elements
 // (all_gather_copy_in: the input is its own slice of it), the inputs
@@ -314,9 +315,9 @@ void Fsdp2Job::unshard(Group& g) {
   g.gathering = true;
   if (W == 1) return;
   std::vector<int64_t> inputs;
-  if (o_.offload_params) {
+  if (o_.offload_params || (o_.offload_on_host && mixed)) {
     for (int64_t s : g.shard) {
-      int64_t id = alloc(Category::kParams, 4 * s, kAllGatherCopyInStream);
+      int64_t id = o_.offload_params ? alloc(Category::kParams, 4 * s, kAllGatherCopyInStream) : -1;
       if (mixed) {
         const int64_t cast = alloc(Category::kParams, low * s, kAllGatherCopyInStream);
         ledger_.free(id);

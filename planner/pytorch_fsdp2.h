@@ -52,6 +52,10 @@ struct PytorchFsdp2Options {
   // CPUOffloadPolicy: the sharded parameters, their gradients and AdamW on
   // the host.
   bool offload_params = false;
+  // CPUOffloadPolicy on a CPU mesh, where the host is the device: nothing
+  // moves, but each parameter's all-gather input is its own cast (the
+  // offload branch of _get_param_all_gather_inputs), not the foreach copy.
+  bool offload_on_host = false;
   // fully_shard on every block (ModuleNode::is_block), then on the root; or
   // on the root only.
   bool wrap_blocks = true;

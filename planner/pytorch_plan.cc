@@ -272,11 +272,12 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
     // MixedPrecision(param_dtype=torch.bfloat16) from the same traces where
     // those casts converted nothing (its root casts the inputs, ids here).
     const bool bf16 = want.precision == Precision::kBf16 && !want.offload;
-    const bool on_cpu = want.precision == Precision::kFp32 ? !want.offload || fsdp2
-                                                           : bf16 && (fsdp2 ? want.wrap == "block" : true);
+    const bool on_cpu = want.precision == Precision::kFp32
+                            ? !want.offload || fsdp2
+                            : want.precision == Precision::kBf16 && (fsdp2 ? want.wrap == "block" : !want.offload);
     if (fsdp && !cuda && !on_cpu)
       throw std::invalid_argument("--strategies " + s + ": on a CPU FSDP is simulated in fp32, and FSDP2 also with "
-                                  "offload (fp32) or in bf16 by block (MixedPrecisionPolicy, no offload), FSDP1 in "
+                                  "offload or in bf16 by block (MixedPrecisionPolicy, offload or not), FSDP1 in "
                                   "bf16 without offload; the rest through the CUDA caching allocator's model: plan "
                                   "it with a CUDA --device and a trace recorded with --target cuda");
     if (fsdp && !cuda && !fsdp2 && bf16 && file.block_input_casts != 0)
@@ -488,6 +489,7 @@ PytorchFsdp2Options PytorchJobSim::fsdp2_options(const Candidate& c, const Pytor
   // they are), so the job allocates what it does without the policy,
   // measured so at every timeline point (docs/pytorch-stack.md).
   f.offload_params = c.offload && cuda_;
+  f.offload_on_host = c.offload && !cuda_;
   f.wrap_blocks = c.wrap == "block";
   f.mixed_precision = compute_dtype(c.precision);
   f.grad_scaler = c.precision == Precision::kFp16;  // ShardedGradScaler
