@@ -26,7 +26,9 @@ model is built, as `shardfit run` counts its own ranks.
                    reduce_dtype=torch.float32), FSDP1 with MixedPrecision(
                    the same, buffer_dtype=torch.bfloat16) (plan's bf16
                    candidates with --fsdp-reduce-dtype fp32, from a trace
-                   recorded with --param-dtype bf16 --threads of a rank)
+                   recorded with --param-dtype bf16 --threads of a rank);
+                   --fsdp-reduce-dtype bf16: reduce_dtype=torch.bfloat16
+                   (plan --fsdp-reduce-dtype param)
     --wrap fsdp1-zero3  FSDP1: FullyShardedDataParallel(device_id=cpu), every
                    block a unit (ModuleWrapPolicy), FULL_SHARD
     --wrap fsdp1-zero2  the same with SHARD_GRAD_OP
@@ -160,6 +162,11 @@ def rebase(timeline, base):
     return timeline
 
 
+def reduce_dtype(torch, args):
+    """--fsdp-bf16's reduce_dtype (--fsdp-reduce-dtype)."""
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[args.fsdp_reduce_dtype]
+
+
 def fully_shard_blocks(torch, model, args, mesh):
     """FSDP2 as its examples apply it: fully_shard on every block (in module
     order), then on the root; reshard_after_forward True for fsdp2-zero3,
@@ -174,7 +181,7 @@ def fully_shard_blocks(torch, model, args, mesh):
         # torch 2.11 refuses on a host with no CUDA driver.
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=args.fsdp_offload == "pinned")
     if args.fsdp_bf16:
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype(torch, args))
     blocks = [m for m in model.modules() if isinstance(m, model.block_class)]
     for m in blocks:
         fully_shard(m, **kw)
@@ -212,7 +219,7 @@ def fsdp1_blocks(torch, model, args):
         # As the plan's FSDP1 bf16 candidates export it with
         # --fsdp-reduce-dtype fp32 (planner/launch_config.cc).
         from torch.distributed.fsdp import MixedPrecision
-        kw["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+        kw["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype(torch, args),
                                                buffer_dtype=torch.bfloat16)
     return FullyShardedDataParallel(model, auto_wrap_policy=policy, sharding_strategy=strategy,
                                     device_id=torch.device("cpu"), use_orig_params=args.fsdp_use_orig_params, **kw)
@@ -356,6 +363,8 @@ def parser():
     p.add_argument("--fsdp-bf16", action="store_true",
                    help="FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32); "
                         "FSDP1's MixedPrecision(the same, buffer_dtype=torch.bfloat16)")
+    p.add_argument("--fsdp-reduce-dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="--fsdp-bf16's reduce_dtype (plan --fsdp-reduce-dtype fp32, or param for bf16)")
     p.add_argument("--fsdp-prefetch", type=int, default=0, metavar="N",
                    help="FSDP2, N >= 2: each block's set_modules_to_forward_prefetch(the next N - 1 blocks) and, from "
                         "block N on, set_modules_to_backward_prefetch(the N before it) (plan --prefetch N)")
