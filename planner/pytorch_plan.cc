@@ -271,7 +271,6 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
     // fully_shard on the blocks does: trace_recorder.py); FSDP1 under
     // MixedPrecision(param_dtype=torch.bfloat16) from the same traces where
     // those casts converted nothing (its root casts the inputs, ids here).
-    const bool bf16 = want.precision == Precision::kBf16 && !want.offload;
     const bool on_cpu = want.precision == Precision::kFp32
                             ? !want.offload || fsdp2
                             : want.precision == Precision::kBf16 && (fsdp2 ? want.wrap == "block" : !want.offload);
@@ -280,7 +279,7 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
                                   "offload or in bf16 by block (MixedPrecisionPolicy, offload or not), FSDP1 in "
                                   "bf16 without offload; the rest through the CUDA caching allocator's model: plan "
                                   "it with a CUDA --device and a trace recorded with --target cuda");
-    if (fsdp && !cuda && !fsdp2 && bf16 && file.block_input_casts != 0)
+    if (fsdp && !cuda && !fsdp2 && want.precision == Precision::kBf16 && file.block_input_casts != 0)
       throw std::invalid_argument(
           "--strategies " + s + ": FSDP1's MixedPrecision casts only the root's inputs, and " +
           (file.block_input_casts < 0
