@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "launch/child_process.h"
+#include "launch/project_python.h"
 #include "spec/errors.h"
 
 namespace shardfit::launch {
@@ -18,58 +19,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string exe_dir() {
-  const std::string exe = self_exe();
-  const size_t slash = exe.rfind('/');
-  return slash == std::string::npos ? "." : (slash == 0 ? "/" : exe.substr(0, slash));
-}
-
-bool is_executable_file(const std::string& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && access(path.c_str(), X_OK) == 0;
-}
-
 // The route could not be taken: `why`, in one line.
 struct RouteFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-// The Python that runs the recorder (hf_trace_route.h).
-std::string tracer_python() {
-  if (const char* env = std::getenv("SHARDFIT_PYTHON"); env && *env) {
-    const std::string python = env;
-    // A bare name is looked up on PATH when it runs; a path must be there.
-    if (python.find('/') != std::string::npos && !is_executable_file(python))
-      throw RouteFailure("SHARDFIT_PYTHON=" + python + " is not an executable file");
-    return python;
-  }
-#ifdef SHARDFIT_CONFIGURED_PYTHON
-  if (is_executable_file(SHARDFIT_CONFIGURED_PYTHON)) return SHARDFIT_CONFIGURED_PYTHON;
-#endif
-  for (const std::string& venv : {exe_dir() + "/../.venv/bin/python", exe_dir() + "/../../.venv/bin/python"})
-    if (is_executable_file(venv)) return fs::weakly_canonical(venv).string();
-  return "python3";
-}
-
-// The first of `relative` (to the binary's directory) that exists, or "".
-std::string beside_binary(const std::vector<std::string>& relative) {
-  std::error_code ec;
-  for (const std::string& r : relative)
-    if (fs::exists(exe_dir() + "/" + r, ec)) return fs::weakly_canonical(exe_dir() + "/" + r).string();
-  return "";
-}
-
-// pytorch/trace_recorder.py, looked for as the profiles are (profile.h).
-std::string recorder_script() {
-  const std::vector<std::string> places = {"../pytorch/trace_recorder.py",
-                                           "../share/shardfit/pytorch/trace_recorder.py",
-                                           "../../pytorch/trace_recorder.py"};
-  const std::string found = beside_binary(places);
-  if (found.empty())
-    throw RouteFailure("no pytorch/trace_recorder.py beside " + self_exe() + " (looked in its ../pytorch, "
-                       "../share/shardfit/pytorch and ../../pytorch)");
-  return found;
-}
 
 // The recorder's last words: the last non-empty line of its output.
 std::string last_line(const std::string& log) {
@@ -116,8 +69,13 @@ std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len, int thr
   if (auto it = traced_.find({seq_len, threads}); it != traced_.end()) return it->second;
   std::string python = "python";
   try {
-    python = tracer_python();
-    const std::string script = recorder_script();
+    std::string script;
+    try {
+      python = project_python();
+      script = project_script("trace_recorder.py");
+    } catch (const ProjectPythonMissing& e) {
+      throw RouteFailure(e.what());
+    }
     const TempDir dir;
     const std::string out = dir.path + "/model.trace.json", log = dir.path + "/recorder.log";
     std::vector<std::string> argv = {python, script, "--model", "hf:", "--config", config_path_, "--seq-len",
@@ -127,7 +85,7 @@ std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len, int thr
     std::string shown;  // the command as a user would type it, less the temporary --out
     for (const std::string& word : argv) shown += (shown.empty() ? "" : " ") + word;
     argv.insert(argv.end(), {"--out", out});
-    const std::string torch_lib = beside_binary({"../pytorch/libshardfit_torch.so", "../lib/libshardfit_torch.so"});
+    const std::string torch_lib = project_torch_lib();
     std::vector<std::pair<std::string, std::string>> env;
     if (!torch_lib.empty()) env.emplace_back("SHARDFIT_TORCH_LIB", torch_lib);
     const int status = launch::run_child(argv, log, env).status;

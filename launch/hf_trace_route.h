@@ -4,12 +4,10 @@
 // the project's Python, into a temporary file, and planned from that trace
 // as `plan --trace` plans it.
 //
-// The Python: $SHARDFIT_PYTHON when set; else the one this build's tests
-// run (CMake's SHARDFIT_PYTHON, whose torch is the LibTorch shardfit
-// links), else a .venv beside the binary's tree, else python3. The
-// recorder: pytorch/trace_recorder.py beside the binary's tree, as the
-// profiles are found; it loads libshardfit_torch.so from
-// $SHARDFIT_TORCH_LIB, else the one built beside this binary.
+// The Python and the recorder are the project's (launch/project_python.h):
+// pytorch/trace_recorder.py beside the binary's tree, as the profiles are
+// found; it loads libshardfit_torch.so from $SHARDFIT_TORCH_LIB, else the
+// one built beside this binary.
 #pragma once
 
 #include <cstdint>
