@@ -1,4 +1,4 @@
-// `shardfit calibrate --device cpu [--nproc N] --out FILE`: measures what the
+// `shardfit calibrate --device cpu [--nproc N] [--stack pytorch] --out FILE`: measures what the
 // time model's cpu profile otherwise guesses (launch/calibrate.h says what
 // and how) and writes a profile with those figures, for `plan --device FILE`
 // and `run --profile FILE`.
@@ -20,7 +20,7 @@ Command add_calibrate_command(CLI::App& app) {
       "calibrate",
       "Measure this machine's matmul, memory and collective rates into a profile (cpu)");
   struct Args {
-    std::string device = "cpu", out, base = "cpu", name = "cpu-calibrated";
+    std::string device = "cpu", out, base = "cpu", name = "cpu-calibrated", stack = "shardfit";
     int nproc = 1;
   };
   auto a = std::make_shared<Args>();
@@ -33,6 +33,10 @@ Command add_calibrate_command(CLI::App& app) {
   sub->add_option("--base", a->base, "The profile whose other figures the result keeps")
       ->capture_default_str();
   sub->add_option("--name", a->name, "The result's profile name")->capture_default_str();
+  sub->add_option("--stack", a->stack,
+                  "shardfit: the engine's kernels and collectives; pytorch: also PyTorch's AdamW step, over "
+                  "tensors and FSDP2's DTensors (needs the project's Python)")
+      ->capture_default_str();
   sub->add_option("--out", a->out, "Where to write the profile JSON")->required()->check(Named);
   return {
       sub, [a] {
@@ -40,12 +44,15 @@ Command add_calibrate_command(CLI::App& app) {
           throw BadInput("--device " + a->device +
                          ": calibrate measures CPU ranks (cpu); a CUDA card's "
                          "figures come from scripts/gpu-check (reports/gpu/)");
+        if (a->stack != "shardfit" && a->stack != "pytorch")
+          throw BadInput("--stack " + a->stack + ": expected shardfit or pytorch");
         check_output_file("--out", a->out);  // before minutes of measuring, not after
         launch::CalibrateRequest request;
         request.nproc = a->nproc;
         request.base = a->base;
         request.name = a->name;
         request.profiles_dir = profiles_dir();
+        request.pytorch = a->stack == "pytorch";
         const nlohmann::json p = launch::calibrate_cpu(
             request, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
         write_output_file("--out", a->out, p.dump(2) + "\n");

@@ -1,12 +1,14 @@
 #include "launch/calibrate.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -14,6 +16,8 @@
 
 #include "executor/comm.h"
 #include "executor/launcher.h"
+#include "launch/child_process.h"
+#include "launch/project_python.h"
 #include "planner/profile.h"
 #include "planner/time_model.h"
 #include "reports/machine.h"
@@ -291,6 +295,36 @@ std::string today() {
   if (note) note(text);
 }
 
+// --stack pytorch: what torch.optim.AdamW's step costs to dispatch, over
+// plain tensors and over FSDP2's DTensors (pytorch/calibrate_stack.py, run
+// by the project's Python with `threads` intra-op threads). BadInput when
+// it cannot run: no Python with torch, or the script missing.
+nlohmann::json adamw_steps(int threads) {
+  std::string python = "python3";
+  try {
+    python = project_python();
+    const std::string script = project_script("calibrate_stack.py");
+    char dir[] = "/tmp/shardfit-calibrate-XXXXXX";
+    if (!mkdtemp(dir)) throw EnvironmentFailure(std::string("cannot make a temporary directory under /tmp"));
+    const std::string out = std::string(dir) + "/adamw.json", log = std::string(dir) + "/probe.log";
+    const int status = run_child({python, script, "--threads", std::to_string(threads), "--out", out}, log).status;
+    std::ifstream result(out), why(log);
+    std::string line, last;
+    while (std::getline(why, line))
+      if (line.find_first_not_of(" \t") != std::string::npos) last = line;
+    const nlohmann::json j = status == 0 && result ? nlohmann::json::parse(result, nullptr, false)
+                                                   : nlohmann::json();
+    std::filesystem::remove_all(dir);
+    if (!j.is_object() || !j.contains("adamw_steps"))
+      throw ProjectPythonMissing(python + " " + script + " exited " + std::to_string(status) + ": " +
+                                 (last.empty() ? "no output" : last));
+    return j;
+  } catch (const ProjectPythonMissing& e) {
+    throw BadInput(std::string("--stack pytorch: ") + e.what() +
+                   " (it needs the pinned stack's torch: scripts/install-deps)");
+  }
+}
+
 }  // namespace
 
 nlohmann::json calibrate_cpu(const CalibrateRequest& req,
@@ -315,12 +349,25 @@ nlohmann::json calibrate_cpu(const CalibrateRequest& req,
   settle_malloc();
   const reports::Machine m = reports::this_machine(threads);
   const std::string where = "measured by `shardfit calibrate --device cpu --nproc " +
-                            std::to_string(req.nproc) + "` on " + today() + ", " + m.cpu_model +
+                            std::to_string(req.nproc) + (req.pytorch ? " --stack pytorch" : "") + "` on " + today() + ", " + m.cpu_model +
                             ", LibTorch " + TORCH_VERSION + ", " + std::to_string(threads) +
                             " intra-op thread(s) per rank: ";
   say(note, "calibrate: %s, %d thread(s) per rank\n", m.cpu_model.c_str(), threads);
   auto& src = p["sources"];
   nlohmann::json kernels = nlohmann::json::object();
+  if (req.pytorch) {  // first: it fails fast where there is no PyTorch
+    const nlohmann::json probe = adamw_steps(threads);
+    kernels["adamw_steps"] = probe["adamw_steps"];
+    for (const auto& [step, kinds] : probe["adamw_steps"].items())
+      for (const auto& [kind, line] : kinds.items()) {
+        const std::string at = "measured_kernels.adamw_steps." + step + "." + kind;
+        src[at + ".fixed_s"] = where + "pytorch/calibrate_stack.py (torch " + probe.value("torch", "?") +
+                               "): AdamW " + step + " over 1 and 32 " + kind + "s of 64 fp32, the line's intercept";
+        src[at + ".per_tensor_s"] = where + "the same line's slope";
+        say(note, "calibrate: AdamW %s over %ss %.1f us + %.1f us a tensor\n", step.c_str(), kind.c_str(),
+            line["fixed_s"].get<double>() * 1e6, line["per_tensor_s"].get<double>() * 1e6);
+      }
+  }
   const std::pair<const char*, torch::Dtype> dtypes[] = {
       {"fp32", torch::kFloat}, {"bf16", torch::kBFloat16}, {"fp16", torch::kHalf}};
   for (const auto& [key, dtype] : dtypes) {

@@ -11,6 +11,11 @@
 //       (planner/time_model.h): each dtype's matmul rate on a grid of shapes
 //       (m, n, k in 16..1024) and its compute-bound kernels' rates, and one
 //       small kernel's dispatch overhead;
+//   measured_kernels.adamw_steps (--stack pytorch)  what torch.optim.AdamW's
+//       step costs to dispatch, for-loop, foreach and fused, over plain
+//       tensors and over FSDP2's DTensors: a fixed cost and one a tensor
+//       (pytorch/calibrate_stack.py, run by the project's Python first, so
+//       that a machine without PyTorch fails at once);
 //   gpu_link.latency_s  a gloo all-reduce of one element, the same way;
 //   gpu_link.bytes_per_s  a gloo all-reduce of 16 MiB fp32 among max(N, 2)
 //       ranks (threads of this process over loopback TCP), counted as the
@@ -35,12 +40,14 @@ struct CalibrateRequest {
   std::string base = "cpu";  // the profile whose other figures the result keeps
   std::string name = "cpu-calibrated";  // the result's profile name
   std::string profiles_dir;             // where `base` is looked up by name
+  bool pytorch = false;                 // --stack pytorch: PyTorch's AdamW dispatch too
 };
 
 // Measures this machine and returns `base`'s profile JSON with the measured
 // figures, each with its source. `note` gets one line per figure as it is
 // measured (the CLI prints them). Throws spec::BadInput when `base` is not a
-// readable cpu profile.
+// readable cpu profile, or (pytorch) the project's Python cannot run the
+// probe.
 nlohmann::json calibrate_cpu(const CalibrateRequest& request,
                              const std::function<void(const std::string&)>& note);
 

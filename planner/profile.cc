@@ -219,6 +219,32 @@ int64_t DeviceProfile::allocator_budget_bytes(int64_t device_mem_bytes, int worl
   return device_mem_bytes - outside_bytes;
 }
 
+// measured_kernels.adamw_steps: {step: {tensor kind: {fixed_s, per_tensor_s}}}.
+void parse_adamw_steps(const ProfileReader& r, MeasuredKernels& k) {
+  const std::string field = "measured_kernels.adamw_steps";
+  const json* steps = r.find(field);
+  if (!steps) return;
+  if (!steps->is_object()) r.fail(field, "must be an object of step: {tensor kind: {fixed_s, per_tensor_s}}");
+  for (auto step = steps->begin(); step != steps->end(); ++step) {
+    if (step.key() != "for-loop" && step.key() != "foreach" && step.key() != "fused")
+      r.fail(field + "." + step.key(), "names no AdamW step (for-loop, foreach, fused)");
+    if (!step->is_object()) r.fail(field + "." + step.key(), "must be an object of tensor kind: line");
+    for (auto kind = step->begin(); kind != step->end(); ++kind) {
+      const std::string at = field + "." + step.key() + "." + kind.key();
+      if (kind.key() != "tensor" && kind.key() != "dtensor") r.fail(at, "names no tensor kind (tensor, dtensor)");
+      k.adamw_steps[step.key()][kind.key()] = {r.number(at + ".fixed_s"), r.number(at + ".per_tensor_s")};
+    }
+  }
+}
+
+const MeasuredKernels::DispatchLine* MeasuredKernels::adamw_step(const std::string& step,
+                                                                 const std::string& tensor_kind) const {
+  const auto s = adamw_steps.find(step);
+  if (s == adamw_steps.end()) return nullptr;
+  const auto line = s->second.find(tensor_kind);
+  return line == s->second.end() ? nullptr : &line->second;
+}
+
 DeviceProfile parse_profile(const std::string& json_text, const std::string& origin) {
   json root;
   try {
@@ -344,6 +370,7 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
         }
       }
     }
+    parse_adamw_steps(r, k);
   }
 
   const json& sources = r.need("sources");

@@ -62,6 +62,20 @@ struct MeasuredKernels {
   // trace counts them (KernelWork). Every other kernel runs at
   // memory_bytes_per_s.
   std::map<DType, std::map<std::string, double>> kernel_bytes_per_s;
+  // What one torch.optim.AdamW step costs to dispatch on this machine,
+  // whole (`shardfit calibrate --stack pytorch`: pytorch/calibrate_stack.py),
+  // by step ("for-loop", "foreach", "fused") and by what its parameters are
+  // ("tensor"; "dtensor": FSDP2's, each op through DTensor's Python
+  // dispatch): fixed_s + per_tensor_s a tensor stepped. Beside it the
+  // step's bytes are timed at the memory bandwidth. Empty (a profile
+  // calibrated without --stack pytorch): the step pays op_overhead_s per op
+  // it runs.
+  struct DispatchLine {
+    double fixed_s = 0, per_tensor_s = 0;
+  };
+  std::map<std::string, std::map<std::string, DispatchLine>> adamw_steps;
+  // The line for `step` over `tensor_kind`, or nullptr when not measured.
+  const DispatchLine* adamw_step(const std::string& step, const std::string& tensor_kind) const;
   bool times(DType dtype) const { return matmul_flops_per_s.count(dtype) > 0; }
   // The rate of one (m x k)(k x n) product: the grid's, interpolated
   // linearly in log(rate) over log(m), log(n), log(k), each clamped to the

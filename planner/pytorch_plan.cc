@@ -37,6 +37,14 @@ spec::UnitPartition fsdp_units(const std::vector<ModuleNode>& modules, const Can
                             version == 2 ? spec::TiedParams::kKeepTogether : spec::TiedParams::kCopiedPerUnit);
 }
 
+// What AdamW's step over `tensors` costs to dispatch, as the profile
+// measured it (MeasuredKernels::adamw_steps: FSDP2's parameters are
+// DTensors), or 0 when it did not.
+double adamw_dispatch_s(const DeviceProfile& profile, AdamwStep adamw, bool dtensors, int64_t tensors) {
+  const auto* line = profile.measured_kernels.adamw_step(adamw_step_name(adamw), dtensors ? "dtensor" : "tensor");
+  return line ? line->fixed_s + line->per_tensor_s * static_cast<double>(tensors) : 0.0;
+}
+
 // One step's time by the time model (planner/time_model.h) as PyTorch's own
 // stack overlaps it, at `flops` (forward, backward) for `batch`. DDP
 // launches each bucket's all-reduce once its last gradient is ready
@@ -45,13 +53,15 @@ spec::UnitPartition fsdp_units(const std::vector<ModuleNode>& modules, const Can
 // gradients come, the reverse of parameters(): reversed here, so that the
 // last one reduced, with nothing left to hide behind, is the time model's
 // first unit), their gradients fp32 (autocast casts inside the forward
-// only). ZeroRedundancyOptimizer broadcasts the updated partitions after the
-// step (zero1's all-gather). FSDP (1.13) reduce-scatters on its post-backward
-// stream beside backward and, with BACKWARD_PRE or BACKWARD_POST, gathers the
-// next unit ahead of its backward (prefetch 1); with forward_prefetch
-// (FSDP1, --prefetch 2) the next unit ahead of its forward too, else the
-// forward's gathers are waited for. The optimizer's step pays each op it
-// dispatches (`adamw`'s over the tensors it steps: adamw_step_ops).
+// only). ZeroRedundancyOptimizer broadcasts the updated parameters after
+// the step one by one (zero1's all-gather, a latency a parameter). FSDP
+// (1.13) reduce-scatters on its post-backward stream beside backward and,
+// with BACKWARD_PRE or BACKWARD_POST, gathers the next unit ahead of its
+// backward (prefetch 1); with forward_prefetch (FSDP1, --prefetch 2) the
+// next unit ahead of its forward too, else the forward's gathers are waited
+// for. The optimizer's step pays its dispatch (`adamw`'s over the tensors
+// it steps: measured whole, adamw_dispatch_s, or one dispatch per op,
+// adamw_step_ops).
 StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const TraceFile& file, int world,
                            const AffineTrace& trace, int64_t batch, AdamwStep adamw) {
   StepTimeInputs ti;
@@ -96,6 +106,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
       ti.unit_padded_numel.push_back(padded);
     }
     ti.optimizer_ops = adamw_step_ops(adamw, optimized);
+    ti.optimizer_dispatch_s = adamw_dispatch_s(r.profile, adamw, r.fsdp_version == 2, optimized);
   } else {
     ti.reduce_elem_bytes = 4;
     if (r.single_gpu_unwrapped) {
@@ -108,11 +119,14 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     // over the largest rank's partition (the step waits for the slowest).
     size_t optimized = file.param_numels().size();
     if (c.sharding == Sharding::kZero1) {
+      // _sync_params: a broadcast of each parameter from the rank that owns it.
+      ti.post_step_collectives = static_cast<int64_t>(file.param_numels().size());
       optimized = 0;
       for (const auto& rank : zero_redundancy_partition(file.param_numels(), world))
         optimized = std::max(optimized, rank.size());
     }
     ti.optimizer_ops = adamw_step_ops(adamw, static_cast<int64_t>(optimized));
+    ti.optimizer_dispatch_s = adamw_dispatch_s(r.profile, adamw, false, static_cast<int64_t>(optimized));
   }
   return estimate_step_time(ti, r.profile);
 }

@@ -110,8 +110,9 @@ StepComm step_comm(const StepTimeInputs& in, const DeviceProfile& profile, const
     if (traits.all_gather_params_after_step()) {
       // zero1: every rank updated a shard of the fp32 params; all ranks need all.
       const double param_bytes = model_numel * kMasterBytes;
+      const double gathers = in.post_step_collectives > 0 ? static_cast<double>(in.post_step_collectives) : units;
       x.post_step_s =
-          gather_factor * all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s + units * latency_s;
+          gather_factor * all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s + gathers * latency_s;
       x.intra_node_bytes += gather_factor * all_gather_bytes_per_rank(param_bytes, n);
       x.optimizer_shard_ranks = n;
       x.gather_passes = 1;
@@ -243,7 +244,11 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   } else {
     t.optimizer_s = optimizer_bytes / (profile.memory_bytes_per_s * profile.efficiency.memory);
   }
-  if (by_op) t.optimizer_s += static_cast<double>(in.optimizer_ops) * kernels.op_overhead_s;
+  if (in.optimizer_dispatch_s > 0) {
+    t.optimizer_s += in.optimizer_dispatch_s;
+  } else if (by_op) {
+    t.optimizer_s += static_cast<double>(in.optimizer_ops) * kernels.op_overhead_s;
+  }
 
   const double forward_s = k * phase_time(micro_forward_s, fwd);
   // The reducing backward phases, and (ddp/zero1) the compute-only others.

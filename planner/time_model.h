@@ -48,7 +48,9 @@
 //    host link; the optimizer then runs on the CPU.
 //  - Optimizer: bytes touched (fp32 param read+write, grad read, each state
 //    read+write) over the rank's optimizer shard / (memory bandwidth ×
-//    efficiency), on the device, or on the host under offload.
+//    efficiency), on the device, or on the host under offload; plus, on a
+//    calibrated profile, its dispatch: measured whole for PyTorch's AdamW
+//    (optimizer_dispatch_s), else one op_overhead_s per op it runs.
 //
 // step_time_s = forward phase + backward phase + optimizer_s + offload_s +
 // post-step comm. tokens_per_s = batch × seq_len × world / step_time_s:
@@ -98,6 +100,15 @@ struct StepTimeInputs {
   // profile's measured op_overhead_s; 0 (the engine's few flat tensors):
   // the step is its bytes alone.
   int64_t optimizer_ops = 0;
+  // zero1: the collectives that share the updated parameters after the
+  // step, each paying the link's latency: PyTorch's ZeroRedundancyOptimizer
+  // broadcasts every parameter from the rank that stepped it (_sync_params,
+  // without parameters_as_bucket_view), so one a parameter; 0: one a unit.
+  int64_t post_step_collectives = 0;
+  // The optimizer step's dispatch measured whole on this machine
+  // (MeasuredKernels::adamw_steps' line at the tensors it steps); > 0
+  // replaces optimizer_ops × op_overhead_s.
+  double optimizer_dispatch_s = 0;
   // What a gradient reduction moves per element when not the compute
   // dtype's (0): 4 for ddp/zero1 under PyTorch's autocast (AMP: the
   // parameters, so their gradients and DDP's all-reduce, stay fp32); FSDP's

@@ -14,6 +14,21 @@
                                    of 200 calls of each collective FSDP and
                                    DDP issue at test size (100 KB fp32), and
                                    one all-gather after 3 small matmuls
+  step-time-probe.py phases MODEL WRAP [PORT]
+                                   2 Gloo ranks, one thread each, the
+                                   model at 4 x 64 under WRAP (ddp, zero1:
+                                   DDP and ZeroRedundancyOptimizer; fsdp2:
+                                   fully_shard by block, then the root),
+                                   for-loop AdamW: rank 0's median forward,
+                                   backward and optimizer step over steps 6
+                                   to 25
+  step-time-probe.py fsdp2-grads [PORT]
+                                   2 Gloo ranks, one thread each:
+                                   for-loop AdamW's step over 1 and 16
+                                   Linear(64, 64) weights under fully_shard,
+                                   with the gradients FSDP2's backward made,
+                                   then with fresh DTensors of the same
+                                   placement in their place
 
 Run with the pinned stack's Python (.venv/bin/python) on an idle machine."""
 import os
@@ -22,6 +37,21 @@ import sys
 import time
 
 import torch
+
+
+def timed_step(model, opt, x):
+    """One training step: the seconds of its forward (with the loss),
+    backward and optimizer step."""
+    opt.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    out = model(x)
+    loss = out[0] if isinstance(out, (tuple, dict)) else out
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    opt.step()
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2
 
 
 def plain(name):
@@ -37,17 +67,9 @@ def plain(name):
     phases = {"forward": [], "backward": [], "optimizer": []}
     for i in range(12):
         x = torch.randint(0, vocab, (4, 64), generator=gen)
-        opt.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        out = model(x)
-        loss = out[0] if isinstance(out, (tuple, dict)) else out
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        opt.step()
-        t3 = time.perf_counter()
+        seconds = timed_step(model, opt, x)
         if i >= 2:
-            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+            for k, v in zip(phases, seconds):
                 phases[k].append(v)
 
     class Count(TorchDispatchMode):
@@ -141,6 +163,88 @@ def gloo_rank(rank, port):
     dist.destroy_process_group()
 
 
+def fsdp2_grads_rank(rank, port):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+
+    def step_us(opt, reps=30):
+        samples = []
+        for _ in range(5):
+            s = time.perf_counter()
+            for _ in range(reps):
+                opt.step()
+            samples.append((time.perf_counter() - s) / reps)
+        return statistics.median(samples) * 1e6
+
+    for n in (1, 16):
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(n)])
+        fully_shard(model, mesh=mesh)
+        model(torch.randn(4, 64)).sum().backward()
+        params = list(model.parameters())
+        opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+        opt.step()
+        fsdp2 = step_us(opt)
+        for p in params:
+            p.grad = distribute_tensor(torch.randn(64, 64), mesh, [Shard(0)])
+        opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+        opt.step()
+        fresh = step_us(opt)
+        if rank == 0:
+            print("%2d weights: FSDP2's gradients %7.1f us a step, fresh DTensors %7.1f us" % (n, fsdp2, fresh))
+    dist.destroy_process_group()
+
+
+def phases_rank(rank, name, wrap, port):
+    import torch.distributed as dist
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pytorch"))
+    import models
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = models.build(name)
+    if wrap == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (2,))
+        for m in [m for m in model.modules() if isinstance(m, model.block_class)]:
+            fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    else:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
+        if wrap == "zero1":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3,
+                                          foreach=False)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    x = torch.randint(0, models.vocab_size(name), (4, 64), generator=torch.Generator().manual_seed(rank))
+    times = []
+    for i in range(25):
+        dist.barrier()
+        seconds = timed_step(model, opt, x)
+        if i >= 5:
+            times.append(seconds)
+    if rank == 0:
+        med = [statistics.median(t[k] for t in times) * 1e3 for k in range(3)]
+        print("%s %s: forward %.2f ms, backward %.2f ms, optimizer %.2f ms, step %.2f ms"
+              % (name, wrap, med[0], med[1], med[2], sum(med)))
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "plain":
         plain(sys.argv[2])
@@ -150,5 +254,13 @@ if __name__ == "__main__":
         import torch.multiprocessing as mp
         mp.start_processes(gloo_rank, args=(int(sys.argv[2]) if len(sys.argv) > 2 else 29931,), nprocs=2,
                            start_method="spawn")
+    elif len(sys.argv) >= 2 and sys.argv[1] == "fsdp2-grads":
+        import torch.multiprocessing as mp
+        mp.start_processes(fsdp2_grads_rank, args=(int(sys.argv[2]) if len(sys.argv) > 2 else 29933,), nprocs=2,
+                           start_method="spawn")
+    elif len(sys.argv) >= 4 and sys.argv[1] == "phases":
+        import torch.multiprocessing as mp
+        mp.start_processes(phases_rank, args=(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 29932),
+                           nprocs=2, start_method="spawn")
     else:
         sys.exit(__doc__)

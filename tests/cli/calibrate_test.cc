@@ -73,6 +73,18 @@ TEST(Calibrate, RefusesWhatItCannotMeasureInOneLine) {
   r = shardfit({"calibrate", "--base", "h200-141gb", "--out", temp_path("x.json")});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("not a cpu profile"), std::string::npos) << r.err;
+  r = shardfit({"calibrate", "--stack", "tensorflow", "--out", temp_path("x.json")});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--stack tensorflow: expected shardfit or pytorch"), std::string::npos) << r.err;
+  // --stack pytorch measures PyTorch's AdamW first, in the project's Python:
+  // one whose torch cannot be imported fails at once, naming it.
+  r = shardfit({"calibrate", "--stack", "pytorch", "--out", temp_path("x.json")},
+               "SHARDFIT_PYTHON=/nonexistent/python");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--stack pytorch: SHARDFIT_PYTHON=/nonexistent/python is not an executable file"),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(r.seconds, 30) << "it failed only after measuring";
   r = shardfit({"run", "--model", "gpt2-tiny", "--steps", "1", "--profile", "h200-141gb"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("a cpu profile"), std::string::npos) << r.err;

@@ -214,6 +214,44 @@ TEST(ProfileTest, ReadsMeasuredKernelsAndRefusesAMalformedGrid) {
   EXPECT_NE(err.find("has no entry in 'sources'"), std::string::npos) << err;
 }
 
+// `calibrate --stack pytorch`'s AdamW lines: read by step and tensor kind;
+// a step or kind the time model does not know is refused by name.
+TEST(ProfileTest, ReadsAdamwStepDispatchLines) {
+  nlohmann::json p = nlohmann::json::parse(read_text(kProfilesDir + "/cpu.json"));
+  p["measured_kernels"] = {{"op_overhead_s", 2e-6},
+                           {"matmul_dims", {16}},
+                           {"matmul_flops_per_s", {{"fp32", {5e10}}}},
+                           {"adamw_steps",
+                            {{"for-loop", {{"tensor", {{"fixed_s", 3e-5}, {"per_tensor_s", 2e-5}}},
+                                           {"dtensor", {{"fixed_s", 1e-3}, {"per_tensor_s", 1e-4}}}}}}}};
+  for (const char* f : {"measured_kernels.op_overhead_s", "measured_kernels.matmul_dims",
+                        "measured_kernels.matmul_flops_per_s.fp32", "measured_kernels.adamw_steps.for-loop.tensor.fixed_s",
+                        "measured_kernels.adamw_steps.for-loop.tensor.per_tensor_s",
+                        "measured_kernels.adamw_steps.for-loop.dtensor.fixed_s",
+                        "measured_kernels.adamw_steps.for-loop.dtensor.per_tensor_s"})
+    p["sources"][f] = "measured by this test, made up";
+  const MeasuredKernels k = parse_profile(p.dump(), "cal.json").measured_kernels;
+  ASSERT_NE(k.adamw_step("for-loop", "dtensor"), nullptr);
+  EXPECT_DOUBLE_EQ(k.adamw_step("for-loop", "dtensor")->fixed_s, 1e-3);
+  EXPECT_DOUBLE_EQ(k.adamw_step("for-loop", "tensor")->per_tensor_s, 2e-5);
+  EXPECT_EQ(k.adamw_step("foreach", "tensor"), nullptr);  // not measured
+  nlohmann::json bad_step = p;
+  bad_step["measured_kernels"]["adamw_steps"]["sgd"] = bad_step["measured_kernels"]["adamw_steps"]["for-loop"];
+  std::string err = error_of([&] { parse_profile(bad_step.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.adamw_steps.sgd' names no AdamW step"), std::string::npos) << err;
+  nlohmann::json bad_kind = p;
+  bad_kind["measured_kernels"]["adamw_steps"]["for-loop"]["jagged"] = {{"fixed_s", 1}, {"per_tensor_s", 1}};
+  err = error_of([&] { parse_profile(bad_kind.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.adamw_steps.for-loop.jagged' names no tensor kind"), std::string::npos)
+      << err;
+  nlohmann::json negative = p;
+  negative["measured_kernels"]["adamw_steps"]["for-loop"]["tensor"]["per_tensor_s"] = -1;
+  err = error_of([&] { parse_profile(negative.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.adamw_steps.for-loop.tensor.per_tensor_s' must be a finite number >= 0"),
+            std::string::npos)
+      << err;
+}
+
 TEST(ProfileTest, FileNameAndNameMustAgree) {
   std::string dir = testing::TempDir() + "/mismatch_profiles";
   ASSERT_EQ(system(("mkdir -p '" + dir + "'").c_str()), 0);

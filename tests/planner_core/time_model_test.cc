@@ -461,6 +461,26 @@ TEST(TimeModelByOpTest, TheOptimizerPaysADispatchPerOpItRuns) {
   EXPECT_DOUBLE_EQ(estimate_step_time(in, p).optimizer_s, bytes_only);
 }
 
+// A dispatch measured whole (calibrate --stack pytorch: AdamW's step over
+// DTensors, say) replaces the count of ops times one op's dispatch.
+TEST(TimeModelByOpTest, AMeasuredOptimizerDispatchReplacesTheOpCount) {
+  DeviceProfile p = fake_device();
+  p.measured_kernels.op_overhead_s = 1e-6;
+  p.measured_kernels.matmul_dims = {16, 256};
+  p.measured_kernels.matmul_flops_per_s[DType::kF32] = std::vector<double>(8, 1e11);
+  StepTimeInputs in;
+  in.candidate = parse_candidate("zero3/fp32/wrap=none");
+  in.unit_padded_numel = {1000};
+  in.forward_work.add_kernel("aten::add", 8);
+  in.backward_work.nodes = 1;
+  const double bytes_only = estimate_step_time(in, p).optimizer_s;
+  in.optimizer_ops = 212;
+  in.optimizer_dispatch_s = 1e-3 + 21 * 1e-4;  // llama-tiny's 21 DTensors, a made-up line
+  EXPECT_NEAR(estimate_step_time(in, p).optimizer_s, bytes_only + 3.1e-3, 1e-15);
+  in.optimizer_dispatch_s = 0;  // not measured: one dispatch per op
+  EXPECT_NEAR(estimate_step_time(in, p).optimizer_s, bytes_only + 212e-6, 1e-15);
+}
+
 TEST(TimeModelByOpTest, MatmulRateInterpolatesInLogSpaceAndClampsToTheGrid) {
   MeasuredKernels k;
   k.matmul_dims = {16, 256};
@@ -488,6 +508,24 @@ TEST(TimeModelByOpTest, CollectivesPayLatencyAndGlooGathersMoveAllReduceBytes) {
   in.gathers_via_all_reduce = true;
   EXPECT_NEAR(estimate_step_time(in, p).comm_s, 9 * 2 * one + 9e-3, 1e-12);
   EXPECT_DOUBLE_EQ(estimate_step_time(in, p).intra_node_comm_bytes, 3 * 2 * 3 * 2000);
+}
+
+// zero1's parameters shared after the step: one all-gather a unit, or, as
+// PyTorch's ZeroRedundancyOptimizer issues them, a broadcast a parameter,
+// each paying the latency; the bytes are the same either way.
+TEST(TimeModelByOpTest, Zero1PaysALatencyForEachCollectiveAfterTheStep) {
+  DeviceProfile p = fake_device();
+  p.gpu_link.latency_s = 1e-3;
+  StepTimeInputs in;
+  in.candidate = parse_candidate("zero1/fp32/wrap=block");
+  in.unit_padded_numel = {1000, 1000};
+  in.world_size = in.shard_group_size = 2;
+  const StepTime by_unit = estimate_step_time(in, p);
+  in.post_step_collectives = 21;
+  const StepTime by_param = estimate_step_time(in, p);
+  EXPECT_NEAR(by_param.step_time_s - by_unit.step_time_s, 19e-3, 1e-12);
+  EXPECT_NEAR(by_param.comm_s - by_unit.comm_s, 19e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(by_param.intra_node_comm_bytes, by_unit.intra_node_comm_bytes);
 }
 
 }  // namespace
