@@ -236,7 +236,7 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   forward_copy_.assign(part_.units.size(), -1);
   for (size_t u = 0; u < units_.size(); ++u) {
     units_[u].numel = part_.units[u].numel;
-    units_[u].shard = no_shard ? units_[u].numel : fsdp_shard_numel(units_[u].numel, W);
+    units_[u].shard = fsdp1_rank_numel(units_[u].numel, W, no_shard);
   }
   // A tie split across units: the owner's and the borrower's gradients are
   // each its own unit's (SplitTieGrads).
@@ -637,7 +637,7 @@ std::vector<int64_t> fsdp1_optimized_shards(const std::vector<ModuleNode>& modul
                                             int world, int rank, bool no_shard, bool use_orig_params) {
   std::vector<int64_t> shard(part.units.size());
   for (size_t u = 0; u < part.units.size(); ++u)
-    shard[u] = no_shard ? part.units[u].numel : fsdp_shard_numel(part.units[u].numel, world);
+    shard[u] = fsdp1_rank_numel(part.units[u].numel, world, no_shard);
   if (!use_orig_params) return shard;  // the units' pre-order, as part.units is
   std::unordered_map<std::string, std::pair<size_t, int64_t>> at;  // name -> unit, offset in its flat parameter
   for (size_t u = 0; u < part.units.size(); ++u) {

@@ -111,6 +111,11 @@ void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, c
 // torch.chunk into world_size pieces, each rank's padded to the first's
 // numel): the shard's numel, ceil(numel / world).
 inline int64_t fsdp_shard_numel(int64_t numel, int world) { return (numel + world - 1) / world; }
+// What each rank holds of a unit's flat parameter: its shard, or under
+// NO_SHARD the whole (unpadded) flat parameter.
+inline int64_t fsdp1_rank_numel(int64_t numel, int world, bool no_shard) {
+  return no_shard ? numel : fsdp_shard_numel(numel, world);
+}
 
 // AdamW over shards (defined in pytorch_fsdp.cc, shared with FSDP2's
 // fully_shard in pytorch_fsdp2.h): torch.optim.AdamW over shards of these
