@@ -112,6 +112,11 @@ def worker(rank, args, queue):
     # each call), so each such call here returns once the clone is freed: the
     # program order the plan simulates. Nothing more is allocated.
     dist.reduce_scatter_tensor = settled_when_synchronous(meter, dist.reduce_scatter_tensor)
+    # DDP's broadcasts of the module's state at init and of its buffers before
+    # a forward: dist._broadcast_coalesced (looked up at each call, always
+    # synchronous) flattens the tensors into buckets that Gloo's worker thread
+    # holds the same way.
+    dist._broadcast_coalesced = meter.settled(dist._broadcast_coalesced)
     mesh = None
     if args.wrap.startswith("fsdp2"):
         # FSDP2's 1-D mesh over the Gloo ranks, made with the process group
@@ -143,8 +148,10 @@ def worker(rank, args, queue):
         raise SystemExit(3)  # the other ranks are ended by start_processes
     result["peak_allocated_bytes"] = meter.peak - base
     rebase(result["timeline"], base)
-    if dist.reduce_scatter_tensor.settled.unsettled:  # clones still live after the timeout
-        result["unsettled_reduce_scatters"] = dist.reduce_scatter_tensor.settled.unsettled
+    # Inputs still live after the timeout: their frees are the thread timing's again.
+    unsettled = dist.reduce_scatter_tensor.settled.unsettled + dist._broadcast_coalesced.unsettled
+    if unsettled:
+        result["unsettled_collectives"] = unsettled
     if alloc_log is not None:
         with open("%s.rank%d.json" % (args.log_allocations, rank), "w") as f:
             json.dump(list(alloc_log), f, indent=0)
