@@ -361,11 +361,15 @@ nlohmann::json calibrate_cpu(const CalibrateRequest& req,
     for (const auto& [step, kinds] : probe["adamw_steps"].items())
       for (const auto& [kind, line] : kinds.items()) {
         const std::string at = "measured_kernels.adamw_steps." + step + "." + kind;
-        src[at + ".fixed_s"] = where + "pytorch/calibrate_stack.py (torch " + probe.value("torch", "?") +
-                               "): AdamW " + step + " over 1 and 32 " + kind + "s of 64 fp32, the line's intercept";
-        src[at + ".per_tensor_s"] = where + "the same line's slope";
-        say(note, "calibrate: AdamW %s over %ss %.1f us + %.1f us a tensor\n", step.c_str(), kind.c_str(),
-            line["fixed_s"].get<double>() * 1e6, line["per_tensor_s"].get<double>() * 1e6);
+        const std::string how = where + "pytorch/calibrate_stack.py (torch " + probe.value("torch", "?") +
+                                 "): AdamW " + step + " over " + kind + "s of 64 to 126 fp32: 1, 32 of one shape, " +
+                                 "32 of 32 shapes; ";
+        src[at + ".fixed_s"] = how + "what is left of the first";
+        src[at + ".per_tensor_s"] = how + "the second less the first, over 31";
+        src[at + ".per_shape_s"] = how + "the third less the second, over 31";
+        say(note, "calibrate: AdamW %s over %ss %.1f us + %.1f us a tensor + %.1f us a shape\n", step.c_str(),
+            kind.c_str(), line["fixed_s"].get<double>() * 1e6, line["per_tensor_s"].get<double>() * 1e6,
+            line["per_shape_s"].get<double>() * 1e6);
       }
   }
   const std::pair<const char*, torch::Dtype> dtypes[] = {

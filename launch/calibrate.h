@@ -13,9 +13,10 @@
 //       small kernel's dispatch overhead;
 //   measured_kernels.adamw_steps (--stack pytorch)  what torch.optim.AdamW's
 //       step costs to dispatch, for-loop, foreach and fused, over plain
-//       tensors and over FSDP2's DTensors: a fixed cost and one a tensor
-//       (pytorch/calibrate_stack.py, run by the project's Python first, so
-//       that a machine without PyTorch fails at once);
+//       tensors and over FSDP2's DTensors: a fixed cost, one a tensor and
+//       one a distinct shape (pytorch/calibrate_stack.py, run by the
+//       project's Python first, so that a machine without PyTorch fails at
+//       once);
 //   gpu_link.latency_s  a gloo all-reduce of one element, the same way;
 //   gpu_link.bytes_per_s  a gloo all-reduce of 16 MiB fp32 among max(N, 2)
 //       ranks (threads of this process over loopback TCP), counted as the

@@ -219,12 +219,13 @@ int64_t DeviceProfile::allocator_budget_bytes(int64_t device_mem_bytes, int worl
   return device_mem_bytes - outside_bytes;
 }
 
-// measured_kernels.adamw_steps: {step: {tensor kind: {fixed_s, per_tensor_s}}}.
+// measured_kernels.adamw_steps: {step: {tensor kind: {fixed_s, per_tensor_s, per_shape_s}}}.
 void parse_adamw_steps(const ProfileReader& r, MeasuredKernels& k) {
   const std::string field = "measured_kernels.adamw_steps";
   const json* steps = r.find(field);
   if (!steps) return;
-  if (!steps->is_object()) r.fail(field, "must be an object of step: {tensor kind: {fixed_s, per_tensor_s}}");
+  if (!steps->is_object())
+    r.fail(field, "must be an object of step: {tensor kind: {fixed_s, per_tensor_s, per_shape_s}}");
   for (auto step = steps->begin(); step != steps->end(); ++step) {
     if (step.key() != "for-loop" && step.key() != "foreach" && step.key() != "fused")
       r.fail(field + "." + step.key(), "names no AdamW step (for-loop, foreach, fused)");
@@ -232,7 +233,8 @@ void parse_adamw_steps(const ProfileReader& r, MeasuredKernels& k) {
     for (auto kind = step->begin(); kind != step->end(); ++kind) {
       const std::string at = field + "." + step.key() + "." + kind.key();
       if (kind.key() != "tensor" && kind.key() != "dtensor") r.fail(at, "names no tensor kind (tensor, dtensor)");
-      k.adamw_steps[step.key()][kind.key()] = {r.number(at + ".fixed_s"), r.number(at + ".per_tensor_s")};
+      k.adamw_steps[step.key()][kind.key()] = {r.number(at + ".fixed_s"), r.number(at + ".per_tensor_s"),
+                                               r.number(at + ".per_shape_s")};
     }
   }
 }

@@ -66,12 +66,14 @@ struct MeasuredKernels {
   // whole (`shardfit calibrate --stack pytorch`: pytorch/calibrate_stack.py),
   // by step ("for-loop", "foreach", "fused") and by what its parameters are
   // ("tensor"; "dtensor": FSDP2's, each op through DTensor's Python
-  // dispatch): fixed_s + per_tensor_s a tensor stepped. Beside it the
-  // step's bytes are timed at the memory bandwidth. Empty (a profile
+  // dispatch): fixed_s + per_tensor_s a tensor stepped + per_shape_s a
+  // distinct shape among them (DTensor's propagation cache keys on the
+  // for-loop step's step size, new each step: a miss a shape). Beside it
+  // the step's bytes are timed at the memory bandwidth. Empty (a profile
   // calibrated without --stack pytorch): the step pays op_overhead_s per op
   // it runs.
   struct DispatchLine {
-    double fixed_s = 0, per_tensor_s = 0;
+    double fixed_s = 0, per_tensor_s = 0, per_shape_s = 0;
   };
   std::map<std::string, std::map<std::string, DispatchLine>> adamw_steps;
   // The line for `step` over `tensor_kind`, or nullptr when not measured.

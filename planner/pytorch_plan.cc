@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -37,12 +39,17 @@ spec::UnitPartition fsdp_units(const std::vector<ModuleNode>& modules, const Can
                             version == 2 ? spec::TiedParams::kKeepTogether : spec::TiedParams::kCopiedPerUnit);
 }
 
-// What AdamW's step over `tensors` costs to dispatch, as the profile
-// measured it (MeasuredKernels::adamw_steps: FSDP2's parameters are
-// DTensors), or 0 when it did not.
-double adamw_dispatch_s(const DeviceProfile& profile, AdamwStep adamw, bool dtensors, int64_t tensors) {
+// What AdamW's step over tensors of `shapes` (one a tensor it steps) costs
+// to dispatch, as the profile measured it (MeasuredKernels::adamw_steps:
+// FSDP2's parameters are DTensors, whose propagation misses its cache once
+// a step for each distinct shape), or 0 when it did not.
+double adamw_dispatch_s(const DeviceProfile& profile, AdamwStep adamw, bool dtensors,
+                        const std::vector<std::vector<int64_t>>& shapes) {
   const auto* line = profile.measured_kernels.adamw_step(adamw_step_name(adamw), dtensors ? "dtensor" : "tensor");
-  return line ? line->fixed_s + line->per_tensor_s * static_cast<double>(tensors) : 0.0;
+  if (!line) return 0.0;
+  const std::set<std::vector<int64_t>> distinct(shapes.begin(), shapes.end());
+  return line->fixed_s + line->per_tensor_s * static_cast<double>(shapes.size()) +
+         line->per_shape_s * static_cast<double>(distinct.size());
 }
 
 // One step's time by the time model (planner/time_model.h) as PyTorch's own
@@ -88,12 +95,15 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     // The tensors AdamW steps: FSDP1's flat parameters (or, with
     // use_orig_params, the parameters' parts of the busiest rank's shard),
     // FSDP2's DTensors.
-    int64_t optimized = 0;
+    // The step waits for the rank whose step dispatches longest.
+    std::vector<std::vector<int64_t>> fsdp2_shapes;  // its DTensors' (global) shapes
     for (int rank = 0; r.fsdp_version == 1 && rank < (r.fsdp_use_orig_params ? world : 1); ++rank) {
-      const auto tensors = fsdp1_optimized_shards(file.modules, part, world, rank, fsdp_no_shard(c),
-                                                  r.fsdp_use_orig_params);
-      optimized = std::max<int64_t>(optimized, std::count_if(tensors.begin(), tensors.end(),
-                                                             [](int64_t n) { return n > 0; }));
+      std::vector<std::vector<int64_t>> shapes;  // 1-D: flat shards, or views of one
+      for (int64_t n : fsdp1_optimized_shards(file.modules, part, world, rank, fsdp_no_shard(c),
+                                              r.fsdp_use_orig_params))
+        if (n > 0) shapes.push_back({n});
+      ti.optimizer_ops = std::max(ti.optimizer_ops, adamw_step_ops(adamw, static_cast<int64_t>(shapes.size())));
+      ti.optimizer_dispatch_s = std::max(ti.optimizer_dispatch_s, adamw_dispatch_s(r.profile, adamw, false, shapes));
     }
     for (const auto& u : part.units) {
       // FSDP1: one flat parameter, padded unless NO_SHARD.
@@ -101,12 +111,14 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
       if (r.fsdp_version == 2) {                                  // FSDP2: each parameter on its own
         padded = 0;
         for (const ParamInfo& p : u.params) padded += fsdp2_shard_numel(p, shard_world) * shard_world;
+        for (const ParamInfo& p : u.params) fsdp2_shapes.push_back(p.shape);
       }
-      if (r.fsdp_version == 2) optimized += static_cast<int64_t>(u.params.size());
       ti.unit_padded_numel.push_back(padded);
     }
-    ti.optimizer_ops = adamw_step_ops(adamw, optimized);
-    ti.optimizer_dispatch_s = adamw_dispatch_s(r.profile, adamw, r.fsdp_version == 2, optimized);
+    if (r.fsdp_version == 2) {
+      ti.optimizer_ops = adamw_step_ops(adamw, static_cast<int64_t>(fsdp2_shapes.size()));
+      ti.optimizer_dispatch_s = adamw_dispatch_s(r.profile, adamw, true, fsdp2_shapes);
+    }
   } else {
     ti.reduce_elem_bytes = 4;
     if (r.single_gpu_unwrapped) {
@@ -116,17 +128,23 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
       for (auto b = buckets.rbegin(); b != buckets.rend(); ++b) ti.unit_padded_numel.push_back(*b / 4);
     }
     // AdamW over every parameter, or ZeroRedundancyOptimizer's local one
-    // over the largest rank's partition (the step waits for the slowest).
-    size_t optimized = file.param_numels().size();
+    // over each rank's partition (the step waits for the slowest).
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& m : file.modules)
+      for (const ParamInfo& p : m.params) shapes.push_back(p.shape);
+    std::vector<std::vector<int>> ranks = {std::vector<int>(shapes.size())};
+    std::iota(ranks[0].begin(), ranks[0].end(), 0);
     if (c.sharding == Sharding::kZero1) {
       // _sync_params: a broadcast of each parameter from the rank that owns it.
-      ti.post_step_collectives = static_cast<int64_t>(file.param_numels().size());
-      optimized = 0;
-      for (const auto& rank : zero_redundancy_partition(file.param_numels(), world))
-        optimized = std::max(optimized, rank.size());
+      ti.post_step_collectives = static_cast<int64_t>(shapes.size());
+      ranks = zero_redundancy_partition(file.param_numels(), world);
     }
-    ti.optimizer_ops = adamw_step_ops(adamw, static_cast<int64_t>(optimized));
-    ti.optimizer_dispatch_s = adamw_dispatch_s(r.profile, adamw, false, static_cast<int64_t>(optimized));
+    for (const std::vector<int>& params : ranks) {
+      std::vector<std::vector<int64_t>> stepped;
+      for (int i : params) stepped.push_back(shapes[i]);
+      ti.optimizer_ops = std::max(ti.optimizer_ops, adamw_step_ops(adamw, static_cast<int64_t>(params.size())));
+      ti.optimizer_dispatch_s = std::max(ti.optimizer_dispatch_s, adamw_dispatch_s(r.profile, adamw, false, stepped));
+    }
   }
   return estimate_step_time(ti, r.profile);
 }

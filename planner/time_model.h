@@ -106,8 +106,8 @@ struct StepTimeInputs {
   // without parameters_as_bucket_view), so one a parameter; 0: one a unit.
   int64_t post_step_collectives = 0;
   // The optimizer step's dispatch measured whole on this machine
-  // (MeasuredKernels::adamw_steps' line at the tensors it steps); > 0
-  // replaces optimizer_ops × op_overhead_s.
+  // (MeasuredKernels::adamw_steps' line at the tensors it steps and their
+  // shapes); > 0 replaces optimizer_ops × op_overhead_s.
   double optimizer_dispatch_s = 0;
   // What a gradient reduction moves per element when not the compute
   // dtype's (0): 4 for ddp/zero1 under PyTorch's autocast (AMP: the

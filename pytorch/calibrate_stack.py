@@ -9,20 +9,28 @@ bandwidth plus the cost of dispatching its ops. For a model of many small
 parameters the dispatch is most of it, and it depends on what the
 parameters are: plain tensors (DDP, ZeroRedundancyOptimizer, FSDP1's flat
 parameters) or FSDP2's DTensors, each of whose ops goes through DTensor's
-Python dispatch (sharding propagation, then the local op). So this measures
-the whole step, for each of the three steps torch 2.11 has (for-loop,
-foreach, fused) on each kind of tensor, over 1 and over 32 parameters of 64
-fp32 elements (their bytes are nothing beside the dispatch): a fixed cost
-and one per tensor, the line through the two. The DTensors are Shard(0) on
-a one-rank CPU mesh: what a rank of a larger mesh dispatches for a
-pointwise op is the same (no collective), only its local shard differs.
+Python dispatch (sharding propagation, then the local op). Propagation is
+cached by the op's arguments, scalars included, and the for-loop step's
+`param.addcdiv_(exp_avg, denom, value=-step_size)` has a step size that
+changes every step: each step misses the cache once for every distinct
+parameter shape, and that miss is propagated on fake tensors (about a
+millisecond on a 2-core EPYC VM).
+
+So this measures the whole step, for each of the three steps torch 2.11
+has (for-loop, foreach, fused) on each kind of tensor, over 1 parameter, 32
+of one shape and 32 of 32 shapes (64 to 126 fp32 elements: their bytes are
+nothing beside the dispatch): a fixed cost, one a tensor and one a distinct
+shape, fixed_s + per_tensor_s x tensors + per_shape_s x shapes. The
+DTensors are Shard(0) on a one-rank CPU mesh: what a rank of a larger mesh
+dispatches for a pointwise op is the same (no collective), only its local
+shard differs.
 
 Each figure is the median of 9 samples of at least 5 ms of steps, after one
-step that creates the state and one that warms up. Writes one JSON object:
+step that creates the state and one that warms up. Writes one JSON object,
 {"adamw_steps": {"for-loop": {"tensor": {"fixed_s": ..., "per_tensor_s":
-...}, "dtensor": {...}}, "foreach": {...}, "fused": {...}}, "torch": ...},
-to --out (default: stdout). A step this PyTorch cannot run (fused over
-DTensors, say) is left out."""
+..., "per_shape_s": ...}, "dtensor": {...}}, "foreach": {...}, "fused":
+{...}}, "torch": ...}, to --out (default: stdout). A step this PyTorch
+cannot run (fused over DTensors, say) is left out."""
 import argparse
 import json
 import statistics
@@ -33,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 ELEMENTS = 64
-SMALL, LARGE = 1, 32
+MANY = 32
 
 
 def seconds_per_step(step):
@@ -56,12 +64,13 @@ def seconds_per_step(step):
     return statistics.median(samples)
 
 
-def adamw_seconds(kind, which, n, mesh):
+def adamw_seconds(kind, which, sizes, mesh):
+    """Seconds a step of AdamW (`which`) takes over 1-D parameters of `sizes`."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
     params = []
-    for _ in range(n):
-        data = torch.randn(ELEMENTS)
+    for n in sizes:
+        data = torch.randn(n)
         if kind == "dtensor":
             data = distribute_tensor(data, mesh, [Shard(0)])
         p = torch.nn.Parameter(data)
@@ -69,6 +78,16 @@ def adamw_seconds(kind, which, n, mesh):
         params.append(p)
     opt = torch.optim.AdamW(params, lr=1e-3, foreach=which == "foreach", fused=which == "fused")
     return seconds_per_step(opt.step)
+
+
+def dispatch_line(kind, which, mesh):
+    """fixed_s, per_tensor_s and per_shape_s of AdamW (`which`) over `kind`s."""
+    one = adamw_seconds(kind, which, [ELEMENTS], mesh)
+    alike = adamw_seconds(kind, which, [ELEMENTS] * MANY, mesh)
+    apart = adamw_seconds(kind, which, [ELEMENTS + 2 * i for i in range(MANY)], mesh)
+    per_tensor = max(0.0, (alike - one) / (MANY - 1))
+    per_shape = max(0.0, (apart - alike) / (MANY - 1))
+    return {"fixed_s": max(0.0, one - per_tensor - per_shape), "per_tensor_s": per_tensor, "per_shape_s": per_shape}
 
 
 def main():
@@ -88,14 +107,10 @@ def main():
     for which in ("for-loop", "foreach", "fused"):
         for kind in ("tensor", "dtensor"):
             try:
-                small = adamw_seconds(kind, which, SMALL, mesh)
-                large = adamw_seconds(kind, which, LARGE, mesh)
+                steps.setdefault(which, {})[kind] = dispatch_line(kind, which, mesh)
             except (RuntimeError, NotImplementedError) as e:
                 print("calibrate_stack.py: AdamW %s over %ss not measured: %s" % (which, kind, str(e).split("\n")[0]),
                       file=sys.stderr)
-                continue
-            per = max(0.0, (large - small) / (LARGE - SMALL))
-            steps.setdefault(which, {})[kind] = {"fixed_s": max(0.0, small - per), "per_tensor_s": per}
     dist.destroy_process_group()
     text = json.dumps({"adamw_steps": steps, "torch": torch.__version__.split("+")[0]})
     if a.out:

@@ -22,13 +22,13 @@
                                    for-loop AdamW: rank 0's median forward,
                                    backward and optimizer step over steps 6
                                    to 25
-  step-time-probe.py fsdp2-grads [PORT]
-                                   2 Gloo ranks, one thread each:
-                                   for-loop AdamW's step over 1 and 16
-                                   Linear(64, 64) weights under fully_shard,
-                                   with the gradients FSDP2's backward made,
-                                   then with fresh DTensors of the same
-                                   placement in their place
+  step-time-probe.py adamw-shapes  one process, a one-rank mesh:
+                                   for-loop AdamW's step over 8 and 32
+                                   DTensors of one shape, and of as many
+                                   shapes (cProfile over the job's
+                                   opt.step() shows where the difference
+                                   goes: fake_tensor.py's dispatch, once a
+                                   step for each shape)
 
 Run with the pinned stack's Python (.venv/bin/python) on an idle machine."""
 import os
@@ -163,41 +163,29 @@ def gloo_rank(rank, port):
     dist.destroy_process_group()
 
 
-def fsdp2_grads_rank(rank, port):
+def adamw_shapes():
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard, distribute_tensor
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    mesh = init_device_mesh("cpu", (2,))
-
-    def step_us(opt, reps=30):
-        samples = []
-        for _ in range(5):
-            s = time.perf_counter()
-            for _ in range(reps):
-                opt.step()
-            samples.append((time.perf_counter() - s) / reps)
-        return statistics.median(samples) * 1e6
-
-    for n in (1, 16):
-        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(n)])
-        fully_shard(model, mesh=mesh)
-        model(torch.randn(4, 64)).sum().backward()
-        params = list(model.parameters())
-        opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
-        opt.step()
-        fsdp2 = step_us(opt)
-        for p in params:
-            p.grad = distribute_tensor(torch.randn(64, 64), mesh, [Shard(0)])
-        opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
-        opt.step()
-        fresh = step_us(opt)
-        if rank == 0:
-            print("%2d weights: FSDP2's gradients %7.1f us a step, fresh DTensors %7.1f us" % (n, fsdp2, fresh))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    for n in (8, 32):
+        for label, sizes in (("one shape", [64] * n), ("%d shapes" % n, [64 + 2 * i for i in range(n)])):
+            params = [torch.nn.Parameter(distribute_tensor(torch.randn(k), mesh, [Shard(0)])) for k in sizes]
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+            opt.step()
+            opt.step()
+            samples = []
+            for _ in range(5):
+                s = time.perf_counter()
+                for _ in range(20):
+                    opt.step()
+                samples.append((time.perf_counter() - s) / 20)
+            print("%2d DTensors, %-9s %8.0f us a step" % (n, label + ":", statistics.median(samples) * 1e6))
     dist.destroy_process_group()
 
 
@@ -254,10 +242,8 @@ if __name__ == "__main__":
         import torch.multiprocessing as mp
         mp.start_processes(gloo_rank, args=(int(sys.argv[2]) if len(sys.argv) > 2 else 29931,), nprocs=2,
                            start_method="spawn")
-    elif len(sys.argv) >= 2 and sys.argv[1] == "fsdp2-grads":
-        import torch.multiprocessing as mp
-        mp.start_processes(fsdp2_grads_rank, args=(int(sys.argv[2]) if len(sys.argv) > 2 else 29933,), nprocs=2,
-                           start_method="spawn")
+    elif len(sys.argv) >= 2 and sys.argv[1] == "adamw-shapes":
+        adamw_shapes()
     elif len(sys.argv) >= 4 and sys.argv[1] == "phases":
         import torch.multiprocessing as mp
         mp.start_processes(phases_rank, args=(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 29932),

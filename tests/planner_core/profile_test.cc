@@ -222,17 +222,18 @@ TEST(ProfileTest, ReadsAdamwStepDispatchLines) {
                            {"matmul_dims", {16}},
                            {"matmul_flops_per_s", {{"fp32", {5e10}}}},
                            {"adamw_steps",
-                            {{"for-loop", {{"tensor", {{"fixed_s", 3e-5}, {"per_tensor_s", 2e-5}}},
-                                           {"dtensor", {{"fixed_s", 1e-3}, {"per_tensor_s", 1e-4}}}}}}}};
+                            {{"for-loop",
+                              {{"tensor", {{"fixed_s", 3e-5}, {"per_tensor_s", 2e-5}, {"per_shape_s", 0}}},
+                               {"dtensor", {{"fixed_s", 1e-4}, {"per_tensor_s", 1e-4}, {"per_shape_s", 1.4e-3}}}}}}}};
   for (const char* f : {"measured_kernels.op_overhead_s", "measured_kernels.matmul_dims",
-                        "measured_kernels.matmul_flops_per_s.fp32", "measured_kernels.adamw_steps.for-loop.tensor.fixed_s",
-                        "measured_kernels.adamw_steps.for-loop.tensor.per_tensor_s",
-                        "measured_kernels.adamw_steps.for-loop.dtensor.fixed_s",
-                        "measured_kernels.adamw_steps.for-loop.dtensor.per_tensor_s"})
+                        "measured_kernels.matmul_flops_per_s.fp32"})
     p["sources"][f] = "measured by this test, made up";
+  for (const char* kind : {"tensor", "dtensor"})
+    for (const char* part : {"fixed_s", "per_tensor_s", "per_shape_s"})
+      p["sources"][std::string("measured_kernels.adamw_steps.for-loop.") + kind + "." + part] = "made up";
   const MeasuredKernels k = parse_profile(p.dump(), "cal.json").measured_kernels;
   ASSERT_NE(k.adamw_step("for-loop", "dtensor"), nullptr);
-  EXPECT_DOUBLE_EQ(k.adamw_step("for-loop", "dtensor")->fixed_s, 1e-3);
+  EXPECT_DOUBLE_EQ(k.adamw_step("for-loop", "dtensor")->per_shape_s, 1.4e-3);
   EXPECT_DOUBLE_EQ(k.adamw_step("for-loop", "tensor")->per_tensor_s, 2e-5);
   EXPECT_EQ(k.adamw_step("foreach", "tensor"), nullptr);  // not measured
   nlohmann::json bad_step = p;
@@ -240,7 +241,8 @@ TEST(ProfileTest, ReadsAdamwStepDispatchLines) {
   std::string err = error_of([&] { parse_profile(bad_step.dump(), "cal.json"); });
   EXPECT_NE(err.find("'measured_kernels.adamw_steps.sgd' names no AdamW step"), std::string::npos) << err;
   nlohmann::json bad_kind = p;
-  bad_kind["measured_kernels"]["adamw_steps"]["for-loop"]["jagged"] = {{"fixed_s", 1}, {"per_tensor_s", 1}};
+  bad_kind["measured_kernels"]["adamw_steps"]["for-loop"]["jagged"] = {
+      {"fixed_s", 1}, {"per_tensor_s", 1}, {"per_shape_s", 1}};
   err = error_of([&] { parse_profile(bad_kind.dump(), "cal.json"); });
   EXPECT_NE(err.find("'measured_kernels.adamw_steps.for-loop.jagged' names no tensor kind"), std::string::npos)
       << err;
@@ -249,6 +251,11 @@ TEST(ProfileTest, ReadsAdamwStepDispatchLines) {
   err = error_of([&] { parse_profile(negative.dump(), "cal.json"); });
   EXPECT_NE(err.find("'measured_kernels.adamw_steps.for-loop.tensor.per_tensor_s' must be a finite number >= 0"),
             std::string::npos)
+      << err;
+  nlohmann::json no_shape = p;
+  no_shape["measured_kernels"]["adamw_steps"]["for-loop"]["tensor"].erase("per_shape_s");
+  err = error_of([&] { parse_profile(no_shape.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.adamw_steps.for-loop.tensor.per_shape_s' is missing"), std::string::npos)
       << err;
 }
 

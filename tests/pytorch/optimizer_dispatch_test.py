@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from trace_check import RECORDER, SHARDFIT  # noqa: E402
 
 PROBE = os.path.join(ROOT, "pytorch", "calibrate_stack.py")
+PARTS = ("fixed_s", "per_tensor_s", "per_shape_s")
 
 
 class OptimizerDispatchTest(unittest.TestCase):
@@ -38,6 +39,7 @@ class OptimizerDispatchTest(unittest.TestCase):
                 line = probe["adamw_steps"][step][kind]
                 self.assertGreaterEqual(line["fixed_s"], 0, (step, kind))
                 self.assertGreater(line["per_tensor_s"], 0, (step, kind))
+                self.assertGreaterEqual(line["per_shape_s"], 0, (step, kind))
         bad = subprocess.run([sys.executable, PROBE, "--threads", "0"], capture_output=True, text=True, timeout=60)
         self.assertEqual(bad.returncode, 1)
         self.assertIn("--threads 0", bad.stderr)
@@ -48,10 +50,12 @@ class OptimizerDispatchTest(unittest.TestCase):
                              capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr[-2000:])
         with open(trace) as f:
-            params = sum(len(m["params"]) for m in json.load(f)["modules"])
+            shapes = [tuple(p["shape"]) for m in json.load(f)["modules"] for p in m["params"]]
+        params, distinct = len(shapes), len(set(shapes))
         # cpu.json with measured kernels (made up: one rate for every
         # product) and for-loop AdamW lines: the same fixed second for
-        # both kinds in one profile; in the other a slope for each.
+        # both kinds in one profile; in the other a slope for each, by
+        # tensor and by distinct shape.
         with open(os.path.join(ROOT, "profiles", "cpu.json")) as f:
             base = json.load(f)
 
@@ -60,19 +64,18 @@ class OptimizerDispatchTest(unittest.TestCase):
             p["measured_kernels"] = {"op_overhead_s": 2e-6, "matmul_dims": [16],
                                      "matmul_flops_per_s": {"fp32": [1e10]},
                                      "adamw_steps": {"for-loop": {
-                                         "tensor": {"fixed_s": tensor[0], "per_tensor_s": tensor[1]},
-                                         "dtensor": {"fixed_s": dtensor[0], "per_tensor_s": dtensor[1]}}}}
+                                         "tensor": dict(zip(PARTS, tensor)), "dtensor": dict(zip(PARTS, dtensor))}}}
             for field in ("op_overhead_s", "matmul_dims", "matmul_flops_per_s.fp32"):
                 p["sources"]["measured_kernels." + field] = "made up by this test"
             for kind in ("tensor", "dtensor"):
-                for part in ("fixed_s", "per_tensor_s"):
+                for part in PARTS:
                     p["sources"]["measured_kernels.adamw_steps.for-loop.%s.%s" % (kind, part)] = "made up by this test"
             with open(self.path(name), "w") as f:
                 json.dump(p, f)
             return self.path(name)
 
-        flat = profile("flat.json", (1.0, 0.0), (1.0, 0.0))
-        sloped = profile("sloped.json", (1.0, 0.5), (2.0, 0.25))
+        flat = profile("flat.json", (1.0, 0.0, 0.0), (1.0, 0.0, 0.0))
+        sloped = profile("sloped.json", (1.0, 0.5, 0.125), (2.0, 0.25, 0.0625))
 
         def optimizer_s(device, version):
             out = subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", device,
@@ -88,12 +91,14 @@ class OptimizerDispatchTest(unittest.TestCase):
 
         for version in ("1", "2"):
             a, b = optimizer_s(flat, version), optimizer_s(sloped, version)
-            # DDP's AdamW steps every parameter, plain tensors.
-            self.assertAlmostEqual(b["ddp"][0] - a["ddp"][0], 0.5 * params, places=9)
+            # DDP's AdamW steps every parameter, plain tensors of their shapes.
+            self.assertAlmostEqual(b["ddp"][0] - a["ddp"][0], 0.5 * params + 0.125 * distinct, places=9)
             if version == "2":  # every parameter a DTensor
-                self.assertAlmostEqual(b["zero3"][0] - a["zero3"][0], 1.0 + 0.25 * params, places=9)
-            else:  # one flat parameter a unit, plain
-                self.assertAlmostEqual(b["zero3"][0] - a["zero3"][0], 0.5 * a["zero3"][1], places=9)
+                self.assertAlmostEqual(b["zero3"][0] - a["zero3"][0], 1.0 + 0.25 * params + 0.0625 * distinct,
+                                       places=9)
+            else:  # one flat parameter a unit, plain: the two blocks' shards of one size, the root's another
+                self.assertEqual(a["zero3"][1], 3)
+                self.assertAlmostEqual(b["zero3"][0] - a["zero3"][0], 0.5 * 3 + 0.125 * 2, places=9)
             self.assertGreater(a["zero3"][0], 1.0)  # the fixed second, beside the step's bytes
 
 
