@@ -1,12 +1,12 @@
 #include "launch/calibrate.h"
 
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -300,29 +300,28 @@ std::string today() {
 // by the project's Python with `threads` intra-op threads). BadInput when
 // it cannot run: no Python with torch, or the script missing.
 nlohmann::json adamw_steps(int threads) {
-  std::string python = "python3";
+  std::string python, script;
   try {
     python = project_python();
-    const std::string script = project_script("calibrate_stack.py");
-    char dir[] = "/tmp/shardfit-calibrate-XXXXXX";
-    if (!mkdtemp(dir)) throw EnvironmentFailure(std::string("cannot make a temporary directory under /tmp"));
-    const std::string out = std::string(dir) + "/adamw.json", log = std::string(dir) + "/probe.log";
-    const int status = run_child({python, script, "--threads", std::to_string(threads), "--out", out}, log).status;
-    std::ifstream result(out), why(log);
-    std::string line, last;
-    while (std::getline(why, line))
-      if (line.find_first_not_of(" \t") != std::string::npos) last = line;
-    const nlohmann::json j = status == 0 && result ? nlohmann::json::parse(result, nullptr, false)
-                                                   : nlohmann::json();
-    std::filesystem::remove_all(dir);
-    if (!j.is_object() || !j.contains("adamw_steps"))
-      throw ProjectPythonMissing(python + " " + script + " exited " + std::to_string(status) + ": " +
-                                 (last.empty() ? "no output" : last));
-    return j;
+    script = project_script("calibrate_stack.py");
   } catch (const ProjectPythonMissing& e) {
-    throw BadInput(std::string("--stack pytorch: ") + e.what() +
-                   " (it needs the pinned stack's torch: scripts/install-deps)");
+    throw BadInput(std::string("--stack pytorch: ") + e.what());
   }
+  std::string dir = (std::filesystem::temp_directory_path() / "shardfit-calibrate-XXXXXX").string();
+  if (!mkdtemp(dir.data())) throw EnvironmentFailure("cannot make a temporary directory (" + dir + ")");
+  const std::string out = dir + "/adamw.json", log = dir + "/probe.log";
+  const int status = run_child({python, script, "--threads", std::to_string(threads), "--out", out}, log).status;
+  std::ifstream result(out), why(log);
+  std::string line, last;  // the probe's last words
+  while (std::getline(why, line))
+    if (line.find_first_not_of(" \t") != std::string::npos) last = line;
+  const nlohmann::json j =
+      status == 0 && result ? nlohmann::json::parse(result, nullptr, false) : nlohmann::json();
+  std::filesystem::remove_all(dir);
+  if (!j.is_object() || !j.contains("adamw_steps"))
+    throw BadInput("--stack pytorch: " + python + " " + script + " exited " + std::to_string(status) + ": " +
+                   (last.empty() ? "no output" : last) + " (it needs the pinned stack's torch: scripts/install-deps)");
+  return j;
 }
 
 }  // namespace
@@ -348,8 +347,8 @@ nlohmann::json calibrate_cpu(const CalibrateRequest& req,
   at::set_num_threads(threads);
   settle_malloc();
   const reports::Machine m = reports::this_machine(threads);
-  const std::string where = "measured by `shardfit calibrate --device cpu --nproc " +
-                            std::to_string(req.nproc) + (req.pytorch ? " --stack pytorch" : "") + "` on " + today() + ", " + m.cpu_model +
+  const std::string where = "measured by `shardfit calibrate --device cpu --nproc " + std::to_string(req.nproc) +
+                            (req.pytorch ? " --stack pytorch" : "") + "` on " + today() + ", " + m.cpu_model +
                             ", LibTorch " + TORCH_VERSION + ", " + std::to_string(threads) +
                             " intra-op thread(s) per rank: ";
   say(note, "calibrate: %s, %d thread(s) per rank\n", m.cpu_model.c_str(), threads);
