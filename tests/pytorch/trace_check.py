@@ -3,7 +3,10 @@ each traced batch held against the same step on the CPU, measured by the
 meter (tests/pytorch/trace_test.py, hf_trace_test.py)."""
 import contextlib
 import gc
+import json
 import os
+import subprocess
+import sys
 
 from torch_required import ROOT  # noqa: E402 (the skip without torch, pytorch/ on the path)
 import torch  # noqa: E402
@@ -12,6 +15,16 @@ import shardfit_meter  # noqa: E402
 
 SHARDFIT = os.environ.get("SHARDFIT_BINARY", os.path.join(ROOT, "build", "cli", "shardfit"))
 RECORDER = os.path.join(ROOT, "pytorch", "trace_recorder.py")
+
+
+def record(tmp, model):
+    """Traces a built-in at sequence 64 into folder `tmp`: (the file's path, its JSON)."""
+    path = os.path.join(tmp, model + ".trace.json")
+    out = subprocess.run([sys.executable, RECORDER, "--model", model, "--seq-len", "64", "--out", path],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with open(path) as f:
+        return path, json.load(f)
 
 
 def replay_peak(events):
