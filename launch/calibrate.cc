@@ -311,10 +311,8 @@ nlohmann::json adamw_steps(int threads) {
   if (!mkdtemp(dir.data())) throw EnvironmentFailure("cannot make a temporary directory (" + dir + ")");
   const std::string out = dir + "/adamw.json", log = dir + "/probe.log";
   const int status = run_child({python, script, "--threads", std::to_string(threads), "--out", out}, log).status;
-  std::ifstream result(out), why(log);
-  std::string line, last;  // the probe's last words
-  while (std::getline(why, line))
-    if (line.find_first_not_of(" \t") != std::string::npos) last = line;
+  std::ifstream result(out);
+  const std::string last = last_line(log);  // the probe's last words
   const nlohmann::json j =
       status == 0 && result ? nlohmann::json::parse(result, nullptr, false) : nlohmann::json();
   std::filesystem::remove_all(dir);

@@ -31,4 +31,8 @@ std::string self_exe();
 ChildExit run_child(const std::vector<std::string>& argv, const std::string& log,
                     const std::vector<std::pair<std::string, std::string>>& env = {});
 
+// A child's last words: the last line of its `log` with more than blanks
+// on it ("" when there is none).
+std::string last_line(const std::string& log);
+
 }  // namespace shardfit::launch

@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <spdlog/spdlog.h>
 #include <vector>
 
@@ -23,15 +22,6 @@ namespace fs = std::filesystem;
 struct RouteFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-// The recorder's last words: the last non-empty line of its output.
-std::string last_line(const std::string& log) {
-  std::ifstream in(log);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
-  return last;
-}
 
 // Why the recorder's run failed, from its status and last line.
 std::string failure_reason(int status, const std::string& python, const std::string& last) {
