@@ -85,6 +85,12 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
   ti.shard_group_size = shard_world;
   ti.nodes = r.nodes;
   ti.optimizer_states = 2;  // AdamW: exp_avg, exp_avg_sq
+  // One rank's AdamW step over tensors of `shapes`: the step waits for the
+  // rank whose step dispatches longest.
+  auto charge_adamw = [&](const std::vector<std::vector<int64_t>>& shapes, bool dtensors) {
+    ti.optimizer_ops = std::max(ti.optimizer_ops, adamw_step_ops(adamw, static_cast<int64_t>(shapes.size())));
+    ti.optimizer_dispatch_s = std::max(ti.optimizer_dispatch_s, adamw_dispatch_s(r.profile, adamw, dtensors, shapes));
+  };
   ti.schedule.async_reduce = true;
   if (is_fsdp(c)) {  // NO_SHARD: the time model's ddp, all-reducing each unit's gradient, gathering none
     ti.schedule.async_gather = r.fsdp_backward_prefetch != FsdpBackwardPrefetch::kNone;
@@ -95,15 +101,13 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     // The tensors AdamW steps: FSDP1's flat parameters (or, with
     // use_orig_params, the parameters' parts of the busiest rank's shard),
     // FSDP2's DTensors.
-    // The step waits for the rank whose step dispatches longest.
     std::vector<std::vector<int64_t>> fsdp2_shapes;  // its DTensors' (global) shapes
     for (int rank = 0; r.fsdp_version == 1 && rank < (r.fsdp_use_orig_params ? world : 1); ++rank) {
       std::vector<std::vector<int64_t>> shapes;  // 1-D: flat shards, or views of one
       for (int64_t n : fsdp1_optimized_shards(file.modules, part, world, rank, fsdp_no_shard(c),
                                               r.fsdp_use_orig_params))
         if (n > 0) shapes.push_back({n});
-      ti.optimizer_ops = std::max(ti.optimizer_ops, adamw_step_ops(adamw, static_cast<int64_t>(shapes.size())));
-      ti.optimizer_dispatch_s = std::max(ti.optimizer_dispatch_s, adamw_dispatch_s(r.profile, adamw, false, shapes));
+      charge_adamw(shapes, false);
     }
     for (const auto& u : part.units) {
       // FSDP1: one flat parameter, padded unless NO_SHARD.
@@ -115,10 +119,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
       }
       ti.unit_padded_numel.push_back(padded);
     }
-    if (r.fsdp_version == 2) {
-      ti.optimizer_ops = adamw_step_ops(adamw, static_cast<int64_t>(fsdp2_shapes.size()));
-      ti.optimizer_dispatch_s = adamw_dispatch_s(r.profile, adamw, true, fsdp2_shapes);
-    }
+    if (r.fsdp_version == 2) charge_adamw(fsdp2_shapes, true);
   } else {
     ti.reduce_elem_bytes = 4;
     if (r.single_gpu_unwrapped) {
@@ -142,8 +143,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     for (const std::vector<int>& params : ranks) {
       std::vector<std::vector<int64_t>> stepped;
       for (int i : params) stepped.push_back(shapes[i]);
-      ti.optimizer_ops = std::max(ti.optimizer_ops, adamw_step_ops(adamw, static_cast<int64_t>(params.size())));
-      ti.optimizer_dispatch_s = std::max(ti.optimizer_dispatch_s, adamw_dispatch_s(r.profile, adamw, false, stepped));
+      charge_adamw(stepped, false);
     }
   }
   return estimate_step_time(ti, r.profile);

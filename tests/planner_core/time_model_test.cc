@@ -33,6 +33,16 @@ DeviceProfile fake_device() {
   return p;
 }
 
+// fake_device with kernels measured as `shardfit calibrate` measures them:
+// a 1 us dispatch, every product of the {16, 256} grid at 1e11 FLOP/s.
+DeviceProfile fake_device_by_op() {
+  DeviceProfile p = fake_device();
+  p.measured_kernels.op_overhead_s = 1e-6;
+  p.measured_kernels.matmul_dims = {16, 256};
+  p.measured_kernels.matmul_flops_per_s[DType::kF32] = std::vector<double>(8, 1e11);
+  return p;
+}
+
 TEST(TimeModelTest, RingVolumes) {
   EXPECT_DOUBLE_EQ(all_gather_bytes_per_rank(100, 4), 75);
   EXPECT_DOUBLE_EQ(reduce_scatter_bytes_per_rank(100, 4), 75);
@@ -404,11 +414,8 @@ TEST(TimeModelAccumTest, RejectsGradAccumBelowOne) {
 // each op: products at their shape's rate, named kernels at theirs, the rest
 // at the memory bandwidth, one dispatch overhead per kernel and node.
 TEST(TimeModelByOpTest, TimesEachOpAtItsMeasuredRate) {
-  DeviceProfile p = fake_device();
-  p.measured_kernels.op_overhead_s = 1e-6;
-  p.measured_kernels.matmul_dims = {16, 256};
+  DeviceProfile p = fake_device_by_op();
   // m-major over (m, n, k): every point 1e11 but (256, 256, 256) at 4e11.
-  p.measured_kernels.matmul_flops_per_s[DType::kF32] = std::vector<double>(8, 1e11);
   p.measured_kernels.matmul_flops_per_s[DType::kF32].back() = 4e11;
   p.measured_kernels.kernel_bytes_per_s[DType::kF32]["aten::gelu"] = 1e9;
   p.measured_kernels.kernel_bytes_per_s[DType::kBF16]["aten::add"] = 1;  // another dtype's: unused
@@ -436,19 +443,23 @@ TEST(TimeModelByOpTest, TimesEachOpAtItsMeasuredRate) {
   EXPECT_DOUBLE_EQ(estimate_step_time(in, p).forward_compute_s, 1 / (1e12 * 0.5));
 }
 
+// A timed step of `candidate` over one unit of 1000 elements, whose
+// optimizer's dispatch is what the tests below vary.
+StepTimeInputs optimizer_inputs(const char* candidate) {
+  StepTimeInputs in;
+  in.candidate = parse_candidate(candidate);
+  in.unit_padded_numel = {1000};
+  in.forward_work.add_kernel("aten::add", 8);
+  in.backward_work.nodes = 1;
+  return in;
+}
+
 // PyTorch's optimizer step pays a dispatch for each op it runs: the
 // for-loop AdamW's ten a parameter, not the fused step's four in all; a
 // profile without measured kernels times the step by its bytes alone.
 TEST(TimeModelByOpTest, TheOptimizerPaysADispatchPerOpItRuns) {
-  DeviceProfile p = fake_device();
-  p.measured_kernels.op_overhead_s = 1e-6;
-  p.measured_kernels.matmul_dims = {16, 256};
-  p.measured_kernels.matmul_flops_per_s[DType::kF32] = std::vector<double>(8, 1e11);
-  StepTimeInputs in;
-  in.candidate = parse_candidate("ddp/fp32/wrap=none");
-  in.unit_padded_numel = {1000};
-  in.forward_work.add_kernel("aten::add", 8);
-  in.backward_work.nodes = 1;
+  DeviceProfile p = fake_device_by_op();
+  StepTimeInputs in = optimizer_inputs("ddp/fp32/wrap=none");
   const double bytes_only = estimate_step_time(in, p).optimizer_s;
   in.optimizer_ops = adamw_step_ops(AdamwStep::kForLoop, 21);
   EXPECT_EQ(in.optimizer_ops, 212);  // llama-tiny's 21 parameters, as torch 2.11 counts them
@@ -464,15 +475,8 @@ TEST(TimeModelByOpTest, TheOptimizerPaysADispatchPerOpItRuns) {
 // A dispatch measured whole (calibrate --stack pytorch: AdamW's step over
 // DTensors, say) replaces the count of ops times one op's dispatch.
 TEST(TimeModelByOpTest, AMeasuredOptimizerDispatchReplacesTheOpCount) {
-  DeviceProfile p = fake_device();
-  p.measured_kernels.op_overhead_s = 1e-6;
-  p.measured_kernels.matmul_dims = {16, 256};
-  p.measured_kernels.matmul_flops_per_s[DType::kF32] = std::vector<double>(8, 1e11);
-  StepTimeInputs in;
-  in.candidate = parse_candidate("zero3/fp32/wrap=none");
-  in.unit_padded_numel = {1000};
-  in.forward_work.add_kernel("aten::add", 8);
-  in.backward_work.nodes = 1;
+  DeviceProfile p = fake_device_by_op();
+  StepTimeInputs in = optimizer_inputs("zero3/fp32/wrap=none");
   const double bytes_only = estimate_step_time(in, p).optimizer_s;
   in.optimizer_ops = 212;
   in.optimizer_dispatch_s = 1e-3 + 21 * 1e-4;  // llama-tiny's 21 DTensors, a made-up line
