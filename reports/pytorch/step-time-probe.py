@@ -21,7 +21,10 @@
                                    fully_shard by block, then the root),
                                    for-loop AdamW: rank 0's median forward,
                                    backward and optimizer step over steps 6
-                                   to 25
+                                   to 25; then cProfile over 5 more of
+                                   rank 0's opt.step(): the calls of
+                                   fake_tensor.py's _dispatch_impl (DTensor
+                                   propagating on fake tensors)
   step-time-probe.py adamw-shapes  one process, a one-rank mesh:
                                    for-loop AdamW's step over 8 and 32
                                    DTensors of one shape, and of as many
@@ -230,6 +233,18 @@ def phases_rank(rank, name, wrap, port):
         med = [statistics.median(t[k] for t in times) * 1e3 for k in range(3)]
         print("%s %s: forward %.2f ms, backward %.2f ms, optimizer %.2f ms, step %.2f ms"
               % (name, wrap, med[0], med[1], med[2], sum(med)))
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(5):
+        opt.step()  # ZeroRedundancyOptimizer's broadcasts: both ranks step
+    profiler.disable()
+    if rank == 0:
+        fake = sum(calls for (path, _, fn), (calls, *_) in pstats.Stats(profiler).stats.items()
+                   if path.endswith("fake_tensor.py") and fn == "_dispatch_impl")
+        print("%s %s: 5 optimizer steps call fake_tensor.py _dispatch_impl %d times" % (name, wrap, fake))
     dist.destroy_process_group()
 
 
