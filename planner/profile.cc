@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -219,24 +220,50 @@ int64_t DeviceProfile::allocator_budget_bytes(int64_t device_mem_bytes, int worl
   return device_mem_bytes - outside_bytes;
 }
 
-// measured_kernels.adamw_steps: {step: {tensor kind: {fixed_s, per_tensor_s, per_shape_s}}}.
-void parse_adamw_steps(const ProfileReader& r, MeasuredKernels& k) {
-  const std::string field = "measured_kernels.adamw_steps";
-  const json* steps = r.find(field);
-  if (!steps) return;
-  if (!steps->is_object())
-    r.fail(field, "must be an object of step: {tensor kind: {fixed_s, per_tensor_s, per_shape_s}}");
-  for (auto step = steps->begin(); step != steps->end(); ++step) {
-    if (step.key() != "for-loop" && step.key() != "foreach" && step.key() != "fused")
-      r.fail(field + "." + step.key(), "names no AdamW step (for-loop, foreach, fused)");
-    if (!step->is_object()) r.fail(field + "." + step.key(), "must be an object of tensor kind: line");
-    for (auto kind = step->begin(); kind != step->end(); ++kind) {
-      const std::string at = field + "." + step.key() + "." + kind.key();
-      if (kind.key() != "tensor" && kind.key() != "dtensor") r.fail(at, "names no tensor kind (tensor, dtensor)");
-      k.adamw_steps[step.key()][kind.key()] = {r.number(at + ".fixed_s"), r.number(at + ".per_tensor_s"),
-                                               r.number(at + ".per_shape_s")};
+// A table of measured lines at `field`, {outer: {inner: {fields...}}}, each
+// outer key one of `outers` (a `outer_what`), each inner one of `inners` (a
+// `inner_what`), each line's three fields numbers >= 0 (ProfileReader::number).
+using LineTable = std::map<std::string, std::map<std::string, std::array<double, 3>>>;
+LineTable parse_line_table(const ProfileReader& r, const std::string& field, const std::string& outer_what,
+                           const std::vector<std::string>& outers, const std::string& inner_what,
+                           const std::vector<std::string>& inners, const std::array<const char*, 3>& fields) {
+  LineTable table;
+  const json* outer = r.find(field);
+  if (!outer) return table;
+  auto one_of = [](const std::string& key, const std::vector<std::string>& keys) {
+    return std::find(keys.begin(), keys.end(), key) != keys.end();
+  };
+  auto listed = [](const std::vector<std::string>& keys) {
+    std::string text;
+    for (const std::string& k : keys) text += (text.empty() ? "" : ", ") + k;
+    return text;
+  };
+  const std::string line = std::string("{") + fields[0] + ", " + fields[1] + ", " + fields[2] + "}";
+  if (!outer->is_object()) r.fail(field, "must be an object of " + outer_what + ": {" + inner_what + ": " + line + "}");
+  for (auto o = outer->begin(); o != outer->end(); ++o) {
+    if (!one_of(o.key(), outers)) r.fail(field + "." + o.key(), "names no " + outer_what + " (" + listed(outers) + ")");
+    if (!o->is_object()) r.fail(field + "." + o.key(), "must be an object of " + inner_what + ": line");
+    for (auto i = o->begin(); i != o->end(); ++i) {
+      const std::string at = field + "." + o.key() + "." + i.key();
+      if (!one_of(i.key(), inners)) r.fail(at, "names no " + inner_what + " (" + listed(inners) + ")");
+      std::array<double, 3>& values = table[o.key()][i.key()];
+      for (int f = 0; f < 3; ++f) values[f] = r.number(at + "." + fields[f]);
     }
   }
+  return table;
+}
+
+// measured_kernels.adamw_steps: {step: {tensor kind: {fixed_s, per_tensor_s, per_shape_s}}};
+// measured_kernels.fsdp2_hooks: {zero3|zero2: {forward|backward: {fixed_s, per_group_s, per_param_s}}}.
+void parse_pytorch_lines(const ProfileReader& r, MeasuredKernels& k) {
+  for (const auto& [step, kinds] :
+       parse_line_table(r, "measured_kernels.adamw_steps", "AdamW step", {"for-loop", "foreach", "fused"},
+                        "tensor kind", {"tensor", "dtensor"}, {"fixed_s", "per_tensor_s", "per_shape_s"}))
+    for (const auto& [kind, v] : kinds) k.adamw_steps[step][kind] = {v[0], v[1], v[2]};
+  for (const auto& [sharding, phases] :
+       parse_line_table(r, "measured_kernels.fsdp2_hooks", "FSDP2 sharding", {"zero3", "zero2"}, "phase",
+                        {"forward", "backward"}, {"fixed_s", "per_group_s", "per_param_s"}))
+    for (const auto& [phase, v] : phases) k.fsdp2_hooks[sharding][phase] = {v[0], v[1], v[2]};
 }
 
 const MeasuredKernels::DispatchLine* MeasuredKernels::adamw_step(const std::string& step,
@@ -244,6 +271,14 @@ const MeasuredKernels::DispatchLine* MeasuredKernels::adamw_step(const std::stri
   const auto s = adamw_steps.find(step);
   if (s == adamw_steps.end()) return nullptr;
   const auto line = s->second.find(tensor_kind);
+  return line == s->second.end() ? nullptr : &line->second;
+}
+
+const MeasuredKernels::HookLine* MeasuredKernels::fsdp2_hook(const std::string& sharding,
+                                                             const std::string& phase) const {
+  const auto s = fsdp2_hooks.find(sharding);
+  if (s == fsdp2_hooks.end()) return nullptr;
+  const auto line = s->second.find(phase);
   return line == s->second.end() ? nullptr : &line->second;
 }
 
@@ -372,7 +407,7 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
         }
       }
     }
-    parse_adamw_steps(r, k);
+    parse_pytorch_lines(r, k);
   }
 
   const json& sources = r.need("sources");

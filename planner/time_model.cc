@@ -126,10 +126,12 @@ StepComm step_comm(const StepTimeInputs& in, const DeviceProfile& profile, const
                                             " != " + std::to_string(n) + ")");
     // Hybrid's shard group is one node: its ring never leaves the node.
     const double ring_per_s = hybrid ? intra_per_s : world_ring_per_s;
+    // Measured hooks include each collective's fixed cost.
+    const double ring_latency_s = in.forward_hooks_s > 0 || in.backward_hooks_s > 0 ? 0.0 : latency_s;
     // One gather (`bytes` = elem_bytes) or reduce-scatter (grad_elem_bytes)
     // pass over `numel` in `collectives` calls.
     auto ring_s = [&](double numel, double collectives, double bytes) {
-      return gather_factor * all_gather_bytes_per_rank(numel * bytes, g) / ring_per_s + collectives * latency_s;
+      return gather_factor * all_gather_bytes_per_rank(numel * bytes, g) / ring_per_s + collectives * ring_latency_s;
     };
     // Forward: nothing runs before the first unit's gather.
     x.fwd = split(ring_s(model_numel, units, elem_bytes), ring_s(first_unit_numel, 1, elem_bytes),
@@ -202,8 +204,9 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
     return s;
   };
   const double k = in.grad_accum;  // micro-batches per step
-  const double micro_forward_s = phase_compute_s(in.forward_work, in.forward_flops);
-  const double micro_backward_s = phase_compute_s(in.backward_work, in.backward_flops);
+  check(in.forward_hooks_s >= 0 && in.backward_hooks_s >= 0, "negative hook time");
+  const double micro_forward_s = phase_compute_s(in.forward_work, in.forward_flops) + in.forward_hooks_s;
+  const double micro_backward_s = phase_compute_s(in.backward_work, in.backward_flops) + in.backward_hooks_s;
   t.forward_compute_s = k * micro_forward_s;
   t.backward_compute_s = k * micro_backward_s;
   t.compute_s = t.forward_compute_s + t.backward_compute_s;

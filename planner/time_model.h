@@ -42,6 +42,10 @@
 //    prefetches prefetch - 1 units). After the step, zero1's param
 //    all-gather is exposed. With one unit (wrap=none) everything is exposed,
 //    as it really is.
+//  - A strategy's hooks (PyTorch's FSDP2 on a calibrated profile:
+//    forward_hooks_s, backward_hooks_s): measured whole, collectives'
+//    fixed costs included, and added to each phase's compute: they run
+//    on the compute thread.
 //  - Offload (fully exposed, a conservative simplification): host→device copy
 //    of the rank's fp32 param shard once per gather pass (zero3/hybrid: 2,
 //    zero1/zero2: 1) and device→host copy of its fp32 grad shard, over the
@@ -109,6 +113,14 @@ struct StepTimeInputs {
   // (MeasuredKernels::adamw_steps' line at the tensors it steps and their
   // shapes); > 0 replaces optimizer_ops × op_overhead_s.
   double optimizer_dispatch_s = 0;
+  // The strategy's own work on the compute thread in one micro-batch's
+  // forward and backward, its sharded collectives' fixed costs included:
+  // PyTorch's FSDP2 hooks as calibrate measured them on this machine
+  // (MeasuredKernels::fsdp2_hooks, at the job's groups and parameters).
+  // Added to the phases' compute; when either is > 0 the gathers and
+  // reduce-scatters pay their bytes alone, not the link's latency too.
+  double forward_hooks_s = 0;
+  double backward_hooks_s = 0;
   // What a gradient reduction moves per element when not the compute
   // dtype's (0): 4 for ddp/zero1 under PyTorch's autocast (AMP: the
   // parameters, so their gradients and DDP's all-reduce, stay fp32); FSDP's

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""What torch.optim.AdamW's step costs to dispatch on this machine, for
-`shardfit calibrate --stack pytorch`.
+"""What PyTorch's own machinery costs on this machine beside the model's
+kernels, for `shardfit calibrate --stack pytorch`: torch.optim.AdamW's step,
+and FSDP2's hooks.
 
-    .venv/bin/python pytorch/calibrate_stack.py --threads 1 [--out FILE]
+    .venv/bin/python pytorch/calibrate_stack.py --threads 1 [--nproc 2] [--out FILE]
 
-A `--stack pytorch` plan times AdamW's step as its bytes over the memory
-bandwidth plus the cost of dispatching its ops. For a model of many small
-parameters the dispatch is most of it, and it depends on what the
+AdamW. A `--stack pytorch` plan times AdamW's step as its bytes over the
+memory bandwidth plus the cost of dispatching its ops. For a model of many
+small parameters the dispatch is most of it, and it depends on what the
 parameters are: plain tensors (DDP, ZeroRedundancyOptimizer, FSDP1's flat
 parameters) or FSDP2's DTensors, each of whose ops goes through DTensor's
 Python dispatch (sharding propagation, then the local op). Propagation is
@@ -14,27 +15,45 @@ cached by the op's arguments, scalars included, and the for-loop step's
 `param.addcdiv_(exp_avg, denom, value=-step_size)` has a step size that
 changes every step: each step misses the cache once for every distinct
 parameter shape, and that miss is propagated on fake tensors (about a
-millisecond on a 2-core EPYC VM).
+millisecond on a 2-core EPYC VM). So this measures the whole step, for each
+of the three steps torch 2.11 has (for-loop, foreach, fused) on each kind of
+tensor, over 1 parameter, 32 of one shape and 32 of 32 shapes (64 to 126
+fp32 elements: their bytes are nothing beside the dispatch): a fixed cost,
+one a tensor and one a distinct shape, fixed_s + per_tensor_s x tensors +
+per_shape_s x shapes. The DTensors are Shard(0) on a one-rank CPU mesh: what
+a rank of a larger mesh dispatches for a pointwise op is the same (no
+collective), only its local shard differs. Each figure is the median of 9
+samples of at least 5 ms of steps, after one step that creates the state
+and one that warms up.
 
-So this measures the whole step, for each of the three steps torch 2.11
-has (for-loop, foreach, fused) on each kind of tensor, over 1 parameter, 32
-of one shape and 32 of 32 shapes (64 to 126 fp32 elements: their bytes are
-nothing beside the dispatch): a fixed cost, one a tensor and one a distinct
-shape, fixed_s + per_tensor_s x tensors + per_shape_s x shapes. The
-DTensors are Shard(0) on a one-rank CPU mesh: what a rank of a larger mesh
-dispatches for a pointwise op is the same (no collective), only its local
-shard differs.
+FSDP2. fully_shard wraps each group's forward and backward in Python: hooks
+that all-gather the group's parameters (copied into one flat buffer first,
+then out into each parameter), free them again, and reduce-scatter the
+gradients (copied in and out the same way). On a CPU, for small layers,
+these cost far more than the link's latency the collectives would pay
+alone (about 1.5 ms a collective against 0.2 ms on 2 ranks of a 2-core
+VM), and most of it is not the collective: the copies' dispatch, the hooks,
+and the wait for the other ranks. So this runs --nproc ranks over Gloo, as
+the job will, and measures the forward and the backward of fully_shard on
+each of 1 group of 1 bias-free Linear(64, 64), 8 groups of 1 and 8 groups
+of 4 (then on the root, which holds no parameter of its own), each less the
+same model unwrapped: per phase a fixed cost, one a group and one a
+parameter, for reshard_after_forward True ("zero3") and False ("zero2").
+Their bytes are nothing: the plan adds a collective's bytes over the link's
+rate, and no latency beside this. Each figure is a median of 31 steps.
 
-Each figure is the median of 9 samples of at least 5 ms of steps, after one
-step that creates the state and one that warms up. Writes one JSON object,
-{"adamw_steps": {"for-loop": {"tensor": {"fixed_s": ..., "per_tensor_s":
-..., "per_shape_s": ...}, "dtensor": {...}}, "foreach": {...}, "fused":
-{...}}, "torch": ...}, to --out (default: stdout). A step this PyTorch
-cannot run (fused over DTensors, say) is left out."""
+Writes one JSON object to --out (default: stdout): {"adamw_steps":
+{"for-loop": {"tensor": {"fixed_s": ..., "per_tensor_s": ...,
+"per_shape_s": ...}, "dtensor": {...}}, "foreach": {...}, "fused": {...}},
+"fsdp2_hooks": {"zero3": {"forward": {"fixed_s": ..., "per_group_s": ...,
+"per_param_s": ...}, "backward": {...}}, "zero2": {...}}, "not_measured":
+[...], "torch": ...}. An AdamW step this PyTorch cannot run (fused over
+DTensors, say) is left out and named, with its reason, in not_measured. A
+rank of the FSDP2 probe that fails takes the others down, and this exits
+non-zero."""
 import argparse
 import json
 import statistics
-import sys
 import time
 
 import torch
@@ -42,6 +61,9 @@ import torch.distributed as dist
 
 ELEMENTS = 64
 MANY = 32
+GROUPS = 8        # FSDP2's probe: fully_shard groups
+GROUP_PARAMS = 4  # ... and parameters in each of the largest
+SAMPLES = 31
 
 
 def seconds_per_step(step):
@@ -90,13 +112,105 @@ def dispatch_line(kind, which, mesh):
     return {"fixed_s": max(0.0, one - per_tensor - per_shape), "per_tensor_s": per_tensor, "per_shape_s": per_shape}
 
 
+def phase_seconds(model, x):
+    """Median seconds of `model`'s forward and of its backward, on `x`."""
+    for _ in range(3):  # FSDP2's lazy init, then warm
+        model(x).sum().backward()
+    forward, backward = [], []
+    for _ in range(SAMPLES):
+        t = time.perf_counter()
+        loss = model(x).sum()
+        t1 = time.perf_counter()
+        loss.backward()
+        forward.append(t1 - t)
+        backward.append(time.perf_counter() - t1)
+    return statistics.median(forward), statistics.median(backward)
+
+
+def fsdp2_seconds(groups, params, reshard, mesh):
+    """What fully_shard adds to a forward and a backward: `groups` blocks of
+    `params` bias-free Linear(64, 64) each, fully_shard on each block then on
+    the root (which holds no parameter of its own), less the same model
+    unwrapped."""
+    from torch.distributed.fsdp import fully_shard
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Sequential(*[torch.nn.Linear(ELEMENTS, ELEMENTS, bias=False)
+                                                           for _ in range(params)]) for _ in range(groups)])
+
+    x = torch.randn(16, ELEMENTS)
+    plain = phase_seconds(build(), x)
+    model = build()
+    for block in model:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    wrapped = phase_seconds(model, x)
+    return [max(0.0, w - p) for w, p in zip(wrapped, plain)]
+
+
+def fsdp2_lines(reshard, mesh):
+    """Per phase, fixed_s, per_group_s and per_param_s of FSDP2's hooks."""
+    one = fsdp2_seconds(1, 1, reshard, mesh)
+    groups = fsdp2_seconds(GROUPS, 1, reshard, mesh)
+    params = fsdp2_seconds(GROUPS, GROUP_PARAMS, reshard, mesh)
+    lines = {}
+    for i, phase in enumerate(("forward", "backward")):
+        per_group = max(0.0, (groups[i] - one[i]) / (GROUPS - 1))
+        per_param = max(0.0, (params[i] - groups[i]) / (GROUPS * (GROUP_PARAMS - 1)))
+        lines[phase] = {"fixed_s": max(0.0, one[i] - per_group - per_param), "per_group_s": per_group,
+                        "per_param_s": per_param}
+    return lines
+
+
+def fsdp2_rank(rank, nproc, threads, store_path, out):
+    """One rank of the FSDP2 probe: a Gloo group of `nproc` over a FileStore;
+    rank 0 writes both lines to `out`."""
+    from datetime import timedelta
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(threads)
+    store = dist.FileStore(store_path, nproc)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=nproc, timeout=timedelta(seconds=300))
+    mesh = init_device_mesh("cpu", (nproc,))
+    hooks = {}
+    for name, reshard in (("zero3", True), ("zero2", False)):
+        hooks[name] = fsdp2_lines(reshard, mesh)
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(hooks, f)
+
+
+def fsdp2_hooks(nproc, threads):
+    """FSDP2's hooks as `nproc` ranks of this machine run them, each with
+    `threads` intra-op threads: what fully_shard adds to a forward and a
+    backward, collectives included. A rank that fails takes the others
+    down (torch.multiprocessing.spawn) and this raises."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="shardfit-fsdp2-") as tmp:
+        out = os.path.join(tmp, "hooks.json")
+        mp.spawn(fsdp2_rank, args=(nproc, threads, os.path.join(tmp, "store"), out), nprocs=nproc, join=True)
+        with open(out) as f:
+            return json.load(f)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads, as each rank of the job gets")
+    ap.add_argument("--nproc", type=int, default=2,
+                    help="ranks FSDP2's probe runs (as the job will: `shardfit calibrate --nproc`; at least 2)")
     ap.add_argument("--out", help="where to write the JSON (default: stdout)")
     a = ap.parse_args()
     if a.threads < 1:
         raise SystemExit("calibrate_stack.py: --threads %d: must be at least 1" % a.threads)
+    if a.nproc < 2:
+        raise SystemExit("calibrate_stack.py: --nproc %d: FSDP2's collectives need at least 2 ranks" % a.nproc)
     torch.set_num_threads(a.threads)
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -104,15 +218,16 @@ def main():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     mesh = init_device_mesh("cpu", (1,))
     steps = {}
+    missing = []  # what this PyTorch could not run, each with its reason
     for which in ("for-loop", "foreach", "fused"):
         for kind in ("tensor", "dtensor"):
             try:
                 steps.setdefault(which, {})[kind] = dispatch_line(kind, which, mesh)
             except (RuntimeError, NotImplementedError) as e:
-                print("calibrate_stack.py: AdamW %s over %ss not measured: %s" % (which, kind, str(e).split("\n")[0]),
-                      file=sys.stderr)
+                missing.append("AdamW %s over %ss: %s" % (which, kind, str(e).split("\n")[0]))
     dist.destroy_process_group()
-    text = json.dumps({"adamw_steps": steps, "torch": torch.__version__.split("+")[0]})
+    hooks = fsdp2_hooks(a.nproc, a.threads)
+    text = json.dumps({"adamw_steps": steps, "fsdp2_hooks": hooks, "not_measured": missing, "torch": torch.__version__.split("+")[0]})
     if a.out:
         with open(a.out, "w") as f:
             f.write(text + "\n")

@@ -18,7 +18,9 @@
                                    2 Gloo ranks, one thread each, the
                                    model at 4 x 64 under WRAP (ddp, zero1:
                                    DDP and ZeroRedundancyOptimizer; fsdp2:
-                                   fully_shard by block, then the root),
+                                   fully_shard by block, then the root;
+                                   fsdp2-zero2: the same with
+                                   reshard_after_forward=False),
                                    for-loop AdamW: rank 0's median forward,
                                    backward and optimizer step over steps 6
                                    to 25; then cProfile over 5 more of
@@ -202,14 +204,15 @@ def phases_rank(rank, name, wrap, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     model = models.build(name)
-    if wrap == "fsdp2":
+    if wrap in ("fsdp2", "fsdp2-zero2"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh("cpu", (2,))
+        kw = {"reshard_after_forward": False} if wrap == "fsdp2-zero2" else {}
         for m in [m for m in model.modules() if isinstance(m, model.block_class)]:
-            fully_shard(m, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(m, mesh=mesh, **kw)
+        fully_shard(model, mesh=mesh, **kw)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     else:
         from torch.nn.parallel import DistributedDataParallel

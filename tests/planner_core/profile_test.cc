@@ -337,5 +337,47 @@ TEST(ProfileTest, DefaultDirsSitNextToTheExecutable) {
   EXPECT_EQ(dirs[0], "/opt/shardfit/bin/../profiles");
 }
 
+// `calibrate --stack pytorch`'s FSDP2 hook lines: read by sharding and
+// phase; a sharding or phase the time model does not charge is refused by
+// name, and a line's missing field is named.
+TEST(ProfileTest, ReadsFsdp2HookLines) {
+  nlohmann::json p = nlohmann::json::parse(read_text(kProfilesDir + "/cpu.json"));
+  p["measured_kernels"] = {{"op_overhead_s", 2e-6},
+                           {"matmul_dims", {16}},
+                           {"matmul_flops_per_s", {{"fp32", {5e10}}}},
+                           {"fsdp2_hooks",
+                            {{"zero3",
+                              {{"forward", {{"fixed_s", 1e-4}, {"per_group_s", 1.5e-3}, {"per_param_s", 1e-4}}},
+                               {"backward", {{"fixed_s", 0}, {"per_group_s", 3e-3}, {"per_param_s", 2e-4}}}}}}}};
+  for (const char* f : {"measured_kernels.op_overhead_s", "measured_kernels.matmul_dims",
+                        "measured_kernels.matmul_flops_per_s.fp32"})
+    p["sources"][f] = "measured by this test, made up";
+  for (const char* phase : {"forward", "backward"})
+    for (const char* part : {"fixed_s", "per_group_s", "per_param_s"})
+      p["sources"][std::string("measured_kernels.fsdp2_hooks.zero3.") + phase + "." + part] = "made up";
+  const MeasuredKernels k = parse_profile(p.dump(), "cal.json").measured_kernels;
+  ASSERT_NE(k.fsdp2_hook("zero3", "backward"), nullptr);
+  EXPECT_DOUBLE_EQ(k.fsdp2_hook("zero3", "backward")->per_group_s, 3e-3);
+  EXPECT_DOUBLE_EQ(k.fsdp2_hook("zero3", "forward")->per_param_s, 1e-4);
+  EXPECT_EQ(k.fsdp2_hook("zero2", "forward"), nullptr);  // not measured
+  nlohmann::json bad_sharding = p;
+  bad_sharding["measured_kernels"]["fsdp2_hooks"]["ddp"] = p["measured_kernels"]["fsdp2_hooks"]["zero3"];
+  std::string err = error_of([&] { parse_profile(bad_sharding.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.fsdp2_hooks.ddp' names no FSDP2 sharding (zero3, zero2)"), std::string::npos)
+      << err;
+  nlohmann::json bad_phase = p;
+  bad_phase["measured_kernels"]["fsdp2_hooks"]["zero3"]["optimizer"] =
+      p["measured_kernels"]["fsdp2_hooks"]["zero3"]["forward"];
+  err = error_of([&] { parse_profile(bad_phase.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.fsdp2_hooks.zero3.optimizer' names no phase (forward, backward)"),
+            std::string::npos)
+      << err;
+  nlohmann::json no_group = p;
+  no_group["measured_kernels"]["fsdp2_hooks"]["zero3"]["forward"].erase("per_group_s");
+  err = error_of([&] { parse_profile(no_group.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.fsdp2_hooks.zero3.forward.per_group_s' is missing"), std::string::npos)
+      << err;
+}
+
 }  // namespace
 }  // namespace shardfit::planner

@@ -514,6 +514,30 @@ TEST(TimeModelByOpTest, CollectivesPayLatencyAndGlooGathersMoveAllReduceBytes) {
   EXPECT_DOUBLE_EQ(estimate_step_time(in, p).intra_node_comm_bytes, 3 * 2 * 3 * 2000);
 }
 
+// FSDP2's hooks measured whole (calibrate --stack pytorch) run on the
+// compute thread: each phase pays them on every micro-batch, and its
+// gathers and reduce-scatters then pay their bytes alone, the latency being
+// inside what was measured.
+TEST(TimeModelByOpTest, MeasuredHooksAddToEachPhaseInPlaceOfTheLatency) {
+  DeviceProfile p = fake_device();
+  p.gpu_link.latency_s = 1e-3;
+  StepTimeInputs in;
+  in.candidate = parse_candidate("zero3/fp32/wrap=block");
+  in.unit_padded_numel = {1000, 1000, 1000};
+  in.world_size = in.shard_group_size = 2;
+  const StepTime plain = estimate_step_time(in, p);
+  in.forward_hooks_s = 4e-3;
+  in.backward_hooks_s = 7e-3;
+  const StepTime hooked = estimate_step_time(in, p);
+  EXPECT_NEAR(hooked.forward_compute_s, plain.forward_compute_s + 4e-3, 1e-15);
+  EXPECT_NEAR(hooked.backward_compute_s, plain.backward_compute_s + 7e-3, 1e-15);
+  EXPECT_NEAR(hooked.comm_s, plain.comm_s - 9e-3, 1e-12);  // 9 collectives, no latency each
+  in.grad_accum = 3;
+  EXPECT_NEAR(estimate_step_time(in, p).compute_s, 3 * hooked.compute_s, 1e-12);
+  in.backward_hooks_s = -1;
+  EXPECT_THROW(estimate_step_time(in, p), std::invalid_argument);
+}
+
 // zero1's parameters shared after the step: one all-gather a unit, or, as
 // PyTorch's ZeroRedundancyOptimizer issues them, a broadcast a parameter,
 // each paying the latency; the bytes are the same either way.
