@@ -11,8 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "executor/comm.h"
 #include "executor/launcher.h"
@@ -326,6 +329,18 @@ nlohmann::json stack_probe(int threads, int ranks) {
   return j;
 }
 
+// The sources of a probe's table of lines, {outer: {inner: {figure:
+// seconds}}} under `field`: each figure's is what was run, `how(outer,
+// inner)`, then how that figure comes from it.
+void source_lines(nlohmann::json& src, const std::string& field, const nlohmann::json& table,
+                  const std::function<std::string(const std::string&, const std::string&)>& how,
+                  const std::vector<std::pair<std::string, std::string>>& derivations) {
+  for (const auto& [outer, inners] : table.items())
+    for (const auto& [inner, line] : inners.items())
+      for (const auto& [figure, derivation] : derivations)
+        src[field + "." + outer + "." + inner + "." + figure] = how(outer, inner) + derivation;
+}
+
 }  // namespace
 
 nlohmann::json calibrate_cpu(const CalibrateRequest& req,
@@ -362,39 +377,40 @@ nlohmann::json calibrate_cpu(const CalibrateRequest& req,
     const nlohmann::json probe = stack_probe(threads, ranks);
     kernels["adamw_steps"] = probe["adamw_steps"];
     kernels["fsdp2_hooks"] = probe["fsdp2_hooks"];
+    const std::string script = where + "pytorch/calibrate_stack.py (torch " + probe.value("torch", "?") + ")";
+    source_lines(src, "measured_kernels.adamw_steps", probe["adamw_steps"],
+                 [&](const std::string& step, const std::string& kind) {
+                   return script + ": AdamW " + step + " over " + kind +
+                          "s of 64 to 126 fp32: 1, 32 of one shape, 32 of 32 shapes; ";
+                 },
+                 {{"fixed_s", "what is left of the first"},
+                  {"per_tensor_s", "the second less the first, over 31"},
+                  {"per_shape_s", "the third less the second, over 31"}});
+    source_lines(src, "measured_kernels.fsdp2_hooks", probe["fsdp2_hooks"],
+                 [&](const std::string& sharding, const std::string& phase) {
+                   return script + " on " + std::to_string(ranks) +
+                          " Gloo ranks: what fully_shard(reshard_after_forward=" +
+                          (sharding == "zero3" ? "True" : "False") + ") adds to a " + phase +
+                          ", collectives included, over groups of bias-free Linear(64, 64): 1 of 1, 8 of 1, 8 of 4; ";
+                 },
+                 {{"fixed_s", "what is left of the first"},
+                  {"per_group_s", "the second less the first, over 7"},
+                  {"per_param_s", "the third less the second, over 24"}});
+    for (const auto& [step, kinds] : probe["adamw_steps"].items())
+      for (const auto& [kind, line] : kinds.items())
+        say(note, "calibrate: AdamW %s over %ss %.1f us + %.1f us a tensor + %.1f us a shape\n", step.c_str(),
+            kind.c_str(), line["fixed_s"].get<double>() * 1e6, line["per_tensor_s"].get<double>() * 1e6,
+            line["per_shape_s"].get<double>() * 1e6);
     for (const auto& [sharding, phases] : probe["fsdp2_hooks"].items())
-      for (const auto& [phase, line] : phases.items()) {
-        const std::string at = "measured_kernels.fsdp2_hooks." + sharding + "." + phase;
-        const std::string how = where + "pytorch/calibrate_stack.py (torch " + probe.value("torch", "?") + ") on " +
-                                std::to_string(ranks) + " Gloo ranks: what fully_shard(reshard_after_forward=" +
-                                (sharding == "zero3" ? "True" : "False") + ") adds to a " + phase +
-                                ", collectives included, over groups of bias-free Linear(64, 64): 1 of 1, 8 of 1, " +
-                                "8 of 4; ";
-        src[at + ".fixed_s"] = how + "what is left of the first";
-        src[at + ".per_group_s"] = how + "the second less the first, over 7";
-        src[at + ".per_param_s"] = how + "the third less the second, over 24";
+      for (const auto& [phase, line] : phases.items())
         say(note, "calibrate: FSDP2 %s %s %.2f ms + %.2f ms a group + %.3f ms a parameter\n", sharding.c_str(),
             phase.c_str(), line["fixed_s"].get<double>() * 1e3, line["per_group_s"].get<double>() * 1e3,
             line["per_param_s"].get<double>() * 1e3);
-      }
     // What this PyTorch could not run is left out of the profile: its plan
     // falls back to one dispatch per op there.
     for (const auto& reason : probe.value("not_measured", nlohmann::json::array()))
       say(note, "calibrate: not measured (a plan charges one dispatch per op instead): %s\n",
           reason.get<std::string>().c_str());
-    for (const auto& [step, kinds] : probe["adamw_steps"].items())
-      for (const auto& [kind, line] : kinds.items()) {
-        const std::string at = "measured_kernels.adamw_steps." + step + "." + kind;
-        const std::string how = where + "pytorch/calibrate_stack.py (torch " + probe.value("torch", "?") +
-                                 "): AdamW " + step + " over " + kind + "s of 64 to 126 fp32: 1, 32 of one shape, " +
-                                 "32 of 32 shapes; ";
-        src[at + ".fixed_s"] = how + "what is left of the first";
-        src[at + ".per_tensor_s"] = how + "the second less the first, over 31";
-        src[at + ".per_shape_s"] = how + "the third less the second, over 31";
-        say(note, "calibrate: AdamW %s over %ss %.1f us + %.1f us a tensor + %.1f us a shape\n", step.c_str(),
-            kind.c_str(), line["fixed_s"].get<double>() * 1e6, line["per_tensor_s"].get<double>() * 1e6,
-            line["per_shape_s"].get<double>() * 1e6);
-      }
   }
   const std::pair<const char*, torch::Dtype> dtypes[] = {
       {"fp32", torch::kFloat}, {"bf16", torch::kBFloat16}, {"fp16", torch::kHalf}};

@@ -214,23 +214,30 @@ TEST(ProfileTest, ReadsMeasuredKernelsAndRefusesAMalformedGrid) {
   EXPECT_NE(err.find("has no entry in 'sources'"), std::string::npos) << err;
 }
 
-// `calibrate --stack pytorch`'s AdamW lines: read by step and tensor kind;
-// a step or kind the time model does not know is refused by name.
-TEST(ProfileTest, ReadsAdamwStepDispatchLines) {
+// cpu.json with measured kernels (made up: one rate for every product) and
+// `lines`, a table of calibrate --stack pytorch's lines, as
+// measured_kernels.`table`; every figure sourced.
+nlohmann::json calibrated_cpu(const std::string& table, const nlohmann::json& lines) {
   nlohmann::json p = nlohmann::json::parse(read_text(kProfilesDir + "/cpu.json"));
-  p["measured_kernels"] = {{"op_overhead_s", 2e-6},
-                           {"matmul_dims", {16}},
-                           {"matmul_flops_per_s", {{"fp32", {5e10}}}},
-                           {"adamw_steps",
-                            {{"for-loop",
-                              {{"tensor", {{"fixed_s", 3e-5}, {"per_tensor_s", 2e-5}, {"per_shape_s", 0}}},
-                               {"dtensor", {{"fixed_s", 1e-4}, {"per_tensor_s", 1e-4}, {"per_shape_s", 1.4e-3}}}}}}}};
+  p["measured_kernels"] = {{"op_overhead_s", 2e-6}, {"matmul_dims", {16}}, {"matmul_flops_per_s", {{"fp32", {5e10}}}}};
+  p["measured_kernels"][table] = lines;
   for (const char* f : {"measured_kernels.op_overhead_s", "measured_kernels.matmul_dims",
                         "measured_kernels.matmul_flops_per_s.fp32"})
     p["sources"][f] = "measured by this test, made up";
-  for (const char* kind : {"tensor", "dtensor"})
-    for (const char* part : {"fixed_s", "per_tensor_s", "per_shape_s"})
-      p["sources"][std::string("measured_kernels.adamw_steps.for-loop.") + kind + "." + part] = "made up";
+  for (const auto& [outer, inners] : lines.items())
+    for (const auto& [inner, line] : inners.items())
+      for (const auto& [figure, value] : line.items())
+        p["sources"]["measured_kernels." + table + "." + outer + "." + inner + "." + figure] = "made up";
+  return p;
+}
+
+// `calibrate --stack pytorch`'s AdamW lines: read by step and tensor kind;
+// a step or kind the time model does not know is refused by name.
+TEST(ProfileTest, ReadsAdamwStepDispatchLines) {
+  const nlohmann::json p = calibrated_cpu(
+      "adamw_steps", {{"for-loop",
+                       {{"tensor", {{"fixed_s", 3e-5}, {"per_tensor_s", 2e-5}, {"per_shape_s", 0}}},
+                        {"dtensor", {{"fixed_s", 1e-4}, {"per_tensor_s", 1e-4}, {"per_shape_s", 1.4e-3}}}}}});
   const MeasuredKernels k = parse_profile(p.dump(), "cal.json").measured_kernels;
   ASSERT_NE(k.adamw_step("for-loop", "dtensor"), nullptr);
   EXPECT_DOUBLE_EQ(k.adamw_step("for-loop", "dtensor")->per_shape_s, 1.4e-3);
@@ -341,20 +348,10 @@ TEST(ProfileTest, DefaultDirsSitNextToTheExecutable) {
 // phase; a sharding or phase the time model does not charge is refused by
 // name, and a line's missing field is named.
 TEST(ProfileTest, ReadsFsdp2HookLines) {
-  nlohmann::json p = nlohmann::json::parse(read_text(kProfilesDir + "/cpu.json"));
-  p["measured_kernels"] = {{"op_overhead_s", 2e-6},
-                           {"matmul_dims", {16}},
-                           {"matmul_flops_per_s", {{"fp32", {5e10}}}},
-                           {"fsdp2_hooks",
-                            {{"zero3",
-                              {{"forward", {{"fixed_s", 1e-4}, {"per_group_s", 1.5e-3}, {"per_param_s", 1e-4}}},
-                               {"backward", {{"fixed_s", 0}, {"per_group_s", 3e-3}, {"per_param_s", 2e-4}}}}}}}};
-  for (const char* f : {"measured_kernels.op_overhead_s", "measured_kernels.matmul_dims",
-                        "measured_kernels.matmul_flops_per_s.fp32"})
-    p["sources"][f] = "measured by this test, made up";
-  for (const char* phase : {"forward", "backward"})
-    for (const char* part : {"fixed_s", "per_group_s", "per_param_s"})
-      p["sources"][std::string("measured_kernels.fsdp2_hooks.zero3.") + phase + "." + part] = "made up";
+  const nlohmann::json p = calibrated_cpu(
+      "fsdp2_hooks", {{"zero3",
+                       {{"forward", {{"fixed_s", 1e-4}, {"per_group_s", 1.5e-3}, {"per_param_s", 1e-4}}},
+                        {"backward", {{"fixed_s", 0}, {"per_group_s", 3e-3}, {"per_param_s", 2e-4}}}}}});
   const MeasuredKernels k = parse_profile(p.dump(), "cal.json").measured_kernels;
   ASSERT_NE(k.fsdp2_hook("zero3", "backward"), nullptr);
   EXPECT_DOUBLE_EQ(k.fsdp2_hook("zero3", "backward")->per_group_s, 3e-3);

@@ -33,6 +33,22 @@ DeviceProfile fake_device() {
   return p;
 }
 
+// fake_device() whose link pays 1 ms a collective.
+DeviceProfile device_with_latency() {
+  DeviceProfile p = fake_device();
+  p.gpu_link.latency_s = 1e-3;
+  return p;
+}
+
+// zero3 by block over 2 ranks, three units of 1000 elements.
+StepTimeInputs zero3_three_units() {
+  StepTimeInputs in;
+  in.candidate = parse_candidate("zero3/fp32/wrap=block");
+  in.unit_padded_numel = {1000, 1000, 1000};
+  in.world_size = in.shard_group_size = 2;
+  return in;
+}
+
 // fake_device with kernels measured as `shardfit calibrate` measures them:
 // a 1 us dispatch, every product of the {16, 256} grid at 1e11 FLOP/s.
 DeviceProfile fake_device_by_op() {
@@ -120,8 +136,7 @@ TEST(TimeModelTest, DdpAsyncReduceHidesAllButTheFirstUnitsAllReduce) {
 // DDP's buckets (spec/grad_buckets.h) instead of units: the same bytes, one
 // latency per bucket, and with --async-reduce only the last bucket shows.
 TEST(TimeModelTest, DdpBucketsPayALatencyEachAndExposeTheLastBucket) {
-  DeviceProfile p = fake_device();
-  p.gpu_link.latency_s = 1e-3;
+  const DeviceProfile p = device_with_latency();
   StepTimeInputs in;
   in.candidate = parse_candidate("ddp/fp32/wrap=none");
   in.forward_flops = 1e12;
@@ -321,8 +336,7 @@ TEST(TimeModelTest, OneRankCommunicatesNothing) {
   in.forward_flops = 1e9;
   in.backward_flops = 2e9;
   in.unit_padded_numel = {1000, 2000};
-  DeviceProfile p = fake_device();
-  p.gpu_link.latency_s = 1e-3;  // a measured latency: still no collective to pay it
+  const DeviceProfile p = device_with_latency();  // a measured latency: still no collective to pay it
   StepTime t = estimate_step_time(in, p);
   EXPECT_EQ(t.comm_s, 0);
   EXPECT_EQ(t.exposed_comm_s, 0);
@@ -499,12 +513,8 @@ TEST(TimeModelByOpTest, MatmulRateInterpolatesInLogSpaceAndClampsToTheGrid) {
 // A measured latency is paid per collective, and the engine's gathers and
 // reduce-scatters on Gloo move an all-reduce's bytes.
 TEST(TimeModelByOpTest, CollectivesPayLatencyAndGlooGathersMoveAllReduceBytes) {
-  DeviceProfile p = fake_device();
-  p.gpu_link.latency_s = 1e-3;
-  StepTimeInputs in;
-  in.candidate = parse_candidate("zero3/fp32/wrap=block");
-  in.unit_padded_numel = {1000, 1000, 1000};
-  in.world_size = in.shard_group_size = 2;
+  const DeviceProfile p = device_with_latency();
+  StepTimeInputs in = zero3_three_units();
   // 3 gathers forward, 3 again and 3 reduce-scatters backward, each of
   // 4000 B × 1/2 at 5e9 B/s plus 1 ms.
   const double one = 2000 / 5e9;
@@ -519,12 +529,8 @@ TEST(TimeModelByOpTest, CollectivesPayLatencyAndGlooGathersMoveAllReduceBytes) {
 // gathers and reduce-scatters then pay their bytes alone, the latency being
 // inside what was measured.
 TEST(TimeModelByOpTest, MeasuredHooksAddToEachPhaseInPlaceOfTheLatency) {
-  DeviceProfile p = fake_device();
-  p.gpu_link.latency_s = 1e-3;
-  StepTimeInputs in;
-  in.candidate = parse_candidate("zero3/fp32/wrap=block");
-  in.unit_padded_numel = {1000, 1000, 1000};
-  in.world_size = in.shard_group_size = 2;
+  const DeviceProfile p = device_with_latency();
+  StepTimeInputs in = zero3_three_units();
   const StepTime plain = estimate_step_time(in, p);
   in.forward_hooks_s = 4e-3;
   in.backward_hooks_s = 7e-3;
@@ -542,8 +548,7 @@ TEST(TimeModelByOpTest, MeasuredHooksAddToEachPhaseInPlaceOfTheLatency) {
 // PyTorch's ZeroRedundancyOptimizer issues them, a broadcast a parameter,
 // each paying the latency; the bytes are the same either way.
 TEST(TimeModelByOpTest, Zero1PaysALatencyForEachCollectiveAfterTheStep) {
-  DeviceProfile p = fake_device();
-  p.gpu_link.latency_s = 1e-3;
+  const DeviceProfile p = device_with_latency();
   StepTimeInputs in;
   in.candidate = parse_candidate("zero1/fp32/wrap=block");
   in.unit_padded_numel = {1000, 1000};

@@ -96,17 +96,20 @@ class OptimizerDispatchTest(unittest.TestCase):
         flat = profile("flat.json", (1.0, 0.0, 0.0), (1.0, 0.0, 0.0))
         sloped = profile("sloped.json", (1.0, 0.5, 0.125), (2.0, 0.25, 0.0625))
 
-        def optimizer_s(device, version):
+        def plan(device, version, strategies, part):
+            """{sharding: (the time_breakdown_s part, units, max batch)} of each candidate."""
             out = subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", device,
                                   "--gpus", "2", "--gpu-mem", "64MiB", "--fsdp-version", version, "--json",
-                                  "--strategies", "ddp/fp32/wrap=none,zero3/fp32/wrap=block"],
-                                 capture_output=True, text=True, timeout=300)
+                                  "--strategies", strategies], capture_output=True, text=True, timeout=300)
             self.assertEqual(out.returncode, 0, out.stderr)
             cands = json.loads(out.stdout)["candidates"]
             for c in cands:
                 self.assertEqual(c["adamw_step"], "for-loop")  # PyTorch's default on a CPU
-            return {c["id"].split("/")[0]: (c["predicted"]["time_breakdown_s"]["optimizer"], c["units"])
-                    for c in cands}
+            return {c["id"].split("/")[0]: (c["predicted"]["time_breakdown_s"][part], c["units"],
+                                            c["max_batch_per_gpu"]) for c in cands}
+
+        def optimizer_s(device, version):
+            return plan(device, version, "ddp/fp32/wrap=none,zero3/fp32/wrap=block", "optimizer")
 
         for version in ("1", "2"):
             a, b = optimizer_s(flat, version), optimizer_s(sloped, version)
@@ -128,13 +131,7 @@ class OptimizerDispatchTest(unittest.TestCase):
                           "zero2": {"forward": (4.0, 0.0, 0.0), "backward": (8.0, 0.0, 0.0)}})
 
         def compute_s(device, version):
-            out = subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", device,
-                                  "--gpus", "2", "--gpu-mem", "64MiB", "--fsdp-version", version, "--json",
-                                  "--strategies", "zero3/fp32/wrap=block,zero2/fp32/wrap=block"],
-                                 capture_output=True, text=True, timeout=300)
-            self.assertEqual(out.returncode, 0, out.stderr)
-            return {c["id"].split("/")[0]: (c["predicted"]["time_breakdown_s"]["compute"], c["units"], c["max_batch_per_gpu"])
-                    for c in json.loads(out.stdout)["candidates"]}
+            return plan(device, version, "zero3/fp32/wrap=block,zero2/fp32/wrap=block", "compute")
 
         a, h = compute_s(flat, "2"), compute_s(hooked, "2")
         for sharding in ("zero3", "zero2"):
