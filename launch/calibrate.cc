@@ -299,8 +299,8 @@ std::string today() {
 }
 
 // --stack pytorch: what torch.optim.AdamW's step costs to dispatch, over
-// plain tensors and over FSDP2's DTensors, and what FSDP2's hooks cost on
-// `ranks` ranks (pytorch/calibrate_stack.py, run by the project's Python
+// plain tensors and over FSDP2's DTensors, and what FSDP1's and FSDP2's
+// hooks cost on `ranks` ranks (pytorch/calibrate_stack.py, run by the project's Python
 // with `threads` intra-op threads a rank). BadInput when it cannot run: no
 // Python with torch, or the script missing.
 nlohmann::json stack_probe(int threads, int ranks) {
@@ -323,7 +323,7 @@ nlohmann::json stack_probe(int threads, int ranks) {
   const nlohmann::json j =
       status == 0 && result ? nlohmann::json::parse(result, nullptr, false) : nlohmann::json();
   std::filesystem::remove_all(dir);
-  if (!j.is_object() || !j.contains("adamw_steps") || !j.contains("fsdp2_hooks"))
+  if (!j.is_object() || !j.contains("adamw_steps") || !j.contains("fsdp1_hooks") || !j.contains("fsdp2_hooks"))
     throw BadInput("--stack pytorch: " + python + " " + script + " exited " + std::to_string(status) + ": " +
                    (last.empty() ? "no output" : last) + " (it needs the pinned stack's torch: scripts/install-deps)");
   return j;
@@ -372,11 +372,10 @@ nlohmann::json calibrate_cpu(const CalibrateRequest& req,
   auto& src = p["sources"];
   nlohmann::json kernels = nlohmann::json::object();
   if (req.pytorch) {  // first: it fails fast where there is no PyTorch
-    // FSDP2's collectives need two ranks: --nproc 1 is probed on 2.
+    // FSDP's collectives need two ranks: --nproc 1 is probed on 2.
     const int ranks = std::max(2, req.nproc);
     const nlohmann::json probe = stack_probe(threads, ranks);
     kernels["adamw_steps"] = probe["adamw_steps"];
-    kernels["fsdp2_hooks"] = probe["fsdp2_hooks"];
     const std::string script = where + "pytorch/calibrate_stack.py (torch " + probe.value("torch", "?") + ")";
     source_lines(src, "measured_kernels.adamw_steps", probe["adamw_steps"],
                  [&](const std::string& step, const std::string& kind) {
@@ -386,26 +385,36 @@ nlohmann::json calibrate_cpu(const CalibrateRequest& req,
                  {{"fixed_s", "what is left of the first"},
                   {"per_tensor_s", "the second less the first, over 31"},
                   {"per_shape_s", "the third less the second, over 31"}});
-    source_lines(src, "measured_kernels.fsdp2_hooks", probe["fsdp2_hooks"],
-                 [&](const std::string& sharding, const std::string& phase) {
-                   return script + " on " + std::to_string(ranks) +
-                          " Gloo ranks: what fully_shard(reshard_after_forward=" +
-                          (sharding == "zero3" ? "True" : "False") + ") adds to a " + phase +
-                          ", collectives included, over groups of bias-free Linear(64, 64): 1 of 1, 8 of 1, 8 of 4; ";
-                 },
-                 {{"fixed_s", "what is left of the first"},
-                  {"per_group_s", "the second less the first, over 7"},
-                  {"per_param_s", "the third less the second, over 24"}});
+    for (int version : {1, 2}) {
+      const std::string table = "fsdp" + std::to_string(version) + "_hooks";
+      kernels[table] = probe[table];
+      source_lines(src, "measured_kernels." + table, probe[table],
+                   [&](const std::string& sharding, const std::string& phase) {
+                     const bool zero3 = sharding == "zero3";
+                     const std::string wrap =
+                         version == 2 ? std::string("fully_shard(reshard_after_forward=") +
+                                            (zero3 ? "True" : "False") + ") on each group, then the root"
+                                      : std::string("FullyShardedDataParallel(") +
+                                            (zero3 ? "FULL_SHARD" : "SHARD_GRAD_OP") + ", a unit a group)";
+                     return script + " on " + std::to_string(ranks) + " Gloo ranks: what " + wrap + " adds to a " +
+                            phase + ", collectives included, over groups of bias-free Linear(64, 64): 1 of 1, " +
+                            "8 of 1, 8 of 8; ";
+                   },
+                   {{"fixed_s", "what is left of the first"},
+                    {"per_group_s", "the second less the first, over 7"},
+                    {"per_param_s", "the third less the second, over 56"}});
+    }
     for (const auto& [step, kinds] : probe["adamw_steps"].items())
       for (const auto& [kind, line] : kinds.items())
         say(note, "calibrate: AdamW %s over %ss %.1f us + %.1f us a tensor + %.1f us a shape\n", step.c_str(),
             kind.c_str(), line["fixed_s"].get<double>() * 1e6, line["per_tensor_s"].get<double>() * 1e6,
             line["per_shape_s"].get<double>() * 1e6);
-    for (const auto& [sharding, phases] : probe["fsdp2_hooks"].items())
-      for (const auto& [phase, line] : phases.items())
-        say(note, "calibrate: FSDP2 %s %s %.2f ms + %.2f ms a group + %.3f ms a parameter\n", sharding.c_str(),
-            phase.c_str(), line["fixed_s"].get<double>() * 1e3, line["per_group_s"].get<double>() * 1e3,
-            line["per_param_s"].get<double>() * 1e3);
+    for (const char* version : {"1", "2"})
+      for (const auto& [sharding, phases] : probe[std::string("fsdp") + version + "_hooks"].items())
+        for (const auto& [phase, line] : phases.items())
+          say(note, "calibrate: FSDP%s %s %s %.2f ms + %.2f ms a group + %.3f ms a parameter\n", version,
+              sharding.c_str(), phase.c_str(), line["fixed_s"].get<double>() * 1e3,
+              line["per_group_s"].get<double>() * 1e3, line["per_param_s"].get<double>() * 1e3);
     // What this PyTorch could not run is left out of the profile: its plan
     // falls back to one dispatch per op there.
     for (const auto& reason : probe.value("not_measured", nlohmann::json::array()))

@@ -17,11 +17,13 @@
 //       one a distinct shape (pytorch/calibrate_stack.py, run by the
 //       project's Python first, so that a machine without PyTorch fails at
 //       once); what this PyTorch cannot run is left out and named;
-//   measured_kernels.fsdp2_hooks (--stack pytorch)  what FSDP2's
-//       fully_shard adds to a forward and to a backward, its collectives
-//       included, on max(N, 2) ranks over Gloo (processes, as a job runs
-//       them), reshard_after_forward True (zero3) and False (zero2): a
-//       fixed cost, one a group and one a parameter (the same script);
+//   measured_kernels.fsdp1_hooks, .fsdp2_hooks (--stack pytorch)  what
+//       FullyShardedDataParallel and fully_shard add to a forward and to a
+//       backward, their collectives included, on max(N, 2) ranks over Gloo
+//       (processes, as a job runs them), FULL_SHARD or
+//       reshard_after_forward=True (zero3) and SHARD_GRAD_OP or False
+//       (zero2): a fixed cost, one a unit and one a parameter (the same
+//       script);
 //   gpu_link.latency_s  a gloo all-reduce of one element, the same way;
 //   gpu_link.bytes_per_s  a gloo all-reduce of 16 MiB fp32 among max(N, 2)
 //       ranks (threads of this process over loopback TCP), counted as the
@@ -46,7 +48,7 @@ struct CalibrateRequest {
   std::string base = "cpu";  // the profile whose other figures the result keeps
   std::string name = "cpu-calibrated";  // the result's profile name
   std::string profiles_dir;             // where `base` is looked up by name
-  bool pytorch = false;                 // --stack pytorch: PyTorch's AdamW dispatch and FSDP2's hooks too
+  bool pytorch = false;                 // --stack pytorch: PyTorch's AdamW dispatch and FSDP's hooks too
 };
 
 // Measures this machine and returns `base`'s profile JSON with the measured

@@ -254,16 +254,20 @@ LineTable parse_line_table(const ProfileReader& r, const std::string& field, con
 }
 
 // measured_kernels.adamw_steps: {step: {tensor kind: {fixed_s, per_tensor_s, per_shape_s}}};
-// measured_kernels.fsdp2_hooks: {zero3|zero2: {forward|backward: {fixed_s, per_group_s, per_param_s}}}.
+// measured_kernels.fsdp1_hooks and .fsdp2_hooks: {zero3|zero2: {forward|backward: {fixed_s, per_group_s,
+// per_param_s}}}.
 void parse_pytorch_lines(const ProfileReader& r, MeasuredKernels& k) {
   for (const auto& [step, kinds] :
        parse_line_table(r, "measured_kernels.adamw_steps", "AdamW step", {"for-loop", "foreach", "fused"},
                         "tensor kind", {"tensor", "dtensor"}, {"fixed_s", "per_tensor_s", "per_shape_s"}))
     for (const auto& [kind, v] : kinds) k.adamw_steps[step][kind] = {v[0], v[1], v[2]};
-  for (const auto& [sharding, phases] :
-       parse_line_table(r, "measured_kernels.fsdp2_hooks", "FSDP2 sharding", {"zero3", "zero2"}, "phase",
-                        {"forward", "backward"}, {"fixed_s", "per_group_s", "per_param_s"}))
-    for (const auto& [phase, v] : phases) k.fsdp2_hooks[sharding][phase] = {v[0], v[1], v[2]};
+  for (int version : {1, 2}) {
+    const std::string name = "fsdp" + std::to_string(version);
+    for (const auto& [sharding, phases] :
+         parse_line_table(r, "measured_kernels." + name + "_hooks", "FSDP sharding", {"zero3", "zero2"}, "phase",
+                          {"forward", "backward"}, {"fixed_s", "per_group_s", "per_param_s"}))
+      for (const auto& [phase, v] : phases) k.fsdp_hooks[version][sharding][phase] = {v[0], v[1], v[2]};
+  }
 }
 
 const MeasuredKernels::DispatchLine* MeasuredKernels::adamw_step(const std::string& step,
@@ -274,10 +278,12 @@ const MeasuredKernels::DispatchLine* MeasuredKernels::adamw_step(const std::stri
   return line == s->second.end() ? nullptr : &line->second;
 }
 
-const MeasuredKernels::HookLine* MeasuredKernels::fsdp2_hook(const std::string& sharding,
-                                                             const std::string& phase) const {
-  const auto s = fsdp2_hooks.find(sharding);
-  if (s == fsdp2_hooks.end()) return nullptr;
+const MeasuredKernels::HookLine* MeasuredKernels::fsdp_hook(int version, const std::string& sharding,
+                                                            const std::string& phase) const {
+  const auto v = fsdp_hooks.find(version);
+  if (v == fsdp_hooks.end()) return nullptr;
+  const auto s = v->second.find(sharding);
+  if (s == v->second.end()) return nullptr;
   const auto line = s->second.find(phase);
   return line == s->second.end() ? nullptr : &line->second;
 }

@@ -78,20 +78,22 @@ struct MeasuredKernels {
   std::map<std::string, std::map<std::string, DispatchLine>> adamw_steps;
   // The line for `step` over `tensor_kind`, or nullptr when not measured.
   const DispatchLine* adamw_step(const std::string& step, const std::string& tensor_kind) const;
-  // What FSDP2's fully_shard adds to a forward and to a backward on this
-  // machine, its collectives included, as `shardfit calibrate --stack
-  // pytorch` ran it on --nproc ranks (pytorch/calibrate_stack.py): by
-  // reshard_after_forward ("zero3": True, "zero2": False) and by phase
-  // ("forward", "backward"), fixed_s + per_group_s a fully_shard group +
-  // per_param_s a parameter. On a CPU most of it is Python: each group's
-  // hooks, the copies into and out of its collectives, the wait for the
-  // other ranks. Empty: each collective pays the link's latency alone.
+  // What FSDP adds to a forward and to a backward on this machine, its
+  // collectives included, as `shardfit calibrate --stack pytorch` ran it on
+  // --nproc ranks (pytorch/calibrate_stack.py): by version (1:
+  // FullyShardedDataParallel, 2: fully_shard), by sharding ("zero3":
+  // FULL_SHARD, reshard_after_forward=True; "zero2": SHARD_GRAD_OP, False)
+  // and by phase ("forward", "backward"), fixed_s + per_group_s a unit (a
+  // flat parameter, a fully_shard group) + per_param_s a parameter. On a CPU
+  // most of it is Python: each unit's hooks, the copies into and out of its
+  // collectives, the wait for the other ranks. Empty: each collective pays
+  // the link's latency alone.
   struct HookLine {
     double fixed_s = 0, per_group_s = 0, per_param_s = 0;
   };
-  std::map<std::string, std::map<std::string, HookLine>> fsdp2_hooks;
-  // The line for `sharding` in `phase`, or nullptr when not measured.
-  const HookLine* fsdp2_hook(const std::string& sharding, const std::string& phase) const;
+  std::map<int, std::map<std::string, std::map<std::string, HookLine>>> fsdp_hooks;
+  // The line of FSDP `version` for `sharding` in `phase`, or nullptr when not measured.
+  const HookLine* fsdp_hook(int version, const std::string& sharding, const std::string& phase) const;
   bool times(DType dtype) const { return matmul_flops_per_s.count(dtype) > 0; }
   // The rate of one (m x k)(k x n) product: the grid's, interpolated
   // linearly in log(rate) over log(m), log(n), log(k), each clamped to the

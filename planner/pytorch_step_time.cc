@@ -47,8 +47,8 @@ double adamw_dispatch_s(const DeviceProfile& profile, AdamwStep adamw, bool dten
 // with BACKWARD_PRE or BACKWARD_POST, gathers the next unit ahead of its
 // backward (prefetch 1); with forward_prefetch (FSDP1, --prefetch 2) the
 // next unit ahead of its forward too, else the forward's gathers are waited
-// for. FSDP2's hooks, collectives included, cost what calibrate measured
-// (MeasuredKernels::fsdp2_hooks). The optimizer's step pays its dispatch
+// for. FSDP's hooks, collectives included, cost what calibrate measured
+// (MeasuredKernels::fsdp_hooks). The optimizer's step pays its dispatch
 // (`adamw`'s over the tensors it steps: measured whole, adamw_dispatch_s,
 // or one dispatch per op, adamw_step_ops).
 StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const TraceFile& file, int world,
@@ -101,22 +101,24 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
       }
       ti.unit_padded_numel.push_back(padded);
     }
-    if (r.fsdp_version == 2) {
-      charge_adamw(fsdp2_shapes, true);
-      // fully_shard's hooks, as calibrate measured them: a group a unit
-      // holding parameters, a parameter a DTensor. HSDP runs zero3's.
-      int64_t groups = 0;
-      for (const auto& u : part.units) groups += u.params.empty() ? 0 : 1;
-      const std::string line = c.sharding == Sharding::kZero2 ? "zero2" : "zero3";
-      auto hooks_s = [&](const char* phase) {
-        const auto* h = r.profile.measured_kernels.fsdp2_hook(line, phase);
-        return h ? h->fixed_s + h->per_group_s * static_cast<double>(groups) +
-                       h->per_param_s * static_cast<double>(fsdp2_shapes.size())
-                 : 0.0;
-      };
-      ti.forward_hooks_s = hooks_s("forward");
-      ti.backward_hooks_s = hooks_s("backward");
+    if (r.fsdp_version == 2) charge_adamw(fsdp2_shapes, true);
+    // FSDP's hooks, as calibrate measured them: a group a unit holding
+    // parameters (a flat parameter, a fully_shard group), a parameter one
+    // of the model's. HSDP runs zero3's; NO_SHARD has none measured.
+    int64_t groups = 0, params = 0;
+    for (const auto& u : part.units) {
+      groups += u.params.empty() ? 0 : 1;
+      params += static_cast<int64_t>(u.params.size());
     }
+    const std::string line = c.sharding == Sharding::kZero2 ? "zero2" : "zero3";
+    auto hooks_s = [&](const char* phase) {
+      const auto* h = fsdp_no_shard(c) ? nullptr : r.profile.measured_kernels.fsdp_hook(r.fsdp_version, line, phase);
+      return h ? h->fixed_s + h->per_group_s * static_cast<double>(groups) +
+                     h->per_param_s * static_cast<double>(params)
+               : 0.0;
+    };
+    ti.forward_hooks_s = hooks_s("forward");
+    ti.backward_hooks_s = hooks_s("backward");
   } else {
     ti.reduce_elem_bytes = 4;
     if (r.single_gpu_unwrapped) {

@@ -42,7 +42,7 @@
 //    prefetches prefetch - 1 units). After the step, zero1's param
 //    all-gather is exposed. With one unit (wrap=none) everything is exposed,
 //    as it really is.
-//  - A strategy's hooks (PyTorch's FSDP2 on a calibrated profile:
+//  - A strategy's hooks (PyTorch's FSDP on a calibrated profile:
 //    forward_hooks_s, backward_hooks_s): measured whole, collectives'
 //    fixed costs included, and added to each phase's compute: they run
 //    on the compute thread.
@@ -115,8 +115,8 @@ struct StepTimeInputs {
   double optimizer_dispatch_s = 0;
   // The strategy's own work on the compute thread in one micro-batch's
   // forward and backward, its sharded collectives' fixed costs included:
-  // PyTorch's FSDP2 hooks as calibrate measured them on this machine
-  // (MeasuredKernels::fsdp2_hooks, at the job's groups and parameters).
+  // PyTorch's FSDP hooks as calibrate measured them on this machine
+  // (MeasuredKernels::fsdp_hooks, at the job's units and parameters).
   // Added to the phases' compute; when either is > 0 the gathers and
   // reduce-scatters pay their bytes alone, not the link's latency too.
   double forward_hooks_s = 0;

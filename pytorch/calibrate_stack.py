@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What PyTorch's own machinery costs on this machine beside the model's
 kernels, for `shardfit calibrate --stack pytorch`: torch.optim.AdamW's step,
-and FSDP2's hooks.
+and FSDP's hooks.
 
     .venv/bin/python pytorch/calibrate_stack.py --threads 1 [--nproc 2] [--out FILE]
 
@@ -26,30 +26,34 @@ collective), only its local shard differs. Each figure is the median of 9
 samples of at least 5 ms of steps, after one step that creates the state
 and one that warms up.
 
-FSDP2. fully_shard wraps each group's forward and backward in Python: hooks
-that all-gather the group's parameters (copied into one flat buffer first,
-then out into each parameter), free them again, and reduce-scatter the
-gradients (copied in and out the same way). On a CPU, for small layers,
-these cost far more than the link's latency the collectives would pay
-alone (about 1.5 ms a collective against 0.2 ms on 2 ranks of a 2-core
-VM), and most of it is not the collective: the copies' dispatch, the hooks,
-and the wait for the other ranks. So this runs --nproc ranks over Gloo, as
-the job will, and measures the forward and the backward of fully_shard on
-each of 1 group of 1 bias-free Linear(64, 64), 8 groups of 1 and 8 groups
-of 4 (then on the root, which holds no parameter of its own), each less the
-same model unwrapped: per phase a fixed cost, one a group and one a
-parameter, for reshard_after_forward True ("zero3") and False ("zero2").
+FSDP. FSDP wraps each unit's forward and backward in Python: hooks that
+all-gather the unit's parameters (copied into one flat buffer first, then
+out into each parameter, or viewed from FSDP1's flat parameter), free them
+again, and reduce-scatter the gradients (copied in and out the same way).
+On a CPU, for small layers, these cost far more than the link's latency
+the collectives would pay alone (about 1.5 ms a collective against 0.2 ms
+on 2 ranks of a 2-core VM), and most of it is not the collective: the
+copies' dispatch, the hooks, and the wait for the other ranks. So this runs
+--nproc ranks over Gloo, as the job will, and measures the forward and the
+backward of 1 group of 1 bias-free Linear(64, 64), 8 groups of 1 and 8 of
+8, each group wrapped (FSDP1: FullyShardedDataParallel, a unit a group;
+FSDP2: fully_shard on each group, then on the root, which holds no
+parameter of its own), each less the same model unwrapped: per phase a
+fixed cost, one a group and one a parameter, for FULL_SHARD or
+reshard_after_forward=True ("zero3") and SHARD_GRAD_OP or False ("zero2").
 Their bytes are nothing: the plan adds a collective's bytes over the link's
-rate, and no latency beside this. Each figure is a median of 31 steps.
+rate, and no latency beside this. Each figure is a median of 31 steps; a
+difference that comes out negative (noise) is 0.
 
 Writes one JSON object to --out (default: stdout): {"adamw_steps":
 {"for-loop": {"tensor": {"fixed_s": ..., "per_tensor_s": ...,
 "per_shape_s": ...}, "dtensor": {...}}, "foreach": {...}, "fused": {...}},
-"fsdp2_hooks": {"zero3": {"forward": {"fixed_s": ..., "per_group_s": ...,
-"per_param_s": ...}, "backward": {...}}, "zero2": {...}}, "not_measured":
+"fsdp1_hooks": {"zero3": {"forward": {"fixed_s": ..., "per_group_s": ...,
+"per_param_s": ...}, "backward": {...}}, "zero2": {...}}, "fsdp2_hooks":
+{...}, "not_measured":
 [...], "torch": ...}. An AdamW step this PyTorch cannot run (fused over
 DTensors, say) is left out and named, with its reason, in not_measured. A
-rank of the FSDP2 probe that fails takes the others down, and this exits
+rank of the FSDP probe that fails takes the others down, and this exits
 non-zero."""
 import argparse
 import json
@@ -61,8 +65,10 @@ import torch.distributed as dist
 
 ELEMENTS = 64
 MANY = 32
-GROUPS = 8        # FSDP2's probe: fully_shard groups
-GROUP_PARAMS = 4  # ... and parameters in each of the largest
+# The FSDP probe: 1 group of 1 parameter, GROUPS of 1, GROUPS of
+# GROUP_PARAMS (launch/calibrate.cc's sources name these).
+GROUPS = 8
+GROUP_PARAMS = 8
 SAMPLES = 31
 
 
@@ -114,7 +120,7 @@ def dispatch_line(kind, which, mesh):
 
 def phase_seconds(model, x):
     """Median seconds of `model`'s forward and of its backward, on `x`."""
-    for _ in range(3):  # FSDP2's lazy init, then warm
+    for _ in range(3):  # FSDP's lazy init, then warm
         model(x).sum().backward()
     forward, backward = [], []
     for _ in range(SAMPLES):
@@ -127,33 +133,50 @@ def phase_seconds(model, x):
     return statistics.median(forward), statistics.median(backward)
 
 
-def fsdp2_seconds(groups, params, reshard, mesh):
-    """What fully_shard adds to a forward and a backward: `groups` blocks of
-    `params` bias-free Linear(64, 64) each, fully_shard on each block then on
-    the root (which holds no parameter of its own), less the same model
-    unwrapped."""
-    from torch.distributed.fsdp import fully_shard
+class Group(torch.nn.Sequential):
+    """A block of the FSDP probe's model: what FSDP1's ModuleWrapPolicy wraps
+    and FSDP2's fully_shard is applied to."""
 
+
+def wrap(version, model, reshard, mesh):
+    """`model` under FSDP `version` (1: FullyShardedDataParallel on the CPU,
+    each Group a unit, FULL_SHARD or, without `reshard`, SHARD_GRAD_OP; 2:
+    fully_shard on each Group, then on the root), as the plan's candidates
+    wrap by block; the root holds no parameter of its own."""
+    if version == 2:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        return fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = ShardingStrategy.FULL_SHARD if reshard else ShardingStrategy.SHARD_GRAD_OP
+    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Group}), sharding_strategy=strategy,
+                                    device_id=torch.device("cpu"))
+
+
+def fsdp_seconds(version, groups, params, reshard, mesh):
+    """What FSDP `version` adds to a forward and a backward: `groups` blocks
+    of `params` bias-free Linear(64, 64) each, less the same model
+    unwrapped."""
     def build():
         torch.manual_seed(0)
-        return torch.nn.Sequential(*[torch.nn.Sequential(*[torch.nn.Linear(ELEMENTS, ELEMENTS, bias=False)
-                                                           for _ in range(params)]) for _ in range(groups)])
+        return torch.nn.Sequential(*[Group(*[torch.nn.Linear(ELEMENTS, ELEMENTS, bias=False) for _ in range(params)])
+                                     for _ in range(groups)])
 
     x = torch.randn(16, ELEMENTS)
     plain = phase_seconds(build(), x)
-    model = build()
-    for block in model:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-    wrapped = phase_seconds(model, x)
+    wrapped = phase_seconds(wrap(version, build(), reshard, mesh), x)
     return [max(0.0, w - p) for w, p in zip(wrapped, plain)]
 
 
-def fsdp2_lines(reshard, mesh):
-    """Per phase, fixed_s, per_group_s and per_param_s of FSDP2's hooks."""
-    one = fsdp2_seconds(1, 1, reshard, mesh)
-    groups = fsdp2_seconds(GROUPS, 1, reshard, mesh)
-    params = fsdp2_seconds(GROUPS, GROUP_PARAMS, reshard, mesh)
+def fsdp_lines(version, reshard, mesh):
+    """Per phase, fixed_s, per_group_s and per_param_s of FSDP `version`'s hooks."""
+    one = fsdp_seconds(version, 1, 1, reshard, mesh)
+    groups = fsdp_seconds(version, GROUPS, 1, reshard, mesh)
+    params = fsdp_seconds(version, GROUPS, GROUP_PARAMS, reshard, mesh)
     lines = {}
     for i, phase in enumerate(("forward", "backward")):
         per_group = max(0.0, (groups[i] - one[i]) / (GROUPS - 1))
@@ -163,9 +186,10 @@ def fsdp2_lines(reshard, mesh):
     return lines
 
 
-def fsdp2_rank(rank, nproc, threads, store_path, out):
-    """One rank of the FSDP2 probe: a Gloo group of `nproc` over a FileStore;
-    rank 0 writes both lines to `out`."""
+def fsdp_rank(rank, nproc, threads, store_path, out):
+    """One rank of the FSDP probe: a Gloo group of `nproc` over a FileStore;
+    rank 0 writes every line, {"fsdp1_hooks": ..., "fsdp2_hooks": ...}, to
+    `out`."""
     from datetime import timedelta
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -175,17 +199,18 @@ def fsdp2_rank(rank, nproc, threads, store_path, out):
     dist.init_process_group("gloo", store=store, rank=rank, world_size=nproc, timeout=timedelta(seconds=300))
     mesh = init_device_mesh("cpu", (nproc,))
     hooks = {}
-    for name, reshard in (("zero3", True), ("zero2", False)):
-        hooks[name] = fsdp2_lines(reshard, mesh)
+    for version in (1, 2):
+        for name, reshard in (("zero3", True), ("zero2", False)):
+            hooks.setdefault("fsdp%d_hooks" % version, {})[name] = fsdp_lines(version, reshard, mesh)
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
             json.dump(hooks, f)
 
 
-def fsdp2_hooks(nproc, threads):
-    """FSDP2's hooks as `nproc` ranks of this machine run them, each with
-    `threads` intra-op threads: what fully_shard adds to a forward and a
+def fsdp_hooks(nproc, threads):
+    """FSDP1's and FSDP2's hooks as `nproc` ranks of this machine run them,
+    each with `threads` intra-op threads: what each adds to a forward and a
     backward, collectives included. A rank that fails takes the others
     down (torch.multiprocessing.spawn) and this raises."""
     import os
@@ -195,7 +220,7 @@ def fsdp2_hooks(nproc, threads):
 
     with tempfile.TemporaryDirectory(prefix="shardfit-fsdp2-") as tmp:
         out = os.path.join(tmp, "hooks.json")
-        mp.spawn(fsdp2_rank, args=(nproc, threads, os.path.join(tmp, "store"), out), nprocs=nproc, join=True)
+        mp.spawn(fsdp_rank, args=(nproc, threads, os.path.join(tmp, "store"), out), nprocs=nproc, join=True)
         with open(out) as f:
             return json.load(f)
 
@@ -204,13 +229,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads, as each rank of the job gets")
     ap.add_argument("--nproc", type=int, default=2,
-                    help="ranks FSDP2's probe runs (as the job will: `shardfit calibrate --nproc`; at least 2)")
+                    help="ranks the FSDP probe runs (as the job will: `shardfit calibrate --nproc`; at least 2)")
     ap.add_argument("--out", help="where to write the JSON (default: stdout)")
     a = ap.parse_args()
     if a.threads < 1:
         raise SystemExit("calibrate_stack.py: --threads %d: must be at least 1" % a.threads)
     if a.nproc < 2:
-        raise SystemExit("calibrate_stack.py: --nproc %d: FSDP2's collectives need at least 2 ranks" % a.nproc)
+        raise SystemExit("calibrate_stack.py: --nproc %d: FSDP's collectives need at least 2 ranks" % a.nproc)
     torch.set_num_threads(a.threads)
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -226,8 +251,8 @@ def main():
             except (RuntimeError, NotImplementedError) as e:
                 missing.append("AdamW %s over %ss: %s" % (which, kind, str(e).split("\n")[0]))
     dist.destroy_process_group()
-    hooks = fsdp2_hooks(a.nproc, a.threads)
-    text = json.dumps({"adamw_steps": steps, "fsdp2_hooks": hooks, "not_measured": missing, "torch": torch.__version__.split("+")[0]})
+    hooks = fsdp_hooks(a.nproc, a.threads)
+    text = json.dumps({"adamw_steps": steps, **hooks, "not_measured": missing, "torch": torch.__version__.split("+")[0]})
     if a.out:
         with open(a.out, "w") as f:
             f.write(text + "\n")

@@ -20,7 +20,10 @@
                                    DDP and ZeroRedundancyOptimizer; fsdp2:
                                    fully_shard by block, then the root;
                                    fsdp2-zero2: the same with
-                                   reshard_after_forward=False),
+                                   reshard_after_forward=False; fsdp1,
+                                   fsdp1-zero2: FullyShardedDataParallel
+                                   on the CPU, a unit a block, FULL_SHARD
+                                   or SHARD_GRAD_OP),
                                    for-loop AdamW: rank 0's median forward,
                                    backward and optimizer step over steps 6
                                    to 25; then cProfile over 5 more of
@@ -213,6 +216,14 @@ def phases_rank(rank, name, wrap, port):
         for m in [m for m in model.modules() if isinstance(m, model.block_class)]:
             fully_shard(m, mesh=mesh, **kw)
         fully_shard(model, mesh=mesh, **kw)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    elif wrap in ("fsdp1", "fsdp1-zero2"):
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        strategy = ShardingStrategy.SHARD_GRAD_OP if wrap == "fsdp1-zero2" else ShardingStrategy.FULL_SHARD
+        model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({model.block_class}),
+                                         sharding_strategy=strategy, device_id=torch.device("cpu"))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     else:
         from torch.nn.parallel import DistributedDataParallel

@@ -344,29 +344,36 @@ TEST(ProfileTest, DefaultDirsSitNextToTheExecutable) {
   EXPECT_EQ(dirs[0], "/opt/shardfit/bin/../profiles");
 }
 
-// `calibrate --stack pytorch`'s FSDP2 hook lines: read by sharding and
-// phase; a sharding or phase the time model does not charge is refused by
-// name, and a line's missing field is named.
-TEST(ProfileTest, ReadsFsdp2HookLines) {
-  const nlohmann::json p = calibrated_cpu(
-      "fsdp2_hooks", {{"zero3",
-                       {{"forward", {{"fixed_s", 1e-4}, {"per_group_s", 1.5e-3}, {"per_param_s", 1e-4}}},
-                        {"backward", {{"fixed_s", 0}, {"per_group_s", 3e-3}, {"per_param_s", 2e-4}}}}}});
+// `calibrate --stack pytorch`'s FSDP hook lines, FSDP1's and FSDP2's: read
+// by version, sharding and phase; a sharding or phase the time model does
+// not charge is refused by name, and a line's missing field is named.
+TEST(ProfileTest, ReadsFsdpHookLines) {
+  const nlohmann::json lines = {
+      {"zero3",
+       {{"forward", {{"fixed_s", 1e-4}, {"per_group_s", 1.5e-3}, {"per_param_s", 1e-4}}},
+        {"backward", {{"fixed_s", 0}, {"per_group_s", 3e-3}, {"per_param_s", 2e-4}}}}}};
+  nlohmann::json p = calibrated_cpu("fsdp2_hooks", lines);
+  p["measured_kernels"]["fsdp1_hooks"] = {{"zero2", lines["zero3"]}};
+  for (const char* phase : {"forward", "backward"})
+    for (const char* figure : {"fixed_s", "per_group_s", "per_param_s"})
+      p["sources"][std::string("measured_kernels.fsdp1_hooks.zero2.") + phase + "." + figure] = "made up";
   const MeasuredKernels k = parse_profile(p.dump(), "cal.json").measured_kernels;
-  ASSERT_NE(k.fsdp2_hook("zero3", "backward"), nullptr);
-  EXPECT_DOUBLE_EQ(k.fsdp2_hook("zero3", "backward")->per_group_s, 3e-3);
-  EXPECT_DOUBLE_EQ(k.fsdp2_hook("zero3", "forward")->per_param_s, 1e-4);
-  EXPECT_EQ(k.fsdp2_hook("zero2", "forward"), nullptr);  // not measured
+  ASSERT_NE(k.fsdp_hook(2, "zero3", "backward"), nullptr);
+  EXPECT_DOUBLE_EQ(k.fsdp_hook(2, "zero3", "backward")->per_group_s, 3e-3);
+  EXPECT_DOUBLE_EQ(k.fsdp_hook(2, "zero3", "forward")->per_param_s, 1e-4);
+  ASSERT_NE(k.fsdp_hook(1, "zero2", "forward"), nullptr);
+  EXPECT_DOUBLE_EQ(k.fsdp_hook(1, "zero2", "forward")->per_group_s, 1.5e-3);
+  EXPECT_EQ(k.fsdp_hook(2, "zero2", "forward"), nullptr);  // not measured
+  EXPECT_EQ(k.fsdp_hook(1, "zero3", "forward"), nullptr);
   nlohmann::json bad_sharding = p;
-  bad_sharding["measured_kernels"]["fsdp2_hooks"]["ddp"] = p["measured_kernels"]["fsdp2_hooks"]["zero3"];
+  bad_sharding["measured_kernels"]["fsdp2_hooks"]["ddp"] = lines["zero3"];
   std::string err = error_of([&] { parse_profile(bad_sharding.dump(), "cal.json"); });
-  EXPECT_NE(err.find("'measured_kernels.fsdp2_hooks.ddp' names no FSDP2 sharding (zero3, zero2)"), std::string::npos)
+  EXPECT_NE(err.find("'measured_kernels.fsdp2_hooks.ddp' names no FSDP sharding (zero3, zero2)"), std::string::npos)
       << err;
   nlohmann::json bad_phase = p;
-  bad_phase["measured_kernels"]["fsdp2_hooks"]["zero3"]["optimizer"] =
-      p["measured_kernels"]["fsdp2_hooks"]["zero3"]["forward"];
+  bad_phase["measured_kernels"]["fsdp1_hooks"]["zero2"]["optimizer"] = lines["zero3"]["forward"];
   err = error_of([&] { parse_profile(bad_phase.dump(), "cal.json"); });
-  EXPECT_NE(err.find("'measured_kernels.fsdp2_hooks.zero3.optimizer' names no phase (forward, backward)"),
+  EXPECT_NE(err.find("'measured_kernels.fsdp1_hooks.zero2.optimizer' names no phase (forward, backward)"),
             std::string::npos)
       << err;
   nlohmann::json no_group = p;

@@ -1,11 +1,11 @@
-"""What PyTorch's AdamW step costs to dispatch and what FSDP2's hooks cost
+"""What PyTorch's AdamW step costs to dispatch and what FSDP's hooks cost
 (pytorch/calibrate_stack.py, `shardfit calibrate --stack pytorch`), and
 which of its lines a `--stack pytorch` plan charges: FSDP2's DTensors the
 DTensor line, DDP's parameters and FSDP1's flat parameters the plain one,
-each at the tensors its optimizer steps; FSDP2's forward and backward its
-hook line at its groups and parameters. The figures themselves depend on the
-machine and its load; what is checked is that each was measured, and where
-each is used."""
+each at the tensors its optimizer steps; FSDP1's and FSDP2's forward and
+backward their version's hook line at their units and parameters. The
+figures themselves depend on the machine and its load; what is checked is
+that each was measured, and where each is used."""
 import json
 import os
 import subprocess
@@ -43,13 +43,14 @@ class OptimizerDispatchTest(unittest.TestCase):
                 self.assertGreaterEqual(line["fixed_s"], 0, (step, kind))
                 self.assertGreater(line["per_tensor_s"], 0, (step, kind))
                 self.assertGreaterEqual(line["per_shape_s"], 0, (step, kind))
-        for sharding in ("zero3", "zero2"):
-            for phase in ("forward", "backward"):
-                line = probe["fsdp2_hooks"][sharding][phase]
-                self.assertEqual(sorted(line), sorted(HOOK_PARTS), (sharding, phase))
-                # Every group all-gathers (and in backward reduce-scatters) on 2 ranks.
-                self.assertGreater(line["per_group_s"], 0, (sharding, phase))
-                self.assertTrue(all(v >= 0 for v in line.values()), (sharding, phase, line))
+        for table in ("fsdp1_hooks", "fsdp2_hooks"):
+            for sharding in ("zero3", "zero2"):
+                for phase in ("forward", "backward"):
+                    line = probe[table][sharding][phase]
+                    self.assertEqual(sorted(line), sorted(HOOK_PARTS), (table, sharding, phase))
+                    # Every unit all-gathers (and in backward reduce-scatters) on 2 ranks.
+                    self.assertGreater(line["per_group_s"], 0, (table, sharding, phase))
+                    self.assertTrue(all(v >= 0 for v in line.values()), (table, sharding, phase, line))
         self.assertEqual(probe["not_measured"], [])  # torch 2.11 runs every step over both kinds
         for bad_args, named in ((["--threads", "0"], "--threads 0"), (["--nproc", "1"], "--nproc 1")):
             bad = subprocess.run([sys.executable, PROBE] + bad_args, capture_output=True, text=True, timeout=60)
@@ -82,13 +83,13 @@ class OptimizerDispatchTest(unittest.TestCase):
             for kind in ("tensor", "dtensor"):
                 for part in PARTS:
                     p["sources"]["measured_kernels.adamw_steps.for-loop.%s.%s" % (kind, part)] = "made up by this test"
-            if hooks:  # {sharding: {phase: (fixed, per group, per parameter)}}
-                p["measured_kernels"]["fsdp2_hooks"] = {
-                    s: {ph: dict(zip(HOOK_PARTS, line)) for ph, line in phases.items()} for s, phases in hooks.items()}
-                for s, phases in hooks.items():
+            for table, lines in (hooks or {}).items():  # {table: {sharding: {phase: (fixed, a unit, a parameter)}}}
+                p["measured_kernels"][table] = {
+                    s: {ph: dict(zip(HOOK_PARTS, line)) for ph, line in phases.items()} for s, phases in lines.items()}
+                for s, phases in lines.items():
                     for ph in phases:
                         for part in HOOK_PARTS:
-                            p["sources"]["measured_kernels.fsdp2_hooks.%s.%s.%s" % (s, ph, part)] = "made up"
+                            p["sources"]["measured_kernels.%s.%s.%s.%s" % (table, s, ph, part)] = "made up"
             with open(self.path(name), "w") as f:
                 json.dump(p, f)
             return self.path(name)
@@ -123,25 +124,26 @@ class OptimizerDispatchTest(unittest.TestCase):
                 self.assertAlmostEqual(b["zero3"][0] - a["zero3"][0], 0.5 * 3 + 0.125 * 2, places=9)
             self.assertGreater(a["zero3"][0], 1.0)  # the fixed second, beside the step's bytes
 
-        # FSDP2's hooks: each phase of zero3 pays zero3's line and zero2
-        # zero2's, at a group a unit (the 2 blocks and the root: each holds
-        # parameters) and a parameter a DTensor; FSDP1 pays none.
-        hooked = profile("hooked.json", (1.0, 0.0, 0.0), (1.0, 0.0, 0.0),
-                         {"zero3": {"forward": (1.0, 0.5, 0.25), "backward": (2.0, 0.125, 0.0625)},
-                          "zero2": {"forward": (4.0, 0.0, 0.0), "backward": (8.0, 0.0, 0.0)}})
+        # FSDP's hooks: each phase of zero3 pays its version's zero3 line and
+        # zero2 its zero2 line, at a group a unit (the 2 blocks and the root:
+        # each holds parameters) and a parameter one of the model's.
+        hooked = profile("hooked.json", (1.0, 0.0, 0.0), (1.0, 0.0, 0.0), {
+            "fsdp2_hooks": {"zero3": {"forward": (1.0, 0.5, 0.25), "backward": (2.0, 0.125, 0.0625)},
+                            "zero2": {"forward": (4.0, 0.0, 0.0), "backward": (8.0, 0.0, 0.0)}},
+            "fsdp1_hooks": {"zero3": {"forward": (16.0, 0.0, 0.0), "backward": (32.0, 0.0, 0.0)},
+                            "zero2": {"forward": (0.0, 2.0, 0.0), "backward": (0.0, 0.0, 1.0)}}})
 
         def compute_s(device, version):
             return plan(device, version, "zero3/fp32/wrap=block,zero2/fp32/wrap=block", "compute")
 
-        a, h = compute_s(flat, "2"), compute_s(hooked, "2")
-        for sharding in ("zero3", "zero2"):
-            self.assertEqual(h[sharding][1], 3)
-            self.assertEqual(a[sharding][2], h[sharding][2])  # the same batch: hooks cost time, not memory
-        self.assertAlmostEqual(h["zero3"][0] - a["zero3"][0],
-                               1.0 + 0.5 * 3 + 0.25 * params + 2.0 + 0.125 * 3 + 0.0625 * params, places=9)
-        self.assertAlmostEqual(h["zero2"][0] - a["zero2"][0], 12.0, places=9)
-        a1, h1 = compute_s(flat, "1"), compute_s(hooked, "1")
-        self.assertAlmostEqual(h1["zero3"][0], a1["zero3"][0], places=12)
+        for version, zero3, zero2 in (("2", 1.0 + 0.5 * 3 + 0.25 * params + 2.0 + 0.125 * 3 + 0.0625 * params, 12.0),
+                                      ("1", 48.0, 2.0 * 3 + 1.0 * params)):
+            a, h = compute_s(flat, version), compute_s(hooked, version)
+            for sharding in ("zero3", "zero2"):
+                self.assertEqual(h[sharding][1], 3)
+                self.assertEqual(a[sharding][2], h[sharding][2])  # the same batch: hooks cost time, not memory
+            self.assertAlmostEqual(h["zero3"][0] - a["zero3"][0], zero3, places=9)
+            self.assertAlmostEqual(h["zero2"][0] - a["zero2"][0], zero2, places=9)
 
 
 if __name__ == "__main__":
