@@ -35,8 +35,8 @@ Command add_calibrate_command(CLI::App& app) {
   sub->add_option("--name", a->name, "The result's profile name")->capture_default_str();
   sub->add_option("--stack", a->stack,
                   "shardfit: the engine's kernels and collectives; pytorch: also PyTorch's AdamW step, over "
-                  "tensors and FSDP2's DTensors, and FSDP1's and FSDP2's hooks on max(--nproc, 2) ranks (needs the "
-                  "project's Python)")
+                  "tensors and FSDP2's DTensors, and FSDP's hooks and ZeroRedundancyOptimizer's broadcasts on "
+                  "max(--nproc, 2) ranks (needs the project's Python)")
       ->capture_default_str();
   sub->add_option("--out", a->out, "Where to write the profile JSON")->required()->check(Named);
   return {

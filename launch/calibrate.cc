@@ -300,7 +300,7 @@ std::string today() {
 
 // --stack pytorch: what torch.optim.AdamW's step costs to dispatch, over
 // plain tensors and over FSDP2's DTensors, and what FSDP1's and FSDP2's
-// hooks cost on `ranks` ranks (pytorch/calibrate_stack.py, run by the project's Python
+// hooks and ZeroRedundancyOptimizer's broadcasts cost on `ranks` ranks (pytorch/calibrate_stack.py, run by the project's Python
 // with `threads` intra-op threads a rank). BadInput when it cannot run: no
 // Python with torch, or the script missing.
 nlohmann::json stack_probe(int threads, int ranks) {
@@ -323,7 +323,8 @@ nlohmann::json stack_probe(int threads, int ranks) {
   const nlohmann::json j =
       status == 0 && result ? nlohmann::json::parse(result, nullptr, false) : nlohmann::json();
   std::filesystem::remove_all(dir);
-  if (!j.is_object() || !j.contains("adamw_steps") || !j.contains("fsdp1_hooks") || !j.contains("fsdp2_hooks"))
+  if (!j.is_object() || !j.contains("adamw_steps") || !j.contains("fsdp1_hooks") || !j.contains("fsdp2_hooks") ||
+      !j.contains("broadcast_s") || !j["broadcast_s"].is_number())
     throw BadInput("--stack pytorch: " + python + " " + script + " exited " + std::to_string(status) + ": " +
                    (last.empty() ? "no output" : last) + " (it needs the pinned stack's torch: scripts/install-deps)");
   return j;
@@ -404,6 +405,13 @@ nlohmann::json calibrate_cpu(const CalibrateRequest& req,
                     {"per_group_s", "the second less the first, over 7"},
                     {"per_param_s", "the third less the second, over 56"}});
     }
+    kernels["broadcast_s"] = probe["broadcast_s"];
+    src["measured_kernels.broadcast_s"] =
+        script + " on " + std::to_string(ranks) + " Gloo ranks: 32 dist.broadcast(async_op=True) of 64 fp32 " +
+        "as ZeroRedundancyOptimizer's _sync_params issues them (each rank's share from it, then every handle " +
+        "waited for), a broadcast, median of 31 rounds";
+    say(note, "calibrate: a broadcast from Python (ZeroRedundancyOptimizer's) %.1f us\n",
+        probe["broadcast_s"].get<double>() * 1e6);
     for (const auto& [step, kinds] : probe["adamw_steps"].items())
       for (const auto& [kind, line] : kinds.items())
         say(note, "calibrate: AdamW %s over %ss %.1f us + %.1f us a tensor + %.1f us a shape\n", step.c_str(),

@@ -24,6 +24,9 @@
 //       reshard_after_forward=True (zero3) and SHARD_GRAD_OP or False
 //       (zero2): a fixed cost, one a unit and one a parameter (the same
 //       script);
+//   measured_kernels.broadcast_s (--stack pytorch)  one dist.broadcast from
+//       Python as ZeroRedundancyOptimizer issues them after its step, on
+//       the same ranks;
 //   gpu_link.latency_s  a gloo all-reduce of one element, the same way;
 //   gpu_link.bytes_per_s  a gloo all-reduce of 16 MiB fp32 among max(N, 2)
 //       ranks (threads of this process over loopback TCP), counted as the

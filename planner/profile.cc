@@ -414,6 +414,7 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
       }
     }
     parse_pytorch_lines(r, k);
+    k.broadcast_s = r.optional_number("measured_kernels.broadcast_s");
   }
 
   const json& sources = r.need("sources");

@@ -94,6 +94,11 @@ struct MeasuredKernels {
   std::map<int, std::map<std::string, std::map<std::string, HookLine>>> fsdp_hooks;
   // The line of FSDP `version` for `sharding` in `phase`, or nullptr when not measured.
   const HookLine* fsdp_hook(int version, const std::string& sharding, const std::string& phase) const;
+  // One dist.broadcast of a small tensor as ZeroRedundancyOptimizer's
+  // _sync_params issues them after its step (async_op=True, each rank's
+  // partition from it, then all waited for), from Python on --nproc Gloo
+  // ranks (the same script); 0: not measured, each pays the link's latency.
+  double broadcast_s = 0;
   bool times(DType dtype) const { return matmul_flops_per_s.count(dtype) > 0; }
   // The rate of one (m x k)(k x n) product: the grid's, interpolated
   // linearly in log(rate) over log(m), log(n), log(k), each clamped to the

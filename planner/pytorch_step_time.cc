@@ -137,6 +137,7 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     if (c.sharding == Sharding::kZero1) {
       // _sync_params: a broadcast of each parameter from the rank that owns it.
       ti.post_step_collectives = static_cast<int64_t>(shapes.size());
+      ti.post_step_collective_s = r.profile.measured_kernels.broadcast_s;  // as Python issues them, where measured
       ranks = zero_redundancy_partition(file.param_numels(), world);
     }
     for (const std::vector<int>& params : ranks) {

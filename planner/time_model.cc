@@ -111,8 +111,9 @@ StepComm step_comm(const StepTimeInputs& in, const DeviceProfile& profile, const
       // zero1: every rank updated a shard of the fp32 params; all ranks need all.
       const double param_bytes = model_numel * kMasterBytes;
       const double gathers = in.post_step_collectives > 0 ? static_cast<double>(in.post_step_collectives) : units;
+      const double each_s = in.post_step_collective_s > 0 && n > 1 ? in.post_step_collective_s : latency_s;
       x.post_step_s =
-          gather_factor * all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s + gathers * latency_s;
+          gather_factor * all_gather_bytes_per_rank(param_bytes, n) / world_ring_per_s + gathers * each_s;
       x.intra_node_bytes += gather_factor * all_gather_bytes_per_rank(param_bytes, n);
       x.optimizer_shard_ranks = n;
       x.gather_passes = 1;
@@ -204,7 +205,8 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
     return s;
   };
   const double k = in.grad_accum;  // micro-batches per step
-  check(in.forward_hooks_s >= 0 && in.backward_hooks_s >= 0, "negative hook time");
+  check(in.forward_hooks_s >= 0 && in.backward_hooks_s >= 0 && in.post_step_collective_s >= 0,
+        "negative hook or collective time");
   const double micro_forward_s = phase_compute_s(in.forward_work, in.forward_flops) + in.forward_hooks_s;
   const double micro_backward_s = phase_compute_s(in.backward_work, in.backward_flops) + in.backward_hooks_s;
   t.forward_compute_s = k * micro_forward_s;

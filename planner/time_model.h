@@ -109,6 +109,10 @@ struct StepTimeInputs {
   // broadcasts every parameter from the rank that stepped it (_sync_params,
   // without parameters_as_bucket_view), so one a parameter; 0: one a unit.
   int64_t post_step_collectives = 0;
+  // What each of those collectives costs beside its bytes, measured as
+  // PyTorch issues them (MeasuredKernels::broadcast_s); 0: the link's
+  // latency.
+  double post_step_collective_s = 0;
   // The optimizer step's dispatch measured whole on this machine
   // (MeasuredKernels::adamw_steps' line at the tensors it steps and their
   // shapes); > 0 replaces optimizer_ops × op_overhead_s.

@@ -45,12 +45,19 @@ Their bytes are nothing: the plan adds a collective's bytes over the link's
 rate, and no latency beside this. Each figure is a median of 31 steps; a
 difference that comes out negative (noise) is 0.
 
+ZeroRedundancyOptimizer. After its step it broadcasts each parameter from
+the rank that stepped it, from Python, each broadcast issued async_op=True
+and then all waited for: on the same ranks, 32 broadcasts of 64 fp32 so
+issued (each rank's share from it, in rank order), per broadcast, median of
+31 rounds ("broadcast_s"). A plan pays it a broadcast in place of the link's
+latency.
+
 Writes one JSON object to --out (default: stdout): {"adamw_steps":
 {"for-loop": {"tensor": {"fixed_s": ..., "per_tensor_s": ...,
 "per_shape_s": ...}, "dtensor": {...}}, "foreach": {...}, "fused": {...}},
 "fsdp1_hooks": {"zero3": {"forward": {"fixed_s": ..., "per_group_s": ...,
 "per_param_s": ...}, "backward": {...}}, "zero2": {...}}, "fsdp2_hooks":
-{...}, "not_measured":
+{...}, "broadcast_s": ..., "not_measured":
 [...], "torch": ...}. An AdamW step this PyTorch cannot run (fused over
 DTensors, say) is left out and named, with its reason, in not_measured. A
 rank of the FSDP probe that fails takes the others down, and this exits
@@ -186,10 +193,34 @@ def fsdp_lines(version, reshard, mesh):
     return lines
 
 
-def fsdp_rank(rank, nproc, threads, store_path, out):
-    """One rank of the FSDP probe: a Gloo group of `nproc` over a FileStore;
-    rank 0 writes every line, {"fsdp1_hooks": ..., "fsdp2_hooks": ...}, to
-    `out`."""
+def broadcast_seconds(nproc):
+    """One dist.broadcast of a parameter as ZeroRedundancyOptimizer's
+    _sync_params issues them after its step (without
+    parameters_as_bucket_view): each rank's partition from that rank, in
+    rank order, every one async_op=True, then every handle waited for; over
+    MANY parameters of ELEMENTS fp32 (their bytes are nothing), the median
+    of SAMPLES rounds, a parameter."""
+    params = [torch.randn(ELEMENTS) for _ in range(MANY)]
+
+    def sync():
+        handles = [dist.broadcast(p, src=i * nproc // MANY, async_op=True) for i, p in enumerate(params)]
+        for h in handles:
+            h.wait()
+
+    sync()
+    samples = []
+    for _ in range(SAMPLES):
+        dist.barrier()
+        t = time.perf_counter()
+        sync()
+        samples.append((time.perf_counter() - t) / MANY)
+    return statistics.median(samples)
+
+
+def collectives_rank(rank, nproc, threads, store_path, out):
+    """One rank of the collectives' probe: a Gloo group of `nproc` over a
+    FileStore; rank 0 writes every figure, {"fsdp1_hooks": ...,
+    "fsdp2_hooks": ..., "broadcast_s": ...}, to `out`."""
     from datetime import timedelta
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -202,17 +233,20 @@ def fsdp_rank(rank, nproc, threads, store_path, out):
     for version in (1, 2):
         for name, reshard in (("zero3", True), ("zero2", False)):
             hooks.setdefault("fsdp%d_hooks" % version, {})[name] = fsdp_lines(version, reshard, mesh)
+    hooks["broadcast_s"] = broadcast_seconds(nproc)
+    dist.barrier()  # no rank closes its pairs while another still receives
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
             json.dump(hooks, f)
 
 
-def fsdp_hooks(nproc, threads):
+def collectives(nproc, threads):
     """FSDP1's and FSDP2's hooks as `nproc` ranks of this machine run them,
-    each with `threads` intra-op threads: what each adds to a forward and a
-    backward, collectives included. A rank that fails takes the others
-    down (torch.multiprocessing.spawn) and this raises."""
+    each with `threads` intra-op threads (what each adds to a forward and a
+    backward, collectives included), and ZeroRedundancyOptimizer's
+    broadcasts. A rank that fails takes the others down
+    (torch.multiprocessing.spawn) and this raises."""
     import os
     import tempfile
 
@@ -220,7 +254,7 @@ def fsdp_hooks(nproc, threads):
 
     with tempfile.TemporaryDirectory(prefix="shardfit-fsdp2-") as tmp:
         out = os.path.join(tmp, "hooks.json")
-        mp.spawn(fsdp_rank, args=(nproc, threads, os.path.join(tmp, "store"), out), nprocs=nproc, join=True)
+        mp.spawn(collectives_rank, args=(nproc, threads, os.path.join(tmp, "store"), out), nprocs=nproc, join=True)
         with open(out) as f:
             return json.load(f)
 
@@ -251,7 +285,7 @@ def main():
             except (RuntimeError, NotImplementedError) as e:
                 missing.append("AdamW %s over %ss: %s" % (which, kind, str(e).split("\n")[0]))
     dist.destroy_process_group()
-    hooks = fsdp_hooks(a.nproc, a.threads)
+    hooks = collectives(a.nproc, a.threads)
     text = json.dumps({"adamw_steps": steps, **hooks, "not_measured": missing, "torch": torch.__version__.split("+")[0]})
     if a.out:
         with open(a.out, "w") as f:

@@ -383,5 +383,18 @@ TEST(ProfileTest, ReadsFsdpHookLines) {
       << err;
 }
 
+// `calibrate --stack pytorch`'s broadcast from Python: optional, and a
+// number >= 0 like every other figure.
+TEST(ProfileTest, ReadsTheMeasuredBroadcast) {
+  nlohmann::json p = calibrated_cpu("adamw_steps", nlohmann::json::object());
+  EXPECT_EQ(parse_profile(p.dump(), "cal.json").measured_kernels.broadcast_s, 0);  // not measured
+  p["measured_kernels"]["broadcast_s"] = 4.9e-4;
+  p["sources"]["measured_kernels.broadcast_s"] = "made up";
+  EXPECT_DOUBLE_EQ(parse_profile(p.dump(), "cal.json").measured_kernels.broadcast_s, 4.9e-4);
+  p["measured_kernels"]["broadcast_s"] = -1;
+  const std::string err = error_of([&] { parse_profile(p.dump(), "cal.json"); });
+  EXPECT_NE(err.find("'measured_kernels.broadcast_s' must be a finite number >= 0"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace shardfit::planner

@@ -546,7 +546,8 @@ TEST(TimeModelByOpTest, MeasuredHooksAddToEachPhaseInPlaceOfTheLatency) {
 
 // zero1's parameters shared after the step: one all-gather a unit, or, as
 // PyTorch's ZeroRedundancyOptimizer issues them, a broadcast a parameter,
-// each paying the latency; the bytes are the same either way.
+// each paying the latency or what a broadcast measured; the bytes are the
+// same either way.
 TEST(TimeModelByOpTest, Zero1PaysALatencyForEachCollectiveAfterTheStep) {
   const DeviceProfile p = device_with_latency();
   StepTimeInputs in;
@@ -559,6 +560,15 @@ TEST(TimeModelByOpTest, Zero1PaysALatencyForEachCollectiveAfterTheStep) {
   EXPECT_NEAR(by_param.step_time_s - by_unit.step_time_s, 19e-3, 1e-12);
   EXPECT_NEAR(by_param.comm_s - by_unit.comm_s, 19e-3, 1e-12);
   EXPECT_DOUBLE_EQ(by_param.intra_node_comm_bytes, by_unit.intra_node_comm_bytes);
+  // A broadcast measured as PyTorch issues it (calibrate --stack pytorch)
+  // replaces the latency: 21 of 2.5 ms, 31.5 ms more than 21 of 1 ms.
+  in.post_step_collective_s = 2.5e-3;
+  EXPECT_NEAR(estimate_step_time(in, p).step_time_s - by_param.step_time_s, 21 * 1.5e-3, 1e-12);
+  in.world_size = in.shard_group_size = 1;  // one rank broadcasts nothing
+  in.post_step_collective_s = 0;
+  const double alone = estimate_step_time(in, p).step_time_s;
+  in.post_step_collective_s = 2.5e-3;
+  EXPECT_DOUBLE_EQ(estimate_step_time(in, p).step_time_s, alone);
 }
 
 }  // namespace

@@ -51,6 +51,7 @@ class OptimizerDispatchTest(unittest.TestCase):
                     # Every unit all-gathers (and in backward reduce-scatters) on 2 ranks.
                     self.assertGreater(line["per_group_s"], 0, (table, sharding, phase))
                     self.assertTrue(all(v >= 0 for v in line.values()), (table, sharding, phase, line))
+        self.assertGreater(probe["broadcast_s"], 0)  # ZeroRedundancyOptimizer's, from Python
         self.assertEqual(probe["not_measured"], [])  # torch 2.11 runs every step over both kinds
         for bad_args, named in ((["--threads", "0"], "--threads 0"), (["--nproc", "1"], "--nproc 1")):
             bad = subprocess.run([sys.executable, PROBE] + bad_args, capture_output=True, text=True, timeout=60)
@@ -72,7 +73,7 @@ class OptimizerDispatchTest(unittest.TestCase):
         with open(os.path.join(ROOT, "profiles", "cpu.json")) as f:
             base = json.load(f)
 
-        def profile(name, tensor, dtensor, hooks=None):
+        def profile(name, tensor, dtensor, hooks=None, broadcast_s=None):
             p = json.loads(json.dumps(base))
             p["measured_kernels"] = {"op_overhead_s": 2e-6, "matmul_dims": [16],
                                      "matmul_flops_per_s": {"fp32": [1e10]},
@@ -83,6 +84,9 @@ class OptimizerDispatchTest(unittest.TestCase):
             for kind in ("tensor", "dtensor"):
                 for part in PARTS:
                     p["sources"]["measured_kernels.adamw_steps.for-loop.%s.%s" % (kind, part)] = "made up by this test"
+            if broadcast_s is not None:
+                p["measured_kernels"]["broadcast_s"] = broadcast_s
+                p["sources"]["measured_kernels.broadcast_s"] = "made up"
             for table, lines in (hooks or {}).items():  # {table: {sharding: {phase: (fixed, a unit, a parameter)}}}
                 p["measured_kernels"][table] = {
                     s: {ph: dict(zip(HOOK_PARTS, line)) for ph, line in phases.items()} for s, phases in lines.items()}
@@ -144,6 +148,14 @@ class OptimizerDispatchTest(unittest.TestCase):
                 self.assertEqual(a[sharding][2], h[sharding][2])  # the same batch: hooks cost time, not memory
             self.assertAlmostEqual(h["zero3"][0] - a["zero3"][0], zero3, places=9)
             self.assertAlmostEqual(h["zero2"][0] - a["zero2"][0], zero2, places=9)
+
+        # ZeroRedundancyOptimizer broadcasts each parameter after its step:
+        # each pays the measured broadcast in place of the link's latency.
+        latency_s = base["gpu_link"].get("latency_s", 0.0)
+        broadcast = profile("broadcast.json", (1.0, 0.0, 0.0), (1.0, 0.0, 0.0), broadcast_s=1.0)
+        a = plan(flat, "2", "zero1/fp32/wrap=none", "comm")["zero1"][0]
+        b = plan(broadcast, "2", "zero1/fp32/wrap=none", "comm")["zero1"][0]
+        self.assertAlmostEqual(b - a, params * (1.0 - latency_s), places=9)
 
 
 if __name__ == "__main__":
