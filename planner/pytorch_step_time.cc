@@ -42,7 +42,8 @@ double adamw_dispatch_s(const DeviceProfile& profile, AdamwStep adamw, bool dten
 // last one reduced, with nothing left to hide behind, is the time model's
 // first unit), their gradients fp32 (autocast casts inside the forward
 // only). ZeroRedundancyOptimizer broadcasts the updated parameters after
-// the step one by one (zero1's all-gather, a latency a parameter). FSDP
+// the step one by one (zero1's all-gather: a latency a parameter, or the
+// broadcast calibrate measured, MeasuredKernels::broadcast_s). FSDP
 // (1.13) reduce-scatters on its post-backward stream beside backward and,
 // with BACKWARD_PRE or BACKWARD_POST, gathers the next unit ahead of its
 // backward (prefetch 1); with forward_prefetch (FSDP1, --prefetch 2) the
