@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,12 @@ namespace {
 const std::string kProfilesDir = std::string(SHARDFIT_SOURCE_DIR) + "/profiles";
 
 using test_support::error_of;
+
+// The error parse_profile gives for `p` after `edit`.
+std::string refusal(nlohmann::json p, const std::function<void(nlohmann::json&)>& edit) {
+  edit(p);
+  return error_of([&] { parse_profile(p.dump(), "cal.json"); });
+}
 
 std::string write_temp(const std::string& name, const std::string& text) {
   std::string path = testing::TempDir() + "/" + name;
@@ -199,18 +206,18 @@ TEST(ProfileTest, ReadsMeasuredKernelsAndRefusesAMalformedGrid) {
   // Shipped datasheet profiles measured nothing: FLOPs over one rate.
   EXPECT_FALSE(load_profile("a100-80gb", kProfilesDir).measured_kernels.times(DType::kF32));
 
-  nlohmann::json short_grid = p;
-  short_grid["measured_kernels"]["matmul_flops_per_s"]["fp32"] = {1e9, 2e9};
-  std::string err = error_of([&] { parse_profile(short_grid.dump(), "cal.json"); });
+  std::string err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["matmul_flops_per_s"]["fp32"] = {1e9, 2e9};
+  });
   EXPECT_NE(err.find("'measured_kernels.matmul_flops_per_s.fp32' must be a list of 8 rates"), std::string::npos)
       << err;
-  nlohmann::json unsorted = p;
-  unsorted["measured_kernels"]["matmul_dims"] = {64, 16};
-  err = error_of([&] { parse_profile(unsorted.dump(), "cal.json"); });
+  err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["matmul_dims"] = {64, 16};
+  });
   EXPECT_NE(err.find("'measured_kernels.matmul_dims' must be a list of ascending"), std::string::npos) << err;
-  nlohmann::json no_source = p;
-  no_source["sources"].erase("measured_kernels.kernel_bytes_per_s.fp32.aten::gelu");
-  err = error_of([&] { parse_profile(no_source.dump(), "cal.json"); });
+  err = refusal(p, [&](nlohmann::json& j) {
+    j["sources"].erase("measured_kernels.kernel_bytes_per_s.fp32.aten::gelu");
+  });
   EXPECT_NE(err.find("has no entry in 'sources'"), std::string::npos) << err;
 }
 
@@ -243,25 +250,25 @@ TEST(ProfileTest, ReadsAdamwStepDispatchLines) {
   EXPECT_DOUBLE_EQ(k.adamw_step("for-loop", "dtensor")->per_shape_s, 1.4e-3);
   EXPECT_DOUBLE_EQ(k.adamw_step("for-loop", "tensor")->per_tensor_s, 2e-5);
   EXPECT_EQ(k.adamw_step("foreach", "tensor"), nullptr);  // not measured
-  nlohmann::json bad_step = p;
-  bad_step["measured_kernels"]["adamw_steps"]["sgd"] = bad_step["measured_kernels"]["adamw_steps"]["for-loop"];
-  std::string err = error_of([&] { parse_profile(bad_step.dump(), "cal.json"); });
+  std::string err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["adamw_steps"]["sgd"] = j["measured_kernels"]["adamw_steps"]["for-loop"];
+  });
   EXPECT_NE(err.find("'measured_kernels.adamw_steps.sgd' names no AdamW step"), std::string::npos) << err;
-  nlohmann::json bad_kind = p;
-  bad_kind["measured_kernels"]["adamw_steps"]["for-loop"]["jagged"] = {
-      {"fixed_s", 1}, {"per_tensor_s", 1}, {"per_shape_s", 1}};
-  err = error_of([&] { parse_profile(bad_kind.dump(), "cal.json"); });
+  err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["adamw_steps"]["for-loop"]["jagged"] = {
+        {"fixed_s", 1}, {"per_tensor_s", 1}, {"per_shape_s", 1}};
+  });
   EXPECT_NE(err.find("'measured_kernels.adamw_steps.for-loop.jagged' names no tensor kind"), std::string::npos)
       << err;
-  nlohmann::json negative = p;
-  negative["measured_kernels"]["adamw_steps"]["for-loop"]["tensor"]["per_tensor_s"] = -1;
-  err = error_of([&] { parse_profile(negative.dump(), "cal.json"); });
+  err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["adamw_steps"]["for-loop"]["tensor"]["per_tensor_s"] = -1;
+  });
   EXPECT_NE(err.find("'measured_kernels.adamw_steps.for-loop.tensor.per_tensor_s' must be a finite number >= 0"),
             std::string::npos)
       << err;
-  nlohmann::json no_shape = p;
-  no_shape["measured_kernels"]["adamw_steps"]["for-loop"]["tensor"].erase("per_shape_s");
-  err = error_of([&] { parse_profile(no_shape.dump(), "cal.json"); });
+  err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["adamw_steps"]["for-loop"]["tensor"].erase("per_shape_s");
+  });
   EXPECT_NE(err.find("'measured_kernels.adamw_steps.for-loop.tensor.per_shape_s' is missing"), std::string::npos)
       << err;
 }
@@ -365,20 +372,20 @@ TEST(ProfileTest, ReadsFsdpHookLines) {
   EXPECT_DOUBLE_EQ(k.fsdp_hook(1, "zero2", "forward")->per_group_s, 1.5e-3);
   EXPECT_EQ(k.fsdp_hook(2, "zero2", "forward"), nullptr);  // not measured
   EXPECT_EQ(k.fsdp_hook(1, "zero3", "forward"), nullptr);
-  nlohmann::json bad_sharding = p;
-  bad_sharding["measured_kernels"]["fsdp2_hooks"]["ddp"] = lines["zero3"];
-  std::string err = error_of([&] { parse_profile(bad_sharding.dump(), "cal.json"); });
+  std::string err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["fsdp2_hooks"]["ddp"] = lines["zero3"];
+  });
   EXPECT_NE(err.find("'measured_kernels.fsdp2_hooks.ddp' names no FSDP sharding (zero3, zero2)"), std::string::npos)
       << err;
-  nlohmann::json bad_phase = p;
-  bad_phase["measured_kernels"]["fsdp1_hooks"]["zero2"]["optimizer"] = lines["zero3"]["forward"];
-  err = error_of([&] { parse_profile(bad_phase.dump(), "cal.json"); });
+  err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["fsdp1_hooks"]["zero2"]["optimizer"] = lines["zero3"]["forward"];
+  });
   EXPECT_NE(err.find("'measured_kernels.fsdp1_hooks.zero2.optimizer' names no phase (forward, backward)"),
             std::string::npos)
       << err;
-  nlohmann::json no_group = p;
-  no_group["measured_kernels"]["fsdp2_hooks"]["zero3"]["forward"].erase("per_group_s");
-  err = error_of([&] { parse_profile(no_group.dump(), "cal.json"); });
+  err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["fsdp2_hooks"]["zero3"]["forward"].erase("per_group_s");
+  });
   EXPECT_NE(err.find("'measured_kernels.fsdp2_hooks.zero3.forward.per_group_s' is missing"), std::string::npos)
       << err;
 }
