@@ -3,8 +3,8 @@
 Runs a model from pytorch/models.py (or transformers' own class from a
 config, --model hf:<Architecture> --config, built as pytorch/hf_models.py
 builds it for the recorder) under PyTorch's own data parallelism on
-N Gloo ranks of this host (torch.multiprocessing, one process per rank, as
-torchrun would start them) and measures every rank's CPU bytes with
+N Gloo ranks of this host (one fresh interpreter per rank, as torchrun
+would start them: launch() below) and measures every rank's CPU bytes with
 shardfit's meter (pytorch/shardfit_meter.py: the engine's tracking
 allocator installed inside the PyTorch process), counted from before the
 model is built, as `shardfit run` counts its own ranks.
@@ -101,7 +101,7 @@ def worker(rank, args, queue):
     import models
 
     torch.set_num_threads(rank_threads(args.nproc))
-    # A rank that fails takes the job down: start_processes ends the others,
+    # A rank that fails takes the job down: launch() ends the others,
     # and no collective waits longer than this for a rank that is gone.
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=rank,
                             world_size=args.nproc, timeout=datetime.timedelta(seconds=120))
@@ -145,7 +145,7 @@ def worker(rank, args, queue):
         result = {"rank": rank, "oom": str(e).split("\n")[0], "peak_allocated_bytes": meter.peak - base,
                   "timeline": rebase(meter.timeline(), base)}
         queue.put(result)
-        raise SystemExit(3)  # the other ranks are ended by start_processes
+        raise SystemExit(3)  # the other ranks are ended by launch()
     result["peak_allocated_bytes"] = meter.peak - base
     rebase(result["timeline"], base)
     # Inputs still live after the timeout: their frees are the thread timing's again.
@@ -340,18 +340,52 @@ def checkpoint_blocks(torch, model, reentrant=False):
                                                               use_reentrant=reentrant)
 
 
-def run(args):
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
+def launch(target, args, nproc):
+    """Run target(rank, args, queue) in `nproc` fresh interpreters (the
+    standard library's spawn: this process imports no torch, which is about
+    3 s of a job on a 2-core host) and return what the ranks put on the
+    queue. The first rank to fail ends the others, as torchrun's agent does,
+    so none waits on a collective for a rank that is gone. A rank out of
+    memory reports, then exits 3 (or is aborted by Gloo's threads as it
+    goes); a rank that fails before it reports is an error naming it and
+    its exit code (its traceback is on stderr above)."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+    ctx = multiprocessing.get_context("spawn")
     queue = ctx.SimpleQueue()
+    procs = [ctx.Process(target=target, args=(rank, args, queue), name="rank%d" % rank) for rank in range(nproc)]
+    reported, failed = [], None
     try:
-        mp.start_processes(worker, args=(args, queue), nprocs=args.nproc, join=True, start_method="spawn")
-    except mp.ProcessExitedException:
-        pass  # a rank ran out of memory (it said so on the queue) or died (below)
-    ranks = []
+        for p in procs:
+            p.start()
+        live = list(procs)
+        while live:
+            # The queue drained as the ranks go: a rank's put() blocks while
+            # the pipe is full, and it cannot exit until its report is read.
+            wait([p.sentinel for p in live], timeout=0.1)
+            while not queue.empty():
+                reported.append(queue.get())
+            for p in [p for p in live if p.exitcode is not None]:
+                live.remove(p)
+                if p.exitcode != 0 and failed is None:
+                    failed = p
+                    for other in live:
+                        other.terminate()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
     while not queue.empty():
-        ranks.append(queue.get())
-    ranks.sort(key=lambda r: r["rank"])
+        reported.append(queue.get())
+    if failed is not None and procs.index(failed) not in [r["rank"] for r in reported]:
+        raise SystemExit("validate.py: %s exited with code %d before it reported (see its error above)"
+                         % (failed.name, failed.exitcode))
+    return reported
+
+
+def run(args):
+    ranks = sorted(launch(worker, args, args.nproc), key=lambda r: r["rank"])
     if not ranks:
         raise SystemExit("validate.py: no rank reported (see the errors above)")
     return {"model": args.model, "wrap": args.wrap, "ckpt": args.ckpt, "bf16": args.bf16, "zero_grad": args.zero_grad,
