@@ -3,8 +3,8 @@
 Runs a model from pytorch/models.py (or transformers' own class from a
 config, --model hf:<Architecture> --config, built as pytorch/hf_models.py
 builds it for the recorder) under PyTorch's own data parallelism on
-N Gloo ranks of this host (one fresh interpreter per rank, as torchrun
-would start them: launch() below) and measures every rank's CPU bytes with
+N Gloo ranks of this host (one process per rank, as torchrun would start
+them: launch() below) and measures every rank's CPU bytes with
 shardfit's meter (pytorch/shardfit_meter.py: the engine's tracking
 allocator installed inside the PyTorch process), counted from before the
 model is built, as `shardfit run` counts its own ranks.
@@ -340,20 +340,35 @@ def checkpoint_blocks(torch, model, reentrant=False):
                                                               use_reentrant=reentrant)
 
 
-def launch(target, args, nproc):
-    """Run target(rank, args, queue) in `nproc` fresh interpreters (the
-    standard library's spawn: this process imports no torch, which is about
-    3 s of a job on a 2-core host) and return what the ranks put on the
-    queue. The first rank to fail ends the others, as torchrun's agent does,
-    so none waits on a collective for a rank that is gone. A rank out of
+def rank_context(preload=("torch",)):
+    """Where the ranks start: the standard library's forkserver, a server
+    that imports `preload` once (torch: about 3 s on a 2-core host) and forks
+    each rank from that clean, single-threaded state, as PyTorch's own
+    DataLoader workers start from an imported torch. The server lives as
+    long as this process: a caller that runs many jobs (pytorch-validate)
+    pays the import once. Nothing of a job is allocated before its rank
+    installs the meter, so what the meter counts is as in a fresh
+    interpreter."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))
+    return ctx
+
+
+def launch(target, args, nproc, ctx=None, timeout_s=600):
+    """Run target(rank, args, queue) in `nproc` ranks started from `ctx`
+    (rank_context() when None) and return what the ranks put on the queue.
+    The first rank to fail ends the others, as torchrun's agent does, so
+    none waits on a collective for a rank that is gone. A rank out of
     memory reports, then exits 3 (or is aborted by Gloo's threads as it
     goes); a rank that fails before it reports is an error naming it and
-    its exit code (its traceback is on stderr above)."""
-    import multiprocessing
+    its exit code (its traceback is on stderr above), and so are ranks
+    still running after `timeout_s`."""
     from multiprocessing.connection import wait
-    ctx = multiprocessing.get_context("spawn")
+    ctx = ctx or rank_context()
     queue = ctx.SimpleQueue()
     procs = [ctx.Process(target=target, args=(rank, args, queue), name="rank%d" % rank) for rank in range(nproc)]
+    deadline = time.monotonic() + timeout_s
     reported, failed = [], None
     try:
         for p in procs:
@@ -365,6 +380,9 @@ def launch(target, args, nproc):
             wait([p.sentinel for p in live], timeout=0.1)
             while not queue.empty():
                 reported.append(queue.get())
+            if time.monotonic() > deadline:
+                raise SystemExit("validate.py: %s still running after %d s" % (", ".join(p.name for p in live),
+                                                                              timeout_s))
             for p in [p for p in live if p.exitcode is not None]:
                 live.remove(p)
                 if p.exitcode != 0 and failed is None:
@@ -384,8 +402,8 @@ def launch(target, args, nproc):
     return reported
 
 
-def run(args):
-    ranks = sorted(launch(worker, args, args.nproc), key=lambda r: r["rank"])
+def run(args, ctx=None):
+    ranks = sorted(launch(worker, args, args.nproc, ctx), key=lambda r: r["rank"])
     if not ranks:
         raise SystemExit("validate.py: no rank reported (see the errors above)")
     return {"model": args.model, "wrap": args.wrap, "ckpt": args.ckpt, "bf16": args.bf16, "zero_grad": args.zero_grad,
