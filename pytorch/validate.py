@@ -380,15 +380,15 @@ def launch(target, args, nproc, ctx=None, timeout_s=600):
             wait([p.sentinel for p in live], timeout=0.1)
             while not queue.empty():
                 reported.append(queue.get())
-            if time.monotonic() > deadline:
-                raise SystemExit("validate.py: %s still running after %d s" % (", ".join(p.name for p in live),
-                                                                              timeout_s))
             for p in [p for p in live if p.exitcode is not None]:
                 live.remove(p)
                 if p.exitcode != 0 and failed is None:
                     failed = p
                     for other in live:
                         other.terminate()
+            if live and time.monotonic() > deadline:
+                raise SystemExit("validate.py: %s still running after %d s" % (", ".join(p.name for p in live),
+                                                                              timeout_s))
     finally:
         for p in procs:
             if p.is_alive():
