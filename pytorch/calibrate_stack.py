@@ -234,11 +234,19 @@ def collectives_rank(rank, nproc, threads, store_path, out):
         for name, reshard in (("zero3", True), ("zero2", False)):
             hooks.setdefault("fsdp%d_hooks" % version, {})[name] = fsdp_lines(version, reshard, mesh)
     hooks["broadcast_s"] = broadcast_seconds(nproc)
-    dist.barrier()  # no rank closes its pairs while another still receives
-    dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
             json.dump(hooks, f)
+    # No rank closes its pairs while another still receives: a Gloo barrier
+    # can return on one rank before the other has taken its last message,
+    # and a pair closed under a pending receive aborts that rank ("terminate
+    # called without an active exception"). So each rank, past the barrier,
+    # counts itself on the store and waits for every other before closing.
+    dist.barrier()
+    store.add("finished", 1)
+    while store.add("finished", 0) < nproc:
+        time.sleep(0.01)
+    dist.destroy_process_group()
 
 
 def collectives(nproc, threads):
