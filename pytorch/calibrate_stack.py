@@ -64,7 +64,9 @@ rank of the FSDP probe that fails takes the others down, and this exits
 non-zero."""
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -237,16 +239,18 @@ def collectives_rank(rank, nproc, threads, store_path, out):
     if rank == 0:
         with open(out, "w") as f:
             json.dump(hooks, f)
-    # No rank closes its pairs while another still receives: a Gloo barrier
-    # can return on one rank before the other has taken its last message,
-    # and a pair closed under a pending receive aborts that rank ("terminate
-    # called without an active exception"). So each rank, past the barrier,
-    # counts itself on the store and waits for every other before closing.
     dist.barrier()
-    store.add("finished", 1)
-    while store.add("finished", 0) < nproc:
-        time.sleep(0.01)
     dist.destroy_process_group()
+    # Past this point a rank has nothing left to do, yet the interpreter's
+    # own exit can still abort it: with both groups destroyed, a C++
+    # destructor run at exit sometimes finds one of Gloo's threads still
+    # joinable ("terminate called without an active exception", SIGABRT, in
+    # about one run of six on a 2-core machine), and torch.multiprocessing
+    # takes that for a failed rank. The figures are written and closed, so
+    # the rank leaves without running those destructors.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def collectives(nproc, threads):
@@ -255,7 +259,6 @@ def collectives(nproc, threads):
     backward, collectives included), and ZeroRedundancyOptimizer's
     broadcasts. A rank that fails takes the others down
     (torch.multiprocessing.spawn) and this raises."""
-    import os
     import tempfile
 
     import torch.multiprocessing as mp
