@@ -89,11 +89,14 @@ class Fsdp2Job {
   bool init();
   bool step(int k);
   StepHooks hooks(int k);
+  void run_hook(spec::Hook hook, int gi);
+  void apply(spec::Op op, int gi, bool forward);
   void unshard(Group& g);
   void wait_for_unshard(Group& g, bool forward);
   void reshard(Group& g);
   int64_t take_last_param_grad(int gi);
   void post_backward(int gi);
+  void reduce_scatter(int gi);
   void finalize_backward();
   int block_index(int gi) const {
     const auto it = std::find(blocks_.begin(), blocks_.end(), gi);
@@ -112,6 +115,7 @@ class Fsdp2Job {
   StepSimResult out_;
   Ledger ledger_;
   spec::UnitPartition part_;
+  spec::Schedule schedule_;  // which actions each hook takes (Runtime::kTorchFsdp2)
   std::vector<Group> groups_;
   // The blocks (every group but the root's), in module order: the lists
   // explicit prefetching names.
@@ -149,6 +153,16 @@ Fsdp2Job::Fsdp2Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   // (_fsdp_state.py _validate_no_duplicate_params refuses it in two).
   part_ = spec::wrap_modules(modules, spec::WrapPolicy::parse(o.wrap_blocks ? "block" : "none"),
                              spec::TiedParams::kKeepTogether);
+  // HSDP reshards as zero3 does; its all-reduce is reduce_scatter's.
+  spec::StrategyTraits traits;
+  static_cast<spec::ShardingTraits&>(traits) =
+      spec::sharding_traits(o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2);
+  spec::ScheduleOptions schedule;
+  schedule.prefetch = o.prefetch;
+  schedule.runtime = spec::Runtime::kTorchFsdp2;
+  schedule.reshard_root_after_forward = o.reshard_root_after_forward;
+  spec::check_schedule_options(schedule);
+  schedule_ = spec::Schedule(traits, schedule);
   groups_.resize(part_.units.size());
   for (size_t g = 0; g < part_.units.size(); ++g)
     if (part_.units[g].root_module != 0) blocks_.push_back(static_cast<int>(g));
@@ -224,13 +238,9 @@ bool Fsdp2Job::step(int k) {
   label_ = step + "/forward";
   // opt.zero_grad(): set_to_none drops every sharded .grad, and with the
   // last view the flat output; else each is zeroed in place and stays.
-  for (Group& g : groups_) {
-    if (o_.zero_grad_set_to_none) {
-      ledger_.free(g.grad_flat);
-      g.grad_flat = -1;
-      g.has_grads = false;
-    }
-    g.pre_backward_done = g.post_backward_done = false;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    run_hook(spec::Hook::kZeroGrad, static_cast<int>(gi));
+    groups_[gi].pre_backward_done = groups_[gi].post_backward_done = false;
   }
   if (!walk_pytorch_step(*in_.no_grads, part_, SplitTieGrads{}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
                       previous_outputs_, &grad_origins_))
@@ -246,25 +256,16 @@ bool Fsdp2Job::step(int k) {
                         o_.grad_scaler, o_.offload_params);
 }
 
-// FSDP2's hooks, where the walk through the step's trace calls them.
+// FSDP2's hooks, where the walk through the step's trace calls them: each
+// the schedule's actions for its group (run_hook), and what FSDPState
+// records beside them.
 StepHooks Fsdp2Job::hooks(int k) {
   StepHooks hooks;
-  hooks.pre_forward = [this](int gi) {  // FSDPParamGroup.pre_forward
-    unshard(groups_[gi]);
-    wait_for_unshard(groups_[gi], true);
-    // FSDPState._pre_forward, then: _prefetch_unshard(..., "forward") of
-    // each module set_modules_to_forward_prefetch named (the example's
-    // lists stop where the blocks do).
-    const int b = block_index(gi);
-    if (b >= 0 && b + o_.forward_prefetch < static_cast<int>(blocks_.size()))
-      for (int j = 1; j <= o_.forward_prefetch; ++j) unshard(groups_[blocks_[b + j]]);
-  };
+  hooks.pre_forward = [this](int gi) { run_hook(spec::Hook::kPreForward, gi); };
   hooks.post_forward = [this](int gi) {
-    // FSDPParamGroup.post_forward: reshard (the root only when asked:
-    // reshard_root_after_forward), then the
-    // post-forward order recorded; the root's (_fsdp_state.py
-    // _post_forward) frees the last all-gather's output.
-    if (o_.reshard_after_forward && (gi != 0 || o_.reshard_root_after_forward)) reshard(groups_[gi]);
+    run_hook(spec::Hook::kPostForward, gi);
+    // The post-forward order, which the implicit backward prefetch follows;
+    // the root's _post_forward frees the last all-gather's output.
     groups_[gi].post_forward_index = static_cast<int>(post_forward_order_.size());
     post_forward_order_.push_back(gi);
     if (gi == 0) {
@@ -272,23 +273,12 @@ StepHooks Fsdp2Job::hooks(int k) {
       all_gather_state_ = -1;
     }
   };
-  // FSDPParamGroup.pre_backward: unshard unless prefetched, wait, then
-  // prefetch (_backward_prefetch) the group whose forward ended just
-  // before this one's.
+  // A group's backward hooks run once a backward however many of its
+  // modules' gradients reach them.
   hooks.pre_backward = [this](int gi) {
-    Group& g = groups_[gi];
-    if (g.pre_backward_done) return;
-    g.pre_backward_done = true;
-    unshard(g);
-    wait_for_unshard(g, false);
-    // _pre_backward: an explicit list (set_modules_to_backward_prefetch)
-    // replaces the implicit prefetch (default_prefetch is False then).
-    const int b = block_index(gi);
-    if (o_.backward_prefetch > 0 && b >= o_.backward_prefetch) {
-      for (int j = 1; j <= o_.backward_prefetch; ++j) unshard(groups_[blocks_[b - j]]);
-    } else if (g.post_forward_index > 0) {
-      unshard(groups_[post_forward_order_[g.post_forward_index - 1]]);
-    }
+    if (groups_[gi].pre_backward_done) return;
+    groups_[gi].pre_backward_done = true;
+    run_hook(spec::Hook::kPreBackward, gi);
   };
   hooks.backward_begins = [this, k, pre_backward = hooks.pre_backward] {
     // scaler.scale(loss), first call (ShardedGradScaler, fp16): its scale
@@ -299,6 +289,89 @@ StepHooks Fsdp2Job::hooks(int k) {
   hooks.post_backward = [this](int gi) { post_backward(gi); };
   hooks.backward_ends = [this] { finalize_backward(); };
   return hooks;
+}
+
+void Fsdp2Job::post_backward(int gi) {
+  if (groups_[gi].post_backward_done) return;
+  groups_[gi].post_backward_done = true;
+  run_hook(spec::Hook::kPostBackward, gi);
+}
+
+// The schedule's actions of `hook` for group gi (-1: the step's own hook,
+// kBackwardEnd).
+void Fsdp2Job::run_hook(spec::Hook hook, int gi) {
+  const bool forward = hook == spec::Hook::kPreForward || hook == spec::Hook::kPostForward;
+  for (spec::Op op : schedule_.actions(hook, {gi == 0, true})) {
+    if (ledger_.oom()) return;
+    apply(op, gi, forward);
+  }
+}
+
+// What each of the schedule's actions does to group gi in FSDP2.
+void Fsdp2Job::apply(spec::Op op, int gi, bool forward) {
+  if (gi < 0) {  // the backward's end: only the last reduce-scatter's input is left to drop
+    if (op != spec::Op::kWaitReduce)
+      throw std::logic_error(std::string("FSDP2's backward end has no action ") + spec::op_name(op));
+    ledger_.free(reduce_scatter_state_);
+    reduce_scatter_state_ = -1;
+    return;
+  }
+  Group& g = groups_[gi];
+  const int b = block_index(gi);
+  const int blocks = static_cast<int>(blocks_.size());
+  switch (op) {
+    case spec::Op::kGather:  // FSDPParamGroup.pre_forward / pre_backward: unshard() unless prefetched, then wait
+      unshard(g);
+      wait_for_unshard(g, forward);
+      return;
+    case spec::Op::kPrefetchForward:
+      // FSDPState._pre_forward, then _prefetch_unshard(..., "forward") of
+      // each module set_modules_to_forward_prefetch named (the example's
+      // lists stop where the blocks do).
+      if (b >= 0 && b + schedule_.prefetch() - 1 < blocks)
+        for (int j = 1; j < schedule_.prefetch(); ++j) unshard(groups_[blocks_[b + j]]);
+      return;
+    case spec::Op::kPrefetchBackward:
+      // _backward_prefetch: an explicit list (set_modules_to_backward_
+      // prefetch) replaces the implicit prefetch (default_prefetch is
+      // False then) of the group whose forward ended just before this one's.
+      if (schedule_.prefetch() >= 2 && b >= schedule_.prefetch()) {
+        for (int j = 1; j <= schedule_.prefetch(); ++j) unshard(groups_[blocks_[b - j]]);
+      } else if (g.post_forward_index > 0) {
+        unshard(groups_[post_forward_order_[g.post_forward_index - 1]]);
+      }
+      return;
+    case spec::Op::kReshard:
+      reshard(g);
+      return;
+    case spec::Op::kWaitReduce:
+      // The previous reduce-scatter's input, dropped by the next group that
+      // has gradients to reduce (post_backward returns before touching
+      // comm_ctx when it has none).
+      if (!unit_grads_[gi].empty()) {
+        ledger_.free(reduce_scatter_state_);
+        reduce_scatter_state_ = -1;
+      }
+      return;
+    case spec::Op::kReduceScatter:
+      reduce_scatter(gi);
+      return;
+    case spec::Op::kFreeShardGrad:
+      // opt.zero_grad(): set_to_none drops every sharded .grad, and with the
+      // last view the flat output; else each is zeroed in place and stays.
+      if (o_.zero_grad_set_to_none) {
+        ledger_.free(g.grad_flat);
+        g.grad_flat = -1;
+        g.has_grads = false;
+      }
+      return;
+    case spec::Op::kAllocGrad:
+    case spec::Op::kAllReduce:
+    case spec::Op::kAllocFlatGrad:
+    case spec::Op::kZeroFlatGrad:
+      break;
+  }
+  throw std::logic_error(std::string("FSDP2 has no action ") + spec::op_name(op));
 }
 
 // FSDPParamGroup.unshard -> _fsdp_collectives.py foreach_all_gather, on
@@ -386,8 +459,9 @@ int64_t Fsdp2Job::take_last_param_grad(int gi) {
   return -1;
 }
 
-// FSDPParamGroup.post_backward: the group resharded, then foreach_reduce
-// (after the previous reduce-scatter's input is dropped): its input of
+// FSDPParamGroup.post_backward's foreach_reduce, once the schedule has
+// resharded the group and dropped the previous reduce-scatter's input
+// (nothing when the group got no gradient): its input of
 // world x Σ shard elements in reduce_dtype on the compute stream, the
 // unsharded gradients copied in (chunk_cat, which widens bf16 into an
 // fp32 input itself: no temporary) and freed; the
@@ -402,13 +476,9 @@ int64_t Fsdp2Job::take_last_param_grad(int gi) {
 // (_all_reduce_state, "to keep it alive until the end of backward")
 // until the group's backward is finalized; under a policy its fp32 cast
 // is made on that stream, the low-precision output kept beside it.
-void Fsdp2Job::post_backward(int gi) {
+void Fsdp2Job::reduce_scatter(int gi) {
   Group& g = groups_[gi];
-  if (g.post_backward_done) return;
-  g.post_backward_done = true;
-  reshard(g);
   if (unit_grads_[gi].empty()) return;
-  ledger_.free(reduce_scatter_state_);
   const int64_t input = alloc(Category::kCommBuffers, reduce * g.shard_sum * W, kFsdp2ComputeStream);
   // foreach_reduce's loop over zip(fsdp_params, unsharded_grads) (for
   // Shard(i > 0), run whenever world_size > 1) leaves its variable
@@ -458,9 +528,7 @@ void Fsdp2Job::finalize_backward() {
       g.gathering = false;
     }
   }
-  if (ledger_.oom()) return;
-  ledger_.free(reduce_scatter_state_);
-  reduce_scatter_state_ = -1;
+  if (!ledger_.oom()) run_hook(spec::Hook::kBackwardEnd, -1);
 }
 
 }  // namespace

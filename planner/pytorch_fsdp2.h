@@ -14,6 +14,9 @@
 // _fsdp_state.py at 01c9f4fc; where torch 2.11 (the pinned stack) differs,
 // 2.11's: the root resharded after its forward when reshard_after_forward is
 // passed to it, and foreach_reduce's last gradient held until it returns.
+// Which actions its hooks take, and in which order, is spec::Schedule's
+// (spec/schedule.h, Runtime::kTorchFsdp2), the table the engine's hooks
+// come from; the .cc says what each action allocates here.
 //
 // Unlike 1.13's FSDP (pytorch_fsdp.h) FSDP2 shards each parameter on its own
 // dim 0 (a DTensor): no flat parameter is kept, the all-gather's flat buffer
@@ -32,6 +35,7 @@
 #include "planner/model_trace.h"
 #include "planner/pytorch_stack.h"
 #include "planner/step_simulator.h"
+#include "spec/schedule.h"
 
 namespace shardfit::planner {
 
@@ -75,14 +79,14 @@ struct PytorchFsdp2Options {
   // within a group of world_size ranks (a node), replicated across groups;
   // each reduce-scatter's output then all-reduced across the replicas.
   bool hsdp = false;
-  // Explicit prefetching (`--prefetch N`, N >= 2), as PyTorch's FSDP2
-  // example sets it on the blocks: block i's set_modules_to_forward_prefetch(
-  // blocks[i+1 .. i+forward_prefetch]) and, from block backward_prefetch on,
-  // set_modules_to_backward_prefetch(blocks[i-1 .. i-backward_prefetch]); a
-  // block with no backward list keeps the implicit one-group prefetch, as
-  // the root does. 0, 0: FSDP2's defaults.
-  int forward_prefetch = 0;
-  int backward_prefetch = 0;
+  // `--prefetch N` (spec::ScheduleOptions::prefetch): 1, FSDP2's
+  // defaults (no forward prefetch, the implicit one-group backward
+  // prefetch); N >= 2, explicit prefetching as PyTorch's FSDP2 example sets
+  // it on the blocks: block i's set_modules_to_forward_prefetch(
+  // blocks[i+1 .. i+N-1]) and, from block N on,
+  // set_modules_to_backward_prefetch(blocks[i-1 .. i-N]); a block with no
+  // backward list keeps the implicit prefetch, as the root does.
+  int prefetch = 1;
   // CPU ranks (Gloo): no caching allocator, so what a CUDA job's cache
   // hides is counted: the model built whole before fully_shard shards it.
   bool cpu = false;

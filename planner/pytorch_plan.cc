@@ -404,10 +404,7 @@ PytorchFsdp2Options PytorchJobSim::fsdp2_options(const Candidate& c, const Pytor
   f.steps = o.steps;
   f.overhead_bytes = o.overhead_bytes;
   f.zero_grad_set_to_none = o.zero_grad_set_to_none;
-  if (r_.schedule.prefetch >= 2) {  // --prefetch N: explicit, N - 1 blocks ahead, N back
-    f.forward_prefetch = r_.schedule.prefetch - 1;
-    f.backward_prefetch = r_.schedule.prefetch;
-  }
+  f.prefetch = r_.schedule.prefetch;  // N >= 2: explicit, N - 1 blocks ahead, N back
   f.cpu = !cuda_;
   return f;
 }

@@ -40,6 +40,9 @@ void check_schedule_options(const ScheduleOptions& options) {
     throw std::invalid_argument("--prefetch " + std::to_string(options.prefetch) + ": at most " +
                                 std::to_string(kMaxPrefetch) + " (units gathered ahead; no model has that many)");
   check_bucket_cap_bytes(options.ddp_bucket_cap_bytes);
+  if (options.reshard_root_after_forward && options.runtime != Runtime::kTorchFsdp2)
+    throw std::invalid_argument("reshard_root_after_forward: only PyTorch's fully_shard reshards the root after its "
+                                "forward; shardfit's engine keeps it for backward");
 }
 
 Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options) : traits_(traits), options_(options) {
@@ -51,6 +54,25 @@ Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options)
 
 std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
   const bool sharded = traits_.shard_params;
+  const bool torch = options_.runtime == Runtime::kTorchFsdp2;
+  if (torch && sharded) {
+    // fully_shard's order (schedule.h): what differs from the engine's.
+    switch (hook) {
+      case Hook::kPostForward:
+        if (traits_.reshard_after_forward && (!where.root || options_.reshard_root_after_forward))
+          return {Op::kReshard};
+        return {};
+      case Hook::kPreBackward:
+        if (options_.prefetch >= 1) return {Op::kGather, Op::kPrefetchBackward};
+        return {Op::kGather};
+      case Hook::kPostBackward:
+        return {Op::kReshard, Op::kWaitReduce, Op::kReduceScatter};
+      case Hook::kBackwardEnd:
+        return {Op::kWaitReduce};
+      default:
+        break;  // the engine's
+    }
+  }
   switch (hook) {
     case Hook::kZeroGrad:
       if (sharded) return {Op::kFreeShardGrad};

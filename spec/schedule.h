@@ -68,6 +68,19 @@
 //                     set_to_none=True).
 // The optimizer step (AdamW per unit, its lazily created state and
 // temporaries) is one hook, interpreted whole by each side.
+//
+// PyTorch's fully_shard (torch 2.11, _fsdp_param_group.py; the planner's
+// pytorch_fsdp2.cc interprets it) takes the same actions at the same hooks,
+// in its own order where it differs (Runtime::kTorchFsdp2):
+//  - a unit's post-backward reshards first, then drops the previous unit's
+//    reduce-scatter input (kWaitReduce: FSDPCommContext.reduce_scatter_state)
+//    and reduce-scatters (post_backward: reshard(), then foreach_reduce);
+//    reductions always run beside backward, whatever async_reduce says;
+//  - no kAllocGrad: autograd makes the unsharded gradients (they are in the
+//    model's trace), not FSDP;
+//  - with reshard_root_after_forward the root too reshards after its
+//    forward (2.11 does when the root's fully_shard names
+//    reshard_after_forward, as every exported script does).
 #pragma once
 
 #include <array>
@@ -115,6 +128,10 @@ struct HookContext {
   bool last_micro_batch = true;  // the step's last micro-batch (gradient accumulation)
 };
 
+// Whose hooks a schedule follows: shardfit's engine, or torch 2.11's
+// fully_shard (the order above).
+enum class Runtime : uint8_t { kEngine, kTorchFsdp2 };
+
 // How a strategy's collectives are scheduled beyond what its traits say:
 // plan's and run's --prefetch, --async-reduce and --async-gather, carried
 // together from the command line to both interpreters and the time model.
@@ -132,6 +149,12 @@ struct ScheduleOptions {
   // ddp/zero1: DDP's bucket_cap_mb in bytes (--ddp-bucket-cap-mb), the size
   // the gradient buckets close at (the first at 1 MiB): spec/grad_buckets.h.
   int64_t ddp_bucket_cap_bytes = kDdpBucketCapBytes;
+  // Whose hooks (Runtime): the engine's unless a simulation of PyTorch's
+  // own FSDP2 asks for torch's.
+  Runtime runtime = Runtime::kEngine;
+  // kTorchFsdp2, zero3/hybrid: the root unit too resharded after its
+  // forward, and gathered again when its backward begins.
+  bool reshard_root_after_forward = false;
 };
 
 // The most units a job gathers ahead (--prefetch): more than any model has
@@ -141,7 +164,9 @@ inline constexpr int kMaxPrefetch = 1024;
 // The rules of a job's ScheduleOptions, each with its one message naming
 // the option as the CLI spells it: --prefetch from 1 (0, no prefetch at
 // all, is the schedule's own case for tests, not a job's) to kMaxPrefetch,
-// a DDP bucket from one byte to 1e6 MB (check_bucket_cap_bytes). Throws
+// a DDP bucket from one byte to 1e6 MB (check_bucket_cap_bytes), the root
+// resharded after forward only under kTorchFsdp2 (the engine's root keeps
+// its parameters for backward, which needs them first). Throws
 // std::invalid_argument. What checks a job's options: the CLI before any
 // work, build_plan and the engine for callers that reach them directly.
 void check_schedule_options(const ScheduleOptions& options);

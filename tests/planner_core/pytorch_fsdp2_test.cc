@@ -244,14 +244,13 @@ TEST(PytorchFsdp2, OneRankCopiesInsteadOfGathering) {
 // needs no recorded order: from step 1, lin1's pre-forward gathers lin2.
 TEST(PytorchFsdp2, ExplicitForwardPrefetchGathersTheNextBlockFromTheFirstStep) {
   const fsdp_test::TwoBlockInputs inputs({4, 10, 2, 10, 2});
-  auto run = [&](int forward, int backward) {
+  auto run = [&](int prefetch) {
     PytorchFsdp2Options o;
-    o.forward_prefetch = forward;
-    o.backward_prefetch = backward;
+    o.prefetch = prefetch;
     ExactAllocator a;
     return simulate_pytorch_fsdp2(inputs.in, fsdp_test::two_block_modules(), o, a);
   };
-  const StepSimResult implicit = run(0, 0), explicit_ = run(1, 2);
+  const StepSimResult implicit = run(1), explicit_ = run(2);
   ASSERT_FALSE(implicit.oom || explicit_.oom);
   // Explicit: lin2's buffer (48) issued at lin1's pre-forward, beside lin1's
   // buffer, parameters and 40 B: 356. Implicit gathering reaches the same

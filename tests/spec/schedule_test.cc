@@ -84,6 +84,45 @@ TEST(Schedule, AsyncReduceWaitsForThePreviousReductionOrAtBackwardsEnd) {
       << "gathers are what they were";
 }
 
+// PyTorch's fully_shard (torch 2.11) as the planner simulates it: the same
+// actions, its post-backward resharding before it reduces, one
+// reduce-scatter always in flight, no gradient of FSDP's own, and the root
+// resharded after forward when its fully_shard call says so.
+std::string torch_ops(const std::string& id, Hook hook, bool root = false, int prefetch = 1,
+                      bool reshard_root = false) {
+  const Candidate c = parse_candidate(id);
+  ScheduleOptions o;
+  o.prefetch = prefetch;
+  o.runtime = Runtime::kTorchFsdp2;
+  o.reshard_root_after_forward = reshard_root;
+  check_schedule_options(o);
+  const Schedule s(decode_strategy(c, 2, 2), o);
+  std::string out;
+  for (Op op : s.actions(hook, {root, true})) out += std::string(out.empty() ? "" : " ") + op_name(op);
+  return out;
+}
+
+TEST(Schedule, TorchFsdp2ReshardsBeforeItReducesAndLeavesGradientsToAutograd) {
+  for (const char* id : {"zero2/fp32/wrap=block", "zero3/bf16/wrap=block"}) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(torch_ops(id, Hook::kPostBackward), "reshard wait-reduce reduce-scatter");
+    EXPECT_EQ(torch_ops(id, Hook::kBackwardEnd), "wait-reduce") << "the last reduce-scatter's input";
+    EXPECT_EQ(torch_ops(id, Hook::kPreBackward), "gather prefetch-backward") << "autograd makes the gradients";
+    EXPECT_EQ(torch_ops(id, Hook::kPreForward), "gather");
+    EXPECT_EQ(torch_ops(id, Hook::kPreForward, false, 2), "gather prefetch-forward");
+    EXPECT_EQ(torch_ops(id, Hook::kZeroGrad), "free-shard-grad");
+  }
+  EXPECT_EQ(torch_ops("zero2/fp32/wrap=block", Hook::kPostForward), "");
+  EXPECT_EQ(torch_ops("zero3/fp32/wrap=block", Hook::kPostForward), "reshard");
+  EXPECT_EQ(torch_ops("zero3/fp32/wrap=block", Hook::kPostForward, /*root=*/true), "");
+  EXPECT_EQ(torch_ops("zero3/fp32/wrap=block", Hook::kPostForward, true, 1, /*reshard_root=*/true), "reshard");
+  EXPECT_EQ(torch_ops("zero2/fp32/wrap=block", Hook::kPostForward, true, 1, true), "") << "zero2 keeps every unit";
+  // The engine's root keeps its parameters for backward, which needs them first.
+  ScheduleOptions engine;
+  engine.reshard_root_after_forward = true;
+  EXPECT_THROW(check_schedule_options(engine), std::invalid_argument);
+}
+
 TEST(Schedule, PrefetchPositionsGoForwardOneShortAndBackwardFullDepth) {
   const Schedule s(decode_strategy(parse_candidate("zero3/fp32/wrap=block"), 2, 2), ScheduleOptions{2});
   // Five units ran forward; the one at position 2.
