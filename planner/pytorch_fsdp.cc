@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
-#include <utility>
 
-#include "planner/adamw_steps.h"
 #include "planner/pytorch_ledger.h"
+#include "spec/schedule.h"
 #include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
@@ -118,19 +116,6 @@ std::vector<int> units_post_order(const std::vector<ModuleNode>& modules, const 
   return order;
 }
 
-}  // namespace
-
-void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, const std::string& who) {
-  if (!in.no_grads || !in.optimizer_param_steps || in.param_numels.empty() ||
-      in.optimizer_param_steps->size() != 2 * in.param_numels.size())
-    throw std::invalid_argument("--stack pytorch " + who + ": the trace file lacks the no-grads traces or each "
-                                "parameter's optimizer steps: record it again with pytorch/trace_recorder.py");
-  if (world_size < 1) throw std::invalid_argument("world size must be at least 1");
-  if (steps < 1) throw std::invalid_argument("steps must be at least 1");
-}
-
-namespace {
-
 // One rank's FSDP job: the units' state across the steps, and each phase of
 // the loop (init, then per step zero_grad, the forward and backward through
 // the hooks, the backward's end, the optimizer step) as a method, in the
@@ -148,6 +133,8 @@ class Fsdp1Job {
   void drop_grads();  // every unit's .grad
   void cast_buffers();
   StepHooks hooks(int k);
+  void run_hook(spec::Hook hook, int ui);
+  void apply(spec::Op op, int ui, bool forward);
   void unshard(FlatParam& u);
   void reshard(FlatParam& u);
   void reshard_forward_copy(int ui);
@@ -186,6 +173,8 @@ class Fsdp1Job {
   StepSimResult out_;
   Ledger ledger_;
   spec::UnitPartition part_;
+  spec::Schedule schedule_;  // which actions each hook takes (Runtime::kTorchFsdp1)
+  int step_ = 0;             // the step running (forward prefetch waits for step 1's recorded order)
   std::vector<FlatParam> units_;
   std::vector<int64_t> forward_copy_;  // NO_SHARD + offload: see unshard
   SplitTieGrads split_ties_;
@@ -205,6 +194,7 @@ class Fsdp1Job {
   // the allocator may reuse its block only once the reduce-scatter queued
   // behind it is done; taken here as when the next unit's hook runs.
   int64_t in_flight_grad_ = -1;
+  int64_t flat_grad_ = -1;  // the flat gradient of the unit whose post-backward runs
   bool orig_grads_dropped_ = false;  // use_orig_params: zero_grad dropped the views; see zero_grad
 };
 
@@ -232,6 +222,17 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   if (o.wrap.kind == spec::WrapPolicy::Kind::kNone)
     throw std::invalid_argument("--stack pytorch FSDP: wrap=none is not an auto wrap policy (wrap=size:N or block)");
   part_ = spec::wrap_modules(modules, o.wrap, spec::TiedParams::kCopiedPerUnit);
+  // FULL_SHARD reshards after forward as zero3 does, SHARD_GRAD_OP keeps the
+  // unit as zero2 does, NO_SHARD shards nothing, as ddp.
+  spec::StrategyTraits traits;
+  static_cast<spec::ShardingTraits&>(traits) = spec::sharding_traits(
+      no_shard ? spec::Sharding::kDdp : o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2);
+  spec::ScheduleOptions schedule;
+  schedule.prefetch = o.forward_prefetch ? 2 : 1;  // forward_prefetch_limit and backward_prefetch_limit are 1
+  schedule.runtime = spec::Runtime::kTorchFsdp1;
+  schedule.backward_prefetch = o.backward_prefetch;
+  spec::check_schedule_options(schedule);
+  schedule_ = spec::Schedule(traits, schedule);
   units_.resize(part_.units.size());
   forward_copy_.assign(part_.units.size(), -1);
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -299,8 +300,9 @@ bool Fsdp1Job::init() {
 bool Fsdp1Job::step(int k) {
   const std::string step = "step" + std::to_string(k);
   label_ = step + "/forward";
+  step_ = k;
   in_flight_grad_ = -1;
-  zero_grad();
+  run_hook(spec::Hook::kZeroGrad, -1);
   // _fsdp_root_pre_forward marks every unit as needing its pre-forward
   // unshard when forward_prefetch is on.
   for (auto& u : units_) {
@@ -316,6 +318,7 @@ bool Fsdp1Job::step(int k) {
   // autograd reaches their parameters, last; here in reverse forward order.
   for (auto it = forward_order_.rbegin(); it != forward_order_.rend() && !ledger_.oom(); ++it) post_backward(*it);
   if (ledger_.oom()) return false;
+  run_hook(spec::Hook::kBackwardEnd, -1);
   finalize_params();
   end_backward(ledger_, outputs_, previous_outputs_, step);
   // opt.step(): AdamW over the shards (on the host with offload_params);
@@ -361,47 +364,102 @@ void Fsdp1Job::cast_buffers() {
   }
 }
 
-// FSDP's hooks, where the walk through the step's trace calls them.
+// FSDP's hooks, where the walk through the step's trace calls them: each
+// the schedule's actions for its unit (run_hook), and what FSDP records
+// beside them.
 StepHooks Fsdp1Job::hooks(int k) {
-  using Prefetch = PytorchFsdpOptions::Prefetch;
   StepHooks hooks;
   hooks.pre_forward = [this, k](int ui) {
     if (ui == 0 && orig_grads_dropped_) drop_grads();  // _root_pre_forward's _reset_flat_param_grad_info_if_needed
     if (k == 1) forward_order_.push_back(ui);
-    unshard(units_[ui]);  // _pre_forward_unshard
-    units_[ui].needs_pre_forward = false;
-    if (no_shard && o_.offload_params && !mixed) reshard_forward_copy(ui);
-    // ... then _prefetch_handles, from the second iteration (the first
-    // is still recording the order).
-    if (o_.forward_prefetch && k > 1) prefetch(ui, true);
+    run_hook(spec::Hook::kPreForward, ui);
   };
   hooks.post_forward = [this, k](int ui) {
-    FlatParam& u = units_[ui];
-    // _post_forward: FULL_SHARD frees all but the root's.
-    if (o_.reshard_after_forward && ui != 0 && !no_shard) reshard(u);
-    if (no_shard && mixed) reshard(u);
-    if (no_shard) u.unsharded = -1;  // fp32 under offload_params: reshard_forward_copy holds the forward's copy
-    u.needs_pre_backward = true;     // _register_pre_backward_hooks
+    run_hook(spec::Hook::kPostForward, ui);
+    units_[ui].needs_pre_backward = true;  // _register_pre_backward_hooks
     if (k == 1) post_forward_order_.push_back(ui);
   };
-  hooks.backward_begins = [this, k] {
+  hooks.pre_backward = [this](int ui) { run_hook(spec::Hook::kPreBackward, ui); };
+  hooks.backward_begins = [this, k, pre_backward = hooks.pre_backward] {
     // scaler.scale(loss), first call: its scale and growth tracker (then
     // the scaled loss, in the trace).
     if (o_.grad_scaler && k == 1 && !grad_scaler_init(ledger_, label_)) return;
-    // The root's pre-backward (it was not resharded).
-    units_[0].needs_pre_backward = false;
-    unshard(units_[0]);
-    if (o_.backward_prefetch == Prefetch::kBackwardPre) prefetch(0, false);
-  };
-  hooks.pre_backward = [this](int ui) {
-    // _pre_backward_hook: unshard unless prefetched, then prefetch.
-    units_[ui].needs_pre_backward = false;
-    unshard(units_[ui]);
-    if (o_.backward_prefetch == Prefetch::kBackwardPre) prefetch(ui, false);
+    pre_backward(0);  // the root's pre-backward (it was not resharded)
   };
   hooks.post_backward = [this](int ui) { post_backward(ui); };
   hooks.post_backward_after_last_grad = true;
   return hooks;
+}
+
+// The schedule's actions of `hook` for unit ui (-1: the step's own hooks,
+// kZeroGrad and kBackwardEnd).
+void Fsdp1Job::run_hook(spec::Hook hook, int ui) {
+  const bool forward = hook == spec::Hook::kPreForward || hook == spec::Hook::kPostForward;
+  for (spec::Op op : schedule_.actions(hook, {ui == 0, true})) {
+    if (ledger_.oom()) return;
+    apply(op, ui, forward);
+  }
+}
+
+// What each of the schedule's actions does to unit ui in FSDP1.
+void Fsdp1Job::apply(spec::Op op, int ui, bool forward) {
+  if (ui < 0) {
+    if (op == spec::Op::kFreeShardGrad) {
+      zero_grad();
+    } else if (op == spec::Op::kWaitReduce) {  // _wait_for_post_backward: the last flat gradient released
+      ledger_.free(in_flight_grad_);
+      in_flight_grad_ = -1;
+    } else {
+      throw std::logic_error(std::string("FSDP's step has no action ") + spec::op_name(op));
+    }
+    return;
+  }
+  FlatParam& u = units_[ui];
+  switch (op) {
+    case spec::Op::kGather:  // _pre_forward_unshard / _pre_backward_hook: unshard unless prefetched
+      if (!forward) u.needs_pre_backward = false;
+      unshard(u);
+      if (forward) {
+        u.needs_pre_forward = false;
+        if (no_shard && o_.offload_params && !mixed) reshard_forward_copy(ui);
+      }
+      return;
+    case spec::Op::kPrefetchForward:  // _prefetch_handles, from the second iteration (the first records the order)
+      if (step_ > 1) prefetch(ui, true);
+      return;
+    case spec::Op::kPrefetchBackward:
+      prefetch(ui, false);
+      return;
+    case spec::Op::kReshard:
+      reshard(u);
+      return;
+    case spec::Op::kAllocGrad:
+      // The parameters' gradients (held by the views' SplitWithSizesBackward
+      // until the last is ready) concatenated into the flat gradient,
+      // param_dtype's under MixedPrecision.
+      flat_grad_ = alloc(Category::kGrads, low * u.numel, kFsdpComputeStream);
+      ledger_.free_all(unit_grads_[ui]);
+      return;
+    case spec::Op::kWaitReduce:  // the previous unit's flat gradient, freed with record_stream (in_flight_grad_)
+      ledger_.free(in_flight_grad_);
+      in_flight_grad_ = -1;
+      return;
+    case spec::Op::kReduceScatter:
+      if (o_.cpu) {
+        cpu_reduce_grad(ledger_, label_, W, u, flat_grad_, kPostBackwardStream, reduce, reduce_cast);
+      } else {
+        sharded_reduce(u, flat_grad_);
+      }
+      return;
+    case spec::Op::kAllReduce:
+      no_shard_reduce(u, flat_grad_);
+      return;
+    case spec::Op::kFreeShardGrad:
+    case spec::Op::kAllocFlatGrad:
+    case spec::Op::kZeroFlatGrad:
+      break;
+  }
+  throw std::logic_error(std::string("FSDP's unit has no action ") + spec::op_name(op));
 }
 
 // _unshard (also for a unit already gathered: a prefetched one, the
@@ -489,27 +547,17 @@ void Fsdp1Job::prefetch(int u, bool forward) {
   next.prefetched = true;
 }
 
-// _post_backward_hook, after AccumulateGrad of the FlatParameter: the
-// parameters' gradients (held by the views' SplitWithSizesBackward
-// until the last is ready) concatenated into the flat gradient (numel),
-// the unit resharded, then the gradient reduced (no_shard_reduce,
-// cpu_reduce_grad or sharded_reduce). With MixedPrecision the flat
-// gradient is param_dtype.
+// _post_backward_hook, after AccumulateGrad of the FlatParameter, once a
+// backward: the schedule's actions (apply): the flat gradient made, the
+// unit resharded, BACKWARD_POST's prefetch, the previous unit's flat
+// gradient released, then this one reduced (sharded_reduce or
+// cpu_reduce_grad; NO_SHARD's no_shard_reduce).
 void Fsdp1Job::post_backward(int ui) {
   FlatParam& u = units_[ui];
   if (u.backward_done || u.numel == 0) return;
   u.backward_done = true;
-  const int64_t flat = alloc(Category::kGrads, low * u.numel, kFsdpComputeStream);
-  ledger_.free_all(unit_grads_[ui]);  // each parameter's gradient, waiting for the flat one
-  reshard(u);
-  if (o_.backward_prefetch == PytorchFsdpOptions::Prefetch::kBackwardPost) prefetch(ui, false);
-  if (no_shard) {
-    no_shard_reduce(u, flat);
-  } else if (o_.cpu) {
-    cpu_reduce_grad(ledger_, label_, W, u, flat, kPostBackwardStream, reduce, reduce_cast);
-  } else {
-    sharded_reduce(u, flat);
-  }
+  run_hook(spec::Hook::kPostBackward, ui);
+  flat_grad_ = -1;
 }
 
 // NO_SHARD's reduce (_reduce_grad_no_shard): .grad is the new flat
@@ -561,7 +609,6 @@ void Fsdp1Job::no_shard_reduce(FlatParam& u, int64_t flat) {
 // _cast_grad_to_param_dtype makes the shard fp32 (`output.to(
 // param.dtype)`), the low-precision one dropped.
 void Fsdp1Job::sharded_reduce(FlatParam& u, int64_t flat) {
-  ledger_.free(in_flight_grad_);
   const int64_t cast = reduce_cast ? alloc(Category::kGrads, reduce * u.numel, kPostBackwardStream) : -1;
   const int64_t padded = alloc(Category::kCommBuffers, reduce * u.shard * W, kPostBackwardStream);
   int64_t shard = alloc(Category::kGrads, reduce * u.shard, kPostBackwardStream);
@@ -579,7 +626,6 @@ void Fsdp1Job::sharded_reduce(FlatParam& u, int64_t flat) {
 // _wait_for_post_backward / _finalize_params: .grad is the reduced shard;
 // with offload_params it was copied to the host and the GPU one goes.
 void Fsdp1Job::finalize_params() {
-  ledger_.free(in_flight_grad_);
   if (o_.offload_params)
     for (auto& u : units_) {
       ledger_.free(u.grad_shard);
@@ -600,64 +646,6 @@ void Fsdp1Job::finalize_params() {
 }
 
 }  // namespace
-
-ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards) {
-  // A traced AdamW step for one parameter resized to a shard: every storage
-  // of the parameter's size (its exp_avg and exp_avg_sq, the update's sqrt
-  // and division: optim/adamw.py _single_tensor_adamw) becomes the shard's
-  // size; the rest (none in 1.13's for-loop AdamW on a GPU parameter; its
-  // `step` is a host tensor) stays. The parameter is the largest, so that no
-  // other storage shares its size.
-  const size_t ref = static_cast<size_t>(
-      std::max_element(in.param_numels.begin(), in.param_numels.end()) - in.param_numels.begin());
-  if (in.list_step_first && in.list_step_later) {
-    // foreach=True or fused=True: one step over the list of shards, each
-    // the largest parameter's part resized.
-    std::vector<MultiTensorAdamwStep::Entry> list;
-    for (int64_t shard : shards)
-      if (shard > 0) list.push_back({static_cast<int>(ref), 4 * shard});
-    return {in.list_step_first->compose(list), in.list_step_later->compose(list)};
-  }
-  std::vector<ModelTrace> steps;
-  std::vector<int> order;
-  for (int64_t shard : shards) {
-    if (shard == 0) continue;
-    for (int k = 0; k < 2; ++k) {
-      ModelTrace t = (*in.optimizer_param_steps)[2 * ref + k];
-      for (auto& e : t.events)
-        if (e.kind == MemEvent::kAlloc && e.bytes == 4 * in.param_numels[ref]) e.bytes = 4 * shard;
-      steps.push_back(std::move(t));
-    }
-    order.push_back(static_cast<int>(order.size()));
-  }
-  return {compose_optimizer_step(steps, order, true), compose_optimizer_step(steps, order, false)};
-}
-
-std::vector<int64_t> fsdp1_optimized_shards(const std::vector<ModuleNode>& modules, const spec::UnitPartition& part,
-                                            int world, int rank, bool no_shard, bool use_orig_params) {
-  std::vector<int64_t> shard(part.units.size());
-  for (size_t u = 0; u < part.units.size(); ++u)
-    shard[u] = fsdp1_rank_numel(part.units[u].numel, world, no_shard);
-  if (!use_orig_params) return shard;  // the units' pre-order, as part.units is
-  std::unordered_map<std::string, std::pair<size_t, int64_t>> at;  // name -> unit, offset in its flat parameter
-  for (size_t u = 0; u < part.units.size(); ++u) {
-    int64_t offset = 0;
-    for (const ParamInfo& p : part.units[u].params) {
-      at.emplace(p.name, std::make_pair(u, offset));
-      offset += p.numel;
-    }
-  }
-  std::vector<int64_t> out;
-  for (const ModuleNode& m : modules)
-    for (const ParamInfo& p : m.params) {
-      const auto it = at.find(p.name);
-      if (it == at.end()) continue;
-      const auto [u, offset] = it->second;
-      const int64_t begin = no_shard ? 0 : rank * shard[u], end = begin + shard[u];
-      out.push_back(std::max<int64_t>(0, std::min(offset + p.numel, end) - std::max(offset, begin)));
-    }
-  return out;
-}
 
 StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vector<ModuleNode>& modules,
                                     const PytorchFsdpOptions& o, AllocatorModel& allocator) {

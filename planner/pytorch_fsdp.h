@@ -12,7 +12,11 @@
 // allocator's model with one pool per stream FSDP uses. Checked by hand
 // against 1.13's source; torch 2.11's FSDP1 on an H200 measured otherwise
 // (reports/gpu/README.md: its own kernels and allocator), not yet modelled.
-// NO_SHARD, and a world size of 1 as NO_SHARD, as FSDP clamps it.
+// NO_SHARD, and a world size of 1 as NO_SHARD, as FSDP clamps it. On CPU
+// ranks over Gloo, torch 2.11's FSDP1 is held against real jobs
+// (scripts/pytorch-validate's fsdp1 wraps). Which actions its hooks take,
+// and in which order, is spec::Schedule's (spec/schedule.h,
+// Runtime::kTorchFsdp1); the .cc says what each action allocates here.
 #pragma once
 
 #include <cstdint>
@@ -117,7 +121,7 @@ inline int64_t fsdp1_rank_numel(int64_t numel, int world, bool no_shard) {
   return no_shard ? numel : fsdp_shard_numel(numel, world);
 }
 
-// AdamW over shards (defined in pytorch_fsdp.cc, shared with FSDP2's
+// AdamW over shards (defined in pytorch_fsdp_shards.cc, shared with FSDP2's
 // fully_shard in pytorch_fsdp2.h): torch.optim.AdamW over shards of these
 // sizes (elements; a 0 is skipped), in this order, from the traced steps of
 // one parameter alone (`in`'s optimizer_param_steps), resized: its first

@@ -238,10 +238,8 @@ bool Fsdp2Job::step(int k) {
   label_ = step + "/forward";
   // opt.zero_grad(): set_to_none drops every sharded .grad, and with the
   // last view the flat output; else each is zeroed in place and stays.
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    run_hook(spec::Hook::kZeroGrad, static_cast<int>(gi));
-    groups_[gi].pre_backward_done = groups_[gi].post_backward_done = false;
-  }
+  run_hook(spec::Hook::kZeroGrad, -1);
+  for (Group& g : groups_) g.pre_backward_done = g.post_backward_done = false;
   if (!walk_pytorch_step(*in_.no_grads, part_, SplitTieGrads{}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
                       previous_outputs_, &grad_origins_))
     return false;
@@ -297,8 +295,8 @@ void Fsdp2Job::post_backward(int gi) {
   run_hook(spec::Hook::kPostBackward, gi);
 }
 
-// The schedule's actions of `hook` for group gi (-1: the step's own hook,
-// kBackwardEnd).
+// The schedule's actions of `hook` for group gi (-1: the step's own hooks,
+// kZeroGrad and kBackwardEnd).
 void Fsdp2Job::run_hook(spec::Hook hook, int gi) {
   const bool forward = hook == spec::Hook::kPreForward || hook == spec::Hook::kPostForward;
   for (spec::Op op : schedule_.actions(hook, {gi == 0, true})) {
@@ -309,11 +307,23 @@ void Fsdp2Job::run_hook(spec::Hook hook, int gi) {
 
 // What each of the schedule's actions does to group gi in FSDP2.
 void Fsdp2Job::apply(spec::Op op, int gi, bool forward) {
-  if (gi < 0) {  // the backward's end: only the last reduce-scatter's input is left to drop
-    if (op != spec::Op::kWaitReduce)
-      throw std::logic_error(std::string("FSDP2's backward end has no action ") + spec::op_name(op));
-    ledger_.free(reduce_scatter_state_);
-    reduce_scatter_state_ = -1;
+  if (gi < 0) {
+    if (op == spec::Op::kFreeShardGrad) {
+      // opt.zero_grad(): set_to_none drops every sharded .grad, and with
+      // the last view the flat output; else each is zeroed in place and
+      // stays.
+      for (Group& g : groups_)
+        if (o_.zero_grad_set_to_none) {
+          ledger_.free(g.grad_flat);
+          g.grad_flat = -1;
+          g.has_grads = false;
+        }
+    } else if (op == spec::Op::kWaitReduce) {  // the backward's end: the last reduce-scatter's input
+      ledger_.free(reduce_scatter_state_);
+      reduce_scatter_state_ = -1;
+    } else {
+      throw std::logic_error(std::string("FSDP2's step has no action ") + spec::op_name(op));
+    }
     return;
   }
   Group& g = groups_[gi];
@@ -357,14 +367,6 @@ void Fsdp2Job::apply(spec::Op op, int gi, bool forward) {
       reduce_scatter(gi);
       return;
     case spec::Op::kFreeShardGrad:
-      // opt.zero_grad(): set_to_none drops every sharded .grad, and with the
-      // last view the flat output; else each is zeroed in place and stays.
-      if (o_.zero_grad_set_to_none) {
-        ledger_.free(g.grad_flat);
-        g.grad_flat = -1;
-        g.has_grads = false;
-      }
-      return;
     case spec::Op::kAllocGrad:
     case spec::Op::kAllReduce:
     case spec::Op::kAllocFlatGrad:

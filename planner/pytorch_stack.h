@@ -26,13 +26,15 @@
 #include "planner/model_trace.h"
 #include "spec/candidate.h"
 #include "spec/grad_buckets.h"
+#include "spec/schedule.h"
 #include "planner/step_simulator.h"
 
 namespace shardfit::planner {
 
 // FullyShardedDataParallel(backward_prefetch=...) (`plan --stack pytorch
-// --fsdp-backward-prefetch`): BACKWARD_PRE, BACKWARD_POST or None.
-enum class FsdpBackwardPrefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
+// --fsdp-backward-prefetch`): BACKWARD_PRE, BACKWARD_POST or None, as the
+// schedule carries it.
+using FsdpBackwardPrefetch = spec::BackwardPrefetch;
 
 // Under --stack pytorch a ddp candidate with an auto wrap policy and no
 // +ckpt (ddp/PRECISION/wrap=size:N or block; SPEC's alias no_shard) is

@@ -43,6 +43,9 @@ void check_schedule_options(const ScheduleOptions& options) {
   if (options.reshard_root_after_forward && options.runtime != Runtime::kTorchFsdp2)
     throw std::invalid_argument("reshard_root_after_forward: only PyTorch's fully_shard reshards the root after its "
                                 "forward; shardfit's engine keeps it for backward");
+  if (options.backward_prefetch != BackwardPrefetch::kBackwardPre && options.runtime != Runtime::kTorchFsdp1)
+    throw std::invalid_argument("backward_prefetch: only PyTorch's FullyShardedDataParallel prefetches after a "
+                                "unit's backward or not at all; shardfit's engine and fully_shard prefetch as it begins");
 }
 
 Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options) : traits_(traits), options_(options) {
@@ -53,26 +56,8 @@ Schedule::Schedule(const StrategyTraits& traits, const ScheduleOptions& options)
 }
 
 std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
+  if (options_.runtime != Runtime::kEngine) return build_torch(hook, where);
   const bool sharded = traits_.shard_params;
-  const bool torch = options_.runtime == Runtime::kTorchFsdp2;
-  if (torch && sharded) {
-    // fully_shard's order (schedule.h): what differs from the engine's.
-    switch (hook) {
-      case Hook::kPostForward:
-        if (traits_.reshard_after_forward && (!where.root || options_.reshard_root_after_forward))
-          return {Op::kReshard};
-        return {};
-      case Hook::kPreBackward:
-        if (options_.prefetch >= 1) return {Op::kGather, Op::kPrefetchBackward};
-        return {Op::kGather};
-      case Hook::kPostBackward:
-        return {Op::kReshard, Op::kWaitReduce, Op::kReduceScatter};
-      case Hook::kBackwardEnd:
-        return {Op::kWaitReduce};
-      default:
-        break;  // the engine's
-    }
-  }
   switch (hook) {
     case Hook::kZeroGrad:
       if (sharded) return {Op::kFreeShardGrad};
@@ -112,6 +97,48 @@ std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
       // ddp/zero1: buckets no gradient completed are launched now.
       if (!sharded && where.last_micro_batch) return {Op::kAllReduce, Op::kWaitReduce};
       if (sharded && options_.async_reduce) return {Op::kWaitReduce};
+      return {};
+  }
+  return {};
+}
+
+// PyTorch's FSDP1 and FSDP2 (schedule.h): NO_SHARD is FSDP1 over the ddp
+// traits, nothing sharded.
+std::vector<Op> Schedule::build_torch(Hook hook, const HookContext& where) const {
+  const bool fsdp2 = options_.runtime == Runtime::kTorchFsdp2;
+  const bool sharded = traits_.shard_params;
+  switch (hook) {
+    case Hook::kZeroGrad:
+      return {Op::kFreeShardGrad};
+    case Hook::kPreForward:
+      if (options_.prefetch >= 2) return {Op::kGather, Op::kPrefetchForward};
+      return {Op::kGather};
+    case Hook::kPostForward:
+      if (!sharded) return {Op::kReshard};  // NO_SHARD's low-precision copy
+      if (traits_.reshard_after_forward && (!where.root || options_.reshard_root_after_forward))
+        return {Op::kReshard};
+      return {};
+    case Hook::kPreBackward:
+      if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) return {Op::kGather, Op::kPrefetchBackward};
+      return {Op::kGather};
+    case Hook::kRecompute:
+      return {Op::kGather};
+    case Hook::kPostBackward: {
+      if (fsdp2) return {Op::kReshard, Op::kWaitReduce, Op::kReduceScatter};
+      std::vector<Op> ops = {Op::kAllocGrad, Op::kReshard};
+      if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) ops.push_back(Op::kPrefetchBackward);
+      if (sharded) {
+        ops.push_back(Op::kWaitReduce);
+        ops.push_back(Op::kReduceScatter);
+      } else {
+        ops.push_back(Op::kAllReduce);
+      }
+      return ops;
+    }
+    case Hook::kBackwardEnd:
+      return {Op::kWaitReduce};
+    case Hook::kBackwardStart:
+    case Hook::kGradReady:
       return {};
   }
   return {};

@@ -6,7 +6,10 @@
 // a communicator (executor/flat_param.h). Neither decides on its own which
 // actions a strategy takes at a hook; each says only what an action
 // allocates and does, and the accuracy matrix checks the two agree to the
-// byte.
+// byte. PyTorch's own FSDP1 and FSDP2, as `plan --stack pytorch` simulates
+// them (planner/pytorch_fsdp.cc, pytorch_fsdp2.cc), replay it too, in
+// PyTorch's order (Runtime, below), checked against real torch 2.11 jobs
+// by scripts/pytorch-validate.
 //
 // The hooks are FSDP2's (torch/distributed/_composable/fsdp/_fsdp_state.py:
 // _pre_forward, _post_forward, _pre_backward, _post_backward; the root's
@@ -69,18 +72,29 @@
 // The optimizer step (AdamW per unit, its lazily created state and
 // temporaries) is one hook, interpreted whole by each side.
 //
-// PyTorch's fully_shard (torch 2.11, _fsdp_param_group.py; the planner's
-// pytorch_fsdp2.cc interprets it) takes the same actions at the same hooks,
-// in its own order where it differs (Runtime::kTorchFsdp2):
-//  - a unit's post-backward reshards first, then drops the previous unit's
-//    reduce-scatter input (kWaitReduce: FSDPCommContext.reduce_scatter_state)
-//    and reduce-scatters (post_backward: reshard(), then foreach_reduce);
-//    reductions always run beside backward, whatever async_reduce says;
-//  - no kAllocGrad: autograd makes the unsharded gradients (they are in the
-//    model's trace), not FSDP;
-//  - with reshard_root_after_forward the root too reshards after its
-//    forward (2.11 does when the root's fully_shard names
-//    reshard_after_forward, as every exported script does).
+// PyTorch's own FSDP takes the same actions at the same hooks, in its own
+// order where it differs (build_torch in the .cc; the planner's
+// pytorch_fsdp.cc and pytorch_fsdp2.cc interpret them):
+//  - no step-level flat grad and no gradient bucket: autograd makes the
+//    parameters' gradients (they are in the model's trace); reductions
+//    always run beside backward, whatever async_reduce says;
+//  - FSDP2 (Runtime::kTorchFsdp2, torch 2.11 _fsdp_param_group.py): a
+//    unit's post-backward reshards first, then drops the previous unit's
+//    reduce-scatter input (kWaitReduce: FSDPCommContext.
+//    reduce_scatter_state) and reduce-scatters; with
+//    reshard_root_after_forward the root too reshards after its forward
+//    (2.11 does when the root's fully_shard names reshard_after_forward, as
+//    every exported script does);
+//  - FSDP1 (Runtime::kTorchFsdp1, FullyShardedDataParallel,
+//    _runtime_utils.py): a unit's post-backward makes the flat gradient from
+//    its parameters' (kAllocGrad), reshards, prefetches when
+//    backward_prefetch is BACKWARD_POST, waits for the previous unit's
+//    reduce-scatter to release that unit's flat gradient and
+//    reduce-scatters; NO_SHARD (the ddp traits) all-reduces its unit's
+//    gradient there instead, and reshards after every forward (its
+//    low-precision copy);
+//  - in both, kZeroGrad drops every unit's gradient (zero_grad) and
+//    kBackwardEnd waits for what is still in flight.
 #pragma once
 
 #include <array>
@@ -128,9 +142,15 @@ struct HookContext {
   bool last_micro_batch = true;  // the step's last micro-batch (gradient accumulation)
 };
 
-// Whose hooks a schedule follows: shardfit's engine, or torch 2.11's
-// fully_shard (the order above).
-enum class Runtime : uint8_t { kEngine, kTorchFsdp2 };
+// Whose hooks a schedule follows: shardfit's engine, or PyTorch's FSDP1 or
+// FSDP2 (the orders above).
+enum class Runtime : uint8_t { kEngine, kTorchFsdp1, kTorchFsdp2 };
+
+// When a unit's backward prefetch is issued: FSDP1's BackwardPrefetch
+// (BACKWARD_PRE as its backward begins, the engine's and FSDP2's only
+// choice; BACKWARD_POST once its own gradient is made and it is resharded;
+// or never).
+enum class BackwardPrefetch : uint8_t { kNone, kBackwardPre, kBackwardPost };
 
 // How a strategy's collectives are scheduled beyond what its traits say:
 // plan's and run's --prefetch, --async-reduce and --async-gather, carried
@@ -150,11 +170,13 @@ struct ScheduleOptions {
   // the gradient buckets close at (the first at 1 MiB): spec/grad_buckets.h.
   int64_t ddp_bucket_cap_bytes = kDdpBucketCapBytes;
   // Whose hooks (Runtime): the engine's unless a simulation of PyTorch's
-  // own FSDP2 asks for torch's.
+  // own FSDP asks for torch's.
   Runtime runtime = Runtime::kEngine;
   // kTorchFsdp2, zero3/hybrid: the root unit too resharded after its
   // forward, and gathered again when its backward begins.
   bool reshard_root_after_forward = false;
+  // kTorchFsdp1 only may move or drop the backward prefetch.
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
 };
 
 // The most units a job gathers ahead (--prefetch): more than any model has
@@ -166,7 +188,8 @@ inline constexpr int kMaxPrefetch = 1024;
 // all, is the schedule's own case for tests, not a job's) to kMaxPrefetch,
 // a DDP bucket from one byte to 1e6 MB (check_bucket_cap_bytes), the root
 // resharded after forward only under kTorchFsdp2 (the engine's root keeps
-// its parameters for backward, which needs them first). Throws
+// its parameters for backward, which needs them first), a backward prefetch
+// other than BACKWARD_PRE only under kTorchFsdp1. Throws
 // std::invalid_argument. What checks a job's options: the CLI before any
 // work, build_plan and the engine for callers that reach them directly.
 void check_schedule_options(const ScheduleOptions& options);
@@ -209,6 +232,7 @@ class Schedule {
 
  private:
   std::vector<Op> build(Hook hook, const HookContext& where) const;
+  std::vector<Op> build_torch(Hook hook, const HookContext& where) const;
 
   StrategyTraits traits_;
   ScheduleOptions options_;

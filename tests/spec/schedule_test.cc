@@ -89,12 +89,14 @@ TEST(Schedule, AsyncReduceWaitsForThePreviousReductionOrAtBackwardsEnd) {
 // reduce-scatter always in flight, no gradient of FSDP's own, and the root
 // resharded after forward when its fully_shard call says so.
 std::string torch_ops(const std::string& id, Hook hook, bool root = false, int prefetch = 1,
-                      bool reshard_root = false) {
+                      bool reshard_root = false, Runtime runtime = Runtime::kTorchFsdp2,
+                      BackwardPrefetch backward = BackwardPrefetch::kBackwardPre) {
   const Candidate c = parse_candidate(id);
   ScheduleOptions o;
   o.prefetch = prefetch;
-  o.runtime = Runtime::kTorchFsdp2;
+  o.runtime = runtime;
   o.reshard_root_after_forward = reshard_root;
+  o.backward_prefetch = backward;
   check_schedule_options(o);
   const Schedule s(decode_strategy(c, 2, 2), o);
   std::string out;
@@ -121,6 +123,47 @@ TEST(Schedule, TorchFsdp2ReshardsBeforeItReducesAndLeavesGradientsToAutograd) {
   ScheduleOptions engine;
   engine.reshard_root_after_forward = true;
   EXPECT_THROW(check_schedule_options(engine), std::invalid_argument);
+}
+
+// FullyShardedDataParallel (FSDP1): the flat gradient made from the
+// parameters' in its post-backward, BackwardPrefetch moving the backward
+// prefetch there or dropping it, NO_SHARD (the ddp traits) all-reducing
+// each unit's gradient and dropping its low-precision copy after every
+// forward, the root's included.
+TEST(Schedule, TorchFsdp1MakesTheFlatGradientThenReshardsThenReduces) {
+  const auto fsdp1 = [](const std::string& id, Hook hook, bool root = false,
+                        BackwardPrefetch backward = BackwardPrefetch::kBackwardPre, int prefetch = 1) {
+    return torch_ops(id, hook, root, prefetch, false, Runtime::kTorchFsdp1, backward);
+  };
+  EXPECT_EQ(fsdp1("zero3/fp32/wrap=block", Hook::kPostBackward), "alloc-grad reshard wait-reduce reduce-scatter");
+  EXPECT_EQ(fsdp1("zero3/fp32/wrap=block", Hook::kPostBackward, false, BackwardPrefetch::kBackwardPost),
+            "alloc-grad reshard prefetch-backward wait-reduce reduce-scatter");
+  EXPECT_EQ(fsdp1("zero3/fp32/wrap=block", Hook::kPreBackward), "gather prefetch-backward");
+  EXPECT_EQ(fsdp1("zero3/fp32/wrap=block", Hook::kPreBackward, false, BackwardPrefetch::kBackwardPost), "gather");
+  EXPECT_EQ(fsdp1("zero3/fp32/wrap=block", Hook::kPreBackward, false, BackwardPrefetch::kNone), "gather");
+  EXPECT_EQ(fsdp1("zero3/fp32/wrap=block", Hook::kPreForward, false, BackwardPrefetch::kBackwardPre, 2),
+            "gather prefetch-forward");
+  EXPECT_EQ(fsdp1("zero3/fp32/wrap=block", Hook::kPostForward, /*root=*/true), "") << "FULL_SHARD keeps the root";
+  EXPECT_EQ(fsdp1("zero2/fp32/wrap=block", Hook::kPostForward), "") << "SHARD_GRAD_OP";
+  for (bool root : {false, true}) {
+    SCOPED_TRACE(root);
+    EXPECT_EQ(fsdp1("ddp/bf16/wrap=block", Hook::kPostForward, root), "reshard") << "NO_SHARD";
+    EXPECT_EQ(fsdp1("ddp/bf16/wrap=block", Hook::kPostBackward, root), "alloc-grad reshard all-reduce");
+  }
+  for (const char* id : {"ddp/fp32/wrap=block", "zero3/fp32/wrap=block"}) {
+    SCOPED_TRACE(id);
+    EXPECT_EQ(fsdp1(id, Hook::kZeroGrad), "free-shard-grad");
+    EXPECT_EQ(fsdp1(id, Hook::kBackwardStart), "") << "no flat grad of its own";
+    EXPECT_EQ(fsdp1(id, Hook::kGradReady), "") << "no DDP bucket";
+    EXPECT_EQ(fsdp1(id, Hook::kBackwardEnd), "wait-reduce");
+  }
+  // Only FSDP1 moves or drops the backward prefetch.
+  for (Runtime r : {Runtime::kEngine, Runtime::kTorchFsdp2}) {
+    ScheduleOptions o;
+    o.runtime = r;
+    o.backward_prefetch = BackwardPrefetch::kBackwardPost;
+    EXPECT_THROW(check_schedule_options(o), std::invalid_argument);
+  }
 }
 
 TEST(Schedule, PrefetchPositionsGoForwardOneShortAndBackwardFullDepth) {
