@@ -6,6 +6,15 @@
                                    forward, backward and optimizer step over
                                    10 steps after 2 warm-up steps, and the
                                    ATen ops each phase dispatches
+  step-time-probe.py side-by-side MODEL
+                                   the same model, step and thread in one
+                                   process and then in two at once (no
+                                   collective between them: what two
+                                   ranks' own compute costs each other):
+                                   each one's median forward, backward and
+                                   optimizer step over 40 steps after 5
+                                   warm-up steps, the two started together
+                                   at a barrier
   step-time-probe.py adamw-ops     the ops torch.optim.AdamW's second step
                                    dispatches over 1, 2 and 5 parameters,
                                    for-loop, foreach and fused
@@ -101,6 +110,41 @@ def plain(name):
     for (k, v), n in zip(phases.items(), counts):
         print("%-9s %7.2f ms  %4d ops" % (k, statistics.median(v) * 1e3, n))
     print("step      %7.2f ms" % (sum(statistics.median(v) for v in phases.values()) * 1e3))
+
+
+def side_by_side_rank(rank, name, barrier, results):
+    """One of side-by-side's processes: the model of `plain`, 5 warm-up
+    steps, the barrier, then 40 timed steps; its medians to `results`."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pytorch"))
+    import models
+
+    torch.set_num_threads(1)
+    model = models.build(name)
+    vocab = models.vocab_size(name)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(5):
+        timed_step(model, opt, torch.randint(0, vocab, (4, 64), generator=gen))
+    barrier.wait()
+    times = [timed_step(model, opt, torch.randint(0, vocab, (4, 64), generator=gen)) for _ in range(40)]
+    results.put((rank, [statistics.median(t[i] for t in times) for i in range(3)]))
+
+
+def side_by_side(name):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for n in (1, 2):
+        barrier, results = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=side_by_side_rank, args=(r, name, barrier, results)) for r in range(n)]
+        for p in procs:
+            p.start()
+        got = sorted(results.get(timeout=600) for _ in procs)
+        for p in procs:
+            p.join()
+        for rank, (f, b, o) in got:
+            print("%d process(es), #%d: forward %6.2f  backward %6.2f  optimizer %6.2f  ms  (forward + backward %6.2f)"
+                  % (n, rank, f * 1e3, b * 1e3, o * 1e3, (f + b) * 1e3))
 
 
 def adamw_ops():
@@ -265,6 +309,8 @@ def phases_rank(rank, name, wrap, port):
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "plain":
         plain(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "side-by-side":
+        side_by_side(sys.argv[2])
     elif len(sys.argv) >= 2 and sys.argv[1] == "adamw-ops":
         adamw_ops()
     elif len(sys.argv) >= 2 and sys.argv[1] == "gloo":
