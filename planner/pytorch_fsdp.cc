@@ -224,15 +224,13 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   part_ = spec::wrap_modules(modules, o.wrap, spec::TiedParams::kCopiedPerUnit);
   // FULL_SHARD reshards after forward as zero3 does, SHARD_GRAD_OP keeps the
   // unit as zero2 does, NO_SHARD shards nothing, as ddp.
-  spec::StrategyTraits traits;
-  static_cast<spec::ShardingTraits&>(traits) = spec::sharding_traits(
-      no_shard ? spec::Sharding::kDdp : o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2);
   spec::ScheduleOptions schedule;
   schedule.prefetch = o.forward_prefetch ? 2 : 1;  // forward_prefetch_limit and backward_prefetch_limit are 1
   schedule.runtime = spec::Runtime::kTorchFsdp1;
   schedule.backward_prefetch = o.backward_prefetch;
-  spec::check_schedule_options(schedule);
-  schedule_ = spec::Schedule(traits, schedule);
+  schedule_ = pytorch_fsdp_schedule(
+      no_shard ? spec::Sharding::kDdp : o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2,
+      schedule);
   units_.resize(part_.units.size());
   forward_copy_.assign(part_.units.size(), -1);
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -394,11 +392,7 @@ StepHooks Fsdp1Job::hooks(int k) {
 // The schedule's actions of `hook` for unit ui (-1: the step's own hooks,
 // kZeroGrad and kBackwardEnd).
 void Fsdp1Job::run_hook(spec::Hook hook, int ui) {
-  const bool forward = hook == spec::Hook::kPreForward || hook == spec::Hook::kPostForward;
-  for (spec::Op op : schedule_.actions(hook, {ui == 0, true})) {
-    if (ledger_.oom()) return;
-    apply(op, ui, forward);
-  }
+  run_schedule_hook(schedule_, hook, ui, ledger_, [&](spec::Op op, bool forward) { apply(op, ui, forward); });
 }
 
 // What each of the schedule's actions does to unit ui in FSDP1.

@@ -154,15 +154,12 @@ Fsdp2Job::Fsdp2Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   part_ = spec::wrap_modules(modules, spec::WrapPolicy::parse(o.wrap_blocks ? "block" : "none"),
                              spec::TiedParams::kKeepTogether);
   // HSDP reshards as zero3 does; its all-reduce is reduce_scatter's.
-  spec::StrategyTraits traits;
-  static_cast<spec::ShardingTraits&>(traits) =
-      spec::sharding_traits(o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2);
   spec::ScheduleOptions schedule;
   schedule.prefetch = o.prefetch;
   schedule.runtime = spec::Runtime::kTorchFsdp2;
   schedule.reshard_root_after_forward = o.reshard_root_after_forward;
-  spec::check_schedule_options(schedule);
-  schedule_ = spec::Schedule(traits, schedule);
+  schedule_ = pytorch_fsdp_schedule(o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2,
+                                    schedule);
   groups_.resize(part_.units.size());
   for (size_t g = 0; g < part_.units.size(); ++g)
     if (part_.units[g].root_module != 0) blocks_.push_back(static_cast<int>(g));
@@ -298,11 +295,7 @@ void Fsdp2Job::post_backward(int gi) {
 // The schedule's actions of `hook` for group gi (-1: the step's own hooks,
 // kZeroGrad and kBackwardEnd).
 void Fsdp2Job::run_hook(spec::Hook hook, int gi) {
-  const bool forward = hook == spec::Hook::kPreForward || hook == spec::Hook::kPostForward;
-  for (spec::Op op : schedule_.actions(hook, {gi == 0, true})) {
-    if (ledger_.oom()) return;
-    apply(op, gi, forward);
-  }
+  run_schedule_hook(schedule_, hook, gi, ledger_, [&](spec::Op op, bool forward) { apply(op, gi, forward); });
 }
 
 // What each of the schedule's actions does to group gi in FSDP2.
@@ -327,8 +320,7 @@ void Fsdp2Job::apply(spec::Op op, int gi, bool forward) {
     return;
   }
   Group& g = groups_[gi];
-  const int b = block_index(gi);
-  const int blocks = static_cast<int>(blocks_.size());
+  const int n = schedule_.prefetch();
   switch (op) {
     case spec::Op::kGather:  // FSDPParamGroup.pre_forward / pre_backward: unshard() unless prefetched, then wait
       unshard(g);
@@ -338,15 +330,15 @@ void Fsdp2Job::apply(spec::Op op, int gi, bool forward) {
       // FSDPState._pre_forward, then _prefetch_unshard(..., "forward") of
       // each module set_modules_to_forward_prefetch named (the example's
       // lists stop where the blocks do).
-      if (b >= 0 && b + schedule_.prefetch() - 1 < blocks)
-        for (int j = 1; j < schedule_.prefetch(); ++j) unshard(groups_[blocks_[b + j]]);
+      if (const int b = block_index(gi); b >= 0 && b + n - 1 < static_cast<int>(blocks_.size()))
+        for (int j = 1; j < n; ++j) unshard(groups_[blocks_[b + j]]);
       return;
     case spec::Op::kPrefetchBackward:
       // _backward_prefetch: an explicit list (set_modules_to_backward_
       // prefetch) replaces the implicit prefetch (default_prefetch is
       // False then) of the group whose forward ended just before this one's.
-      if (schedule_.prefetch() >= 2 && b >= schedule_.prefetch()) {
-        for (int j = 1; j <= schedule_.prefetch(); ++j) unshard(groups_[blocks_[b - j]]);
+      if (const int b = block_index(gi); n >= 2 && b >= n) {
+        for (int j = 1; j <= n; ++j) unshard(groups_[blocks_[b - j]]);
       } else if (g.post_forward_index > 0) {
         unshard(groups_[post_forward_order_[g.post_forward_index - 1]]);
       }

@@ -1,6 +1,6 @@
-// What an FSDP rank holds and steps, shared by FSDP1 (pytorch_fsdp.cc) and
-// FSDP2 (pytorch_fsdp2.cc): the request each checks, AdamW over shards, and
-// the shards FSDP1's AdamW steps (pytorch_fsdp.h).
+// What FSDP1 (pytorch_fsdp.cc) and FSDP2 (pytorch_fsdp2.cc) share
+// (pytorch_fsdp.h): the request each checks, the schedule each replays, AdamW
+// over shards, and the shards FSDP1's AdamW steps.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -9,6 +9,7 @@
 
 #include "planner/adamw_steps.h"
 #include "planner/pytorch_fsdp.h"
+#include "planner/pytorch_ledger.h"
 
 namespace shardfit::planner {
 
@@ -19,6 +20,24 @@ void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, c
                                 "parameter's optimizer steps: record it again with pytorch/trace_recorder.py");
   if (world_size < 1) throw std::invalid_argument("world size must be at least 1");
   if (steps < 1) throw std::invalid_argument("steps must be at least 1");
+}
+
+spec::Schedule pytorch_fsdp_schedule(spec::Sharding sharding, const spec::ScheduleOptions& options) {
+  spec::check_schedule_options(options);
+  // build_torch reads only the sharding's traits: whether parameters are
+  // sharded and resharded after forward.
+  spec::StrategyTraits traits;
+  static_cast<spec::ShardingTraits&>(traits) = spec::sharding_traits(sharding);
+  return spec::Schedule(traits, options);
+}
+
+void run_schedule_hook(const spec::Schedule& schedule, spec::Hook hook, int unit, const Ledger& ledger,
+                       const std::function<void(spec::Op op, bool forward)>& apply) {
+  const bool forward = hook == spec::Hook::kPreForward || hook == spec::Hook::kPostForward;
+  for (spec::Op op : schedule.actions(hook, {unit == 0, true})) {
+    if (ledger.oom()) return;
+    apply(op, forward);
+  }
 }
 
 ShardedAdamw sharded_adamw_steps(const PytorchDdpInputs& in, const std::vector<int64_t>& shards) {

@@ -71,16 +71,22 @@ def timed_step(model, opt, x):
     return t1 - t0, t2 - t1, t3 - t2
 
 
-def plain(name):
+def plain_job(name, seed):
+    """`plain`'s job: the model of pytorch/models.py on one thread, for-loop
+    AdamW, and a generator of its batches; (model, opt, vocab, gen)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pytorch"))
     import models
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     torch.set_num_threads(1)
     model = models.build(name)
-    vocab = models.vocab_size(name)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    gen = torch.Generator().manual_seed(0)
+    return model, opt, models.vocab_size(name), torch.Generator().manual_seed(seed)
+
+
+def plain(name):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, opt, vocab, gen = plain_job(name, 0)
     phases = {"forward": [], "backward": [], "optimizer": []}
     for i in range(12):
         x = torch.randint(0, vocab, (4, 64), generator=gen)
@@ -115,14 +121,7 @@ def plain(name):
 def side_by_side_rank(rank, name, barrier, results):
     """One of side-by-side's processes: the model of `plain`, 5 warm-up
     steps, the barrier, then 40 timed steps; its medians to `results`."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pytorch"))
-    import models
-
-    torch.set_num_threads(1)
-    model = models.build(name)
-    vocab = models.vocab_size(name)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    gen = torch.Generator().manual_seed(rank)
+    model, opt, vocab, gen = plain_job(name, rank)
     for _ in range(5):
         timed_step(model, opt, torch.randint(0, vocab, (4, 64), generator=gen))
     barrier.wait()

@@ -12,13 +12,18 @@
 namespace shardfit::spec {
 namespace {
 
+// The actions of `hook` as a line of their names.
+std::string names(const Schedule& s, Hook hook, const HookContext& where) {
+  std::string out;
+  for (Op op : s.actions(hook, where)) out += std::string(out.empty() ? "" : " ") + op_name(op);
+  return out;
+}
+
 std::string ops(const std::string& id, Hook hook, bool root = false, bool last_micro = true,
                 int prefetch = 1, bool async_reduce = false) {
   const Candidate c = parse_candidate(id);
   const Schedule s(decode_strategy(c, 4, shard_group_for(c.sharding, 4, 2)), ScheduleOptions{prefetch, async_reduce});
-  std::string out;
-  for (Op op : s.actions(hook, {root, last_micro})) out += std::string(out.empty() ? "" : " ") + op_name(op);
-  return out;
+  return names(s, hook, {root, last_micro});
 }
 
 TEST(Schedule, DdpAllReducesOnTheLastMicroBatchOnly) {
@@ -98,10 +103,7 @@ std::string torch_ops(const std::string& id, Hook hook, bool root = false, int p
   o.reshard_root_after_forward = reshard_root;
   o.backward_prefetch = backward;
   check_schedule_options(o);
-  const Schedule s(decode_strategy(c, 2, 2), o);
-  std::string out;
-  for (Op op : s.actions(hook, {root, true})) out += std::string(out.empty() ? "" : " ") + op_name(op);
-  return out;
+  return names(Schedule(decode_strategy(c, 2, 2), o), hook, {root, true});
 }
 
 TEST(Schedule, TorchFsdp2ReshardsBeforeItReducesAndLeavesGradientsToAutograd) {
