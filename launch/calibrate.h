@@ -24,6 +24,12 @@
 //       reshard_after_forward=True (zero3) and SHARD_GRAD_OP or False
 //       (zero2): a fixed cost, one a unit and one a parameter (the same
 //       script);
+//   measured_kernels.ddp_hooks, .ddp_buffers_s (--stack pytorch)  what
+//       DistributedDataParallel adds to a forward and to a backward, its
+//       all-reduces included, with gradient_as_bucket_view False ("copy")
+//       and True ("view"): a fixed cost, one a bucket and one a parameter;
+//       and what broadcasting a buffer adds to its forward (the same
+//       script, on the same ranks);
 //   measured_kernels.broadcast_s (--stack pytorch)  one dist.broadcast from
 //       Python as ZeroRedundancyOptimizer issues them after its step, on
 //       the same ranks;

@@ -255,6 +255,7 @@ LineTable parse_line_table(const ProfileReader& r, const std::string& field, con
 
 // measured_kernels.adamw_steps: {step: {tensor kind: {fixed_s, per_tensor_s, per_shape_s}}};
 // measured_kernels.fsdp1_hooks and .fsdp2_hooks: {zero3|zero2: {forward|backward: {fixed_s, per_group_s,
+// per_param_s}}}; measured_kernels.ddp_hooks: {copy|view: {forward|backward: {fixed_s, per_bucket_s,
 // per_param_s}}}.
 void parse_pytorch_lines(const ProfileReader& r, MeasuredKernels& k) {
   for (const auto& [step, kinds] :
@@ -268,6 +269,10 @@ void parse_pytorch_lines(const ProfileReader& r, MeasuredKernels& k) {
                           {"forward", "backward"}, {"fixed_s", "per_group_s", "per_param_s"}))
       for (const auto& [phase, v] : phases) k.fsdp_hooks[version][sharding][phase] = {v[0], v[1], v[2]};
   }
+  for (const auto& [mode, phases] :
+       parse_line_table(r, "measured_kernels.ddp_hooks", "DDP gradient mode", {"copy", "view"}, "phase",
+                        {"forward", "backward"}, {"fixed_s", "per_bucket_s", "per_param_s"}))
+    for (const auto& [phase, v] : phases) k.ddp_hooks[mode][phase] = {v[0], v[1], v[2]};
 }
 
 const MeasuredKernels::DispatchLine* MeasuredKernels::adamw_step(const std::string& step,
@@ -286,6 +291,13 @@ const MeasuredKernels::HookLine* MeasuredKernels::fsdp_hook(int version, const s
   if (s == v->second.end()) return nullptr;
   const auto line = s->second.find(phase);
   return line == s->second.end() ? nullptr : &line->second;
+}
+
+const MeasuredKernels::HookLine* MeasuredKernels::ddp_hook(const std::string& mode, const std::string& phase) const {
+  const auto m = ddp_hooks.find(mode);
+  if (m == ddp_hooks.end()) return nullptr;
+  const auto line = m->second.find(phase);
+  return line == m->second.end() ? nullptr : &line->second;
 }
 
 DeviceProfile parse_profile(const std::string& json_text, const std::string& origin) {
@@ -415,6 +427,7 @@ DeviceProfile parse_profile(const std::string& json_text, const std::string& ori
     }
     parse_pytorch_lines(r, k);
     k.broadcast_s = r.optional_number("measured_kernels.broadcast_s");
+    k.ddp_buffers_s = r.optional_number("measured_kernels.ddp_buffers_s");
   }
 
   const json& sources = r.need("sources");

@@ -94,6 +94,21 @@ struct MeasuredKernels {
   std::map<int, std::map<std::string, std::map<std::string, HookLine>>> fsdp_hooks;
   // The line of FSDP `version` for `sharding` in `phase`, or nullptr when not measured.
   const HookLine* fsdp_hook(int version, const std::string& sharding, const std::string& phase) const;
+  // What DistributedDataParallel adds to a forward and to a backward on
+  // this machine, its bucket all-reduces included, as `shardfit calibrate
+  // --stack pytorch` ran it on --nproc ranks (the same script): by gradient
+  // mode ("copy": gradient_as_bucket_view=False, PyTorch's default, each
+  // gradient copied into its bucket and back; "view": True) and by phase,
+  // fixed_s + per_group_s a bucket (the Reducer's, as rebuilt after the
+  // first backward) + per_param_s a parameter (its autograd hook). Empty:
+  // each bucket's all-reduce pays the link's latency alone.
+  std::map<std::string, std::map<std::string, HookLine>> ddp_hooks;
+  // The line of DDP's `mode` in `phase`, or nullptr when not measured.
+  const HookLine* ddp_hook(const std::string& mode, const std::string& phase) const;
+  // What broadcasting the module's buffers from rank 0 adds to a DDP
+  // forward (broadcast_buffers=True, the default; none when the model has
+  // no buffer); 0: not measured.
+  double ddp_buffers_s = 0;
   // One dist.broadcast of a small tensor as ZeroRedundancyOptimizer's
   // _sync_params issues them after its step (async_op=True, each rank's
   // partition from it, then all waited for), from Python on --nproc Gloo

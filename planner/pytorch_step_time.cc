@@ -48,10 +48,10 @@ double adamw_dispatch_s(const DeviceProfile& profile, AdamwStep adamw, bool dten
 // with BACKWARD_PRE or BACKWARD_POST, gathers the next unit ahead of its
 // backward (prefetch 1); with forward_prefetch (FSDP1, --prefetch 2) the
 // next unit ahead of its forward too, else the forward's gathers are waited
-// for. FSDP's hooks, collectives included, cost what calibrate measured
-// (MeasuredKernels::fsdp_hooks). The optimizer's step pays its dispatch
-// (`adamw`'s over the tensors it steps: measured whole, adamw_dispatch_s,
-// or one dispatch per op, adamw_step_ops).
+// for. FSDP's and DDP's hooks, collectives included, cost what calibrate
+// measured (MeasuredKernels::fsdp_hooks, ddp_hooks). The optimizer's step
+// pays its dispatch (`adamw`'s over the tensors it steps: measured whole,
+// adamw_dispatch_s, or one dispatch per op, adamw_step_ops).
 StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const TraceFile& file, int world,
                            const AffineTrace& trace, int64_t batch, AdamwStep adamw) {
   StepTimeInputs ti;
@@ -127,6 +127,19 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     } else {
       const std::vector<int64_t> buckets = ddp_bucket_bytes(file.param_numels(), r.schedule.ddp_bucket_cap_bytes);
       for (auto b = buckets.rbegin(); b != buckets.rend(); ++b) ti.unit_padded_numel.push_back(*b / 4);
+      // DDP's own work, as calibrate measured it: a bucket one of the
+      // Reducer's, a parameter one autograd hook; and, when the model has
+      // buffers, their broadcast before each forward (broadcast_buffers).
+      const std::string mode = r.ddp_bucket_view ? "view" : "copy";
+      const auto params = static_cast<double>(file.param_numels().size());
+      auto hooks_s = [&](const char* phase) {
+        const auto* h = r.profile.measured_kernels.ddp_hook(mode, phase);
+        return h ? h->fixed_s + h->per_group_s * static_cast<double>(buckets.size()) + h->per_param_s * params
+                 : 0.0;
+      };
+      const double buffers_s = file.buffers().empty() ? 0.0 : r.profile.measured_kernels.ddp_buffers_s;
+      ti.forward_hooks_s = hooks_s("forward") + buffers_s;
+      ti.backward_hooks_s = hooks_s("backward");
     }
     // AdamW over every parameter, or ZeroRedundancyOptimizer's local one
     // over each rank's partition (the step waits for the slowest).

@@ -69,6 +69,9 @@ StepComm step_comm(const StepTimeInputs& in, const DeviceProfile& profile, const
   // Each collective's fixed cost, where the profile measured one (0 otherwise);
   // one rank alone calls none.
   const double latency_s = n > 1 ? profile.gpu_link.latency_s : 0.0;
+  // Measured hooks include each collective's fixed cost.
+  const bool hooks_measured = in.forward_hooks_s > 0 || in.backward_hooks_s > 0;
+  const double collective_latency_s = hooks_measured ? 0.0 : latency_s;
   const double units = static_cast<double>(in.unit_padded_numel.size());
   // Gathers and reduce-scatters done as all-reduces move twice the bytes.
   const double gather_factor = in.gathers_via_all_reduce ? 2.0 : 1.0;
@@ -102,9 +105,10 @@ StepComm step_comm(const StepTimeInputs& in, const DeviceProfile& profile, const
     const double reductions = by_bucket ? static_cast<double>(in.grad_bucket_numel.size()) : units;
     const double last_numel = by_bucket ? static_cast<double>(in.grad_bucket_numel.back()) : first_unit_numel;
     const double grad_bytes = model_numel * grad_elem_bytes;
-    const double total_s = all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s + reductions * latency_s;
+    const double total_s =
+        all_reduce_bytes_per_rank(grad_bytes, n) / world_ring_per_s + reductions * collective_latency_s;
     const double last_s =
-        all_reduce_bytes_per_rank(last_numel * grad_elem_bytes, n) / world_ring_per_s + latency_s;
+        all_reduce_bytes_per_rank(last_numel * grad_elem_bytes, n) / world_ring_per_s + collective_latency_s;
     x.bwd = split(total_s, last_s, hide_reductions);
     x.intra_node_bytes = all_reduce_bytes_per_rank(grad_bytes, n);
     if (traits.all_gather_params_after_step()) {
@@ -127,12 +131,11 @@ StepComm step_comm(const StepTimeInputs& in, const DeviceProfile& profile, const
                                             " != " + std::to_string(n) + ")");
     // Hybrid's shard group is one node: its ring never leaves the node.
     const double ring_per_s = hybrid ? intra_per_s : world_ring_per_s;
-    // Measured hooks include each collective's fixed cost.
-    const double ring_latency_s = in.forward_hooks_s > 0 || in.backward_hooks_s > 0 ? 0.0 : latency_s;
     // One gather (`bytes` = elem_bytes) or reduce-scatter (grad_elem_bytes)
     // pass over `numel` in `collectives` calls.
     auto ring_s = [&](double numel, double collectives, double bytes) {
-      return gather_factor * all_gather_bytes_per_rank(numel * bytes, g) / ring_per_s + collectives * ring_latency_s;
+      return gather_factor * all_gather_bytes_per_rank(numel * bytes, g) / ring_per_s +
+             collectives * collective_latency_s;
     };
     // Forward: nothing runs before the first unit's gather.
     x.fwd = split(ring_s(model_numel, units, elem_bytes), ring_s(first_unit_numel, 1, elem_bytes),
@@ -207,10 +210,16 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   const double k = in.grad_accum;  // micro-batches per step
   check(in.forward_hooks_s >= 0 && in.backward_hooks_s >= 0 && in.post_step_collective_s >= 0,
         "negative hook or collective time");
+  // Micro-batches: sharded strategies communicate on each; ddp/zero1 reduce
+  // once, after the last (their byte counts below are already per step),
+  // and only that backward runs the reducing hooks.
+  const bool reduce_every_micro = traits.reduce_every_micro_batch();
+  const double comm_micro_batches = reduce_every_micro ? k : 1.0;
   const double micro_forward_s = phase_compute_s(in.forward_work, in.forward_flops) + in.forward_hooks_s;
-  const double micro_backward_s = phase_compute_s(in.backward_work, in.backward_flops) + in.backward_hooks_s;
+  const double quiet_backward_s = phase_compute_s(in.backward_work, in.backward_flops);
+  const double micro_backward_s = quiet_backward_s + in.backward_hooks_s;  // one that reduces
   t.forward_compute_s = k * micro_forward_s;
-  t.backward_compute_s = k * micro_backward_s;
+  t.backward_compute_s = k * quiet_backward_s + comm_micro_batches * in.backward_hooks_s;
   t.compute_s = t.forward_compute_s + t.backward_compute_s;
 
   // --- communication ---
@@ -223,10 +232,6 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   const double post_step_comm_s = comm.post_step_s;
   t.intra_node_comm_bytes = comm.intra_node_bytes;
   t.inter_node_comm_bytes = comm.inter_node_bytes;
-  // Micro-batches: sharded strategies communicate on each; ddp/zero1 reduce
-  // once, after the last (their byte counts above are already per step).
-  const bool reduce_every_micro = traits.reduce_every_micro_batch();
-  const double comm_micro_batches = reduce_every_micro ? k : 1.0;
   if (reduce_every_micro) {
     t.intra_node_comm_bytes *= k;
     t.inter_node_comm_bytes *= k;
@@ -258,7 +263,7 @@ StepTime estimate_step_time(const StepTimeInputs& in, const DeviceProfile& profi
   const double forward_s = k * phase_time(micro_forward_s, fwd);
   // The reducing backward phases, and (ddp/zero1) the compute-only others.
   const double backward_s = comm_micro_batches * phase_time(micro_backward_s, bwd) +
-                            (k - comm_micro_batches) * micro_backward_s;
+                            (k - comm_micro_batches) * quiet_backward_s;
   t.step_time_s = forward_s + backward_s + post_step_comm_s + t.optimizer_s + t.offload_s;
   t.exposed_comm_s = forward_s + backward_s + post_step_comm_s - t.compute_s;
   t.tokens_per_s = t.step_time_s > 0 ? static_cast<double>(in.batch) * k *

@@ -42,7 +42,7 @@
 //    prefetches prefetch - 1 units). After the step, zero1's param
 //    all-gather is exposed. With one unit (wrap=none) everything is exposed,
 //    as it really is.
-//  - A strategy's hooks (PyTorch's FSDP on a calibrated profile:
+//  - A strategy's hooks (PyTorch's FSDP and DDP on a calibrated profile:
 //    forward_hooks_s, backward_hooks_s): measured whole, collectives'
 //    fixed costs included, and added to each phase's compute: they run
 //    on the compute thread.
@@ -118,11 +118,14 @@ struct StepTimeInputs {
   // shapes); > 0 replaces optimizer_ops × op_overhead_s.
   double optimizer_dispatch_s = 0;
   // The strategy's own work on the compute thread in one micro-batch's
-  // forward and backward, its sharded collectives' fixed costs included:
-  // PyTorch's FSDP hooks as calibrate measured them on this machine
-  // (MeasuredKernels::fsdp_hooks, at the job's units and parameters).
-  // Added to the phases' compute; when either is > 0 the gathers and
-  // reduce-scatters pay their bytes alone, not the link's latency too.
+  // forward and in a backward that reduces, its collectives' fixed costs
+  // included: PyTorch's FSDP hooks or DDP's as calibrate measured them on
+  // this machine (MeasuredKernels::fsdp_hooks, ddp_hooks, at the job's
+  // units or buckets and parameters). Added to the phases' compute (the
+  // backward's on each micro-batch that reduces: every one for zero2,
+  // zero3 and hybrid; the last for ddp and zero1, the others running under
+  // no_sync); when either is > 0 the collectives pay their bytes alone,
+  // not the link's latency too.
   double forward_hooks_s = 0;
   double backward_hooks_s = 0;
   // What a gradient reduction moves per element when not the compute

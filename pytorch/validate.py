@@ -58,7 +58,9 @@ optimizer is torch.optim.AdamW (lr 6e-4, weight decay 0.01: shardfit's
 defaults; 1.13's for-loop implementation on the CPU). Prints one JSON
 object: the job and, per rank, "peak_allocated_bytes", the timeline
 (points "init", "stepK/forward", "stepK/backward", "stepK/optimizer") and
-each step's wall time ("step_times_s").
+each step's wall time ("step_times_s"). With --unmetered the job runs
+without the meter, as in a user's process, for its step times alone (its
+peak is 0 and its timeline empty).
 """
 import argparse
 import contextlib
@@ -92,11 +94,28 @@ def settled_when_synchronous(meter, collective):
     return call
 
 
+class Unmetered:
+    """--unmetered's stand-in for the meter: the job's marks cost nothing
+    and nothing is counted, so its steps run as they would in a user's
+    process (the meter's hook on every allocation and free, and the
+    collectives it holds until their inputs are freed, cost a step time)."""
+    peak = allocated = 0
+
+    def mark(self, label):
+        pass
+
+    def timeline(self):
+        return []
+
+
 def worker(rank, args, queue):
     sys.path.insert(0, HERE)
     import torch
-    import shardfit_meter
-    meter = shardfit_meter.Meter()  # before anything of the job is allocated
+    if args.unmetered:
+        meter = Unmetered()
+    else:
+        import shardfit_meter
+        meter = shardfit_meter.Meter()  # before anything of the job is allocated
     import torch.distributed as dist
     import models
 
@@ -111,12 +130,13 @@ def worker(rank, args, queue):
     # and FSDP2 call it synchronously (dist.reduce_scatter_tensor, looked up at
     # each call), so each such call here returns once the clone is freed: the
     # program order the plan simulates. Nothing more is allocated.
-    dist.reduce_scatter_tensor = settled_when_synchronous(meter, dist.reduce_scatter_tensor)
     # DDP's broadcasts of the module's state at init and of its buffers before
     # a forward: dist._broadcast_coalesced (looked up at each call, always
     # synchronous) flattens the tensors into buckets that Gloo's worker thread
     # holds the same way.
-    dist._broadcast_coalesced = meter.settled(dist._broadcast_coalesced)
+    if not args.unmetered:
+        dist.reduce_scatter_tensor = settled_when_synchronous(meter, dist.reduce_scatter_tensor)
+        dist._broadcast_coalesced = meter.settled(dist._broadcast_coalesced)
     mesh = None
     if args.wrap.startswith("fsdp2"):
         # FSDP2's 1-D mesh over the Gloo ranks, made with the process group
@@ -127,7 +147,8 @@ def worker(rank, args, queue):
             mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh("cpu", (args.nproc,))
-    meter.reset_peak()
+    if not args.unmetered:
+        meter.reset_peak()
     base = meter.allocated  # bytes of the process group, before the job (0 seen)
     if args.budget:
         meter.set_budget(base + args.budget)
@@ -149,7 +170,8 @@ def worker(rank, args, queue):
     result["peak_allocated_bytes"] = meter.peak - base
     rebase(result["timeline"], base)
     # Inputs still live after the timeout: their frees are the thread timing's again.
-    unsettled = dist.reduce_scatter_tensor.settled.unsettled + dist._broadcast_coalesced.unsettled
+    unsettled = 0 if args.unmetered else (dist.reduce_scatter_tensor.settled.unsettled +
+                                          dist._broadcast_coalesced.unsettled)
     if unsettled:
         result["unsettled_collectives"] = unsettled
     if alloc_log is not None:
@@ -462,10 +484,16 @@ def parser():
     p.add_argument("--log-allocations", metavar="PREFIX",
                    help="write every rank's allocations and releases to PREFIX.rankN.json (slow: not for "
                         "measuring)")
+    p.add_argument("--unmetered", action="store_true",
+                   help="run without the meter, for the steps' wall time alone: no peak, timeline or budget")
     p.add_argument("--budget", type=int, default=0,
                    help="bytes each rank may hold (the meter's budget; 0: none): past it, PyTorch's OOM")
     return p
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(parser().parse_args())))
+    cli = parser()
+    parsed = cli.parse_args()
+    if parsed.unmetered and (parsed.budget or parsed.log_allocations):
+        cli.error("--unmetered meters nothing: not with --budget or --log-allocations")
+    print(json.dumps(run(parsed)))

@@ -39,6 +39,14 @@
                                    rank 0's opt.step(): the calls of
                                    fake_tensor.py's _dispatch_impl (DTensor
                                    propagating on fake tensors)
+  step-time-probe.py ddp-delta MODEL [PORT]
+                                   2 Gloo ranks, one thread each: the model
+                                   at 4 x 64 plain and under
+                                   DistributedDataParallel, a forward and
+                                   backward of each in turn (no optimizer),
+                                   40 pairs after 5: rank 0's median
+                                   forward and backward of each, what DDP
+                                   adds, and the buckets it reduced
   step-time-probe.py adamw-shapes  one process, a one-rank mesh:
                                    for-loop AdamW's step over 8 and 32
                                    DTensors of one shape, and of as many
@@ -58,17 +66,22 @@ import torch
 
 def timed_step(model, opt, x):
     """One training step: the seconds of its forward (with the loss),
-    backward and optimizer step."""
-    opt.zero_grad(set_to_none=True)
+    backward and optimizer step (`opt` None: no step, the gradients
+    dropped, 0 seconds)."""
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     out = model(x)
     loss = out[0] if isinstance(out, (tuple, dict)) else out
     t1 = time.perf_counter()
     loss.backward()
     t2 = time.perf_counter()
-    opt.step()
-    t3 = time.perf_counter()
-    return t1 - t0, t2 - t1, t3 - t2
+    if opt is None:
+        for p in model.parameters():
+            p.grad = None
+    else:
+        opt.step()
+    return t1 - t0, t2 - t1, time.perf_counter() - t2 if opt is not None else 0.0
 
 
 def plain_job(name, seed):
@@ -305,6 +318,36 @@ def phases_rank(rank, name, wrap, port):
     dist.destroy_process_group()
 
 
+def ddp_delta_rank(rank, name, port):
+    import torch.distributed as dist
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pytorch"))
+    import models
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    plain_model = models.build(name)
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(models.build(name))
+    x = torch.randint(0, models.vocab_size(name), (4, 64), generator=torch.Generator().manual_seed(rank))
+
+    pairs = []  # (plain, ddp), each (forward, backward, 0)
+    for i in range(45):
+        pair = (timed_step(plain_model, None, x), timed_step(ddp, None, x))
+        if i >= 5:
+            pairs.append(pair)
+    if rank == 0:
+        med = [[statistics.median(p[w][k] for p in pairs) * 1e3 for k in range(2)] for w in range(2)]
+        print("%s: plain forward %.2f ms, backward %.2f ms; DDP forward %.2f ms, backward %.2f ms; "
+              "DDP adds %.2f ms and %.2f ms; %d bucket(s), %d parameters"
+              % (name, med[0][0], med[0][1], med[1][0], med[1][1], med[1][0] - med[0][0], med[1][1] - med[0][1],
+                 ddp._get_ddp_logging_data()["num_buckets_reduced"], len(list(plain_model.parameters()))))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "plain":
         plain(sys.argv[2])
@@ -321,6 +364,10 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 4 and sys.argv[1] == "phases":
         import torch.multiprocessing as mp
         mp.start_processes(phases_rank, args=(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 29932),
+                           nprocs=2, start_method="spawn")
+    elif len(sys.argv) >= 3 and sys.argv[1] == "ddp-delta":
+        import torch.multiprocessing as mp
+        mp.start_processes(ddp_delta_rank, args=(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 29933),
                            nprocs=2, start_method="spawn")
     else:
         sys.exit(__doc__)

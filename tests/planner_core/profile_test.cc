@@ -403,5 +403,29 @@ TEST(ProfileTest, ReadsTheMeasuredBroadcast) {
   EXPECT_NE(err.find("'measured_kernels.broadcast_s' must be a finite number >= 0"), std::string::npos) << err;
 }
 
+// `calibrate --stack pytorch`'s DDP lines: read by gradient mode and phase,
+// a bucket's figure under per_bucket_s; a mode DDP does not have is refused
+// by name. The buffers' broadcast is optional.
+TEST(ProfileTest, ReadsDdpHookLines) {
+  const nlohmann::json line = {{"fixed_s", 1e-4}, {"per_bucket_s", 6e-4}, {"per_param_s", 8e-6}};
+  nlohmann::json p = calibrated_cpu("ddp_hooks", {{"copy", {{"forward", line}, {"backward", line}}}});
+  MeasuredKernels k = parse_profile(p.dump(), "cal.json").measured_kernels;
+  ASSERT_NE(k.ddp_hook("copy", "backward"), nullptr);
+  EXPECT_DOUBLE_EQ(k.ddp_hook("copy", "backward")->per_group_s, 6e-4);
+  EXPECT_DOUBLE_EQ(k.ddp_hook("copy", "forward")->per_param_s, 8e-6);
+  EXPECT_EQ(k.ddp_hook("view", "backward"), nullptr);  // not measured
+  EXPECT_EQ(k.ddp_buffers_s, 0);
+  p["measured_kernels"]["ddp_buffers_s"] = 2.4e-4;
+  p["sources"]["measured_kernels.ddp_buffers_s"] = "made up";
+  EXPECT_DOUBLE_EQ(parse_profile(p.dump(), "cal.json").measured_kernels.ddp_buffers_s, 2.4e-4);
+  std::string err = refusal(p, [&](nlohmann::json& j) { j["measured_kernels"]["ddp_hooks"]["fp16"] = {}; });
+  EXPECT_NE(err.find("'measured_kernels.ddp_hooks.fp16' names no DDP gradient mode (copy, view)"), std::string::npos)
+      << err;
+  err = refusal(p, [&](nlohmann::json& j) {
+    j["measured_kernels"]["ddp_hooks"]["copy"]["forward"].erase("per_bucket_s");
+  });
+  EXPECT_NE(err.find("'measured_kernels.ddp_hooks.copy.forward.per_bucket_s' is missing"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace shardfit::planner

@@ -544,6 +544,29 @@ TEST(TimeModelByOpTest, MeasuredHooksAddToEachPhaseInPlaceOfTheLatency) {
   EXPECT_THROW(estimate_step_time(in, p), std::invalid_argument);
 }
 
+// DDP's hooks measured whole: the forward pays them on every micro-batch,
+// the backward only on the one that reduces (the others run under
+// no_sync), and its bucket all-reduces then pay their bytes alone.
+TEST(TimeModelByOpTest, DdpHooksPayTheBackwardOnceAStepInPlaceOfTheLatency) {
+  const DeviceProfile p = device_with_latency();
+  StepTimeInputs in;
+  in.candidate = parse_candidate("ddp/fp32/wrap=none");
+  in.unit_padded_numel = {1000, 1000, 1000};  // three buckets
+  in.grad_bucket_numel = {1000, 1000, 1000};
+  in.world_size = in.shard_group_size = 2;
+  in.grad_accum = 4;
+  const StepTime plain = estimate_step_time(in, p);
+  in.forward_hooks_s = 4e-3;
+  in.backward_hooks_s = 7e-3;
+  const StepTime hooked = estimate_step_time(in, p);
+  EXPECT_NEAR(hooked.forward_compute_s, plain.forward_compute_s + 4 * 4e-3, 1e-15);
+  EXPECT_NEAR(hooked.backward_compute_s, plain.backward_compute_s + 7e-3, 1e-15);
+  EXPECT_NEAR(hooked.comm_s, plain.comm_s - 3e-3, 1e-12);  // 3 all-reduces, no latency each
+  // All of it exposed here (no compute to hide behind): the step grows by
+  // the hooks and shrinks by the latencies.
+  EXPECT_NEAR(hooked.step_time_s - plain.step_time_s, 4 * 4e-3 + 7e-3 - 3e-3, 1e-12);
+}
+
 // zero1's parameters shared after the step: one all-gather a unit, or, as
 // PyTorch's ZeroRedundancyOptimizer issues them, a broadcast a parameter,
 // each paying the latency or what a broadcast measured; the bytes are the

@@ -3,7 +3,8 @@
 which of its lines a `--stack pytorch` plan charges: FSDP2's DTensors the
 DTensor line, DDP's parameters and FSDP1's flat parameters the plain one,
 each at the tensors its optimizer steps; FSDP1's and FSDP2's forward and
-backward their version's hook line at their units and parameters. The
+backward their version's hook line at their units and parameters, DDP's
+its gradient mode's line at its buckets and parameters. The
 figures themselves depend on the machine and its load; what is checked is
 that each was measured, and where each is used."""
 import json
@@ -20,6 +21,7 @@ from trace_check import RECORDER, SHARDFIT  # noqa: E402
 PROBE = os.path.join(ROOT, "pytorch", "calibrate_stack.py")
 PARTS = ("fixed_s", "per_tensor_s", "per_shape_s")
 HOOK_PARTS = ("fixed_s", "per_group_s", "per_param_s")
+DDP_PARTS = ("fixed_s", "per_bucket_s", "per_param_s")
 
 
 class OptimizerDispatchTest(unittest.TestCase):
@@ -51,6 +53,14 @@ class OptimizerDispatchTest(unittest.TestCase):
                     # Every unit all-gathers (and in backward reduce-scatters) on 2 ranks.
                     self.assertGreater(line["per_group_s"], 0, (table, sharding, phase))
                     self.assertTrue(all(v >= 0 for v in line.values()), (table, sharding, phase, line))
+        for mode in ("copy", "view"):  # gradient_as_bucket_view False, True
+            for phase in ("forward", "backward"):
+                line = probe["ddp_hooks"][mode][phase]
+                self.assertEqual(sorted(line), sorted(DDP_PARTS), (mode, phase))
+                self.assertTrue(all(v >= 0 for v in line.values()), (mode, phase, line))
+            # Each bucket is an all-reduce on 2 ranks.
+            self.assertGreater(probe["ddp_hooks"][mode]["backward"]["per_bucket_s"], 0, mode)
+        self.assertGreaterEqual(probe["ddp_buffers_s"], 0)
         self.assertGreater(probe["broadcast_s"], 0)  # ZeroRedundancyOptimizer's, from Python
         self.assertEqual(probe["not_measured"], [])  # torch 2.11 runs every step over both kinds
         for bad_args, named in ((["--threads", "0"], "--threads 0"), (["--nproc", "1"], "--nproc 1")):
@@ -73,7 +83,7 @@ class OptimizerDispatchTest(unittest.TestCase):
         with open(os.path.join(ROOT, "profiles", "cpu.json")) as f:
             base = json.load(f)
 
-        def profile(name, tensor, dtensor, hooks=None, broadcast_s=None):
+        def profile(name, tensor, dtensor, hooks=None, broadcast_s=None, ddp_buffers_s=None):
             p = json.loads(json.dumps(base))
             p["measured_kernels"] = {"op_overhead_s": 2e-6, "matmul_dims": [16],
                                      "matmul_flops_per_s": {"fp32": [1e10]},
@@ -87,12 +97,17 @@ class OptimizerDispatchTest(unittest.TestCase):
             if broadcast_s is not None:
                 p["measured_kernels"]["broadcast_s"] = broadcast_s
                 p["sources"]["measured_kernels.broadcast_s"] = "made up"
-            for table, lines in (hooks or {}).items():  # {table: {sharding: {phase: (fixed, a unit, a parameter)}}}
+            if ddp_buffers_s is not None:
+                p["measured_kernels"]["ddp_buffers_s"] = ddp_buffers_s
+                p["sources"]["measured_kernels.ddp_buffers_s"] = "made up"
+            # {table: {sharding or mode: {phase: (fixed, a unit or bucket, a parameter)}}}
+            for table, lines in (hooks or {}).items():
+                parts = DDP_PARTS if table == "ddp_hooks" else HOOK_PARTS
                 p["measured_kernels"][table] = {
-                    s: {ph: dict(zip(HOOK_PARTS, line)) for ph, line in phases.items()} for s, phases in lines.items()}
+                    s: {ph: dict(zip(parts, line)) for ph, line in phases.items()} for s, phases in lines.items()}
                 for s, phases in lines.items():
                     for ph in phases:
-                        for part in HOOK_PARTS:
+                        for part in parts:
                             p["sources"]["measured_kernels.%s.%s.%s.%s" % (table, s, ph, part)] = "made up"
             with open(self.path(name), "w") as f:
                 json.dump(p, f)
@@ -101,11 +116,11 @@ class OptimizerDispatchTest(unittest.TestCase):
         flat = profile("flat.json", (1.0, 0.0, 0.0), (1.0, 0.0, 0.0))
         sloped = profile("sloped.json", (1.0, 0.5, 0.125), (2.0, 0.25, 0.0625))
 
-        def plan(device, version, strategies, part):
+        def plan(device, version, strategies, part, extra=(), traced=trace):
             """{sharding: (the time_breakdown_s part, units, max batch)} of each candidate."""
-            out = subprocess.run([SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", device,
+            out = subprocess.run([SHARDFIT, "plan", "--trace", traced, "--stack", "pytorch", "--device", device,
                                   "--gpus", "2", "--gpu-mem", "64MiB", "--fsdp-version", version, "--json",
-                                  "--strategies", strategies], capture_output=True, text=True, timeout=300)
+                                  "--strategies", strategies, *extra], capture_output=True, text=True, timeout=300)
             self.assertEqual(out.returncode, 0, out.stderr)
             cands = json.loads(out.stdout)["candidates"]
             for c in cands:
@@ -148,6 +163,40 @@ class OptimizerDispatchTest(unittest.TestCase):
                 self.assertEqual(a[sharding][2], h[sharding][2])  # the same batch: hooks cost time, not memory
             self.assertAlmostEqual(h["zero3"][0] - a["zero3"][0], zero3, places=9)
             self.assertAlmostEqual(h["zero2"][0] - a["zero2"][0], zero2, places=9)
+
+        # DDP's hooks (ZeroRedundancyOptimizer's DDP too): the line of its
+        # gradient mode at its buckets and parameters, the forward's on
+        # each micro-batch, the backward's on the one that reduces. The
+        # model's fp32 parameters fill less than DDP's first bucket (1 MiB):
+        # one bucket. gpt2-tiny has no buffer to broadcast.
+        with open(trace) as f:
+            numel = sum(torch.Size(p["shape"]).numel() for m in json.load(f)["modules"] for p in m["params"])
+        self.assertLess(4 * numel, 2**20)
+        ddp = profile("ddp.json", (1.0, 0.0, 0.0), (1.0, 0.0, 0.0), {
+            "ddp_hooks": {"copy": {"forward": (1.0, 0.5, 0.25), "backward": (2.0, 4.0, 0.125)},
+                          "view": {"forward": (8.0, 0.0, 0.0), "backward": (16.0, 0.0, 0.0)}}}, ddp_buffers_s=32.0)
+        copy_s = (1.0 + 0.5 + 0.25 * params, 2.0 + 4.0 + 0.125 * params)
+        for extra, forward_s, backward_s in (((), *copy_s), (("--grad-accum", "3"), 3 * copy_s[0], copy_s[1]),
+                                             (("--ddp-bucket-view",), 8.0, 16.0)):
+            a = plan(flat, "2", "ddp/fp32/wrap=none,zero1/fp32/wrap=none", "compute", extra)
+            h = plan(ddp, "2", "ddp/fp32/wrap=none,zero1/fp32/wrap=none", "compute", extra)
+            for sharding in ("ddp", "zero1"):
+                self.assertEqual(a[sharding][2], h[sharding][2])  # hooks cost time, not memory
+                self.assertAlmostEqual(h[sharding][0] - a[sharding][0], forward_s + backward_s, places=9,
+                                       msg=(extra, sharding))
+        # A model with buffers (gpt2-hf2022-tiny's attention masks): DDP
+        # broadcasts them before each forward.
+        buffered = self.path("gpt2-hf2022-tiny.trace.json")
+        out = subprocess.run([sys.executable, RECORDER, "--model", "gpt2-hf2022-tiny", "--seq-len", "16", "--out",
+                              buffered], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        a = plan(flat, "2", "ddp/fp32/wrap=none", "compute", ("--grad-accum", "2"), buffered)["ddp"][0]
+        b = plan(ddp, "2", "ddp/fp32/wrap=none", "compute", ("--grad-accum", "2"), buffered)["ddp"][0]
+        with open(buffered) as f:
+            tensors = [p["shape"] for m in json.load(f)["modules"] for p in m["params"]]
+        self.assertLess(4 * sum(torch.Size(s).numel() for s in tensors), 2**20)  # one bucket
+        n = len(tensors)
+        self.assertAlmostEqual(b - a, 2 * (1.0 + 0.5 + 0.25 * n + 32.0) + 2.0 + 4.0 + 0.125 * n, places=9)
 
         # ZeroRedundancyOptimizer broadcasts each parameter after its step:
         # each pays the measured broadcast in place of the link's latency.
