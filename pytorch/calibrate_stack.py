@@ -83,11 +83,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+import rank_exit  # pytorch/rank_exit.py, beside this script
 
 ELEMENTS = 64
 MANY = 32
@@ -307,16 +308,7 @@ def collectives_rank(rank, nproc, threads, store_path, out):
             json.dump(hooks, f)
     dist.barrier()
     dist.destroy_process_group()
-    # Past this point a rank has nothing left to do, yet the interpreter's
-    # own exit can still abort it: with both groups destroyed, a C++
-    # destructor run at exit sometimes finds one of Gloo's threads still
-    # joinable ("terminate called without an active exception", SIGABRT, in
-    # about one run of six on a 2-core machine), and torch.multiprocessing
-    # takes that for a failed rank. The figures are written and closed, so
-    # the rank leaves without running those destructors.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    rank_exit.leave()  # the figures are written and closed
 
 
 def collectives(nproc, threads):

@@ -28,7 +28,7 @@ def worker(rank, args, port, queue):
     import torch
     import torch.distributed as dist
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import fsdp_reference as ref
+    import fsdp_models as ref
 
     cores = os.cpu_count() or 1
     torch.set_num_threads(max(1, cores // args.nproc))
@@ -41,7 +41,7 @@ def worker(rank, args, port, queue):
         ref.GPT2[name] = dict(n_embd=cfg.get("n_embd", 768), n_layer=cfg.get("n_layer", 12),
                               n_head=cfg.get("n_head", 12), params=None)
     torch.manual_seed(args.seed)
-    model, impl, loss_fn, _ = ref.build_model(torch, name, "cpu", prefer_transformers=False)
+    model, impl, loss_fn, _, _ = ref.build_model(torch, name, "cpu", prefer_transformers=False)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=6e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed + rank)
@@ -65,6 +65,9 @@ def worker(rank, args, port, queue):
                    "params": ref.count_params(model)})
     dist.barrier()
     dist.destroy_process_group()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pytorch"))
+    import rank_exit
+    rank_exit.leave()  # rank 0's figures are on the queue
 
 
 def main():

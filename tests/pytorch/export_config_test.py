@@ -89,6 +89,8 @@ def rank_main(rank, port, modules, failures):
             dist.barrier()
     finally:
         dist.destroy_process_group()
+    import rank_exit  # pytorch/rank_exit.py
+    rank_exit.leave()  # every failure is on the manager's list already
 
 
 def check_offload_kwargs(m, kind):
