@@ -275,29 +275,33 @@ void parse_pytorch_lines(const ProfileReader& r, MeasuredKernels& k) {
     for (const auto& [phase, v] : phases) k.ddp_hooks[mode][phase] = {v[0], v[1], v[2]};
 }
 
+namespace {
+
+// The line at table[outer][inner], or nullptr when either key is not measured.
+template <typename Line>
+const Line* line_at(const std::map<std::string, std::map<std::string, Line>>& table, const std::string& outer,
+                    const std::string& inner) {
+  const auto o = table.find(outer);
+  if (o == table.end()) return nullptr;
+  const auto line = o->second.find(inner);
+  return line == o->second.end() ? nullptr : &line->second;
+}
+
+}  // namespace
+
 const MeasuredKernels::DispatchLine* MeasuredKernels::adamw_step(const std::string& step,
                                                                  const std::string& tensor_kind) const {
-  const auto s = adamw_steps.find(step);
-  if (s == adamw_steps.end()) return nullptr;
-  const auto line = s->second.find(tensor_kind);
-  return line == s->second.end() ? nullptr : &line->second;
+  return line_at(adamw_steps, step, tensor_kind);
 }
 
 const MeasuredKernels::HookLine* MeasuredKernels::fsdp_hook(int version, const std::string& sharding,
                                                             const std::string& phase) const {
   const auto v = fsdp_hooks.find(version);
-  if (v == fsdp_hooks.end()) return nullptr;
-  const auto s = v->second.find(sharding);
-  if (s == v->second.end()) return nullptr;
-  const auto line = s->second.find(phase);
-  return line == s->second.end() ? nullptr : &line->second;
+  return v == fsdp_hooks.end() ? nullptr : line_at(v->second, sharding, phase);
 }
 
 const MeasuredKernels::HookLine* MeasuredKernels::ddp_hook(const std::string& mode, const std::string& phase) const {
-  const auto m = ddp_hooks.find(mode);
-  if (m == ddp_hooks.end()) return nullptr;
-  const auto line = m->second.find(phase);
-  return line == m->second.end() ? nullptr : &line->second;
+  return line_at(ddp_hooks, mode, phase);
 }
 
 DeviceProfile parse_profile(const std::string& json_text, const std::string& origin) {

@@ -24,6 +24,17 @@ spec::UnitPartition fsdp_units(const std::vector<ModuleNode>& modules, const Can
                             version == 2 ? spec::TiedParams::kKeepTogether : spec::TiedParams::kCopiedPerUnit);
 }
 
+namespace {
+
+// A hook line (MeasuredKernels::fsdp_hooks, ddp_hooks) at `groups` units or
+// buckets and `params` parameters; 0 when not measured.
+double hooks_at(const MeasuredKernels::HookLine* h, int64_t groups, int64_t params) {
+  return h ? h->fixed_s + h->per_group_s * static_cast<double>(groups) + h->per_param_s * static_cast<double>(params)
+           : 0.0;
+}
+
+}  // namespace
+
 double adamw_dispatch_s(const DeviceProfile& profile, AdamwStep adamw, bool dtensors,
                         const std::vector<std::vector<int64_t>>& shapes) {
   const auto* line = profile.measured_kernels.adamw_step(adamw_step_name(adamw), dtensors ? "dtensor" : "tensor");
@@ -113,10 +124,8 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
     }
     const std::string line = c.sharding == Sharding::kZero2 ? "zero2" : "zero3";
     auto hooks_s = [&](const char* phase) {
-      const auto* h = fsdp_no_shard(c) ? nullptr : r.profile.measured_kernels.fsdp_hook(r.fsdp_version, line, phase);
-      return h ? h->fixed_s + h->per_group_s * static_cast<double>(groups) +
-                     h->per_param_s * static_cast<double>(params)
-               : 0.0;
+      return hooks_at(fsdp_no_shard(c) ? nullptr : r.profile.measured_kernels.fsdp_hook(r.fsdp_version, line, phase),
+                      groups, params);
     };
     ti.forward_hooks_s = hooks_s("forward");
     ti.backward_hooks_s = hooks_s("backward");
@@ -131,11 +140,9 @@ StepTime pytorch_step_time(const Candidate& c, const PlanRequest& r, const Trace
       // Reducer's, a parameter one autograd hook; and, when the model has
       // buffers, their broadcast before each forward (broadcast_buffers).
       const std::string mode = r.ddp_bucket_view ? "view" : "copy";
-      const auto params = static_cast<double>(file.param_numels().size());
       auto hooks_s = [&](const char* phase) {
-        const auto* h = r.profile.measured_kernels.ddp_hook(mode, phase);
-        return h ? h->fixed_s + h->per_group_s * static_cast<double>(buckets.size()) + h->per_param_s * params
-                 : 0.0;
+        return hooks_at(r.profile.measured_kernels.ddp_hook(mode, phase), static_cast<int64_t>(buckets.size()),
+                        static_cast<int64_t>(file.param_numels().size()));
       };
       const double buffers_s = file.buffers().empty() ? 0.0 : r.profile.measured_kernels.ddp_buffers_s;
       ti.forward_hooks_s = hooks_s("forward") + buffers_s;
