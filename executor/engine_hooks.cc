@@ -4,6 +4,8 @@
 // actions the strategy's schedule lists (spec/schedule.h), carried out on
 // the unit's FlatParam.
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "executor/engine_impl.h"
 
@@ -96,7 +98,12 @@ void Engine::apply(spec::Op op, int u) {
     case spec::Op::kFreeShardGrad:
       flat_[u]->free_shard_grad();
       return;
+    case spec::Op::kRebuildBuckets:
+    case spec::Op::kBroadcastBuffers:
+    case spec::Op::kCloneOutputs:
+      break;  // PyTorch's DDP's (spec/schedule.h), never the engine's schedule
   }
+  throw std::logic_error(std::string("the engine has no action ") + spec::op_name(op));
 }
 
 torch::Tensor Engine::run(models::ModuleBase& module, const std::vector<torch::Tensor>& inputs,

@@ -228,7 +228,7 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   schedule.prefetch = o.forward_prefetch ? 2 : 1;  // forward_prefetch_limit and backward_prefetch_limit are 1
   schedule.runtime = spec::Runtime::kTorchFsdp1;
   schedule.backward_prefetch = o.backward_prefetch;
-  schedule_ = pytorch_fsdp_schedule(
+  schedule_ = pytorch_schedule(
       no_shard ? spec::Sharding::kDdp : o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2,
       schedule);
   units_.resize(part_.units.size());
@@ -451,6 +451,9 @@ void Fsdp1Job::apply(spec::Op op, int ui, bool forward) {
     case spec::Op::kFreeShardGrad:
     case spec::Op::kAllocFlatGrad:
     case spec::Op::kZeroFlatGrad:
+    case spec::Op::kRebuildBuckets:
+    case spec::Op::kBroadcastBuffers:
+    case spec::Op::kCloneOutputs:
       break;
   }
   throw std::logic_error(std::string("FSDP's unit has no action ") + spec::op_name(op));

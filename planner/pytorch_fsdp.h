@@ -112,17 +112,20 @@ StepSimResult simulate_pytorch_fsdp(const PytorchDdpInputs& in, const std::vecto
 // Else std::invalid_argument.
 void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, const std::string& who);
 
-// The schedule of PyTorch's FSDP (`options.runtime`: spec::Runtime::
-// kTorchFsdp1 or kTorchFsdp2) whose units shard as `sharding` does (FULL_SHARD and
-// reshard_after_forward=True: zero3; SHARD_GRAD_OP and False: zero2;
-// NO_SHARD: ddp), `options` checked.
-spec::Schedule pytorch_fsdp_schedule(spec::Sharding sharding, const spec::ScheduleOptions& options);
+// The schedule of PyTorch's FSDP or DDP (`options.runtime`: spec::Runtime::
+// kTorchFsdp1, kTorchFsdp2 or kTorchDdp) whose units shard as `sharding`
+// does (FULL_SHARD and reshard_after_forward=True: zero3; SHARD_GRAD_OP and
+// False: zero2; NO_SHARD: ddp; DDP: ddp, or zero1 under
+// ZeroRedundancyOptimizer), `options` checked; a DDP sharding anything but
+// the optimizer's state is std::invalid_argument.
+spec::Schedule pytorch_schedule(spec::Sharding sharding, const spec::ScheduleOptions& options);
 
 // Runs `schedule`'s actions of `hook` for `unit` (-1: the step's own hooks,
-// kZeroGrad and kBackwardEnd; unit 0 is the root) through `apply`, told
-// whether the hook is the forward's, until one runs out of memory.
+// kZeroGrad and kBackwardEnd; unit 0 is the root) in the step's last
+// micro-batch or not, through `apply`, told whether the hook is the
+// forward's, until one runs out of memory.
 void run_schedule_hook(const spec::Schedule& schedule, spec::Hook hook, int unit, const Ledger& ledger,
-                       const std::function<void(spec::Op op, bool forward)>& apply);
+                       const std::function<void(spec::Op op, bool forward)>& apply, bool last_micro_batch = true);
 
 // A unit's flat parameter, padded and sharded (flat_param.py _get_shard:
 // torch.chunk into world_size pieces, each rank's padded to the first's

@@ -158,7 +158,7 @@ Fsdp2Job::Fsdp2Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   schedule.prefetch = o.prefetch;
   schedule.runtime = spec::Runtime::kTorchFsdp2;
   schedule.reshard_root_after_forward = o.reshard_root_after_forward;
-  schedule_ = pytorch_fsdp_schedule(o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2,
+  schedule_ = pytorch_schedule(o.reshard_after_forward ? spec::Sharding::kZero3 : spec::Sharding::kZero2,
                                     schedule);
   groups_.resize(part_.units.size());
   for (size_t g = 0; g < part_.units.size(); ++g)
@@ -363,6 +363,9 @@ void Fsdp2Job::apply(spec::Op op, int gi, bool forward) {
     case spec::Op::kAllReduce:
     case spec::Op::kAllocFlatGrad:
     case spec::Op::kZeroFlatGrad:
+    case spec::Op::kRebuildBuckets:
+    case spec::Op::kBroadcastBuffers:
+    case spec::Op::kCloneOutputs:
       break;
   }
   throw std::logic_error(std::string("FSDP2 has no action ") + spec::op_name(op));

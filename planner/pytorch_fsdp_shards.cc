@@ -1,6 +1,7 @@
 // What FSDP1 (pytorch_fsdp.cc) and FSDP2 (pytorch_fsdp2.cc) share
-// (pytorch_fsdp.h): the request each checks, the schedule each replays, AdamW
-// over shards, and the shards FSDP1's AdamW steps.
+// (pytorch_fsdp.h): the request each checks, the schedule each replays (DDP's
+// too: pytorch_ddp.cc), AdamW over shards, and the shards FSDP1's AdamW
+// steps.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -22,8 +23,12 @@ void check_fsdp_request(const PytorchDdpInputs& in, int world_size, int steps, c
   if (steps < 1) throw std::invalid_argument("steps must be at least 1");
 }
 
-spec::Schedule pytorch_fsdp_schedule(spec::Sharding sharding, const spec::ScheduleOptions& options) {
+spec::Schedule pytorch_schedule(spec::Sharding sharding, const spec::ScheduleOptions& options) {
   spec::check_schedule_options(options);
+  if (options.runtime == spec::Runtime::kTorchDdp && sharding != spec::Sharding::kDdp &&
+      sharding != spec::Sharding::kZero1)
+    throw std::invalid_argument("PyTorch's DDP shards nothing but ZeroRedundancyOptimizer's state: " +
+                                std::string(spec::sharding_name(sharding)));
   // build_torch reads only the sharding's traits: whether parameters are
   // sharded and resharded after forward.
   spec::StrategyTraits traits;
@@ -32,9 +37,9 @@ spec::Schedule pytorch_fsdp_schedule(spec::Sharding sharding, const spec::Schedu
 }
 
 void run_schedule_hook(const spec::Schedule& schedule, spec::Hook hook, int unit, const Ledger& ledger,
-                       const std::function<void(spec::Op op, bool forward)>& apply) {
+                       const std::function<void(spec::Op op, bool forward)>& apply, bool last_micro_batch) {
   const bool forward = hook == spec::Hook::kPreForward || hook == spec::Hook::kPostForward;
-  for (spec::Op op : schedule.actions(hook, {unit == 0, true})) {
+  for (spec::Op op : schedule.actions(hook, {unit == 0, last_micro_batch})) {
     if (ledger.oom()) return;
     apply(op, forward);
   }

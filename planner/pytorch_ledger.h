@@ -1,7 +1,7 @@
 // The --stack pytorch simulators' bookkeeping over an allocator model
-// (planner/pytorch_stack.cc: DDP, ZeroRedundancyOptimizer;
-// planner/pytorch_fsdp.cc: FSDP), and the replay of a trace through it
-// (defined in pytorch_stack.cc).
+// (planner/pytorch_ddp.cc: DDP, ZeroRedundancyOptimizer;
+// planner/pytorch_fsdp.cc, pytorch_fsdp2.cc: FSDP), and the replay of a
+// trace through it (defined in pytorch_stack.cc).
 #pragma once
 
 #include <algorithm>
@@ -96,7 +96,7 @@ class Ledger {
 bool replay(const ModelTrace& t, Ledger& ledger, const std::string& label, Category transient, Category kept);
 
 // The phases of the loop every simulation here shares (DDP's in
-// pytorch_stack.cc, FSDP1's in pytorch_fsdp.cc, FSDP2's in pytorch_fsdp2.cc)
+// pytorch_ddp.cc, FSDP1's in pytorch_fsdp.cc, FSDP2's in pytorch_fsdp2.cc)
 // around the walk through the model's step, each written once:
 //
 // A storage of each of `bytes`, charged to `c` under `label` (init's: the

@@ -11,8 +11,9 @@
 // backward with no .grad at the start (AccumulateGrad keeps the gradient an
 // op made) or with every .grad present, and two steps of torch.optim.AdamW
 // itself (its lazily created state and its for-loop temporaries). DDP's
-// reducer, which runs beside them, is modelled here, each rule citing the
-// PyTorch 1.13 source it follows. torch.utils.checkpoint and autocast are in
+// reducer, which runs beside them, is modelled in pytorch_ddp.cc as the
+// actions of its schedule (spec/schedule.h, Runtime::kTorchDdp), each rule
+// citing the PyTorch source it follows. torch.utils.checkpoint and autocast are in
 // the traces (recorded under them); GradScaler's own tensors are modelled here.
 #pragma once
 

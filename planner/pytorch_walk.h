@@ -1,5 +1,5 @@
 // One walk through a training step's trace for every strategy of PyTorch's
-// own stack: DDP and ZeroRedundancyOptimizer (pytorch_stack.cc), FSDP1
+// own stack: DDP and ZeroRedundancyOptimizer (pytorch_ddp.cc), FSDP1
 // (pytorch_fsdp.cc) and FSDP2's fully_shard (pytorch_fsdp2.cc). The walk
 // replays the trace's storages and calls the strategy's hooks where
 // PyTorch calls them; a strategy is the set of hooks it installs (what its

@@ -388,8 +388,12 @@ bool StepReplay::apply(spec::Op op, int u) {
     case spec::Op::kFreeShardGrad:
       free_shard_grad(u);
       return true;
+    case spec::Op::kRebuildBuckets:
+    case spec::Op::kBroadcastBuffers:
+    case spec::Op::kCloneOutputs:
+      break;  // PyTorch's DDP's (spec/schedule.h), never the engine's schedule
   }
-  return true;
+  throw std::logic_error(std::string("the engine's step has no action ") + spec::op_name(op));
 }
 
 // SHARDED -> UNSHARDED: all-gather the unit's flat param. The input is the

@@ -29,6 +29,12 @@ const char* op_name(Op op) {
       return "free-shard-grad";
     case Op::kWaitReduce:
       return "wait-reduce";
+    case Op::kRebuildBuckets:
+      return "rebuild-buckets";
+    case Op::kBroadcastBuffers:
+      return "broadcast-buffers";
+    case Op::kCloneOutputs:
+      return "clone-outputs";
   }
   return "?";
 }
@@ -105,6 +111,7 @@ std::vector<Op> Schedule::build(Hook hook, const HookContext& where) const {
 // PyTorch's FSDP1 and FSDP2 (schedule.h): NO_SHARD is FSDP1 over the ddp
 // traits, nothing sharded.
 std::vector<Op> Schedule::build_torch(Hook hook, const HookContext& where) const {
+  if (options_.runtime == Runtime::kTorchDdp) return build_torch_ddp(hook, where);
   const bool fsdp2 = options_.runtime == Runtime::kTorchFsdp2;
   const bool sharded = traits_.shard_params;
   switch (hook) {
@@ -138,6 +145,31 @@ std::vector<Op> Schedule::build_torch(Hook hook, const HookContext& where) const
     case Hook::kBackwardEnd:
       return {Op::kWaitReduce};
     case Hook::kBackwardStart:
+    case Hook::kGradReady:
+      return {};
+  }
+  return {};
+}
+
+// PyTorch's DDP and ZeroRedundancyOptimizer (schedule.h): one unit, the
+// model root; nothing sharded.
+std::vector<Op> Schedule::build_torch_ddp(Hook hook, const HookContext& where) const {
+  switch (hook) {
+    case Hook::kZeroGrad:
+      return {Op::kFreeShardGrad};
+    case Hook::kPreForward:
+      if (where.root) return {Op::kRebuildBuckets, Op::kBroadcastBuffers};
+      return {};
+    case Hook::kPostForward:
+      if (where.root) return {Op::kCloneOutputs};
+      return {};
+    case Hook::kBackwardEnd:
+      if (where.last_micro_batch) return {Op::kAllReduce, Op::kWaitReduce};
+      return {};
+    case Hook::kBackwardStart:
+    case Hook::kPreBackward:
+    case Hook::kRecompute:
+    case Hook::kPostBackward:
     case Hook::kGradReady:
       return {};
   }

@@ -6,10 +6,10 @@
 // a communicator (executor/flat_param.h). Neither decides on its own which
 // actions a strategy takes at a hook; each says only what an action
 // allocates and does, and the accuracy matrix checks the two agree to the
-// byte. PyTorch's own FSDP1 and FSDP2, as `plan --stack pytorch` simulates
-// them (planner/pytorch_fsdp.cc, pytorch_fsdp2.cc), replay it too, in
-// PyTorch's order (Runtime, below), checked against real torch 2.11 jobs
-// by scripts/pytorch-validate.
+// byte. PyTorch's own DDP, FSDP1 and FSDP2, as `plan --stack pytorch`
+// simulates them (planner/pytorch_ddp.cc, pytorch_fsdp.cc,
+// pytorch_fsdp2.cc), replay it too, in PyTorch's order (Runtime, below),
+// checked against real torch 2.11 jobs by scripts/pytorch-validate.
 //
 // The hooks are FSDP2's (torch/distributed/_composable/fsdp/_fsdp_state.py:
 // _pre_forward, _post_forward, _pre_backward, _post_backward; the root's
@@ -69,6 +69,9 @@
 //   kZeroFlatGrad     ddp/zero1: the flat grad zeroed in place.
 //   kFreeShardGrad    zero2/3/hybrid: the shard grad freed (zero_grad with
 //                     set_to_none=True).
+//   kRebuildBuckets   PyTorch's DDP only (below): Reducer::rebuild_buckets.
+//   kBroadcastBuffers PyTorch's DDP only: DDP._sync_buffers.
+//   kCloneOutputs     PyTorch's DDP only: _DDPSink's clones.
 // The optimizer step (AdamW per unit, its lazily created state and
 // temporaries) is one hook, interpreted whole by each side.
 //
@@ -94,7 +97,21 @@
 //    gradient there instead, and reshards after every forward (its
 //    low-precision copy);
 //  - in both, kZeroGrad drops every unit's gradient (zero_grad) and
-//    kBackwardEnd waits for what is still in flight.
+//    kBackwardEnd waits for what is still in flight;
+//  - DDP (Runtime::kTorchDdp, DistributedDataParallel and its Reducer,
+//    distributed.py / reducer.cpp; ZeroRedundancyOptimizer is DDP with its
+//    own optimizer step) has one unit, the model root. kZeroGrad drops every
+//    .grad (kFreeShardGrad, under set_to_none). The root's pre-forward
+//    (DDP.forward before the module runs) rebuilds the buckets once the
+//    first synced backward has recorded the gradients' order
+//    (kRebuildBuckets), then broadcasts the buffers when the forward before
+//    it synced (kBroadcastBuffers); its post-forward (DDP.forward after the
+//    module returned) clones the outputs in the reducer's first
+//    static-graph iteration (kCloneOutputs). A bucket's all-reduce runs in
+//    place and allocates nothing, so the schedule launches every bucket at
+//    kBackwardEnd (kAllReduce) and waits there (kWaitReduce: the .grads
+//    take the result, copied back or as views of the buckets), on the last
+//    micro-batch only: the others run under no_sync.
 #pragma once
 
 #include <array>
@@ -133,6 +150,9 @@ enum class Op : uint8_t {
   kZeroFlatGrad,
   kFreeShardGrad,
   kWaitReduce,
+  kRebuildBuckets,
+  kBroadcastBuffers,
+  kCloneOutputs,
 };
 const char* op_name(Op op);
 
@@ -142,9 +162,9 @@ struct HookContext {
   bool last_micro_batch = true;  // the step's last micro-batch (gradient accumulation)
 };
 
-// Whose hooks a schedule follows: shardfit's engine, or PyTorch's FSDP1 or
-// FSDP2 (the orders above).
-enum class Runtime : uint8_t { kEngine, kTorchFsdp1, kTorchFsdp2 };
+// Whose hooks a schedule follows: shardfit's engine, or PyTorch's FSDP1,
+// FSDP2 or DDP (the orders above).
+enum class Runtime : uint8_t { kEngine, kTorchFsdp1, kTorchFsdp2, kTorchDdp };
 
 // When a unit's backward prefetch is issued: FSDP1's BackwardPrefetch
 // (BACKWARD_PRE as its backward begins, the engine's and FSDP2's only
@@ -170,7 +190,7 @@ struct ScheduleOptions {
   // the gradient buckets close at (the first at 1 MiB): spec/grad_buckets.h.
   int64_t ddp_bucket_cap_bytes = kDdpBucketCapBytes;
   // Whose hooks (Runtime): the engine's unless a simulation of PyTorch's
-  // own FSDP asks for torch's.
+  // own DDP or FSDP asks for torch's.
   Runtime runtime = Runtime::kEngine;
   // kTorchFsdp2, zero3/hybrid: the root unit too resharded after its
   // forward, and gathered again when its backward begins.
@@ -233,6 +253,7 @@ class Schedule {
  private:
   std::vector<Op> build(Hook hook, const HookContext& where) const;
   std::vector<Op> build_torch(Hook hook, const HookContext& where) const;
+  std::vector<Op> build_torch_ddp(Hook hook, const HookContext& where) const;
 
   StrategyTraits traits_;
   ScheduleOptions options_;

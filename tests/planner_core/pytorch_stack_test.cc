@@ -3,6 +3,8 @@
 // state sit in the step, phase by phase.
 #include "planner/pytorch_stack.h"
 
+#include "planner/pytorch_fsdp.h"
+
 #include <gtest/gtest.h>
 
 namespace shardfit::planner {
@@ -130,6 +132,55 @@ TEST(PytorchDdp, BuffersAreBroadcastAtInitAndBeforeEveryForward) {
   EXPECT_EQ(r.timeline[0].allocated_bytes, 100 + 64 + 100);
   // step 1's forward: the input, then the buffers' flat (a + b; c alone is a view), then 10 bytes
   EXPECT_EQ(r.timeline[1].peak_allocated_bytes, 264 + 8 + 60);
+}
+
+// --grad-accum 2 on the model with buffers: a forward broadcasts them only
+// when the one before it synced (DDP's require_forward_param_sync), so the
+// no_sync micro-batch's forward does and the synced one's does not; step
+// 2's first forward rebuilds the buckets (the first synced backward has
+// recorded the gradients' order) before it broadcasts.
+TEST(PytorchDdp, OnlyAForwardAfterASyncedOneBroadcastsTheBuffers) {
+  Fixture f;
+  f.in.param_numels = {25};
+  f.in.buffers = {{"a", {30}, "uint8", 30}, {"b", {30}, "uint8", 30}, {"c", {}, "float32", 4}};
+  MemEvent root = ev(MemEvent::kModuleBegin, Phase::kForward, -1);
+  root.module = 0;
+  ModelTrace none, with;  // the input, the model's 10 bytes of activations, its 100-byte gradient
+  none.events = {ev(MemEvent::kAlloc, Phase::kForward, 1, 8), root, ev(MemEvent::kAlloc, Phase::kForward, 2, 10),
+                 ev(MemEvent::kAlloc, Phase::kBackward, 3, 100), ev(MemEvent::kFree, Phase::kBackward, 2),
+                 ev(MemEvent::kFree, Phase::kBackward, 1)};
+  with = none;
+  with.grads_at_start = true;
+  with.events.push_back(ev(MemEvent::kFree, Phase::kBackward, 3));
+  f.in.no_grads = &none;
+  f.in.with_grads = &with;
+  PytorchDdpOptions o;
+  o.grad_accum = 2;
+  o.zero_grad_set_to_none = false;  // the gradient stays: step 2 starts at step 1's end
+  const StepSimResult r = simulate_pytorch_ddp(f.in, o);
+  ASSERT_FALSE(r.oom);
+  ASSERT_EQ(r.timeline[1].label, "step1.1/forward");
+  EXPECT_EQ(r.timeline[1].peak_allocated_bytes, 264 + 8 + 60);  // init's 264, the input, a + b's flat
+  ASSERT_EQ(r.timeline[3].label, "step1.2/forward");
+  EXPECT_EQ(r.timeline[3].peak_allocated_bytes, 364 + 8 + 10);  // the kept gradient; no broadcast
+  ASSERT_EQ(r.timeline[5].label, "step1/optimizer");
+  EXPECT_EQ(r.timeline[5].allocated_bytes, 364 + 200);  // AdamW's state
+  ASSERT_EQ(r.timeline[6].label, "step2.1/forward");
+  // The rebuild's 24 bytes of indices come and go under the broadcast's 60.
+  EXPECT_EQ(r.timeline[6].peak_allocated_bytes, 564 + 8 + 60);
+  EXPECT_EQ(r.timeline[6].allocated_bytes, 564 + 8 + 10);
+}
+
+// DDP's schedule: its sharding is DDP's, or ZeroRedundancyOptimizer's
+// optimizer state; anything sharding parameters or gradients is FSDP's.
+TEST(PytorchDdp, ItsScheduleShardsNothingButTheOptimizerState) {
+  spec::ScheduleOptions o;
+  o.runtime = spec::Runtime::kTorchDdp;
+  EXPECT_EQ(spec::op_name(pytorch_schedule(spec::Sharding::kZero1, o).actions(spec::Hook::kPreForward, {true, true})
+                              .at(0)),
+            std::string("rebuild-buckets"));
+  for (spec::Sharding s : {spec::Sharding::kZero2, spec::Sharding::kZero3, spec::Sharding::kHybrid})
+    EXPECT_THROW(pytorch_schedule(s, o), std::invalid_argument) << spec::sharding_name(s);
 }
 
 // A one-process job Accelerate leaves unwrapped (PytorchDdpOptions::wrapped

@@ -168,6 +168,35 @@ TEST(Schedule, TorchFsdp1MakesTheFlatGradientThenReshardsThenReduces) {
   }
 }
 
+// DistributedDataParallel (and ZeroRedundancyOptimizer, DDP with its own
+// optimizer step): the root's forward hooks rebuild the buckets, broadcast
+// the buffers and clone the outputs (each when DDP's state says so), and
+// only the micro-batch outside no_sync reduces, as its backward ends.
+TEST(Schedule, TorchDdpActsAtTheRootAndReducesOnlyOutsideNoSync) {
+  for (const char* id : {"ddp/fp32/wrap=none", "zero1/fp32/wrap=none"}) {
+    SCOPED_TRACE(id);
+    ScheduleOptions o;
+    o.runtime = Runtime::kTorchDdp;
+    check_schedule_options(o);
+    const Schedule s(decode_strategy(parse_candidate(id), 2, 2), o);
+    EXPECT_EQ(names(s, Hook::kZeroGrad, {true, true}), "free-shard-grad");
+    EXPECT_EQ(names(s, Hook::kPreForward, {true, true}), "rebuild-buckets broadcast-buffers");
+    EXPECT_EQ(names(s, Hook::kPreForward, {true, false}), "rebuild-buckets broadcast-buffers")
+        << "a no_sync forward still checks whether the one before it synced";
+    EXPECT_EQ(names(s, Hook::kPostForward, {true, true}), "clone-outputs");
+    EXPECT_EQ(names(s, Hook::kBackwardEnd, {true, true}), "all-reduce wait-reduce");
+    EXPECT_EQ(names(s, Hook::kBackwardEnd, {true, false}), "") << "no_sync";
+    for (Hook h : {Hook::kBackwardStart, Hook::kPreBackward, Hook::kRecompute, Hook::kPostBackward, Hook::kGradReady})
+      EXPECT_EQ(names(s, h, {true, true}), "") << "the reducer's per-bucket work allocates nothing";
+    EXPECT_EQ(names(s, Hook::kPreForward, {false, true}), "") << "DDP has one unit, the root";
+  }
+  // Only FSDP2 reshards the root after forward, only FSDP1 moves the prefetch.
+  ScheduleOptions root;
+  root.runtime = Runtime::kTorchDdp;
+  root.reshard_root_after_forward = true;
+  EXPECT_THROW(check_schedule_options(root), std::invalid_argument);
+}
+
 TEST(Schedule, PrefetchPositionsGoForwardOneShortAndBackwardFullDepth) {
   const Schedule s(decode_strategy(parse_candidate("zero3/fp32/wrap=block"), 2, 2), ScheduleOptions{2});
   // Five units ran forward; the one at position 2.
