@@ -499,6 +499,24 @@ PlanCandidate search_candidate(const Candidate& c, const PlanRequest& r, int64_t
   return pc;
 }
 
+// A CPU profile has no memory of its own (cpu.json: the budget is
+// --gpu-mem), so without one every batch fits and the search ends at its
+// cap. A bf16 candidate on a CPU is traced at each batch the search tries
+// (TraceSource::record), and each trace runs the step's matrix products
+// once on CPU tensors of their real sizes (cpu_matmul_probe.cc): at the cap
+// that is hours of compute and more memory than the host has. Refused
+// before any trace, naming the two ways out.
+void check_cpu_bf16_budget(const std::vector<Candidate>& candidates, bool cuda, const TraceFile* file,
+                           int64_t device_mem, int64_t max_batch) {
+  if (cuda || file || device_mem > 0) return;
+  for (const Candidate& c : candidates)
+    if (compute_dtype(c.precision) == DType::kBF16)
+      throw std::invalid_argument(
+          "--gpu-mem: a cpu plan with bf16 candidates needs each rank's memory (a bf16 candidate is traced by "
+          "running its matrix products at every batch the search tries, and with no limit that is batch " +
+          std::to_string(max_batch) + "): give --gpu-mem SIZE, or --precision fp32");
+}
+
 }  // namespace
 
 Plan build_plan(const PlanRequest& r) {
@@ -512,6 +530,8 @@ Plan build_plan(const PlanRequest& r) {
 
   const models::ModelConfig model = file ? r.model : model_on_device(r.model, r.profile);
   std::vector<Candidate> candidates = plan_candidates(r, model, file);
+
+  check_cpu_bf16_budget(candidates, cuda, file, device_mem, r.max_batch);
 
   Plan plan = plan_skeleton(r, file, device_mem, budget);
 

@@ -19,6 +19,18 @@ std::vector<std::string> with(std::vector<std::string> args, const std::vector<s
 
 size_t count_lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
 
+// A CPU has no memory figure of its own: without --gpu-mem every batch
+// fits, and a bf16 candidate would be traced, its matrix products run for
+// real, at the search's cap. Refused before any trace; fp32 alone plans.
+TEST(PlanCommand, ACpuPlanWithBf16CandidatesNeedsEachRanksMemory) {
+  const std::vector<std::string> cpu = {"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpus", "2"};
+  expect_bad_input(cpu, "--gpu-mem");
+  expect_bad_input(with(cpu, {"--precision", "bf16"}), "--precision fp32");
+  const Result fp32 = shardfit(with(cpu, {"--precision", "fp32", "--strategies", "ddp/fp32/wrap=none"}));
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.err;
+  EXPECT_NE(fp32.out.find("search capped at batch 4096"), std::string::npos) << fp32.out;
+}
+
 TEST(PlanCommand, DefaultShowsEachFamilysBestAndWhyAllShowsEveryRow) {
   const Result summary = shardfit(with(kTiny, {"--gpus", "2"}));
   ASSERT_EQ(summary.exit_code, 0) << summary.err;
