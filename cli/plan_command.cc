@@ -484,7 +484,9 @@ Command add_plan_command(CLI::App& app) {
       ->capture_default_str()
       ->check(ListOf(NodesBounds));
   sub->add_option("--device", a->device, "Device profile name (profiles/*.json) or path")->required();
-  sub->add_option("--gpu-mem", a->gpu_mem, "Override the device memory (24GiB, 512MiB, bytes; a comma list sweeps)")
+  sub->add_option("--gpu-mem", a->gpu_mem,
+                  "Override the device memory (24GiB, 512MiB, bytes; a comma list sweeps); a cpu plan with bf16 "
+                  "candidates needs it")
       ->check(ListOf(MemorySize));
   sub->add_option("--strategies", a->strategies,
                   "Comma-separated candidate ids or shardings (ddp, zero1, zero2, zero3, hybrid); default all")
