@@ -151,7 +151,8 @@ def trace(model_or_factory, make_batch, seq_len, out=None, *, name=None, target=
     else:
         raise BadInput("model_or_factory=%r: an nn.Module, its class, or a function returning one"
                        % (model_or_factory,))
-    if out is None:
+    made = out is None  # a file of our own, removed again if no trace goes into it
+    if made:
         fd, out = tempfile.mkstemp(prefix="%s-" % re.sub(r"[^\w.-]", "_", name), suffix=".trace.json")
         os.close(fd)
     out = os.path.abspath(os.fspath(out))
@@ -160,8 +161,12 @@ def trace(model_or_factory, make_batch, seq_len, out=None, *, name=None, target=
         trace_recorder.record_model(factory, make_batch, seq_len, out, name, source, _where(make_batch),
                                     "model_or_factory " + source, block_class=block_class,
                                     target_cuda=target == "cuda", fp32_outputs=fp32_outputs, param_dtype=param_dtype)
-    except trace_recorder.BadInput as e:
-        raise BadInput(str(e)) from None
+    except BaseException as e:
+        if made:
+            os.unlink(out)
+        if isinstance(e, trace_recorder.BadInput):
+            raise BadInput(str(e)) from None
+        raise
     return Trace(out, name, seq_len, target)
 
 

@@ -103,6 +103,8 @@ class PythonPackageTest(unittest.TestCase):
         assert cls.install.returncode == 0, cls.install.stdout[-4000:]
         cls.user = os.path.join(cls.tmp.name, "user")  # not the checkout: nothing of it on the path
         os.mkdir(cls.user)
+        cls.user_tmp = os.path.join(cls.tmp.name, "user-tmp")  # the scripts' temporary folder (TMPDIR)
+        os.mkdir(cls.user_tmp)
         cls.example = cls.run_script("example.py", readme_example() + REPORT)
         assert cls.example.returncode == 0, cls.example.stdout[-4000:]
         cls.report = json.loads(cls.example.stdout.split("REPORT ", 1)[1])
@@ -119,8 +121,8 @@ class PythonPackageTest(unittest.TestCase):
         path = os.path.join(cls.user, name)
         with open(path, "w") as f:
             f.write(code)
-        return subprocess.run([cls.python, path] + list(args), env=user_env(), cwd=cls.user, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=600)
+        return subprocess.run([cls.python, path] + list(args), env=user_env(TMPDIR=cls.user_tmp), cwd=cls.user,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
 
     def test_the_package_is_installed_with_its_own_cli_built_against_this_torch(self):
         package = os.path.dirname(self.report["package"])
@@ -135,6 +137,8 @@ class PythonPackageTest(unittest.TestCase):
         self.assertIn("LibTorch " + torch.__version__.split("+")[0], version.stdout)
 
     def test_the_readme_example_traces_the_model_and_plans_it(self):
+        # In the temporary folder of the user's environment, where trace() puts it.
+        self.assertEqual(os.path.dirname(self.report["trace"]), self.user_tmp)
         with open(self.report["trace"]) as f:
             trace = json.load(f)
         self.assertEqual(trace["schema"], "shardfit.trace/1")
@@ -160,6 +164,8 @@ class PythonPackageTest(unittest.TestCase):
             self.assertNotIn("\n", line.strip(), what)
         self.assertIn("unknown device profile 'no-such-card'", said["PLAN"])
         self.assertIn("forward must return the loss", said["TRACE"])
+        # The refused trace leaves no file behind in the temporary folder.
+        self.assertEqual([f for f in os.listdir(self.user_tmp) if f.startswith("NoLoss-")], [])
 
     def test_a_build_folder_of_another_torch_is_refused_in_one_line(self):
         other = os.path.join(self.tmp.name, "other-build")
