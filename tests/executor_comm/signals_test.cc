@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/support/scratch_dir.h"
+
 #ifndef SHARDFIT_BINARY
 #error "SHARDFIT_BINARY must be the path of the built shardfit executable"
 #endif
@@ -37,8 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 fs::path test_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path d = fs::temp_directory_path() / (std::string("shardfit_signals_") + info->name() +
-                                                  "_" + std::to_string(::getpid()));
+  const fs::path d = shardfit::test_support::scratch_root() / (std::string("signals_") + info->name());
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

@@ -55,7 +55,7 @@ using shardfit::test_support::shardfit;
 
 const fs::path& tmp_dir() {
   static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("shardfit-engine-test-" + std::to_string(getpid()));
+    fs::path d = shardfit::test_support::scratch_root() / "engine";
     fs::create_directories(d);
     return d;
   }();

@@ -34,7 +34,7 @@ using nlohmann::json;
 
 const fs::path& tmp_dir() {
   static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("shardfit-exact-test-" + std::to_string(getpid()));
+    fs::path d = shardfit::test_support::scratch_root() / "exact";
     fs::create_directories(d);
     return d;
   }();

@@ -24,8 +24,7 @@ using Args = std::vector<std::string>;
 
 fs::path dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path d = fs::temp_directory_path() / (std::string("shardfit_bounds_") + info->name() +
-                                                  "_" + std::to_string(::getpid()));
+  const fs::path d = shardfit::test_support::scratch_root() / (std::string("bounds_") + info->name());
   fs::create_directories(d);
   return d;
 }

@@ -22,15 +22,14 @@
 #include "executor/trainer.h"
 #include "models/model_config.h"
 #include "reports/run_report.h"
+#include "tests/support/scratch_dir.h"
 
 namespace shardfit::executor {
 namespace {
 
 std::string temp_path(const std::string& stem) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return (std::filesystem::temp_directory_path() /
-          (std::string("shardfit_") + info->name() + "_" + std::to_string(::getpid()) + "_" + stem))
-      .string();
+  return (shardfit::test_support::scratch_root() / (std::string(info->name()) + "_" + stem)).string();
 }
 
 // ------------------------------------------------------------------ meter

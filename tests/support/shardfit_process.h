@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/scratch_dir.h"
+
 #ifndef SHARDFIT_BINARY
 #error "SHARDFIT_BINARY must be the path of the built shardfit executable"
 #endif
@@ -38,17 +40,19 @@ inline std::string test_id() {
   return id;
 }
 
-// A fresh, empty directory for the running test: TMP/shardfit_<prefix>_<id>.
+// A fresh, empty directory for the running test, in the process's
+// scratch folder: <prefix>_<id>.
 inline fs::path test_dir(const std::string& prefix = "test") {
-  fs::path d = fs::temp_directory_path() / ("shardfit_" + prefix + "_" + test_id());
+  fs::path d = scratch_root() / (prefix + "_" + test_id());
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
 }
 
-// A path (not created) for the running test: TMP/shardfit_cli_<id>_<stem>.
+// A path (not created) for the running test, in the process's scratch
+// folder: cli_<id>_<stem>.
 inline std::string temp_path(const std::string& stem) {
-  return (fs::temp_directory_path() / ("shardfit_cli_" + test_id() + "_" + stem)).string();
+  return (scratch_root() / ("cli_" + test_id() + "_" + stem)).string();
 }
 
 inline std::string read_file(const fs::path& path) {
