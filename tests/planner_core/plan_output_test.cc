@@ -12,6 +12,7 @@
 #include <string>
 
 #include "tests/support/error_of.h"
+#include "tests/support/scratch_dir.h"
 
 namespace shardfit::planner {
 namespace {
@@ -156,7 +157,7 @@ TEST(PlanOutputTest, RoundTrips) {
   EXPECT_EQ(back.hardware.allocator_budget_bytes, int64_t{22} << 30);
 
   // Through a file, and through nlohmann's ADL.
-  std::string path = testing::TempDir() + "/plan.json";
+  std::string path = shardfit::test_support::scratch_root().string() + "/plan.json";
   write_plan_file(path, plan);
   EXPECT_EQ(plan_to_json_text(read_plan_file(path)), text);
   Plan via_adl = json::parse(text).get<Plan>();

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "tests/support/error_of.h"
+#include "tests/support/scratch_dir.h"
 
 namespace shardfit::planner {
 namespace {
@@ -29,7 +30,7 @@ std::string refusal(nlohmann::json p, const std::function<void(nlohmann::json&)>
 }
 
 std::string write_temp(const std::string& name, const std::string& text) {
-  std::string path = testing::TempDir() + "/" + name;
+  std::string path = shardfit::test_support::scratch_root().string() + "/" + name;
   std::ofstream(path) << text;
   return path;
 }
@@ -274,7 +275,7 @@ TEST(ProfileTest, ReadsAdamwStepDispatchLines) {
 }
 
 TEST(ProfileTest, FileNameAndNameMustAgree) {
-  std::string dir = testing::TempDir() + "/mismatch_profiles";
+  std::string dir = shardfit::test_support::scratch_root().string() + "/mismatch_profiles";
   ASSERT_EQ(system(("mkdir -p '" + dir + "'").c_str()), 0);
   std::ofstream(dir + "/other.json") << read_text(kProfilesDir + "/cpu.json");
   std::string err = error_of([&] { load_profile("other", dir); });
@@ -325,13 +326,13 @@ class ProfilesDirTest : public testing::Test {
 };
 
 TEST_F(ProfilesDirTest, TakesTheFirstCandidateHoldingProfiles) {
-  std::string empty_dir = testing::TempDir() + "/empty_profiles";
+  std::string empty_dir = shardfit::test_support::scratch_root().string() + "/empty_profiles";
   ASSERT_EQ(system(("mkdir -p '" + empty_dir + "'").c_str()), 0);
   EXPECT_EQ(find_profiles_dir({"/nonexistent", empty_dir, kProfilesDir}), kProfilesDir);
 }
 
 TEST_F(ProfilesDirTest, EnvironmentWins) {
-  std::string dir = testing::TempDir();
+  std::string dir = shardfit::test_support::scratch_root().string();
   setenv("SHARDFIT_PROFILES", dir.c_str(), 1);
   EXPECT_EQ(find_profiles_dir({kProfilesDir}), dir);
   setenv("SHARDFIT_PROFILES", "/nonexistent/profiles", 1);
