@@ -193,6 +193,8 @@ TEST(SdpaAttention, PlanRecordsEachCandidatesKernel) {
     r.gpus_per_node = 2;
     r.candidates.strategies = {"ddp"};
     r.candidates.precisions = {"all"};
+    // A CPU has no memory figure of its own, and its bf16 candidates need one.
+    if (device == "cpu") r.device_mem_bytes = int64_t{64} << 20;
     const planner::Plan plan = planner::build_plan(r);
     EXPECT_EQ(plan.model.attention, "sdpa");
     std::map<std::string, std::string> out;
