@@ -129,6 +129,22 @@ GemmShape matmul_shape(const at::RecordFunction& fn) {
   return g;
 }
 
+// The tracer's own module boundaries, which a training step without the
+// tracer does not run: the identity autograd Function the Python recorder
+// puts on each module's inputs and outputs (pytorch/trace_recorder.py
+// ShardfitModuleBoundary: its forward, and its backward node as PyTorch
+// names it, alone or under the engine's evaluate_function) and the C++
+// tracer's callback node (models/autograd_hooks.cc, planner/trace.cc). The
+// step's work leaves them out; their events still name the op they fall in.
+bool tracer_own_op(const std::string& name) {
+  static const std::string kPython = "ShardfitModuleBoundary", kPythonNode = kPython + "Backward",
+                           kCpp = "shardfit::BackwardCallback";
+  auto ends_with = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return name == kPython || ends_with(kPythonNode) || ends_with(kCpp);
+}
+
 // Ops that run no kernel: views and metadata (PyTorch's "Tensor Views" list,
 // docs/source/tensor_view.rst, plus the allocation-only and aliasing ops the
 // dispatcher shows). They touch no memory the roofline counts.
@@ -210,7 +226,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   Recorder* rec = t_rec;
   if (!rec || !rec->active) return nullptr;
   Recorder& r = *rec;
-  if (r.record_ops) {
+  if (r.record_ops && tracer_own_op(fn.name())) {
+    r.op_stack.push_back(r.intern_op(fn.name()));
+    r.frames.push_back(Recorder::OpFrame{});  // no work of the step's
+  } else if (r.record_ops) {
     r.op_stack.push_back(r.intern_op(fn.name()));
     // A kernel that calls another (a composite) is not counted itself; one
     // that only allocates its outputs or takes views (runs_no_kernel) is.

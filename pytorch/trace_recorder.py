@@ -254,7 +254,9 @@ def module_table(model, block_class=None):
 def _backward_marker(call):
     import torch
 
-    class Marker(torch.autograd.Function):
+    # Its name is the one planner/trace_recorder.cc (tracer_own_op) leaves out
+    # of the step's work: a step without the tracer does not run it.
+    class ShardfitModuleBoundary(torch.autograd.Function):
         @staticmethod
         def forward(ctx, idx, *xs):
             ctx.idx = idx
@@ -268,7 +270,7 @@ def _backward_marker(call):
             call(ctx.idx)
             return (None,) + grads
 
-    return Marker
+    return ShardfitModuleBoundary
 
 
 def install_hooks(model, index, lib):

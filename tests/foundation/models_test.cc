@@ -624,6 +624,38 @@ TEST(TraceTest, FlopsAreProportionalAndWorkAffineInTheBatch) {
   }
 }
 
+// The backward's nodes the time model charges are the step's own: the
+// autograd graph of the same model's loss, run without the tracer, whose
+// callbacks on each module's inputs and output are left out of the work.
+TEST(TraceTest, TheBackwardsNodesAreTheLossGraphsWithoutTheTracers) {
+  planner::register_missing_meta_kernels();
+  for (const char* name : {"gpt2-tiny", "bert-tiny"}) {
+    SCOPED_TRACE(name);
+    const auto cfg = models::resolve_model(name);
+    for (int64_t b : {1, 3}) {
+      auto model = models::build_model(cfg, kMetaOpts);
+      const auto ids = kMetaOpts.dtype(torch::kLong);
+      models::Batch batch;
+      batch.input_ids = torch::empty({b, 32}, ids);
+      if (cfg.family == models::Family::kBert) {
+        batch.token_type_ids = torch::empty({b, 32}, ids);
+        batch.attention_mask = torch::empty({b, 32}, ids);
+        batch.labels = torch::empty({b}, ids);
+      }
+      const auto loss = model->forward_loss(batch);
+      std::set<torch::autograd::Node*> seen;
+      std::vector<torch::autograd::Node*> stack = {loss.grad_fn().get()};
+      while (!stack.empty()) {
+        torch::autograd::Node* n = stack.back();
+        stack.pop_back();
+        if (!n || !seen.insert(n).second) continue;
+        for (const auto& edge : n->next_edges()) stack.push_back(edge.function.get());
+      }
+      EXPECT_EQ(trace(name, b).backward_work.nodes, static_cast<int64_t>(seen.size())) << "batch " << b;
+    }
+  }
+}
+
 // The planner records its traces on every core at once (plan_builder.cc):
 // each thread's recording must see only its own thread's allocations, ops
 // and module boundaries, so traces recorded side by side equal those

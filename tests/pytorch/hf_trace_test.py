@@ -39,6 +39,7 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(sum(m["is_block"] for m in file["modules"]), 2)  # its most repeated _no_split_modules
         build, inputs, _ = hf_models.factory("", config)
         self.check_every_batch("%s (%s)" % (arch, attn), file, build, inputs)
+        self.check_work_is_the_steps_own("%s (%s)" % (arch, attn), file, build, inputs)
         return file
 
     @staticmethod

@@ -82,3 +82,27 @@ class TraceCheck:
             del model  # a checkpointed model is a reference cycle (forward -> bound method -> module)
             gc.collect()
 
+    def check_work_is_the_steps_own(self, name, file, build=None, inputs=None):
+        # The work the time model charges is what the step runs without the
+        # tracer: the backward's nodes are the loss's autograd graph of the
+        # same model (each batch traced without recompute), and the
+        # tracer's module boundaries are in neither phase's kernels.
+        for t in file["traces"]:
+            for phase in ("forward", "backward"):
+                self.assertNotIn("ShardfitModuleBoundary", [k[0] for k in t["work"][phase]["kernels"]])
+            if t["recompute"] or t["dtype"] != "fp32":
+                continue
+            torch.manual_seed(0)
+            model = build() if build else models.build(name)
+            model.train()
+            x = (inputs or (lambda *a: (models.token_input(models.vocab_size(name))(*a),)))(t["batch"], 64, "cpu")
+            out = model(*x)
+            loss = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+            seen, stack = set(), [loss.grad_fn]
+            while stack:
+                node = stack.pop()
+                if node is None or node in seen:
+                    continue
+                seen.add(node)
+                stack.extend(f for f, _ in node.next_functions)
+            self.assertEqual(t["work"]["backward"]["nodes"], len(seen), "%s: batch %d" % (name, t["batch"]))

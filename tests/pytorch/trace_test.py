@@ -53,6 +53,10 @@ class TraceTest(TraceCheck, unittest.TestCase):
     def test_every_batch_traced_is_what_the_cpu_step_allocates(self):
         self.check_every_batch("gpt2-tiny", self.file)
 
+    def test_the_work_timed_is_what_the_step_runs_without_the_tracer(self):
+        self.check_work_is_the_steps_own("gpt2-tiny", self.file)
+        self.check_work_is_the_steps_own("gpt2-hf2022-tiny", self.hf_file)
+
     @unittest.skipIf(torch.__version__.startswith("1."), "1.13's meta device cannot run repeat_interleave with a Python int")
     def test_gqa_by_repeat_interleave_is_traced_exactly(self):
         _, file = self.record("llama-tiny-ri")
