@@ -466,7 +466,14 @@ PlanCandidate search_candidate(const Candidate& c, const PlanRequest& r, int64_t
         search_max_batch_below([&](int64_t b) { return !simulate(b, true).oom; }, pc.max_batch_per_gpu);
   const int64_t at = std::max<int64_t>(pc.max_batch_per_gpu, 1);
   const StepSimResult& fit = simulate(at, cuda_allocator);
-  set_fit(pc, fit);
+  if (pc.max_batch_per_gpu > 0) {
+    set_fit(pc, fit);
+  } else {  // what batch 1 needs: its step with no memory limit
+    ExactAllocator unlimited_exact;
+    CudaCachingAllocatorModel unlimited_cuda;
+    set_fit(pc, sim.simulate(1, s, cuda_allocator ? static_cast<AllocatorModel&>(unlimited_cuda) : unlimited_exact,
+                             no_timeline));
+  }
   if (!set_search_capped(pc, r.max_batch)) {
     const StepSimResult& next = pc.max_batch_per_gpu > 0 ? simulate(pc.max_batch_per_gpu + 1, cuda_allocator) : fit;
     set_limit(pc, next, pc.max_batch_per_gpu + 1);

@@ -204,6 +204,16 @@ std::string format_plan_table(const Plan& plan, size_t top) {
   return out;
 }
 
+namespace {
+
+// What a GPU holds outside the allocator (the CUDA context, NCCL's buffers):
+// --gpu-mem less the allocator's budget.
+int64_t outside_allocator_bytes(const PlanHardware& hw) {
+  return hw.allocator_budget_bytes > 0 ? hw.device_mem_bytes - hw.allocator_budget_bytes : 0;
+}
+
+}  // namespace
+
 std::string format_plan_summary(const Plan& plan) {
   // Each family's best, and the families where nothing fits batch 1.
   std::vector<std::string> order;
@@ -215,7 +225,7 @@ std::string format_plan_summary(const Plan& plan) {
   }
   std::vector<const PlanCandidate*> rows;
   std::vector<std::string> unfit;
-  const PlanCandidate* least_unfit = nullptr;  // the smallest batch-1 peak among them
+  const PlanCandidate* least_unfit = nullptr;  // the one whose batch 1 needs least
   const PlanCandidate* chosen = plan.find(plan.chosen);
   for (const std::string& f : order) {
     if (const PlanCandidate* best = best_of(families[f], plan.objective)) {
@@ -253,8 +263,9 @@ std::string format_plan_summary(const Plan& plan) {
     out += "nothing fits batch 1 with";
     for (size_t i = 0; i < unfit.size(); ++i) out += (i ? ", " : " ") + unfit[i];
     if (least_unfit)
-      out += " (the least, " + least_unfit->id() + ", reserves " +
-             format_size(least_unfit->predicted.peak_reserved_bytes) + " at batch 1)";
+      out += " (the least, " + least_unfit->id() + ", fits batch 1 in " +
+             format_size(least_unfit->predicted.peak_reserved_bytes + outside_allocator_bytes(plan.hardware)) +
+             " per GPU)";
     out += "\n";
   }
   out += explain_choice(plan);

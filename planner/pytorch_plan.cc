@@ -279,6 +279,20 @@ class PytorchJobSim {
   PytorchJobSim& operator=(const PytorchJobSim&) = delete;
   // Every rank's result at `batch` (one when the ranks are alike).
   std::vector<StepSimResult> simulate(const Candidate& c, int64_t batch);
+  // The same at batch 1 with no memory limit: what batch 1 needs.
+  std::vector<StepSimResult> simulate_unlimited_batch1(const Candidate& c) {
+    const int64_t capped = budget_;
+    budget_ = kUnlimitedBytes;
+    std::vector<StepSimResult> out;
+    try {
+      out = simulate(c, 1);
+    } catch (...) {
+      budget_ = capped;
+      throw;
+    }
+    budget_ = capped;
+    return out;
+  }
   // Each candidate's AdamW step: --adamw-step's, else its PyTorch's default.
   AdamwStep step_for(const Candidate& c);
   // The traces a candidate replays (PytorchTraces::at1 / affine's first index).
@@ -305,7 +319,7 @@ class PytorchJobSim {
   const PlanRequest& r_;
   const TraceFile& file_;
   const PytorchTraces& t_;
-  const int64_t budget_;
+  int64_t budget_;  // the allocator's limit (kUnlimitedBytes: none)
   const bool cuda_;
   const int world_;
   const bool has_foreach_;
@@ -483,7 +497,8 @@ PlanCandidate search_pytorch_candidate(const Candidate& c, const PlanRequest& r,
   pc.adamw_step = adamw_step_name(sim.step_for(c));
   pc.max_batch_per_gpu = search_max_batch([&](int64_t b) { return fits(sim.simulate(c, b)); }, r.max_batch);
   const auto at_fit = sim.simulate(c, std::max<int64_t>(pc.max_batch_per_gpu, 1));
-  set_fit(pc, worst(at_fit));
+  // Fitting no batch, its prediction is what batch 1 needs (no memory limit).
+  set_fit(pc, pc.max_batch_per_gpu > 0 ? worst(at_fit) : worst(sim.simulate_unlimited_batch1(c)));
   if (at_fit.size() > 1)
     for (const auto& x : at_fit) pc.predicted.rank_peak_allocated_bytes.push_back(x.peak_allocated_bytes);
   if (pc.max_batch_per_gpu > 0)

@@ -31,6 +31,46 @@ TEST(PlanCommand, ACpuPlanWithBf16CandidatesNeedsEachRanksMemory) {
   EXPECT_NE(fp32.out.find("search capped at batch 4096"), std::string::npos) << fp32.out;
 }
 
+// A candidate that fits no batch is predicted at batch 1 with no memory
+// limit, which the summary names for the least of them: given that much,
+// batch 1 fits (exactly that much on a CPU; on a GPU the caching allocator,
+// which frees its cache under a tighter limit, may fit it in less).
+TEST(PlanCommand, ACandidateThatFitsNoBatchSaysWhatBatchOneNeeds) {
+  const std::vector<std::string> tight = {"plan", "--model", "gpt2-tiny", "--device", "cpu", "--gpu-mem", "1MiB",
+                                          "--precision", "fp32", "--strategies", "ddp/fp32/wrap=none",
+                                          "--log-level", "warn"};
+  const Result text = shardfit(tight);
+  EXPECT_EQ(text.exit_code, 2) << text.err;
+  EXPECT_NE(text.out.find("(the least, ddp/fp32/wrap=none, fits batch 1 in "), std::string::npos) << text.out;
+  const Result json = shardfit(with(tight, {"--json"}));
+  const auto c = nlohmann::json::parse(json.out)["candidates"][0];
+  ASSERT_EQ(c["max_batch_per_gpu"], 0) << json.out;
+  const int64_t needs = c["predicted"]["peak_reserved_bytes"];
+  EXPECT_GT(needs, int64_t{1} << 20) << json.out;
+  EXPECT_GT(c["oom"]["request_bytes"].get<int64_t>(), 0) << json.out;  // the allocation that fails in 1 MiB
+  std::vector<std::string> enough = tight;
+  enough[6] = std::to_string(needs);
+  const Result fits = shardfit(with(enough, {"--json"}));
+  ASSERT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_EQ(nlohmann::json::parse(fits.out)["candidates"][0]["max_batch_per_gpu"], 1) << fits.out;
+  enough[6] = std::to_string(needs - 1);  // and on a CPU not a byte less
+  EXPECT_EQ(nlohmann::json::parse(shardfit(with(enough, {"--json"})).out)["candidates"][0]["max_batch_per_gpu"], 0);
+  // On a GPU the allocator's budget is --gpu-mem less the CUDA context and
+  // NCCL's buffers: batch 1 needs its reserved bytes and those.
+  const std::vector<std::string> gpu = {"plan", "--model", "gpt2", "--device", "a100-80gb", "--gpus", "2",
+                                        "--gpu-mem", "1GiB", "--strategies", "zero3/fp32/wrap=block",
+                                        "--log-level", "warn", "--json"};
+  const auto small = nlohmann::json::parse(shardfit(gpu).out);
+  ASSERT_EQ(small["candidates"][0]["max_batch_per_gpu"], 0) << small.dump();
+  const int64_t outside = small["hardware"]["device_mem_bytes"].get<int64_t>() -
+                          small["hardware"]["allocator_budget_bytes"].get<int64_t>();
+  std::vector<std::string> gpu_enough = gpu;
+  gpu_enough[8] = std::to_string(small["candidates"][0]["predicted"]["peak_reserved_bytes"].get<int64_t>() + outside);
+  const Result gpu_fits = shardfit(gpu_enough);
+  ASSERT_EQ(gpu_fits.exit_code, 0) << gpu_fits.err;
+  EXPECT_GE(nlohmann::json::parse(gpu_fits.out)["candidates"][0]["max_batch_per_gpu"], 1) << gpu_fits.out;
+}
+
 TEST(PlanCommand, DefaultShowsEachFamilysBestAndWhyAllShowsEveryRow) {
   const Result summary = shardfit(with(kTiny, {"--gpus", "2"}));
   ASSERT_EQ(summary.exit_code, 0) << summary.err;

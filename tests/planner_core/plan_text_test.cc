@@ -83,7 +83,7 @@ TEST(PlanSummary, EachFamilysBestWithItsBreakdownAndTheUnfitInOneLine) {
   // rest (temporaries, comm buffers, overhead) 1.
   for (const char* cell : {"20.00", "3.00", "2.00", "6.00", "7.00", "1.00"})
     EXPECT_NE(lines[2].find(cell), std::string::npos) << cell << " in " << lines[2];
-  EXPECT_NE(s.find("nothing fits batch 1 with ddp (the least, ddp/fp32/wrap=none, reserves 30.00 GiB at batch 1)"),
+  EXPECT_NE(s.find("nothing fits batch 1 with ddp (the least, ddp/fp32/wrap=none, fits batch 1 in 30.00 GiB per GPU)"),
             std::string::npos)
       << s;
   EXPECT_NE(s.find("--all lists all 6 candidates (1 fit no batch)"), std::string::npos) << s;
