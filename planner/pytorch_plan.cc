@@ -281,17 +281,12 @@ class PytorchJobSim {
   std::vector<StepSimResult> simulate(const Candidate& c, int64_t batch);
   // The same at batch 1 with no memory limit: what batch 1 needs.
   std::vector<StepSimResult> simulate_unlimited_batch1(const Candidate& c) {
-    const int64_t capped = budget_;
-    budget_ = kUnlimitedBytes;
-    std::vector<StepSimResult> out;
-    try {
-      out = simulate(c, 1);
-    } catch (...) {
-      budget_ = capped;
-      throw;
-    }
-    budget_ = capped;
-    return out;
+    struct Restore {
+      int64_t& budget;
+      const int64_t capped;
+      ~Restore() { budget = capped; }
+    } restore{budget_, std::exchange(budget_, kUnlimitedBytes)};
+    return simulate(c, 1);
   }
   // Each candidate's AdamW step: --adamw-step's, else its PyTorch's default.
   AdamwStep step_for(const Candidate& c);
