@@ -210,6 +210,21 @@ class TraceTest(TraceCheck, unittest.TestCase):
                          ["ddp+ckpt/fp32/wrap=none", "ddp/bf16/wrap=none", "ddp/fp32/wrap=none",
                           "zero1+ckpt/fp32/wrap=none", "zero1/bf16/wrap=none", "zero1/fp32/wrap=none"])
 
+    def test_a_candidate_that_fits_no_batch_is_predicted_at_what_batch_1_needs(self):
+        # With no memory limit at batch 1: on a CPU that many bytes fit
+        # batch 1 on every rank, and a byte less does not.
+        def plan(budget):
+            out = subprocess.run([SHARDFIT, "plan", "--trace", self.trace, "--stack", "pytorch", "--device", "cpu",
+                                  "--gpus", "2", "--gpu-mem", str(budget), "--strategies", "zero1/fp32/wrap=none",
+                                  "--json"], capture_output=True, text=True, timeout=300)
+            return json.loads(out.stdout)["candidates"][0]
+        tight = plan(2**20)
+        self.assertEqual(tight["max_batch_per_gpu"], 0)
+        needs = tight["predicted"]["peak_reserved_bytes"]
+        self.assertGreater(needs, 2**20)
+        self.assertEqual(plan(needs)["max_batch_per_gpu"], 1)
+        self.assertEqual(plan(needs - 1)["max_batch_per_gpu"], 0)
+
     def test_the_trace_names_its_pytorch_and_plan_follows_torchs_defaults(self):
         import torch
         self.assertEqual(self.file["torch"], torch.__version__.split("+")[0])
