@@ -39,6 +39,25 @@ def replay_peak(events):
     return peak, live
 
 
+def fresh_model(name, build=None):
+    """The model the trace was recorded from, seeded as the recorder seeds it, in train mode:
+    `build()`, or the built-in `name`."""
+    torch.manual_seed(0)
+    model = build() if build else models.build(name)
+    model.train()
+    return model
+
+
+def step_inputs(name, batch, inputs=None):
+    """The forward's inputs at `batch` x 64: `inputs(batch, 64, "cpu")`, or the built-in's tokens."""
+    return (inputs or (lambda *a: (models.token_input(models.vocab_size(name))(*a),)))(batch, 64, "cpu")
+
+
+def loss_of(out):
+    """The loss a forward returned: first of a tuple, a Hugging Face output's .loss, or itself."""
+    return out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+
+
 class TraceCheck:
     """A unittest.TestCase mixin."""
 
@@ -51,9 +70,7 @@ class TraceCheck:
         meter = shardfit_meter.Meter()
         params = file["model"]["params"] * 4  # fp32 gradients; a cast model's are half
         for t in file["traces"]:
-            torch.manual_seed(0)
-            model = build() if build else models.build(name)
-            model.train()
+            model = fresh_model(name, build)
             if t["dtype"] == "bf16" and not t.get("autocast"):
                 model.to(torch.bfloat16)  # --param-dtype bf16's traces
             if t["recompute"]:
@@ -62,10 +79,10 @@ class TraceCheck:
                 p.grad = torch.zeros_like(p) if t["grads"] == "accumulate" else None
             meter.reset_peak()
             base = meter.allocated
-            x = (inputs or (lambda *a: (models.token_input(models.vocab_size(name))(*a),)))(t["batch"], 64, "cpu")
+            x = step_inputs(name, t["batch"], inputs)
             with (torch.autocast("cpu", dtype=torch.bfloat16) if t.get("autocast") else contextlib.nullcontext()):
                 out = model(*x)
-            loss = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+            loss = loss_of(out)
             loss.backward()
             del out, loss, x
             peak, left = replay_peak(t["events"])
@@ -92,12 +109,7 @@ class TraceCheck:
                 self.assertNotIn("ShardfitModuleBoundary", [k[0] for k in t["work"][phase]["kernels"]])
             if t["recompute"] or t["dtype"] != "fp32":
                 continue
-            torch.manual_seed(0)
-            model = build() if build else models.build(name)
-            model.train()
-            x = (inputs or (lambda *a: (models.token_input(models.vocab_size(name))(*a),)))(t["batch"], 64, "cpu")
-            out = model(*x)
-            loss = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+            loss = loss_of(fresh_model(name, build)(*step_inputs(name, t["batch"], inputs)))
             seen, stack = set(), [loss.grad_fn]
             while stack:
                 node = stack.pop()
