@@ -6,6 +6,7 @@
 // allocates, citing the PyTorch source it follows (1.13 and 2.11 alike
 // where nothing is said).
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -119,6 +120,8 @@ class DdpJob {
   std::vector<int64_t> buffer_flats_;  // what each forward's buffer broadcast allocates
   ModelTrace zero_first_, zero_later_;
   spec::UnitPartition part_;
+  // The two traces of a micro-batch, each indexed once over part_.
+  std::optional<StepIndex> no_grads_index_, with_grads_index_;
   // The Reducer's and DDP's state, as the hooks read it.
   bool order_recorded_ = false;      // a synced backward recorded the gradients' order (rebuilt_params_)
   bool buckets_rebuilt_ = false;     // has_rebuilt_bucket_
@@ -143,6 +146,8 @@ DdpJob::DdpJob(const PytorchDdpInputs& in, const PytorchDdpOptions& o, Allocator
   if (numels_.empty() && in.param_bytes > 0) numels_.push_back(in.param_bytes / 4);
   if (o.zero_redundancy) std::tie(zero_first_, zero_later_) = zero_redundancy_steps(in, o);
   part_ = whole_model_unit(std::max(trace_modules(*in.no_grads), trace_modules(*in.with_grads)));
+  no_grads_index_.emplace(*in.no_grads, part_);
+  with_grads_index_.emplace(*in.with_grads, part_);
 }
 
 StepSimResult DdpJob::run() {
@@ -238,7 +243,8 @@ bool DdpJob::micro_batch(int k, int m) {
   fb_ = (views || !grads_.empty()) ? in_.with_grads : in_.no_grads;
   label_ = micro + "/forward";
   std::vector<std::vector<int64_t>> unit_grads{std::move(grads_)};
-  const bool ok = walk_pytorch_step(*fb_, part_, {}, micro, label_, hooks(k, m), ledger_, unit_grads, outputs_,
+  const StepIndex& index = fb_ == in_.with_grads ? *with_grads_index_ : *no_grads_index_;
+  const bool ok = walk_pytorch_step(index, part_, {}, micro, label_, hooks(k, m), ledger_, unit_grads, outputs_,
                                     previous_outputs_);
   grads_ = std::move(unit_grads[0]);
   if (!ok || ledger_.oom()) return false;

@@ -1,6 +1,7 @@
 #include "planner/pytorch_fsdp.h"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -173,6 +174,7 @@ class Fsdp1Job {
   StepSimResult out_;
   Ledger ledger_;
   spec::UnitPartition part_;
+  std::optional<StepIndex> index_;  // the step's trace over part_
   spec::Schedule schedule_;  // which actions each hook takes (Runtime::kTorchFsdp1)
   int step_ = 0;             // the step running (forward prefetch waits for step 1's recorded order)
   std::vector<FlatParam> units_;
@@ -222,6 +224,7 @@ Fsdp1Job::Fsdp1Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   if (o.wrap.kind == spec::WrapPolicy::Kind::kNone)
     throw std::invalid_argument("--stack pytorch FSDP: wrap=none is not an auto wrap policy (wrap=size:N or block)");
   part_ = spec::wrap_modules(modules, o.wrap, spec::TiedParams::kCopiedPerUnit);
+  index_.emplace(*in.no_grads, part_);
   // FULL_SHARD reshards after forward as zero3 does, SHARD_GRAD_OP keeps the
   // unit as zero2 does, NO_SHARD shards nothing, as ddp.
   spec::ScheduleOptions schedule;
@@ -308,7 +311,7 @@ bool Fsdp1Job::step(int k) {
     u.needs_pre_forward = o_.forward_prefetch;
   }
   if (k == 1) cast_buffers();
-  if (!walk_pytorch_step(*in_.no_grads, part_, split_ties_, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
+  if (!walk_pytorch_step(*index_, part_, split_ties_, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
                       previous_outputs_))
     return false;
   // Units whose backward-end marker the trace has none of (a module whose

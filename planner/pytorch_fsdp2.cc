@@ -1,6 +1,7 @@
 #include "planner/pytorch_fsdp2.h"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -115,6 +116,7 @@ class Fsdp2Job {
   StepSimResult out_;
   Ledger ledger_;
   spec::UnitPartition part_;
+  std::optional<StepIndex> index_;  // the step's trace over part_
   spec::Schedule schedule_;  // which actions each hook takes (Runtime::kTorchFsdp2)
   std::vector<Group> groups_;
   // The blocks (every group but the root's), in module order: the lists
@@ -153,6 +155,7 @@ Fsdp2Job::Fsdp2Job(const PytorchDdpInputs& in, const std::vector<ModuleNode>& mo
   // (_fsdp_state.py _validate_no_duplicate_params refuses it in two).
   part_ = spec::wrap_modules(modules, spec::WrapPolicy::parse(o.wrap_blocks ? "block" : "none"),
                              spec::TiedParams::kKeepTogether);
+  index_.emplace(*in.no_grads, part_);
   // HSDP reshards as zero3 does; its all-reduce is reduce_scatter's.
   spec::ScheduleOptions schedule;
   schedule.prefetch = o.prefetch;
@@ -237,7 +240,7 @@ bool Fsdp2Job::step(int k) {
   // last view the flat output; else each is zeroed in place and stays.
   run_hook(spec::Hook::kZeroGrad, -1);
   for (Group& g : groups_) g.pre_backward_done = g.post_backward_done = false;
-  if (!walk_pytorch_step(*in_.no_grads, part_, SplitTieGrads{}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
+  if (!walk_pytorch_step(*index_, part_, SplitTieGrads{}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
                       previous_outputs_, &grad_origins_))
     return false;
   finalize_backward();

@@ -1,7 +1,8 @@
-// The one walk through a step's trace that DDP, FSDP1 and FSDP2 share
-// (pytorch_walk.h), and the partitions it walks.
-#include <algorithm>
-#include <unordered_map>
+// PyTorch's interpreter of the one walk through a step's trace
+// (step_index.h), which DDP, FSDP1 and FSDP2 share (pytorch_walk.h), and
+// the partitions it walks.
+#include <functional>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -33,124 +34,162 @@ spec::UnitPartition whole_model_unit(int num_modules) {
   return part;
 }
 
-bool walk_pytorch_step(const ModelTrace& t, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
+namespace {
+
+// PyTorch's interpreter of the walk (walk_step): the trace's storages into
+// the ledger, the strategy's hooks where PyTorch calls them.
+class PytorchStep {
+ public:
+  PytorchStep(const StepIndex& index, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
+              const std::string& step, std::string& label, const StepHooks& hooks, Ledger& ledger,
+              std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
+              std::vector<int64_t>& previous_outputs, std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins)
+      : index_(index), part_(part), split_ties_(split_ties), step_(step), label_(label), hooks_(hooks),
+        ledger_(ledger), unit_grads_(unit_grads), outputs_(outputs), previous_outputs_(previous_outputs),
+        grad_origins_(grad_origins), live_(index.num_ids(), -1), held_grad_(index.num_ids(), false),
+        grads_to_come_(part.units.size(), -1) {
+    // post_backward_after_last_grad: the units but the root whose backward
+    // the trace ends only with the whole backward (an end with no op: no
+    // marker ran), with their parameters' gradients still to come. A trace
+    // that names no op at all (made by hand) cannot tell the tracer's ends
+    // from the markers': its ends stand.
+    if (hooks.post_backward_after_last_grad && index.names_ops())
+      for (const StepEvent& e : index.events())
+        if (e.kind == StepEvent::kEnd && e.unit != 0 && e.phase != Phase::kForward && !e.has(StepEvent::kInOp))
+          grads_to_come_[e.unit] = static_cast<int64_t>(part.units[e.unit].params.size());
+  }
+
+  bool on(const StepEvent& e);
+
+ private:
+  static void call(const std::function<void(int)>& hook, int u) {
+    if (hook) hook(u);
+  }
+  bool split_tie_grad(const StepEvent& e);
+  bool split_tie_sum(const StepEvent& e) const;
+  bool alloc(const StepEvent& e);
+
+  const StepIndex& index_;
+  const spec::UnitPartition& part_;
+  const SplitTieGrads& split_ties_;
+  const std::string& step_;
+  std::string& label_;
+  const StepHooks& hooks_;
+  Ledger& ledger_;
+  std::vector<std::vector<int64_t>>& unit_grads_;
+  std::vector<int64_t>& outputs_;
+  std::vector<int64_t>& previous_outputs_;
+  std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins_;
+  std::vector<int64_t> live_;     // trace storage -> ledger id, -1 when not in the ledger
+  std::vector<bool> held_grad_;   // trace storages kept as a unit's parameter gradient
+  std::vector<int64_t> grads_to_come_;
+  std::unordered_set<int> borrowed_seen_;  // owners whose borrower's gradient came first
+  int grads_done_unit_ = -1;               // the unit whose last gradient came
+  bool in_backward_ = false;
+};
+
+bool PytorchStep::on(const StepEvent& e) {
+  if (ledger_.oom()) return false;
+  if (grads_done_unit_ >= 0 && (e.kind != StepEvent::kFree || !e.has(StepEvent::kInOp))) {
+    call(hooks_.post_backward, grads_done_unit_);  // runs once: the trace's end of it finds it done
+    grads_done_unit_ = -1;
+  }
+  switch (e.kind) {
+    case StepEvent::kTeardown:
+      // FSDP1's root: its flat parameter's AccumulateGrad is the backward's
+      // last op, so its hook runs before the teardown (the trace ends the
+      // root's backward after it).
+      if (hooks_.post_backward_after_last_grad) call(hooks_.post_backward, 0);
+      if (hooks_.backward_ends) hooks_.backward_ends();
+      break;
+    case StepEvent::kBackwardStart:
+      // The forward returned: the loop's `outputs = model(x)` drops the
+      // previous step's.
+      in_backward_ = true;
+      if (hooks_.forward_returns) hooks_.forward_returns();
+      ledger_.free_all(previous_outputs_);
+      ledger_.point(step_ + "/forward");
+      label_ = step_ + "/backward";
+      if (hooks_.backward_begins) hooks_.backward_begins();
+      break;
+    case StepEvent::kBegin:
+    case StepEvent::kEnd: {
+      const bool begin = e.kind == StepEvent::kBegin;
+      if (e.phase == Phase::kForward) {
+        call(begin ? hooks_.pre_forward : hooks_.post_forward, e.unit);
+      } else {
+        call(begin ? hooks_.pre_backward : hooks_.post_backward, e.unit);
+      }
+      break;
+    }
+    case StepEvent::kAlloc:
+      return alloc(e);
+    case StepEvent::kFree:
+      if (!held_grad_[e.id] && live_[e.id] >= 0) {
+        ledger_.free(live_[e.id]);
+        live_[e.id] = -1;
+      }
+      break;
+    case StepEvent::kModule:
+      break;
+  }
+  return true;
+}
+
+// A trace storage: a gradient the strategy keeps (made in the backward and
+// never freed by the trace: kept by AccumulateGrad; or a split tie's), an
+// output the loop keeps, or an activation.
+bool PytorchStep::alloc(const StepEvent& e) {
+  if (in_backward_ && split_tie_sum(e)) return true;
+  const bool output = e.has(StepEvent::kKeptOutput);
+  const bool grad = in_backward_ && !output && (index_.freed_in(e.id) == StepIndex::kNeverFreed || split_tie_grad(e));
+  const int64_t id = ledger_.alloc(output ? Category::kActivations : grad ? Category::kGrads : Category::kActivations,
+                                   e.bytes, label_, 0);
+  if (id < 0) return false;
+  live_[e.id] = id;
+  if (output) outputs_.push_back(id);
+  if (grad) {
+    const int u = part_.module_unit[e.module];
+    unit_grads_[u].push_back(id);
+    if (grad_origins_) (*grad_origins_)[u].emplace_back(e.module, e.bytes);
+    held_grad_[e.id] = true;
+    if (grads_to_come_[u] > 0 && --grads_to_come_[u] == 0) grads_done_unit_ = u;
+  }
+  return true;
+}
+
+// A gradient of a split tie (SplitTieGrads): the owner's own, or the
+// borrower's, which the trace frees in the owner's backward.
+bool PytorchStep::split_tie_grad(const StepEvent& e) {
+  if (const auto own = split_ties_.owner_bytes.find(e.module); own != split_ties_.owner_bytes.end())
+    return own->second == e.bytes;
+  const auto b = split_ties_.borrowers.find(e.module);
+  if (b == split_ties_.borrowers.end() || b->second.bytes != e.bytes) return false;
+  const int32_t freed = index_.freed_in(e.id);
+  if (freed != StepIndex::kNeverFreed && freed != b->second.owner) return false;
+  borrowed_seen_.insert(b->second.owner);
+  return true;
+}
+
+// The trace's sum of the two (AccumulateGrad adding the owner's gradient to
+// the borrower's out of place, the result kept as the one .grad): with a
+// copy per unit nothing adds them, so it is not allocated.
+bool PytorchStep::split_tie_sum(const StepEvent& e) const {
+  const auto own = split_ties_.owner_bytes.find(e.module);
+  return own != split_ties_.owner_bytes.end() && own->second == e.bytes &&
+         index_.freed_in(e.id) == StepIndex::kNeverFreed && borrowed_seen_.count(e.module);
+}
+
+}  // namespace
+
+bool walk_pytorch_step(const StepIndex& index, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
                        const std::string& step, std::string& label, const StepHooks& hooks, Ledger& ledger,
                        std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
                        std::vector<int64_t>& previous_outputs,
                        std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins) {
-  auto call = [](const std::function<void(int)>& hook, int u) {
-    if (hook) hook(u);
-  };
-  std::unordered_map<int, int> unit_at;  // wrapped module -> unit
-  for (size_t u = 0; u < part.units.size(); ++u) unit_at[part.units[u].root_module] = static_cast<int>(u);
-  std::unordered_set<int64_t> kept_output(t.kept_outputs.begin(), t.kept_outputs.end());
-  std::unordered_map<int64_t, int> freed_in;  // trace storage -> the module active where the trace frees it
-  for (const auto& e : t.events)
-    if (e.kind == MemEvent::kFree) freed_in[e.tensor] = e.module;
-  // A gradient of a split tie (SplitTieGrads): the owner's own, or the
-  // borrower's, which the trace frees in the owner's backward.
-  std::unordered_set<int> borrowed_seen;  // owners whose borrower's gradient came first
-  auto split_tie_grad = [&](const MemEvent& e) {
-    if (const auto own = split_ties.owner_bytes.find(e.module); own != split_ties.owner_bytes.end())
-      return own->second == e.bytes;
-    const auto b = split_ties.borrowers.find(e.module);
-    if (b == split_ties.borrowers.end() || b->second.bytes != e.bytes) return false;
-    const auto freed = freed_in.find(e.tensor);
-    if (freed != freed_in.end() && freed->second != b->second.owner) return false;
-    borrowed_seen.insert(b->second.owner);
-    return true;
-  };
-  // The trace's sum of the two (AccumulateGrad adding the owner's gradient
-  // to the borrower's out of place, the result kept as the one .grad): with
-  // a copy per unit nothing adds them, so it is not allocated.
-  auto split_tie_sum = [&](const MemEvent& e) {
-    const auto own = split_ties.owner_bytes.find(e.module);
-    return own != split_ties.owner_bytes.end() && own->second == e.bytes && !freed_in.count(e.tensor) &&
-           borrowed_seen.count(e.module);
-  };
-  std::unordered_map<int64_t, int64_t> live;  // trace storage -> ledger id
-  std::unordered_set<int64_t> held_grads;     // trace storages kept as a unit's parameter gradient
-  // post_backward_after_last_grad: the units but the root whose backward
-  // the trace ends only with the whole backward (an end with no op: no
-  // marker ran), with their parameters' gradients still to come; the unit
-  // whose last one came. A trace that names no op at all (made by hand)
-  // cannot tell the tracer's ends from the markers': its ends stand.
-  std::vector<int64_t> grads_to_come(part.units.size(), -1);
-  const bool names_ops = std::any_of(t.events.begin(), t.events.end(), [](const MemEvent& e) { return e.op >= 0; });
-  if (hooks.post_backward_after_last_grad && names_ops)
-    for (const auto& e : t.events)
-      if (const auto u = unit_at.find(e.module); u != unit_at.end() && u->second != 0 &&
-                                                 e.kind == MemEvent::kModuleEnd && e.phase != Phase::kForward && e.op < 0)
-        grads_to_come[u->second] = static_cast<int64_t>(part.units[u->second].params.size());
-  // Where the graph's teardown begins: the trailing frees and module ends
-  // outside any op, after the backward's last op (none when the trace
-  // names no op: nothing to tell apart).
-  size_t teardown = t.events.size();
-  while (names_ops && teardown > 0 && t.events[teardown - 1].phase != Phase::kForward &&
-         t.events[teardown - 1].op < 0 &&
-         (t.events[teardown - 1].kind == MemEvent::kFree || t.events[teardown - 1].kind == MemEvent::kModuleEnd))
-    --teardown;
-  int grads_done_unit = -1;
-  bool in_backward = false;
-  for (size_t i = 0; i < t.events.size(); ++i) {
-    const MemEvent& e = t.events[i];
-    if (ledger.oom()) return false;
-    if (grads_done_unit >= 0 && (e.kind != MemEvent::kFree || e.op < 0)) {
-      call(hooks.post_backward, grads_done_unit);  // runs once: the trace's end of it finds it done
-      grads_done_unit = -1;
-    }
-    if (i == teardown && in_backward) {
-      // FSDP1's root: its flat parameter's AccumulateGrad is the backward's
-      // last op, so its hook runs before the teardown (the trace ends the
-      // root's backward after it).
-      if (hooks.post_backward_after_last_grad) call(hooks.post_backward, 0);
-      if (hooks.backward_ends) hooks.backward_ends();
-    }
-    if (!in_backward && e.phase != Phase::kForward) {
-      // The forward returned: the loop's `outputs = model(x)` drops the
-      // previous step's.
-      in_backward = true;
-      if (hooks.forward_returns) hooks.forward_returns();
-      ledger.free_all(previous_outputs);
-      ledger.point(step + "/forward");
-      label = step + "/backward";
-      if (hooks.backward_begins) hooks.backward_begins();
-    }
-    const auto unit = unit_at.find(e.module);
-    const bool unit_event =
-        unit != unit_at.end() && (e.kind == MemEvent::kModuleBegin || e.kind == MemEvent::kModuleEnd);
-    if (unit_event) {
-      const bool begin = e.kind == MemEvent::kModuleBegin;
-      if (e.phase == Phase::kForward) {
-        call(begin ? hooks.pre_forward : hooks.post_forward, unit->second);
-      } else {
-        call(begin ? hooks.pre_backward : hooks.post_backward, unit->second);
-      }
-    } else if (e.kind == MemEvent::kAlloc && in_backward && split_tie_sum(e)) {
-      continue;
-    } else if (e.kind == MemEvent::kAlloc) {
-      const bool output = kept_output.count(e.tensor) > 0;
-      const bool grad = in_backward && !output && (!freed_in.count(e.tensor) || split_tie_grad(e));
-      const int64_t id = ledger.alloc(output ? Category::kActivations : grad ? Category::kGrads : Category::kActivations,
-                                      e.bytes, label, 0);
-      if (id < 0) return false;
-      live[e.tensor] = id;
-      if (output) outputs.push_back(id);
-      if (grad) {
-        const int u = part.module_unit[e.module];
-        unit_grads[u].push_back(id);
-        if (grad_origins) (*grad_origins)[u].emplace_back(e.module, e.bytes);
-        held_grads.insert(e.tensor);
-        if (grads_to_come[u] > 0 && --grads_to_come[u] == 0) grads_done_unit = u;
-      }
-    } else if (e.kind == MemEvent::kFree && !held_grads.count(e.tensor)) {
-      if (auto it = live.find(e.tensor); it != live.end()) {
-        ledger.free(it->second);
-        live.erase(it);
-      }
-    }
-  }
-  return !ledger.oom();
+  PytorchStep interpreter(index, part, split_ties, step, label, hooks, ledger, unit_grads, outputs, previous_outputs,
+                          grad_origins);
+  return walk_step(index, interpreter) && !ledger.oom();
 }
 
 }  // namespace shardfit::planner

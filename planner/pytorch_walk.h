@@ -1,10 +1,11 @@
-// One walk through a training step's trace for every strategy of PyTorch's
-// own stack: DDP and ZeroRedundancyOptimizer (pytorch_ddp.cc), FSDP1
-// (pytorch_fsdp.cc) and FSDP2's fully_shard (pytorch_fsdp2.cc). The walk
-// replays the trace's storages and calls the strategy's hooks where
-// PyTorch calls them; a strategy is the set of hooks it installs (what its
-// hooks allocate and free), not a replay of its own. Defined in
-// pytorch_walk.cc.
+// PyTorch's own stack on the one walk through a step's trace (walk_step,
+// step_index.h, which shardfit's engine walks too): DDP and
+// ZeroRedundancyOptimizer (pytorch_ddp.cc), FSDP1 (pytorch_fsdp.cc) and
+// FSDP2's fully_shard (pytorch_fsdp2.cc). The walk replays the trace's
+// storages and calls the strategy's hooks where PyTorch calls them; a
+// strategy is the set of hooks it installs (what its hooks allocate and
+// free, each the actions of its spec::Schedule), not a replay of its own.
+// Defined in pytorch_walk.cc.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "planner/model_trace.h"
+#include "planner/step_index.h"
 #include "spec/wrap_policy.h"
 
 namespace shardfit::planner {
@@ -80,7 +82,7 @@ SplitTieGrads split_tie_grads(const std::vector<ModuleNode>& modules, const spec
 // trace whose events name modules below `num_modules`.
 spec::UnitPartition whole_model_unit(int num_modules);
 
-// Replays the trace's storages on the compute stream (0) into `ledger`,
+// Replays the indexed trace's storages on the compute stream (0) into `ledger`,
 // labelled `label` (the caller sets stepK/forward; the walk switches it to
 // stepK/backward as the backward begins, and the hooks allocate under it).
 // The parameters' gradients (storages the backward makes and the trace
@@ -91,7 +93,7 @@ spec::UnitPartition whole_model_unit(int num_modules);
 // the forward returns, where a point stepK/forward is recorded. With
 // `grad_origins`, each gradient's (module, bytes) is appended to
 // (*grad_origins)[unit] beside its id in unit_grads. False on out of memory.
-bool walk_pytorch_step(const ModelTrace& t, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
+bool walk_pytorch_step(const StepIndex& index, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
                        const std::string& step, std::string& label, const StepHooks& hooks, Ledger& ledger,
                        std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
                        std::vector<int64_t>& previous_outputs,

@@ -48,6 +48,8 @@ class StepReplay {
   StepReplay(const StepSimulator& sim, const Strategy& strategy, AllocatorModel& allocator,
              const SimOptions& options, StepSimResult* result);
   void run();
+  // The walk's interpreter (walk_step): false on out of memory.
+  bool on(const StepEvent& ev);
 
  private:
   enum class ParamState : uint8_t { kSharded, kUnsharded };
@@ -148,8 +150,8 @@ StepReplay::StepReplay(const StepSimulator& sim, const Strategy& strategy,
       group_(traits_.shard_group_size),
       c_(dtype_bytes(traits_.compute_dtype)),
       mixed_(traits_.mixed()),
-      root_unit_(sim.root_unit_),
-      base_(sim.num_trace_tensors_) {
+      root_unit_(sim.index_.root_unit()),
+      base_(sim.index_.num_ids()) {
   flat_grad_id_ = base_ + int64_t{num_units_} * kNumSlots;
   overhead_id_ = flat_grad_id_ + 1;
   for (int u = 0; u < num_units_; ++u) {
@@ -280,54 +282,56 @@ void StepReplay::free_shard_grad(int u) {
   shard_grad_live_[u] = false;
 }
 
+// One micro-batch's trace, walked (walk_step), then the forward/backward
+// scope ends: whatever the trace left live (the loss) goes before the
+// optimizer step; then the reductions still in flight complete (the
+// engine's order).
 bool StepReplay::replay_trace() {
-  for (const StepSimulator::Event& ev : sim_.events_) {
-    label_ = step_base_ + ev.label;
-    switch (ev.op) {
-      case StepSimulator::Event::kAlloc:
-        if (!alloc(ev.id, ev.bytes, kComputeStream, Category::kActivations)) return false;
-        break;
-      case StepSimulator::Event::kFree:
-        free(ev.id);
-        break;
-      case StepSimulator::Event::kBackwardStart:
-        buckets_.begin_backward();
-        if (!run_hook(spec::Hook::kBackwardStart, -1)) return false;
-        break;
-      case StepSimulator::Event::kForwardBegin:
-        if (!run_hook(spec::Hook::kPreForward, ev.unit)) return false;
-        break;
-      case StepSimulator::Event::kForwardEnd:
-        if (!run_hook(spec::Hook::kPostForward, ev.unit)) return false;
-        mark(step_base_ + ev.unit);
-        break;
-      case StepSimulator::Event::kBackwardBegin:
-        if (!run_hook(spec::Hook::kPreBackward, ev.unit)) return false;
-        break;
-      case StepSimulator::Event::kBackwardEnd:
-        if (!run_hook(spec::Hook::kPostBackward, ev.unit)) return false;
-        // ddp/zero1: the trace has no per-parameter events, so each of the
-        // unit's gradients counts as arrived when its backward ends (the
-        // engine counts them as autograd accumulates each; reduced in
-        // place, the buckets cost no memory either way).
-        if (!sharded_params()) {
-          for (size_t i = 0; i < sim_.unit_params_[ev.unit].size(); ++i) {
-            const int b = buckets_.param_ready(ev.unit, static_cast<int>(i));
-            if (b >= 0 && !run_hook(spec::Hook::kGradReady, b)) return false;
-          }
-        }
-        mark(step_base_ + num_units_ + ev.unit);
-        break;
-      case StepSimulator::Event::kRecomputeBegin:
-        if (!run_hook(spec::Hook::kRecompute, ev.unit)) return false;
-        break;
+  if (!walk_step(sim_.index_, *this)) return false;
+  for (int64_t id : sim_.index_.leftover_ids()) free(id);
+  return run_hook(spec::Hook::kBackwardEnd, -1);
+}
+
+// What the engine does at each event of the step: the trace's storages, and
+// the schedule's hooks where they run once per step (StepEvent::kHook).
+bool StepReplay::on(const StepEvent& ev) {
+  const bool hook_point = ev.kind == StepEvent::kBegin || ev.kind == StepEvent::kEnd;
+  if (ev.kind == StepEvent::kModule || ev.kind == StepEvent::kTeardown || (hook_point && !ev.has(StepEvent::kHook)))
+    return true;
+  label_ = step_base_ + ev.label;
+  const bool begin = ev.kind == StepEvent::kBegin;
+  switch (ev.kind) {
+    case StepEvent::kAlloc:
+      return alloc(ev.id, ev.bytes, kComputeStream, Category::kActivations);
+    case StepEvent::kFree:
+      free(ev.id);
+      return true;
+    case StepEvent::kBackwardStart:
+      buckets_.begin_backward();
+      return run_hook(spec::Hook::kBackwardStart, -1);
+    default:
+      break;
+  }
+  if (ev.phase == Phase::kRecompute) return !begin || run_hook(spec::Hook::kRecompute, ev.unit);
+  if (ev.phase == Phase::kForward) {
+    if (begin) return run_hook(spec::Hook::kPreForward, ev.unit);
+    if (!run_hook(spec::Hook::kPostForward, ev.unit)) return false;
+    mark(step_base_ + ev.unit);
+    return true;
+  }
+  if (begin) return run_hook(spec::Hook::kPreBackward, ev.unit);
+  if (!run_hook(spec::Hook::kPostBackward, ev.unit)) return false;
+  // ddp/zero1: the trace has no per-parameter events, so each of the
+  // unit's gradients counts as arrived when its backward ends (the engine
+  // counts them as autograd accumulates each; reduced in place, the buckets
+  // cost no memory either way).
+  if (!sharded_params()) {
+    for (size_t i = 0; i < sim_.unit_params_[ev.unit].size(); ++i) {
+      const int b = buckets_.param_ready(ev.unit, static_cast<int>(i));
+      if (b >= 0 && !run_hook(spec::Hook::kGradReady, b)) return false;
     }
   }
-  // The forward/backward scope ends: whatever the trace left live (the loss)
-  // goes before the optimizer step; then the reductions still in flight
-  // complete (the engine's order).
-  for (int64_t id : sim_.leftover_ids_) free(id);
-  if (!run_hook(spec::Hook::kBackwardEnd, -1)) return false;
+  mark(step_base_ + num_units_ + ev.unit);
   return true;
 }
 
@@ -359,10 +363,11 @@ bool StepReplay::apply(spec::Op op, int u) {
     case spec::Op::kPrefetchBackward: {
       // The next units in forward order, or in backward order (those that
       // ran forward just before: FSDP's _get_handle_to_prefetch).
-      const int pos = sim_.forward_pos_[u];
+      const StepIndex& index = sim_.index_;
+      const int pos = index.forward_pos()[u];
       if (pos < 0 || (op == spec::Op::kPrefetchForward && !forward_order_known_)) return true;
-      for (int k = 1, at; (at = schedule_.prefetch_position(op, pos, k, sim_.num_run_forward_)) >= 0; ++k) {
-        const int next = sim_.forward_order_[at];
+      for (int k = 1, at; (at = schedule_.prefetch_position(op, pos, k, index.num_run_forward())) >= 0; ++k) {
+        const int next = index.forward_order()[at];
         if (state_[next] == ParamState::kSharded && !unshard(next, !schedule_.async_gather())) return false;
       }
       return true;
@@ -533,6 +538,23 @@ bool StepReplay::optimizer_step() {
 
 // ------------------------------------------------------------ entry
 
+// Labels: labels_[0] = "init"; step k (0-based) starts at
+// 1 + k * (2U + 1): forward/u at +u, backward/u at +U+u, optimizer at +2U
+// (StepEvent::label holds the offset within a step).
+StepSimulator::StepSimulator(const ModelTrace& trace, const UnitPartition& units) : index_(trace, units) {
+  for (const Unit& unit : units.units) {
+    unit_numel_.push_back(unit.numel);
+    unit_params_.push_back(unit.params);
+  }
+  labels_.push_back("init");
+  for (int step = 1; step <= kSimulatedSteps; ++step) {
+    const std::string prefix = "step" + std::to_string(step) + "/";
+    for (const Unit& unit : units.units) labels_.push_back(prefix + "forward/" + unit.name);
+    for (const Unit& unit : units.units) labels_.push_back(prefix + "backward/" + unit.name);
+    labels_.push_back(prefix + "optimizer");
+  }
+}
+
 StepSimResult StepSimulator::simulate(const Strategy& strategy, AllocatorModel& allocator,
                                       const SimOptions& options) const {
   if (strategy.grad_accum < 1) {
@@ -541,10 +563,11 @@ StepSimResult StepSimulator::simulate(const Strategy& strategy, AllocatorModel& 
   }
   (void)strategy.traits();  // spec's validator: throws for an impossible strategy
   // fp16 and bf16 allocate alike: a trace of either serves both.
-  if (dtype_bytes(strategy.compute_dtype) != dtype_bytes(trace_dtype_)) {
+  const DType trace_dtype = index_.compute_dtype();
+  if (dtype_bytes(strategy.compute_dtype) != dtype_bytes(trace_dtype)) {
     throw std::invalid_argument(
         "strategy computes in " + std::to_string(dtype_bytes(strategy.compute_dtype)) +
-        "-byte dtype but the trace was recorded in " + std::to_string(dtype_bytes(trace_dtype_)) +
+        "-byte dtype but the trace was recorded in " + std::to_string(dtype_bytes(trace_dtype)) +
         "-byte dtype; trace it again");
   }
   StepSimResult result;

@@ -57,6 +57,7 @@
 #include "planner/allocator_model.h"
 #include "planner/candidate.h"  // Sharding, sharding_name()
 #include "planner/model_trace.h"
+#include "planner/step_index.h"
 #include "spec/schedule.h"
 #include "spec/strategy.h"
 #include "spec/timeline.h"
@@ -160,13 +161,12 @@ struct StepSimResult {
   std::vector<CategoryBytes> timeline_category_bytes;  // allocated, by category, at each point
 };
 
-// Built once per (trace, units): indexes the trace so that simulate(), which
-// the planner calls for every candidate and batch, walks a flat event array
-// with no string or map work.
+// Built once per (trace, units): the trace's StepIndex (step_index.h),
+// which simulate(), called by the planner for every candidate and batch,
+// walks with the engine's interpreter (StepReplay).
 class StepSimulator {
  public:
-  // Throws std::invalid_argument on a malformed trace (a free of a tensor that
-  // is not live, a module index out of range, an allocation of a live id).
+  // Throws std::invalid_argument on a malformed trace (StepIndex).
   StepSimulator(const ModelTrace& trace, const UnitPartition& units);
 
   // Resets `allocator` and runs init, step 1 and step 2 through it, stopping at
@@ -178,49 +178,22 @@ class StepSimulator {
 
   // Units in the order their forward first begins in the trace (units that
   // never run come last, in index order).
-  const std::vector<int>& forward_order() const { return forward_order_; }
+  const std::vector<int>& forward_order() const { return index_.forward_order(); }
 
   // Replaces the sizes of the trace's allocations (in trace order) without
   // re-indexing: the batch search re-sizes one simulator per batch it tries
   // (AffineTrace::alloc_bytes) instead of building a new one.
-  void set_alloc_bytes(const std::vector<int64_t>& bytes);
+  void set_alloc_bytes(const std::vector<int64_t>& bytes) { index_.set_alloc_bytes(bytes); }
   int num_units() const { return static_cast<int>(unit_numel_.size()); }
-  int64_t num_trace_tensors() const { return num_trace_tensors_; }
-
-  // One entry of the flattened trace that simulate() walks.
-  struct Event {
-    enum Op : uint8_t {
-      kAlloc,           // trace tensor `id` of `bytes`
-      kFree,            // trace tensor `id`
-      kBackwardStart,   // the first backward (or recompute) event of the step
-      kForwardBegin,    // unit `unit`'s forward starts (outermost call)
-      kForwardEnd,      // ... and ends
-      kBackwardBegin,   // unit's first backward begin in the step
-      kBackwardEnd,     // unit's last backward end in the step
-      kRecomputeBegin,  // unit's checkpointed forward re-runs in backward
-    };
-    Op op = kAlloc;
-    int32_t label = 0;  // index into the per-step labels (see .cc)
-    int32_t unit = -1;
-    int32_t id = -1;
-    int64_t bytes = 0;
-  };
+  int64_t num_trace_tensors() const { return index_.num_ids(); }
 
  private:
   friend class StepReplay;
 
-  DType trace_dtype_;
-  std::vector<Event> events_;
-  std::vector<int32_t> alloc_events_;  // index in events_ of each trace allocation
-  std::vector<int64_t> leftover_ids_;  // trace tensors live at the end of backward
-  int64_t num_trace_tensors_ = 0;
+  StepIndex index_;
   std::vector<int64_t> unit_numel_;
   std::vector<std::vector<spec::ParamInfo>> unit_params_;  // each unit's, in flattening order
-  int root_unit_ = 0;  // the unit rooted at the model root
-  std::vector<int> forward_order_;
-  std::vector<int> forward_pos_;  // unit -> its index in forward_order_, -1 if it never runs forward
-  int num_run_forward_ = 0;       // units that run forward: the first this many of forward_order_
-  std::vector<std::string> labels_;     // "init", then per step: forward/u, backward/u, optimizer
+  std::vector<std::string> labels_;  // "init", then per step: forward/u, backward/u, optimizer
 };
 
 }  // namespace shardfit::planner
