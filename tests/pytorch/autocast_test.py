@@ -11,6 +11,7 @@ import torch_required  # noqa: F401 (the skip without torch, pytorch/ on the pat
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import models  # noqa: E402
+import trace_check  # noqa: E402
 from autocast_emulation import AutocastEmulation  # noqa: E402
 
 TORCH_1 = torch.__version__.startswith("1.")
@@ -32,16 +33,13 @@ class Log(TorchDispatchMode):
 
 
 def dispatched(name, region):
-    torch.manual_seed(0)
-    model = models.build(name)
-    model.train()
+    model = trace_check.fresh_model(name)
     x = torch.randint(0, models.vocab_size(name), (2, 16))
     log = Log()
     with log:
         with region:
             out = model(x)
-        loss = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
-        loss.backward()
+        trace_check.loss_of(out).backward()
     return log.ops
 
 
