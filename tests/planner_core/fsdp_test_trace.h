@@ -1,4 +1,5 @@
-// The hand-made step both FSDP tests replay (pytorch_fsdp_test.cc: 1.13's
+// The trace-event helper (ev) the planner core tests share, and the
+// hand-made step both FSDP tests replay (pytorch_fsdp_test.cc: 1.13's
 // FSDP; pytorch_fsdp2_test.cc: FSDP2's fully_shard), on a root (module 0)
 // holding one Linear (module 1), so that every figure can be added up by
 // hand.
@@ -15,13 +16,15 @@
 
 namespace shardfit::planner::fsdp_test {
 
-inline MemEvent ev(MemEvent::Kind k, Phase ph, int module, int64_t tensor = -1, int64_t bytes = 0) {
+// One trace event; `op` the op it happened in (-1: none).
+inline MemEvent ev(MemEvent::Kind k, Phase ph, int module, int64_t tensor = -1, int64_t bytes = 0, int op = -1) {
   MemEvent e;
   e.kind = k;
   e.phase = ph;
   e.module = module;
   e.tensor = tensor;
   e.bytes = bytes;
+  e.op = op;
   return e;
 }
 

@@ -9,22 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "fsdp_test_trace.h"
+
 namespace shardfit::planner {
 namespace {
 
 constexpr Phase F = Phase::kForward, B = Phase::kBackward, R = Phase::kRecompute;
 
-MemEvent ev(MemEvent::Kind kind, Phase phase, int module, int64_t tensor = -1, int64_t bytes = 0,
-            int op = -1) {
-  MemEvent e;
-  e.kind = kind;
-  e.phase = phase;
-  e.module = module;
-  e.tensor = tensor;
-  e.bytes = bytes;
-  e.op = op;
-  return e;
-}
+using fsdp_test::ev;  // one trace event
 
 // A root (module 0) holding block "b" (module 1), which holds "b.inner"
 // (module 2); wrap=block makes two units: the root's (0) and b's (1).
