@@ -195,11 +195,55 @@ void CudaCachingAllocatorModel::release_cached_segments() {
   }
 }
 
-bool CudaCachingAllocatorModel::alloc(int64_t id, int64_t bytes, int stream) {
+void CudaCachingAllocatorModel::start_alloc(int64_t id, int64_t bytes) {
   check_new_id(id, bytes);
   if (id >= static_cast<int64_t>(id_block_.size())) id_block_.resize(id + 1, -1);
   if (id_block_[id] != -1)
     throw std::logic_error("allocator id " + std::to_string(id) + " is already live");
+}
+
+// alloc_block(): a new segment, one cached-to-be block.
+int32_t CudaCachingAllocatorModel::reserve_segment(int64_t address, int64_t size, int stream, bool small) {
+  const int32_t b = new_block();
+  Block& blk = blocks_[b];
+  blk.address = address;
+  blk.size = size;
+  blk.stream = stream;
+  blk.small = small;
+  reserved_bytes_ += size;
+  ++num_segments_;
+  return b;
+}
+
+// alloc_found_block(): hand out block `b` for `rounded` bytes.
+// should_split(): small blocks split when at least one 512 B block remains,
+// large ones only when more than kSmallSize remains (max_split_size
+// unlimited); an unsplit remainder stays inside the allocated block.
+void CudaCachingAllocatorModel::take_block(int64_t id, int32_t b, int64_t rounded) {
+  const int64_t remaining = blocks_[b].size - rounded;
+  if (blocks_[b].small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
+    const int32_t r = new_block();  // may reallocate blocks_: index only
+    Block& rest = blocks_[r];
+    Block& blk = blocks_[b];
+    rest.address = blk.address + rounded;
+    rest.size = remaining;
+    rest.stream = blk.stream;
+    rest.small = blk.small;
+    rest.prev = b;
+    rest.next = blk.next;
+    if (blk.next >= 0) blocks_[blk.next].prev = r;
+    blk.next = r;
+    blk.size = rounded;
+    insert_free(r);
+  }
+  blocks_[b].allocated = true;
+  allocated_bytes_ += blocks_[b].size;
+  id_block_[id] = b;
+  note_peaks();
+}
+
+bool CudaCachingAllocatorModel::alloc(int64_t id, int64_t bytes, int stream) {
+  start_alloc(id, bytes);
   if (bytes == 0) {
     id_block_[id] = kEmptyBlock;
     return true;
@@ -219,40 +263,81 @@ bool CudaCachingAllocatorModel::alloc(int64_t id, int64_t bytes, int stream) {
       release_cached_segments();
       ++num_alloc_retries_;
     }
-    b = new_block();
+    b = reserve_segment(next_address_, seg, stream, small);
+    next_address_ += seg;
+  }
+  take_block(id, b, rounded);
+  return true;
+}
+
+int64_t CudaCachingAllocatorModel::choose(int64_t bytes, int stream) const {
+  const int64_t rounded = round_size(bytes);
+  const int32_t b = find_free(is_small(rounded), stream, rounded);
+  return b < 0 ? -1 : blocks_[b].address;
+}
+
+bool CudaCachingAllocatorModel::alloc_at(int64_t id, int64_t bytes, int stream, int64_t address, bool new_segment) {
+  start_alloc(id, bytes);
+  if (bytes == 0) {
+    id_block_[id] = kEmptyBlock;
+    return true;
+  }
+  const int64_t rounded = round_size(bytes);
+  const bool small = is_small(rounded);
+  if (new_segment) {
+    const int64_t seg = segment_size(rounded);
+    if (seg > budget_bytes_ - reserved_bytes_) return false;
+    take_block(id, reserve_segment(address, seg, stream, small), rounded);
+    return true;
+  }
+  for (const FreeKey& k : pool(small)) {
+    if (k.address != address) continue;
+    if (k.stream != stream || k.size < rounded) return false;
+    const int32_t b = k.block;
+    erase_free(b);
+    take_block(id, b, rounded);
+    return true;
+  }
+  return false;
+}
+
+void CudaCachingAllocatorModel::adopt_segment(int64_t address, bool small, int stream,
+                                              const std::vector<Piece>& pieces) {
+  int32_t prev = -1;
+  int64_t at = address;
+  for (const Piece& p : pieces) {
+    if (p.bytes <= 0 || p.bytes % kMinBlockSize != 0) {
+      throw std::invalid_argument("adopted block of " + std::to_string(p.bytes) +
+                                  " bytes is not a positive multiple of 512");
+    }
+    if (p.id < 0 && prev >= 0 && !blocks_[prev].allocated) {  // merges with the cached block before it
+      blocks_[prev].size += p.bytes;
+      at += p.bytes;
+      continue;
+    }
+    if (p.id >= 0) start_alloc(p.id, p.bytes);
+    const int32_t b = new_block();
     Block& blk = blocks_[b];
-    blk.address = next_address_;
-    blk.size = seg;
+    blk.address = at;
+    blk.size = p.bytes;
     blk.stream = stream;
     blk.small = small;
-    next_address_ += seg;
-    reserved_bytes_ += seg;
-    ++num_segments_;
+    blk.prev = prev;
+    blk.allocated = p.id >= 0;
+    if (prev >= 0) blocks_[prev].next = b;
+    if (blk.allocated) {
+      id_block_[p.id] = b;
+      allocated_bytes_ += p.bytes;
+    }
+    at += p.bytes;
+    prev = b;
   }
-  // should_split(): small blocks split when at least one 512 B block remains,
-  // large ones only when more than kSmallSize remains (max_split_size
-  // unlimited); an unsplit remainder stays inside the allocated block.
-  const int64_t remaining = blocks_[b].size - rounded;
-  if (small ? remaining >= kMinBlockSize : remaining > kSmallSize) {
-    const int32_t r = new_block();  // may reallocate blocks_: index only
-    Block& rest = blocks_[r];
-    Block& blk = blocks_[b];
-    rest.address = blk.address + rounded;
-    rest.size = remaining;
-    rest.stream = blk.stream;
-    rest.small = blk.small;
-    rest.prev = b;
-    rest.next = blk.next;
-    if (blk.next >= 0) blocks_[blk.next].prev = r;
-    blk.next = r;
-    blk.size = rounded;
-    insert_free(r);
+  for (int32_t b = prev; b >= 0; b = blocks_[b].prev) {
+    if (!blocks_[b].allocated) insert_free(b);
   }
-  blocks_[b].allocated = true;
-  allocated_bytes_ += blocks_[b].size;
-  id_block_[id] = b;
+  reserved_bytes_ += at - address;
+  ++num_segments_;
   note_peaks();
-  return true;
 }
 
 void CudaCachingAllocatorModel::free(int64_t id) {

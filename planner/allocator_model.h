@@ -117,6 +117,33 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
   int64_t address_of(int64_t id) const;
   // Number of segments currently reserved.
   int64_t num_segments() const { return num_segments_; }
+  // emptyCache() / the retry's release_cached_blocks(): every segment no
+  // live block uses goes back to the device.
+  void empty_cache() { release_cached_segments(); }
+
+  // Replaying a recorded history (torch.cuda.memory._record_memory_history):
+  // the recording starts with segments already held, and the device, not the
+  // allocator, chose each segment's address. A replay therefore adopts the
+  // segments held before, places every block where the record says, and asks
+  // the model only what it would have chosen.
+  //
+  // A piece of an adopted segment: `bytes` live under `id`, or cached (id -1).
+  struct Piece {
+    int64_t bytes = 0;
+    int64_t id = -1;
+  };
+  // A segment held before the recording, at `address`, made of `pieces` in
+  // address order (adjacent cached pieces merge, as free_block() would have).
+  void adopt_segment(int64_t address, bool small, int stream, const std::vector<Piece>& pieces);
+  // Where alloc(bytes, stream) would place the block now: the address of the
+  // cached block it would take, or -1 when it would reserve a new segment.
+  int64_t choose(int64_t bytes, int stream) const;
+  // alloc() with the block's place given: a new segment at `address`, or the
+  // cached block of this pool and stream that starts there. Returns false,
+  // changing nothing, when there is no such cached block or it is too small,
+  // or when a new segment would pass the budget (no retry: a replay places
+  // what the record says).
+  bool alloc_at(int64_t id, int64_t bytes, int stream, int64_t address, bool new_segment);
 
  private:
   // A cached (free) block in a pool's index, ordered as PyTorch's
@@ -146,6 +173,9 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
   void erase_free(int32_t b);
   int32_t find_free(bool small, int stream, int64_t rounded) const;
   int32_t new_block();
+  int32_t reserve_segment(int64_t address, int64_t size, int stream, bool small);
+  void take_block(int64_t id, int32_t b, int64_t rounded);
+  void start_alloc(int64_t id, int64_t bytes);
   void release_block(int32_t b);
   int64_t releasable_bytes() const;
   void release_cached_segments();

@@ -34,6 +34,7 @@ def load(name):
 
 
 PLAN, SWEEP, REPORT = load("plan.schema.json"), load("plan-sweep.schema.json"), load("report.schema.json")
+HISTORY = load("allocator-history.schema.json")
 # The sweep's plans refer to the plan schema by its $id.
 REGISTRY = Registry().with_resources([(s["$id"], Resource.from_contents(s)) for s in (PLAN, SWEEP, REPORT)])
 
@@ -51,7 +52,8 @@ def shardfit(*args):
 
 class SchemaTest(unittest.TestCase):
     def test_schemas_are_valid_and_name_the_documents_they_hold(self):
-        for schema, tag in ((PLAN, "shardfit.plan/1"), (SWEEP, "shardfit.plan-sweep/1"), (REPORT, "shardfit.report/1")):
+        for schema, tag in ((PLAN, "shardfit.plan/1"), (SWEEP, "shardfit.plan-sweep/1"), (REPORT, "shardfit.report/1"),
+                            (HISTORY, "shardfit.allocator-history/1")):
             Draft202012Validator.check_schema(schema)
             self.assertEqual(schema["title"], tag)
             self.assertEqual(schema["properties"]["schema"]["const"], tag)
@@ -128,6 +130,28 @@ class SchemaTest(unittest.TestCase):
         bad["run"]["backend"] = "mpi"
         with self.assertRaises(ValidationError):
             validator(REPORT).validate(bad)
+
+    def test_allocator_histories_validate(self):
+        paths = sorted(glob.glob(os.path.join(ROOT, "reports", "gpu", "history", "*.json.gz")))
+        self.assertGreaterEqual(len(paths), 4)
+        for path in paths:
+            with gzip.open(path, "rt") as f:
+                doc = json.load(f)
+            with self.subTest(history=os.path.basename(path)):
+                validator(HISTORY).validate(doc)
+        # What `run --allocator-history` adds: the phase, and the start state.
+        doc["events"][0]["after"] = "step1/forward/transformer.h.0"
+        doc["start_segments"] = [dict(doc["segments"][0], stream=0,
+                                      blocks=[dict(size=doc["segments"][0]["total_size"], allocated=False)])]
+        validator(HISTORY).validate(doc)
+        for edit in (lambda d: d["events"][0].update(action="teleport"),
+                     lambda d: d["events"][1].update(size=-1),
+                     lambda d: d["start_segments"][0].pop("blocks"),
+                     lambda d: d["segments"][0].update(segment_type="medium")):
+            bad = copy.deepcopy(doc)
+            edit(bad)
+            with self.assertRaises(ValidationError):
+                validator(HISTORY).validate(bad)
 
 
 if __name__ == "__main__":
