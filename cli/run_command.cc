@@ -171,6 +171,11 @@ Command add_run_command(CLI::App& app) {
                   "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
                   "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")
       ->type_name("PATH")->check(Named);
+  sub->add_option("--allocator-history", a->allocator_history,
+                  "cuda: write rank 0's caching-allocator history here (every alloc and free of the run, with "
+                  "address, size, stream and the phase it came after, as reports/gpu/history holds; LibTorch 2.11+)")
+      ->type_name("FILE")
+      ->check(Named);
   sub->add_flag("--reference-trainer", a->reference_trainer,
                 "One rank, ddp/fp32/wrap=none, through the plain single-rank trainer instead of the engine "
                 "(the parity reference)");

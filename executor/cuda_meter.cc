@@ -5,7 +5,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -13,6 +15,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
 
 namespace shardfit::executor {
 
@@ -42,6 +46,47 @@ std::string first_line(const std::string& what) {
   auto nl = what.find('\n');
   return nl == std::string::npos ? what : what.substr(0, nl);
 }
+
+// c10's recordHistory and setUserMetadata, as LibTorch 2.11 declares them.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+#define SHARDFIT_ALLOCATOR_HISTORY 1
+namespace cca = c10::cuda::CUDACachingAllocator;
+
+// The names torch.cuda.memory._snapshot() gives TraceEntry's actions.
+const char* action_name(cca::TraceEntry::Action a) {
+  switch (a) {
+    case cca::TraceEntry::ALLOC: return "alloc";
+    case cca::TraceEntry::FREE_REQUESTED: return "free_requested";
+    case cca::TraceEntry::FREE_COMPLETED: return "free_completed";
+    case cca::TraceEntry::SEGMENT_ALLOC: return "segment_alloc";
+    case cca::TraceEntry::SEGMENT_FREE: return "segment_free";
+    case cca::TraceEntry::SEGMENT_MAP: return "segment_map";
+    case cca::TraceEntry::SEGMENT_UNMAP: return "segment_unmap";
+    case cca::TraceEntry::SNAPSHOT: return "snapshot";
+    case cca::TraceEntry::OOM: return "oom";
+  }
+  return "unknown";
+}
+
+// A snapshot's segments on `device`, each with its blocks in address order.
+nlohmann::json segments_json(const cca::SnapshotInfo& snap, int device) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& seg : snap.segments) {
+    if (seg.device != device) continue;
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const auto& b : seg.blocks) {
+      blocks.push_back({{"size", b.size}, {"requested_size", b.requested_size}, {"allocated", b.allocated}});
+    }
+    out.push_back({{"address", seg.address},
+                   {"total_size", seg.total_size},
+                   {"segment_type", seg.is_large ? "large" : "small"},
+                   {"allocated_size", seg.allocated_size},
+                   {"stream", reinterpret_cast<uintptr_t>(seg.stream)},
+                   {"blocks", std::move(blocks)}});
+  }
+  return out;
+}
+#endif
 
 }  // namespace
 
@@ -184,6 +229,49 @@ void CudaMeter::mark(const std::string& phase) {
   peak_allocated_ = std::max(peak_allocated_, s.peak_allocated);
   peak_reserved_ = std::max(peak_reserved_, s.peak_reserved);
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_));
+#ifdef SHARDFIT_ALLOCATOR_HISTORY
+  if (recording_history_) cca::setUserMetadata(phase);  // the events from here on come after `phase`
+#endif
+}
+
+void CudaMeter::record_allocator_history() {
+#ifdef SHARDFIT_ALLOCATOR_HISTORY
+  std::lock_guard<std::mutex> lock(mu_);
+  // The segments held now, block by block: the state the trace starts from.
+  start_segments_ = segments_json(cca::snapshot(), device_).dump();
+  // No stacks (RecordContext::NEVER): the phase tag says where an event is.
+  cca::recordHistory(true, nullptr, 1000000, cca::RecordContext::NEVER, true, {});
+  cca::setUserMetadata("");
+  recording_history_ = true;
+#else
+  throw std::runtime_error("--allocator-history: needs LibTorch 2.11 or later");
+#endif
+}
+
+void CudaMeter::write_allocator_history(const std::string& path) const {
+#ifdef SHARDFIT_ALLOCATOR_HISTORY
+  const cca::SnapshotInfo snap = cca::snapshot();
+  nlohmann::json events = nlohmann::json::array();
+  if (device_ < static_cast<int>(snap.device_traces.size())) {
+    for (const auto& e : snap.device_traces[device_]) {
+      events.push_back({{"action", action_name(e.action_)},
+                        {"addr", e.addr_},
+                        {"size", e.size_},
+                        {"stream", reinterpret_cast<uintptr_t>(e.stream_)},
+                        {"after", e.user_metadata_}});
+    }
+  }
+  const nlohmann::json out = {{"schema", "shardfit.allocator-history/1"},
+                              {"start_segments", nlohmann::json::parse(start_segments_)},
+                              {"events", std::move(events)},
+                              {"segments", segments_json(snap, device_)}};
+  std::ofstream f(path);
+  f << out.dump() << "\n";
+  if (!f) throw std::runtime_error("--allocator-history " + path + ": cannot write");
+#else
+  (void)path;
+  throw std::runtime_error("--allocator-history: needs LibTorch 2.11 or later");
+#endif
 }
 
 std::vector<TimelinePoint> CudaMeter::timeline() const {

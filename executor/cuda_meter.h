@@ -96,6 +96,13 @@ class CudaMeter final : public DeviceMeter {
   // point's peaks cover the time since the previous point.
   void mark(const std::string& phase) override;
   std::vector<TimelinePoint> timeline() const override;
+  // The allocator's own trace (c10's recordHistory, as
+  // torch.cuda.memory._record_memory_history; LibTorch 2.11+), tagged per
+  // phase with setUserMetadata. The JSON holds the segments when recording
+  // began, with their blocks, so a replay needs no guess (the schema's
+  // "start_segments"), and the segments at the end.
+  void record_allocator_history() override;
+  void write_allocator_history(const std::string& path) const override;
 
   // Runs `step`. A c10::OutOfMemoryError from it is recorded (a timeline
   // point "oom", the allocator's figures, the message) and returned instead
@@ -126,6 +133,8 @@ class CudaMeter final : public DeviceMeter {
   mutable std::mutex mu_;
   std::vector<TimelinePoint> timeline_;
   std::optional<CudaOutOfMemory> last_oom_;
+  bool recording_history_ = false;
+  std::string start_segments_;  // JSON, when the history began
 };
 
 }  // namespace shardfit::executor

@@ -355,6 +355,8 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
   if (o_.budget_bytes > 0) warm_up_groups({world_, shard_group_, replicate_}, device_);
   meter_->release_cached();  // cuda: segments cached by earlier work in this process
   meter_->reset_peak();
+  const bool history = !o_.allocator_history.empty() && world_->rank() == 0;
+  if (history) meter_->record_allocator_history();
   const int64_t baseline = meter_->allocated_bytes();  // storages that predate the run
   const int64_t reserved_baseline = meter_->reserved_bytes();
   meter_->limit_device_bytes(o_.budget_bytes);
@@ -427,6 +429,7 @@ EngineResult Engine::train(const std::function<void(const StepLog&)>& on_step) {
     mark("oom");
   }
   meter_->limit_device_bytes(0);
+  if (history) meter_->write_allocator_history(o_.allocator_history);
   result.skipped_steps = skipped_steps_;
   result.loss_scale = scaler_ ? scaler_->scale : 0.0;
   result.device = device_.is_cuda() ? "cuda" : "cpu";

@@ -102,6 +102,10 @@ struct EngineOptions : TrainOptions {
   // `run --init`: a Hugging Face checkpoint (executor/hf_init.h); each rank
   // reads only the parameter elements it keeps; "" = Hugging Face init.
   std::string init_from;
+  // `run --allocator-history` (CUDA): rank 0 records its caching allocator's
+  // every alloc and free from before init to the end of the run (an
+  // out-of-memory included) and writes them here; "" = no history.
+  std::string allocator_history;
   // Test hooks: after init and after each optimizer step. Units are in
   // spec::wrap_modules order; each holds this rank's fp32 master and
   // AdamW state.

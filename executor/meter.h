@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,14 @@ class DeviceMeter {
   // Records the end of a phase, with the reserved figures filled in.
   virtual void mark(const std::string& phase) = 0;
   virtual std::vector<TimelinePoint> timeline() const = 0;
+  // The caching allocator's history (CUDA only; `run --allocator-history`,
+  // which the CPU refuses before a meter exists): from the call on, every
+  // alloc and free with its address, size and stream, each tagged with the
+  // phase mark() closed last; written as reports/gpu/history's schema.
+  virtual void record_allocator_history() { throw std::logic_error("this device has no allocator history"); }
+  virtual void write_allocator_history(const std::string& /*path*/) const {
+    throw std::logic_error("this device has no allocator history");
+  }
 };
 
 // --device's rules, each with its one message, for run before any rank

@@ -88,6 +88,7 @@ executor::EngineOptions engine_options(const RunRequest& a, const Job& job, int 
   o.allow_nonfinite = a.allow_nonfinite;
   if (a.save_on_signal) o.stop_requested = executor::stop_signal_received;  // the ranks agree on it
   o.init_from = a.init;
+  o.allocator_history = a.allocator_history;
   return o;
 }
 
@@ -383,6 +384,9 @@ int run_job(const RunRequest& a, const RunPrinter& print) {
   }
   if (cuda && a.reference_trainer)
     throw BadInput("--reference-trainer: the single-rank reference runs on the CPU only; drop --device cuda");
+  if (!cuda && !a.allocator_history.empty())
+    throw BadInput("--allocator-history " + a.allocator_history +
+                   ": records the CUDA caching allocator; only with --device cuda");
   Job job = resolve_job(a);
   try {  // a task started by srun: Slurm's variables as torchrun's (not under --nproc, which sets them)
     if (a.nproc == 0) executor::apply_slurm_env();

@@ -56,6 +56,7 @@ struct RunRequest {
   std::string init;         // Hugging Face checkpoint to start from (executor/hf_init.h)
   std::string loss;         // "": full, or the plan's
   std::string attention;    // "": the plan's, else sdpa
+  std::string allocator_history;  // cuda: rank 0's caching-allocator history, written here
   // Which options the user gave (a plan fills in the others).
   bool batch_given = false, seq_len_given = false, strategy_given = false, grad_accum_given = false,
        prefetch_given = false, ddp_bucket_cap_given = false, gpus_per_node_given = false;

@@ -2,9 +2,12 @@
 // CUDA LibTorch; every test skips with the reason when no device is visible.
 // Sizes are multiples of 2 MiB so the allocator's rounding (512 B, and 2 MiB
 // segments for the large pool) adds nothing: the byte counts are exact.
+#include <cstdio>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "executor/cuda_meter.h"
@@ -115,6 +118,36 @@ TEST_F(CudaMeterTest, ABudgetPastTheCardIsRefused) {
 
 TEST_F(CudaMeterTest, OtherErrorsPropagate) {
   EXPECT_THROW(meter_->run_catching_oom([] { throw std::runtime_error("not an OOM"); }), std::runtime_error);
+}
+
+TEST_F(CudaMeterTest, TheAllocatorHistoryHoldsEveryAllocAndFreeWithItsPhase) {
+  at::Tensor held = mib_on_gpu(4);  // live when the recording begins: in its start state
+  meter_->record_allocator_history();
+  {
+    at::Tensor t = mib_on_gpu(64);
+    meter_->mark("with");
+  }
+  meter_->mark("without");
+  const std::string path = testing::TempDir() + "cuda_meter_history.json";
+  meter_->write_allocator_history(path);
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  std::remove(path.c_str());
+  EXPECT_EQ(j.at("schema"), "shardfit.allocator-history/1");
+  bool held_at_start = false;
+  for (const auto& s : j.at("start_segments")) {
+    for (const auto& b : s.at("blocks")) held_at_start = held_at_start || (b.at("allocated") && b.at("size") == 4 * kMiB);
+  }
+  EXPECT_TRUE(held_at_start) << j.at("start_segments").dump();
+  // The 64 MiB block: allocated before the "with" mark, freed after it.
+  std::string alloc_after = "?", free_after = "?";
+  for (const auto& e : j.at("events")) {
+    if (e.at("size") != 64 * kMiB) continue;
+    if (e.at("action") == "alloc") alloc_after = e.at("after");
+    if (e.at("action") == "free_completed") free_after = e.at("after");
+  }
+  EXPECT_EQ(alloc_after, "");
+  EXPECT_EQ(free_after, "with");
 }
 
 }  // namespace
