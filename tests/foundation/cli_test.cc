@@ -133,6 +133,8 @@ TEST(CliTest, DevicesAndBackendsThisBuildCannotRunAreExitTwo) {
   }
   // The prediction's profile describes the device measured: cpu on the CPU.
   expect_bad_input(with({"--profile", "titan-rtx-24gb"}), "--profile titan-rtx-24gb");
+  // The CPU has no caching allocator to record.
+  expect_bad_input(with({"--allocator-history", "h.json"}), "--allocator-history h.json");
 }
 
 TEST(CliTest, ACpuRunReportsTheCpuDeviceAndProfile) {
