@@ -54,9 +54,8 @@ class PytorchStep {
     // that names no op at all (made by hand) cannot tell the tracer's ends
     // from the markers': its ends stand.
     if (hooks.post_backward_after_last_grad && index.names_ops())
-      for (const StepEvent& e : index.events())
-        if (e.kind == StepEvent::kEnd && e.unit != 0 && e.phase != Phase::kForward && !e.has(StepEvent::kInOp))
-          grads_to_come_[e.unit] = static_cast<int64_t>(part.units[e.unit].params.size());
+      for (int u = 1; u < static_cast<int>(part.units.size()); ++u)
+        if (index.backward_ends_outside_op(u)) grads_to_come_[u] = static_cast<int64_t>(part.units[u].params.size());
   }
 
   bool on(const StepEvent& e);

@@ -58,6 +58,10 @@ StepIndex::StepIndex(const ModelTrace& trace, const spec::UnitPartition& units)
   forward_pos_.assign(num_units, -1);
   order_units(trace, unit_of_root);
   flatten(trace, unit_of_root);
+  backward_ends_outside_op_.assign(num_units, false);
+  for (const StepEvent& e : events_)
+    if (e.kind == StepEvent::kEnd && e.phase != Phase::kForward && !e.has(StepEvent::kInOp))
+      backward_ends_outside_op_[e.unit] = true;
 }
 
 // The order units first run forward.

@@ -70,6 +70,10 @@ class StepIndex {
   const std::vector<int32_t>& leftover_ids() const { return leftover_ids_; }
   // Whether any event names an op (traces made by hand may name none).
   bool names_ops() const { return names_ops_; }
+  // Whether some span of `unit`'s backward (or recompute) ends outside any
+  // op: the tracer closing it with the whole backward, where no module hook
+  // ran (PyTorch's post-backward then waits for the unit's last gradient).
+  bool backward_ends_outside_op(int unit) const { return backward_ends_outside_op_[unit]; }
 
   // Units in the order their forward first begins (units that never run
   // forward last, in index order); each unit's place in it (-1: never runs).
@@ -93,6 +97,7 @@ class StepIndex {
   std::vector<int32_t> freed_in_;      // by dense id
   std::vector<int32_t> leftover_ids_;
   bool names_ops_ = false;
+  std::vector<bool> backward_ends_outside_op_;  // by unit
   std::vector<int> forward_order_, forward_pos_;
   int num_run_forward_ = 0;
   int root_unit_ = 0;

@@ -108,6 +108,13 @@ TEST(StepIndex, TheTeardownBeginsAfterTheBackwardsLastOp) {
   EXPECT_TRUE(e[teardown - 1].has(StepEvent::kInOp));
   EXPECT_EQ(e[teardown + 1].kind, StepEvent::kFree);  // the loss, by the teardown
   EXPECT_FALSE(e[teardown + 1].has(StepEvent::kInOp));
+  // b's backward ends with the whole backward, outside any op; where its
+  // end runs inside an op (a module hook's marker), it does not.
+  EXPECT_TRUE(index.backward_ends_outside_op(1));
+  std::vector<MemEvent> hooked = events;
+  hooked[10].op = 2;
+  const ModelTrace t_hooked = root_and_block(hooked);
+  EXPECT_FALSE(StepIndex(t_hooked, blocks(t_hooked)).backward_ends_outside_op(1));
 
   // A trace that names no op cannot tell the teardown apart: none.
   for (MemEvent& m : events) m.op = -1;
