@@ -11,7 +11,10 @@
 // under the same thread count, and every CPU allocation it makes on this
 // thread is recorded. The output is preallocated (the _out form, which the
 // functional op's structured kernel shares), so what is recorded is exactly
-// what the op adds to it. A step repeats a few shapes; each is run once.
+// what the op adds to it. A step repeats a few shapes; each is run once, and
+// its result is kept on disk for the next process (below): running the
+// kernel is slow at large shapes (minutes for GPT-2 at 1,024 tokens on a CPU
+// without bf16 instructions), its result is not.
 #include "planner/cpu_matmul_probe.h"
 
 #include <ATen/ATen.h>
@@ -20,14 +23,23 @@
 #include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <torch/version.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 
 #include "planner/probe_cpu_allocator.h"
+#include "reports/machine.h"
 
 namespace shardfit::planner {
 namespace {
@@ -120,6 +132,98 @@ std::vector<int64_t> run(Product p, c10::ArrayRef<const c10::IValue> in, int thr
   return std::move(sink.events);
 }
 
+// ---- kept across processes ----------------------------------------------------
+// One line per probe in the file: the machine key, a tab, the probe's key,
+// a tab, its events separated by spaces. A result holds for the kernel that
+// made it: the LibTorch (its oneDNN), the CPU's ISA flags and L2 size
+// (oneDNN blocks its scratchpad for them) and oneDNN's ISA cap if one is
+// set; the threads are in the probe's key. Lines of another machine key are
+// left alone, so one cache serves several machines and versions.
+
+const std::string& machine_key() {
+  static const std::string key = [] {
+    const reports::Machine m = reports::this_machine(1);
+    // "probe 1": what run() records; a change to it changes the number.
+    std::string k = std::string("probe 1; libtorch ") + TORCH_VERSION + "; l2 " + std::to_string(m.l2_cache_bytes) + "; isa";
+    for (const std::string& f : m.isa_flags) k += " " + f;
+    for (const char* var : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"})
+      if (const char* v = std::getenv(var)) k += std::string("; ") + var + "=" + v;
+    return k;
+  }();
+  return key;
+}
+
+// SHARDFIT_CACHE_DIR, else $XDG_CACHE_HOME/shardfit, else ~/.cache/shardfit;
+// empty (no file kept) when SHARDFIT_CACHE_DIR is "off" or no home is known.
+std::filesystem::path kept_probes_file() {
+  const char* dir = std::getenv("SHARDFIT_CACHE_DIR");
+  if (dir && std::string(dir) == "off") return {};
+  std::filesystem::path base;
+  if (dir && *dir) {
+    base = dir;
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    base = std::filesystem::path(xdg) / "shardfit";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    base = std::filesystem::path(home) / ".cache" / "shardfit";
+  } else {
+    return {};
+  }
+  return base / "cpu-bf16-matmul-probes.tsv";
+}
+
+// This machine's kept probes; a line that does not parse is skipped.
+std::map<std::string, std::vector<int64_t>> read_kept_probes() {
+  std::map<std::string, std::vector<int64_t>> out;
+  const std::filesystem::path path = kept_probes_file();
+  if (path.empty()) return out;
+  std::ifstream f(path);
+  const std::string mine = machine_key() + "\t";
+  std::string line;
+  int64_t skipped = 0;
+  while (std::getline(f, line)) {
+    if (line.compare(0, mine.size(), mine) != 0) continue;
+    const size_t tab = line.find('\t', mine.size());
+    if (tab == std::string::npos) {
+      ++skipped;
+      continue;
+    }
+    std::vector<int64_t> events;
+    std::istringstream numbers(line.substr(tab + 1));
+    std::string word;
+    bool ok = true;
+    while (ok && numbers >> word) {
+      char* end = nullptr;
+      const long long v = std::strtoll(word.c_str(), &end, 10);
+      ok = end != word.c_str() && *end == '\0';
+      events.push_back(v);
+    }
+    if (!ok) {
+      ++skipped;
+      continue;
+    }
+    out[line.substr(mine.size(), tab - mine.size())] = std::move(events);
+  }
+  if (skipped > 0) spdlog::debug("{}: {} malformed line(s) skipped", path.string(), skipped);
+  return out;
+}
+
+// Appends one probe's line: one write(2) with O_APPEND, so processes that
+// plan at once add whole lines. A file that cannot be written costs only
+// the next process's time.
+void keep_probe(const std::string& key, const std::vector<int64_t>& events) {
+  const std::filesystem::path path = kept_probes_file();
+  if (path.empty()) return;
+  std::string line = machine_key() + "\t" + key + "\t";
+  for (size_t i = 0; i < events.size(); ++i) line += (i ? " " : "") + std::to_string(events[i]);
+  line += "\n";
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  const bool written = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  if (fd >= 0) ::close(fd);
+  if (!written) spdlog::debug("{}: cannot keep a matmul probe there", path.string());
+}
+
 }  // namespace
 
 std::vector<int64_t> probe_cpu_bf16_matmul(const char* op, c10::ArrayRef<const c10::IValue> in, int threads) {
@@ -150,13 +254,14 @@ std::vector<int64_t> probe_cpu_bf16_matmul(const char* op, c10::ArrayRef<const c
     }
   }
   static std::mutex mu;
-  static std::map<std::string, std::vector<int64_t>> cache;
+  static std::map<std::string, std::vector<int64_t>> cache = read_kept_probes();
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
   std::vector<int64_t> events = run(p, in, threads);
+  keep_probe(key, events);
   std::lock_guard<std::mutex> lock(mu);
   return cache.emplace(std::move(key), std::move(events)).first->second;
 }

@@ -179,4 +179,35 @@ TEST(CliTest, RunFromAConfigJson) {
   EXPECT_EQ(j.at("model").at("seq_len"), 16);  // min(128, n_positions)
 }
 
+// A bf16 plan on the CPU runs LibTorch's own matmul kernels once per product
+// shape to see what they allocate (planner/cpu_matmul_probe.cc); what they
+// did is kept under SHARDFIT_CACHE_DIR, so the next plan runs none of them
+// and plans the same.
+TEST(CliTest, ABf16CpuPlanKeepsItsMatmulProbesForTheNextOne) {
+  const std::string dir = temp_path("probe-cache");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(setenv("SHARDFIT_CACHE_DIR", dir.c_str(), 1), 0);
+  const std::vector<std::string> plan = {"plan",   "--model",    "gpt2-tiny", "--device", "cpu", "--strategies",
+                                         "ddp/bf16/wrap=none", "--gpus", "1", "--gpu-mem", "64MiB", "--json"};
+  auto planned = [&](const char* what) {
+    const Result r = shardfit(plan);
+    EXPECT_EQ(r.exit_code, 0) << what << ": " << r.err;
+    const auto c = nlohmann::json::parse(r.out).at("candidates").at(0);
+    return std::make_pair(c.at("max_batch_per_gpu").get<int64_t>(),
+                          c.at("predicted").at("peak_allocated_bytes").get<int64_t>());
+  };
+  const auto first = planned("first plan");
+  const std::string file = dir + "/cpu-bf16-matmul-probes.tsv";
+  const std::string kept = read_file(file);
+  ASSERT_FALSE(kept.empty()) << file;
+  EXPECT_EQ(planned("from the kept probes"), first);
+  EXPECT_EQ(read_file(file), kept) << "every probe came from the file: none was run again";
+  // A line that does not parse is skipped, not believed.
+  const std::string machine = kept.substr(0, kept.find('\t'));
+  std::ofstream(file, std::ios::app) << machine << "\tno such product\tnot-a-number\n";
+  EXPECT_EQ(planned("beside a malformed line"), first);
+  unsetenv("SHARDFIT_CACHE_DIR");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
