@@ -171,16 +171,22 @@ std::filesystem::path kept_probes_file() {
   return base / "cpu-bf16-matmul-probes.tsv";
 }
 
-// This machine's kept probes; a line that does not parse is skipped.
+// This machine's kept probes; a line that does not parse is skipped, and so
+// is a last line with no newline yet (another process's append in flight).
 std::map<std::string, std::vector<int64_t>> read_kept_probes() {
   std::map<std::string, std::vector<int64_t>> out;
   const std::filesystem::path path = kept_probes_file();
   if (path.empty()) return out;
   std::ifstream f(path);
+  std::stringstream whole;
+  whole << f.rdbuf();
+  std::string text = whole.str();
+  text.erase(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+  std::istringstream lines(text);
   const std::string mine = machine_key() + "\t";
   std::string line;
   int64_t skipped = 0;
-  while (std::getline(f, line)) {
+  while (std::getline(lines, line)) {
     if (line.compare(0, mine.size(), mine) != 0) continue;
     const size_t tab = line.find('\t', mine.size());
     if (tab == std::string::npos) {

@@ -202,10 +202,21 @@ TEST(CliTest, ABf16CpuPlanKeepsItsMatmulProbesForTheNextOne) {
   ASSERT_FALSE(kept.empty()) << file;
   EXPECT_EQ(planned("from the kept probes"), first);
   EXPECT_EQ(read_file(file), kept) << "every probe came from the file: none was run again";
-  // A line that does not parse is skipped, not believed.
+  // A line that does not parse is skipped, not believed; so is a last line
+  // another process is still writing (no newline yet). Here that line gives a
+  // product of the max batch (its rows: batch x 128 tokens) a 1 GB
+  // scratchpad: once its newline is written, it is believed, and that batch
+  // no longer fits.
   const std::string machine = kept.substr(0, kept.find('\t'));
-  std::ofstream(file, std::ios::app) << machine << "\tno such product\tnot-a-number\n";
-  EXPECT_EQ(planned("beside a malformed line"), first);
+  const std::string rows = "|BFloat16 " + std::to_string(first.first * 128) + " ";
+  const size_t at = kept.find(rows);
+  ASSERT_NE(at, std::string::npos) << "no product of batch " << first.first << " kept";
+  const size_t line_start = kept.rfind('\n', at) == std::string::npos ? 0 : kept.rfind('\n', at) + 1;
+  const std::string product = kept.substr(line_start, kept.find('\t', kept.find('\t', line_start) + 1) - line_start);
+  std::ofstream(file, std::ios::app) << machine << "\tno such product\tnot-a-number\n" << product << "\t1000000000";
+  EXPECT_EQ(planned("beside a malformed line and a partial one"), first);
+  std::ofstream(file, std::ios::app) << "\n";
+  EXPECT_LT(planned("with that line whole").first, first.first);
   unsetenv("SHARDFIT_CACHE_DIR");
   std::filesystem::remove_all(dir);
 }
