@@ -195,11 +195,16 @@ void CudaCachingAllocatorModel::release_cached_segments() {
   }
 }
 
-void CudaCachingAllocatorModel::start_alloc(int64_t id, int64_t bytes) {
+// A new request for `id`: checked, and false when it is already served, as
+// a 0-byte one is (PyTorch hands out nullptr without touching its pools).
+bool CudaCachingAllocatorModel::start_alloc(int64_t id, int64_t bytes) {
   check_new_id(id, bytes);
   if (id >= static_cast<int64_t>(id_block_.size())) id_block_.resize(id + 1, -1);
   if (id_block_[id] != -1)
     throw std::logic_error("allocator id " + std::to_string(id) + " is already live");
+  if (bytes > 0) return true;
+  id_block_[id] = kEmptyBlock;
+  return false;
 }
 
 // alloc_block(): a new segment, one cached-to-be block.
@@ -243,11 +248,7 @@ void CudaCachingAllocatorModel::take_block(int64_t id, int32_t b, int64_t rounde
 }
 
 bool CudaCachingAllocatorModel::alloc(int64_t id, int64_t bytes, int stream) {
-  start_alloc(id, bytes);
-  if (bytes == 0) {
-    id_block_[id] = kEmptyBlock;
-    return true;
-  }
+  if (!start_alloc(id, bytes)) return true;
   const int64_t rounded = round_size(bytes);
   const bool small = is_small(rounded);
   int32_t b = find_free(small, stream, rounded);
@@ -277,11 +278,7 @@ int64_t CudaCachingAllocatorModel::choose(int64_t bytes, int stream) const {
 }
 
 bool CudaCachingAllocatorModel::alloc_at(int64_t id, int64_t bytes, int stream, int64_t address, bool new_segment) {
-  start_alloc(id, bytes);
-  if (bytes == 0) {
-    id_block_[id] = kEmptyBlock;
-    return true;
-  }
+  if (!start_alloc(id, bytes)) return true;
   const int64_t rounded = round_size(bytes);
   const bool small = is_small(rounded);
   if (new_segment) {
@@ -315,7 +312,7 @@ void CudaCachingAllocatorModel::adopt_segment(int64_t address, bool small, int s
       at += p.bytes;
       continue;
     }
-    if (p.id >= 0) start_alloc(p.id, p.bytes);
+    if (p.id >= 0) start_alloc(p.id, p.bytes);  // p.bytes > 0: it gets the block below
     const int32_t b = new_block();
     Block& blk = blocks_[b];
     blk.address = at;

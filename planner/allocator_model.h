@@ -175,7 +175,7 @@ class CudaCachingAllocatorModel final : public AllocatorModel {
   int32_t new_block();
   int32_t reserve_segment(int64_t address, int64_t size, int stream, bool small);
   void take_block(int64_t id, int32_t b, int64_t rounded);
-  void start_alloc(int64_t id, int64_t bytes);
+  bool start_alloc(int64_t id, int64_t bytes);
   void release_block(int32_t b);
   int64_t releasable_bytes() const;
   void release_cached_segments();

@@ -85,6 +85,13 @@ History load(const std::filesystem::path& path) {
   History h;
   h.name = path.filename().string();
   std::map<int64_t, int> streams{{0, 0}};
+  auto stream_of = [&](const nlohmann::json& x) {  // numbered in order of appearance
+    return streams.emplace(x.at("stream").get<int64_t>(), static_cast<int>(streams.size())).first->second;
+  };
+  auto segment_of_json = [](const nlohmann::json& x) {
+    return Segment{x.at("address").get<int64_t>(), x.at("total_size").get<int64_t>(), x.at("segment_type") == "small",
+                   x.at("allocated_size").get<int64_t>()};
+  };
   // oom and snapshot change nothing; segment_map and segment_unmap
   // (expandable segments) are not modelled, and fail below.
   const std::map<std::string, Action> actions = {{"segment_alloc", Action::kSegmentAlloc},
@@ -102,24 +109,17 @@ History load(const std::filesystem::path& path) {
     ev.action = a->second;
     ev.addr = e.at("addr").get<int64_t>();
     ev.size = e.at("size").get<int64_t>();
-    ev.stream = streams.emplace(e.at("stream").get<int64_t>(), static_cast<int>(streams.size()))
-                    .first->second;
+    ev.stream = stream_of(e);
     h.events.push_back(ev);
   }
-  for (const auto& s : j.at("segments")) {
-    h.segments.push_back(Segment{s.at("address").get<int64_t>(), s.at("total_size").get<int64_t>(),
-                                 s.at("segment_type") == "small",
-                                 s.at("allocated_size").get<int64_t>()});
-  }
+  for (const auto& s : j.at("segments")) h.segments.push_back(segment_of_json(s));
   std::sort(h.segments.begin(), h.segments.end(),
             [](const Segment& a, const Segment& b) { return a.address < b.address; });
   h.has_start = j.contains("start_segments");
   for (const auto& s : j.value("start_segments", nlohmann::json::array())) {
     StartSegment st;
-    st.segment = Segment{s.at("address").get<int64_t>(), s.at("total_size").get<int64_t>(),
-                         s.at("segment_type") == "small", s.at("allocated_size").get<int64_t>()};
-    st.stream = streams.emplace(s.at("stream").get<int64_t>(), static_cast<int>(streams.size()))
-                    .first->second;
+    st.segment = segment_of_json(s);
+    st.stream = stream_of(s);
     for (const auto& b : s.at("blocks"))
       st.blocks.emplace_back(b.at("size").get<int64_t>(), b.at("allocated").get<bool>());
     h.start.push_back(st);
