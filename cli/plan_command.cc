@@ -35,6 +35,7 @@ struct PlanArgs {
   double ddp_bucket_cap_mb = planner::kDdpBucketCapBytes / (1024.0 * 1024);
   std::string torch = planner::kPinnedTorch;
   std::string zero_grad;   // empty: --torch's default
+  std::string loop_keeps;  // empty: outputs
   std::string checkpoint;  // empty: --torch's default
   std::string fsdp_backward_prefetch = "pre";
   int fsdp_version = 1;
@@ -98,6 +99,11 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
   if (!a.zero_grad.empty() && r.stack != planner::Stack::kPytorch)
     throw BadInput("--zero-grad: a PyTorch optimizer option; give --stack pytorch");
   r.zero_grad_set_to_none = zero_grad == "none";
+  if (!a.loop_keeps.empty() && a.loop_keeps != "outputs" && a.loop_keeps != "loss")
+    throw BadInput("--loop-keeps " + a.loop_keeps + ": expected outputs or loss");
+  if (!a.loop_keeps.empty() && r.stack != planner::Stack::kPytorch)
+    throw BadInput("--loop-keeps: what a PyTorch training loop holds; give --stack pytorch");
+  r.loop_keeps_outputs = a.loop_keeps != "loss";
   const std::string checkpoint = a.checkpoint.empty() ? defaults.checkpoint : a.checkpoint;
   if (checkpoint != "non-reentrant" && checkpoint != "reentrant")
     throw BadInput("--checkpoint " + checkpoint + ": expected non-reentrant or reentrant");
@@ -434,6 +440,11 @@ Command add_plan_command(CLI::App& app) {
                   "--stack pytorch: what the loop's opt.zero_grad() does: none (set_to_none=True, PyTorch 2.x's "
                   "default, the gradients dropped) or zero (set_to_none=False, PyTorch 1.x's default, zeroed in "
                   "place); default: --torch's");
+  sub->add_option("--loop-keeps", a->loop_keeps,
+                  "--stack pytorch: what the training loop holds of the forward's return until the next forward: "
+                  "outputs (`outputs = model(x)` in the loop's body: the loss and the logits; the default) or loss "
+                  "(a loss function returning the loss alone, as transformers' Trainer.compute_loss does: the "
+                  "rest freed as the forward returns)");
   sub->add_option("--fsdp-backward-prefetch", a->fsdp_backward_prefetch,
                   "--stack pytorch, FSDP candidates: FSDP(backward_prefetch=...): pre (BACKWARD_PRE: the next "
                   "unit gathered when a unit's backward starts; Accelerate's default), post (BACKWARD_POST: when "

@@ -55,6 +55,10 @@ struct PlanRequest : spec::JobOptions {
   // gradients (PyTorch 2.x's default; `--zero-grad none`), false zeroes them
   // in place (PyTorch 1.x's default; `--zero-grad zero`).
   bool zero_grad_set_to_none = true;
+  // --stack pytorch: the loop keeps the forward's whole return until the
+  // next forward (`--loop-keeps outputs`, the default) or the loss alone
+  // (`--loop-keeps loss`).
+  bool loop_keeps_outputs = true;
   // --stack pytorch: +ckpt candidates under torch.utils.checkpoint with
   // use_reentrant=True (`--checkpoint reentrant`, 1.13's default) instead of
   // False (`--checkpoint non-reentrant`, the default here).

@@ -243,6 +243,10 @@ Plan plan_from(const json& j, const std::string& origin) {
     if (p.has("fsdp_keep_low_precision_grads"))
       job.fsdp_keep_low_precision_grads = p.boolean("fsdp_keep_low_precision_grads");
     if (p.has("fsdp_use_orig_params")) job.fsdp_use_orig_params = p.boolean("fsdp_use_orig_params");
+    if (p.has("loop_keeps")) {
+      job.loop_keeps = p.text("loop_keeps");
+      if (job.loop_keeps != "outputs" && job.loop_keeps != "loss") p.fail("loop_keeps", "must be outputs or loss");
+    }
     if (p.has("fsdp_reduce_dtype")) {
       job.fsdp_reduce_dtype = p.text("fsdp_reduce_dtype");
       try {
@@ -432,7 +436,8 @@ void to_json(json& j, const Plan& plan) {
                         {"fsdp_reduce_dtype", plan.pytorch_job->fsdp_reduce_dtype},
                         {"adamw_foreach", plan.pytorch_job->adamw_step == "foreach"},
                         {"fsdp_keep_low_precision_grads", plan.pytorch_job->fsdp_keep_low_precision_grads},
-                        {"fsdp_use_orig_params", plan.pytorch_job->fsdp_use_orig_params}};
+                        {"fsdp_use_orig_params", plan.pytorch_job->fsdp_use_orig_params},
+                        {"loop_keeps", plan.pytorch_job->loop_keeps}};
   if (plan.pytorch_job && !plan.pytorch_job->torch.empty()) j["pytorch_job"]["torch"] = plan.pytorch_job->torch;
   if (plan.pytorch_job && !plan.pytorch_job->adamw_step.empty())
     j["pytorch_job"]["adamw_step"] = plan.pytorch_job->adamw_step;

@@ -165,6 +165,9 @@ struct Plan {
     bool fsdp_keep_low_precision_grads = false;
     // FSDP1's use_orig_params=True; absent = false (FlatParameters)
     bool fsdp_use_orig_params = false;
+    // What the loop keeps until the next forward: "outputs" (the forward's
+    // whole return) or "loss"; absent in older plans = "outputs"
+    std::string loop_keeps = "outputs";
   };
   std::optional<PytorchJob> pytorch_job;
   PlanModel model;

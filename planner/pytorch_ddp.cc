@@ -245,7 +245,7 @@ bool DdpJob::micro_batch(int k, int m) {
   std::vector<std::vector<int64_t>> unit_grads{std::move(grads_)};
   const StepIndex& index = fb_ == in_.with_grads ? *with_grads_index_ : *no_grads_index_;
   const bool ok = walk_pytorch_step(index, part_, {}, micro, label_, hooks(k, m), ledger_, unit_grads, outputs_,
-                                    previous_outputs_);
+                                    previous_outputs_, o_.keep_outputs);
   grads_ = std::move(unit_grads[0]);
   if (!ok || ledger_.oom()) return false;
   previous_outputs_.swap(outputs_);

@@ -312,7 +312,7 @@ bool Fsdp1Job::step(int k) {
   }
   if (k == 1) cast_buffers();
   if (!walk_pytorch_step(*index_, part_, split_ties_, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
-                      previous_outputs_))
+                      previous_outputs_, o_.keep_outputs))
     return false;
   // Units whose backward-end marker the trace has none of (a module whose
   // inputs need no gradient: the embeddings, the root): their hooks run as

@@ -241,7 +241,7 @@ bool Fsdp2Job::step(int k) {
   run_hook(spec::Hook::kZeroGrad, -1);
   for (Group& g : groups_) g.pre_backward_done = g.post_backward_done = false;
   if (!walk_pytorch_step(*index_, part_, SplitTieGrads{}, step, label_, hooks(k), ledger_, unit_grads_, outputs_,
-                      previous_outputs_, &grad_origins_))
+                      previous_outputs_, o_.keep_outputs, &grad_origins_))
     return false;
   finalize_backward();
   if (ledger_.oom()) return false;

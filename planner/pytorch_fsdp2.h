@@ -94,6 +94,7 @@ struct PytorchFsdp2Options {
   int steps = 2;
   std::vector<int64_t> overhead_bytes;  // the profile's cuBLAS workspaces
   bool zero_grad_set_to_none = true;    // opt.zero_grad(set_to_none=...)
+  bool keep_outputs = true;             // PytorchDdpOptions::keep_outputs
 };
 
 // The streams whose pools the caching allocator keeps apart: the default

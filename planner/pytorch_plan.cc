@@ -26,7 +26,7 @@ namespace {
 
 // The traces a candidate replays, by kind, and grads at start: batch 1
 // exactly, 2 and 3 extended affinely.
-enum TraceKind : int { kFp32 = 0, kCkpt = 1, kAmp = 2, kMixed = 3, kMixed16 = 4, kTraceKinds = 5 };
+enum TraceKind : int { kFp32 = 0, kCkpt = 1, kAmp = 2, kMixed = 3, kMixed16 = 4, kMixedCkpt = 5, kTraceKinds = 6 };
 
 
 // What the trace file holds for the candidates, read once.
@@ -34,6 +34,10 @@ struct PytorchTraces {
   // The blocks, under torch.utils.checkpoint for +ckpt (what a plan
   // recomputes when nothing but the root is a unit: spec/recompute.h).
   std::vector<int> blocks;
+  // fp32 traces: absent where the recorder could not imitate the target's
+  // fp32 kernels (trace_recorder.py: transformers' sdpa on CUDA); the
+  // file's other traces still plan their candidates.
+  bool has_fp32 = false;
   bool has_ckpt = false;
   // Traces whose forward ran under torch.autocast (trace_recorder.py: bf16
   // for a CPU target, fp16 with GradScaler for a CUDA one): the bf16 / fp16
@@ -47,8 +51,12 @@ struct PytorchTraces {
   // (trace_recorder.py --param-dtype; fp16 for CUDA targets only): what
   // FSDP's MixedPrecision(param_dtype=...) computes.
   bool has_mixed = false, has_mixed16 = false;
+  // The bf16 cast model with the blocks checkpointed (a CUDA target's
+  // recording): FSDP2's MixedPrecisionPolicy with activation checkpointing.
+  bool has_mixed_ckpt = false;
   // By kind ([kFp32], [kCkpt] with the blocks checkpointed, [kAmp] the
-  // forward under autocast, [kMixed] the model in bf16, [kMixed16] in fp16)
+  // forward under autocast, [kMixed] the model in bf16, [kMixed16] in fp16,
+  // [kMixedCkpt] in bf16 with the blocks checkpointed)
   // and grads at start.
   const ModelTrace* at1[kTraceKinds][2] = {};
   std::unique_ptr<AffineTrace> affine[kTraceKinds][2];
@@ -61,6 +69,7 @@ struct PytorchTraces {
 
 void load_traces(const PlanRequest& r, const TraceFile& file, bool cuda, PytorchTraces& t) {
   t.blocks = spec::recompute_modules(file.modules, wrap_modules(file.modules, WrapPolicy::parse("none")));
+  t.has_fp32 = file.find(DType::kF32, {}, 1, false, false) != nullptr;
   t.has_ckpt = !t.blocks.empty() && file.find(DType::kF32, t.blocks, 1, false, r.ckpt_reentrant);
   t.amp_dtype = cuda ? DType::kF16 : DType::kBF16;
   t.amp = cuda ? Precision::kFp16 : Precision::kBf16;
@@ -69,26 +78,28 @@ void load_traces(const PlanRequest& r, const TraceFile& file, bool cuda, Pytorch
   auto cast_traces = [&](DType d) { return file.find(d, {}, 1, false, false, /*autocast=*/false) != nullptr; };
   t.has_mixed = cast_traces(DType::kBF16);
   t.has_mixed16 = cast_traces(DType::kF16);
+  t.has_mixed_ckpt = !t.blocks.empty() && file.find(DType::kBF16, t.blocks, 1, false, r.ckpt_reentrant) != nullptr;
   for (int k = 0; k < kTraceKinds; ++k) {
-    if ((k == kCkpt && !t.has_ckpt) || (k == kAmp && !t.has_amp) || (k == kMixed && !t.has_mixed) ||
-        (k == kMixed16 && !t.has_mixed16))
+    if ((k == kFp32 && !t.has_fp32) || (k == kCkpt && !t.has_ckpt) || (k == kAmp && !t.has_amp) ||
+        (k == kMixed && !t.has_mixed) || (k == kMixed16 && !t.has_mixed16) ||
+        (k == kMixedCkpt && !t.has_mixed_ckpt))
       continue;
-    const DType dtype = k == kAmp      ? t.amp_dtype
-                        : k == kMixed   ? DType::kBF16
-                        : k == kMixed16 ? DType::kF16
-                                        : DType::kF32;
+    const DType dtype = k == kAmp                        ? t.amp_dtype
+                        : k == kMixed || k == kMixedCkpt ? DType::kBF16
+                        : k == kMixed16                  ? DType::kF16
+                                                         : DType::kF32;
+    const bool ckpt = k == kCkpt || k == kMixedCkpt;
+    const std::vector<int> rec = ckpt ? t.blocks : std::vector<int>{};
     for (int g = 0; g < 2; ++g) {
-      const std::vector<int> rec = k == kCkpt ? t.blocks : std::vector<int>{};
       const ModelTrace* at[4] = {};
-      for (int b = 1; b <= 3; ++b)
-        at[b] = file.find(dtype, rec, b, g == 1, r.ckpt_reentrant && k == kCkpt, k == kAmp);
+      for (int b = 1; b <= 3; ++b) at[b] = file.find(dtype, rec, b, g == 1, r.ckpt_reentrant && ckpt, k == kAmp);
       if (!at[1] || !at[2] || !at[3])
         throw std::invalid_argument(std::string("--stack pytorch: the trace file has no ") +
-                                    (k == kAmp       ? "autocast(" + t.amp_name + ")"
-                                     : k == kMixed   ? std::string("bf16 (the model cast)")
-                                     : k == kMixed16 ? std::string("fp16 (the model cast)")
-                                                     : std::string("fp32")) +
-                                    " trace" + (k == kCkpt ? " with the blocks checkpointed" : "") + " with grads " +
+                                    (k == kAmp                       ? "autocast(" + t.amp_name + ")"
+                                     : k == kMixed || k == kMixedCkpt ? std::string("bf16 (the model cast)")
+                                     : k == kMixed16                 ? std::string("fp16 (the model cast)")
+                                                                     : std::string("fp32")) +
+                                    " trace" + (ckpt ? " with the blocks checkpointed" : "") + " with grads " +
                                     (g == 1 ? "accumulate" : "none") + " at batches 1, 2 and 3");
       t.at1[k][g] = at[1];
       try {
@@ -145,8 +156,10 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
                           want.wrap == "none" &&
                           (want.precision == Precision::kFp32 || (want.precision == amp && !want.recompute));
     const bool fsdp2 = r.fsdp_version == 2;
+    // FSDP2 with activation checkpointing: in bf16, from the cast model's
+    // checkpointed traces (a CUDA recording's).
     const bool fsdp = is_fsdp(want) && (fsdp2 ? !fsdp_no_shard(want) : want.sharding != Sharding::kHybrid) &&
-                      !want.recompute &&
+                      (!want.recompute || (fsdp2 && want.precision == Precision::kBf16)) &&
                       (fsdp2 ? want.wrap == "none" || want.wrap == "block"
                              : want.wrap.rfind("size:", 0) == 0 || want.wrap == "block") &&
                       (want.precision == Precision::kFp32 || want.precision == Precision::kBf16 ||
@@ -160,7 +173,15 @@ std::vector<Candidate> requested_fsdp(const PlanRequest& r, const TraceFile& fil
                                   "(transformer_auto_wrap_policy), FSDP1's NO_SHARD as ddp/.../wrap=size:N or block, with "
                                   "--fsdp-version 2 also hybrid (HSDP) and "
                                   "wrap=block (fully_shard on each block, then the root) or wrap=none (the root "
-                                  "only), only in this version");
+                                  "only), and +ckpt in bf16, only in this version");
+    if (fsdp && want.recompute && !t.has_mixed_ckpt)
+      throw std::invalid_argument("--strategies " + s + ": FSDP2 in bf16 with activation checkpointing needs the "
+                                  "cast model's traces with the blocks checkpointed: record the trace file with "
+                                  "trace_recorder.py --target cuda --param-dtype bf16");
+    if ((ddp_like || fsdp) && want.precision == Precision::kFp32 && !t.has_fp32)
+      throw std::invalid_argument("--strategies " + s + ": the trace file has no fp32 traces (the recorder makes "
+                                  "none where the target's fp32 kernels are not imitated: transformers' sdpa on "
+                                  "CUDA); its bf16 and fp16 candidates plan");
     if (!fsdp && want.precision == amp && !t.has_amp)
       throw std::invalid_argument(
           "--strategies " + s +
@@ -224,7 +245,9 @@ void add_ddp_candidates(const PlanRequest& r, const PytorchTraces& t, bool cuda,
     std::string full = id;
     if (const size_t at = full.find("AMP"); at != std::string::npos) full.replace(at, 3, t.amp_name);
     const Candidate c = parse_candidate(full);
-    if ((c.recompute && !t.has_ckpt) || (c.precision == t.amp && !t.has_amp) || !precision_wanted(c)) continue;
+    if ((c.precision == Precision::kFp32 && !t.has_fp32) || (c.recompute && !t.has_ckpt) ||
+        (c.precision == t.amp && !t.has_amp) || !precision_wanted(c))
+      continue;
     bool wanted = r.candidates.strategies.empty();
     for (const std::string& s : r.candidates.strategies)
       wanted = wanted || s == spec::sharding_name(c.sharding) || s == c.to_id();
@@ -292,7 +315,8 @@ class PytorchJobSim {
   AdamwStep step_for(const Candidate& c);
   // The traces a candidate replays (PytorchTraces::at1 / affine's first index).
   int kind_of(const Candidate& c) const {
-    return is_fsdp(c) && c.precision == Precision::kBf16   ? kMixed
+    return is_fsdp(c) && c.precision == Precision::kBf16 && c.recompute ? kMixedCkpt
+           : is_fsdp(c) && c.precision == Precision::kBf16   ? kMixed
            : is_fsdp(c) && c.precision == Precision::kFp16 ? kMixed16
            : c.precision == t_.amp                         ? kAmp
            : c.recompute                                   ? kCkpt
@@ -372,6 +396,7 @@ PytorchDdpOptions PytorchJobSim::ddp_options(const Candidate& c) const {
   o.gradient_as_bucket_view = r_.ddp_bucket_view;
   o.bucket_cap_bytes = r_.schedule.ddp_bucket_cap_bytes;
   o.zero_grad_set_to_none = r_.zero_grad_set_to_none;
+  o.keep_outputs = r_.loop_keeps_outputs;
   o.budget_bytes = budget_;
   o.cuda_caching = cuda_ && r_.profile.allocator == AllocatorKind::kCudaCaching;
   if (cuda_) o.overhead_bytes = r_.profile.cublas_workspace_allocations;
@@ -413,6 +438,7 @@ PytorchFsdp2Options PytorchJobSim::fsdp2_options(const Candidate& c, const Pytor
   f.steps = o.steps;
   f.overhead_bytes = o.overhead_bytes;
   f.zero_grad_set_to_none = o.zero_grad_set_to_none;
+  f.keep_outputs = o.keep_outputs;
   f.prefetch = r_.schedule.prefetch;  // N >= 2: explicit, N - 1 blocks ahead, N back
   f.cpu = !cuda_;
   return f;
@@ -429,6 +455,7 @@ PytorchFsdpOptions PytorchJobSim::fsdp1_options(const Candidate& c, const Pytorc
   f.budget_bytes = budget_;
   f.overhead_bytes = o.overhead_bytes;
   f.zero_grad_set_to_none = o.zero_grad_set_to_none;
+  f.keep_outputs = o.keep_outputs;
   f.backward_prefetch = r_.fsdp_backward_prefetch;
   f.forward_prefetch = r_.schedule.prefetch >= 2;  // --prefetch 2: FSDP(forward_prefetch=True)
   f.mixed_precision = compute_dtype(c.precision);
@@ -562,7 +589,8 @@ Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem
                                                                                                        : "pre",
                                       static_cast<int>(r.steps), r.fsdp_version, r.fsdp_reduce_dtype,
                                       r.adamw_step ? adamw_step_name(*r.adamw_step) : "",
-                                      r.fsdp_keep_low_precision_grads, r.fsdp_use_orig_params};
+                                      r.fsdp_keep_low_precision_grads, r.fsdp_use_orig_params,
+                                      r.loop_keeps_outputs ? "outputs" : "loss"};
   for (const Candidate& c : candidates) plan.candidates.push_back(search_pytorch_candidate(c, r, *file, traces, sim));
   if (sim.foreach_unrecorded())
     spdlog::warn("--trace: no AdamW(foreach=True) steps in the file (recorded since 2026-12-03), the step PyTorch {} "

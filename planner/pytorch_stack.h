@@ -124,6 +124,10 @@ struct PytorchDdpOptions {
   // default, and pytorch/validate.py's loop); False zeroes them in place, so
   // they stay allocated from step 1's backward on (PyTorch 1.x's default).
   bool zero_grad_set_to_none = true;
+  // What the loop keeps of the forward's return until the next forward:
+  // everything (`outputs = model(x)` in its body, pytorch/validate.py's
+  // loop) or, false, the loss alone (`loss = loss_fn(model, x)`).
+  bool keep_outputs = true;
   // torch.cuda.amp.GradScaler around the step (the fp16 candidates: AMP's
   // recipe, as Accelerate's fp16 ran it): its scale and growth tracker,
   // unscale_'s tensors around the optimizer step (grad_scaler_step_bytes).

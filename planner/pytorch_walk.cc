@@ -43,10 +43,11 @@ class PytorchStep {
   PytorchStep(const StepIndex& index, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
               const std::string& step, std::string& label, const StepHooks& hooks, Ledger& ledger,
               std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
-              std::vector<int64_t>& previous_outputs, std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins)
+              std::vector<int64_t>& previous_outputs, bool keep_outputs,
+              std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins)
       : index_(index), part_(part), split_ties_(split_ties), step_(step), label_(label), hooks_(hooks),
         ledger_(ledger), unit_grads_(unit_grads), outputs_(outputs), previous_outputs_(previous_outputs),
-        grad_origins_(grad_origins), live_(index.num_ids(), -1), held_grad_(index.num_ids(), false),
+        keep_outputs_(keep_outputs), grad_origins_(grad_origins), live_(index.num_ids(), -1), held_grad_(index.num_ids(), false),
         grads_to_come_(part.units.size(), -1) {
     // post_backward_after_last_grad: the units but the root whose backward
     // the trace ends only with the whole backward (an end with no op: no
@@ -78,6 +79,8 @@ class PytorchStep {
   std::vector<std::vector<int64_t>>& unit_grads_;
   std::vector<int64_t>& outputs_;
   std::vector<int64_t>& previous_outputs_;
+  const bool keep_outputs_;
+  int64_t loss_ = -1;  // the loss's ledger id, once allocated
   std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins_;
   std::vector<int64_t> live_;     // trace storage -> ledger id, -1 when not in the ledger
   std::vector<bool> held_grad_;   // trace storages kept as a unit's parameter gradient
@@ -106,6 +109,11 @@ bool PytorchStep::on(const StepEvent& e) {
       // previous step's.
       in_backward_ = true;
       if (hooks_.forward_returns) hooks_.forward_returns();
+      if (!keep_outputs_) {  // a loss function returned the loss alone: the rest goes with `outputs`
+        for (int64_t id : outputs_)
+          if (id != loss_) ledger_.free(id);
+        outputs_.assign(loss_ >= 0 ? 1 : 0, loss_);
+      }
       ledger_.free_all(previous_outputs_);
       ledger_.point(step_ + "/forward");
       label_ = step_ + "/backward";
@@ -147,6 +155,7 @@ bool PytorchStep::alloc(const StepEvent& e) {
   if (id < 0) return false;
   live_[e.id] = id;
   if (output) outputs_.push_back(id);
+  if (e.has(StepEvent::kLoss)) loss_ = id;
   if (grad) {
     const int u = part_.module_unit[e.module];
     unit_grads_[u].push_back(id);
@@ -184,10 +193,10 @@ bool PytorchStep::split_tie_sum(const StepEvent& e) const {
 bool walk_pytorch_step(const StepIndex& index, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
                        const std::string& step, std::string& label, const StepHooks& hooks, Ledger& ledger,
                        std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
-                       std::vector<int64_t>& previous_outputs,
+                       std::vector<int64_t>& previous_outputs, bool keep_outputs,
                        std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins) {
   PytorchStep interpreter(index, part, split_ties, step, label, hooks, ledger, unit_grads, outputs, previous_outputs,
-                          grad_origins);
+                          keep_outputs, grad_origins);
   return walk_step(index, interpreter) && !ledger.oom();
 }
 

@@ -90,13 +90,15 @@ spec::UnitPartition whole_model_unit(int num_modules);
 // tie) are appended to unit_grads[unit] and left for the strategy to free;
 // what the forward returns beside the loss (ModelTrace::kept_outputs) is
 // appended to `outputs`, and `previous_outputs` (the last step's) freed as
-// the forward returns, where a point stepK/forward is recorded. With
+// the forward returns, where a point stepK/forward is recorded; with
+// `keep_outputs` false the loop keeps the loss alone (`loss =
+// loss_fn(model, x)`), and the rest of `outputs` is freed there too. With
 // `grad_origins`, each gradient's (module, bytes) is appended to
 // (*grad_origins)[unit] beside its id in unit_grads. False on out of memory.
 bool walk_pytorch_step(const StepIndex& index, const spec::UnitPartition& part, const SplitTieGrads& split_ties,
                        const std::string& step, std::string& label, const StepHooks& hooks, Ledger& ledger,
                        std::vector<std::vector<int64_t>>& unit_grads, std::vector<int64_t>& outputs,
-                       std::vector<int64_t>& previous_outputs,
+                       std::vector<int64_t>& previous_outputs, bool keep_outputs,
                        std::vector<std::vector<std::pair<int, int64_t>>>* grad_origins = nullptr);
 
 }  // namespace shardfit::planner

@@ -153,6 +153,7 @@ void StepIndex::flatten(const ModelTrace& trace, const std::vector<int>& unit_of
         ev.id = it->second;
         ev.bytes = e.bytes;
         if (kept_output.count(e.tensor)) ev.flags |= StepEvent::kKeptOutput;
+        if (!trace.kept_outputs.empty() && e.tensor == trace.kept_outputs.back()) ev.flags |= StepEvent::kLoss;
         alloc_events_.push_back(static_cast<int32_t>(events_.size()));
         break;
       }

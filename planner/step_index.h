@@ -37,7 +37,10 @@ struct StepEvent {
   // the outermost begin of its recomputed forward.
   static constexpr uint8_t kHook = 1;
   static constexpr uint8_t kInOp = 2;        // inside an op (the trace names it)
-  static constexpr uint8_t kKeptOutput = 4;  // kAlloc: returned by the forward beside the loss
+  static constexpr uint8_t kKeptOutput = 4;  // kAlloc: returned by the forward (the loss too)
+  // kAlloc: the loss, the kept output the recorder's loop drops last
+  // (trace_recorder.py: `del out, loss`).
+  static constexpr uint8_t kLoss = 8;
   Kind kind = kAlloc;
   Phase phase = Phase::kForward;
   uint8_t flags = 0;

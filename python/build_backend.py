@@ -43,7 +43,8 @@ TARGETS = ("shardfit", "shardfit_torch")
 # pytorch/trace_recorder.py and the modules it imports (trace_recorder.sibling),
 # and pytorch/calibrate_stack.py (`shardfit calibrate --stack pytorch`).
 TRACER_MODULES = ("trace_recorder", "trace_optimizer", "shardfit_meter", "models", "cpu_flash_attention", "cpu_grouped_mm",
-                  "cpu_index_backward", "autocast_emulation", "hf_models", "calibrate_stack")
+                  "cpu_index_backward", "cuda_attention", "cuda_dropout", "autocast_emulation", "hf_models",
+                  "calibrate_stack")
 SUMMARY = "Memory planner for sharded data-parallel training: trace a PyTorch model, plan DDP/ZeRO/FSDP"
 # What the installing Python says of its torch, one value a line.
 TORCH_PROBE = ("import os, torch, torch.utils; print(os.path.dirname(os.path.abspath(torch.__file__))); "

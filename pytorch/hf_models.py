@@ -105,17 +105,16 @@ def architecture(arch, config):
 
 def factory(arch, config_path, target_cuda=False):
     """The recorder's model factory, input function and the model's name
-    (its architecture) for hf:<arch>. sdpa is traced for the CPU only: on
-    CUDA it would take CUDA's flash or memory-efficient kernels, which the
-    meta device does not imitate (cpu_flash_attention.py does the CPU's)."""
+    (its architecture) for hf:<arch>. sdpa takes the target's kernel: the
+    CPU's flash kernel (cpu_flash_attention.py), or on CUDA cuDNN's, which
+    2.11 runs for bf16 and fp16 (cuda_attention.py); CUDA's fp32 sdpa runs
+    the memory-efficient kernel, not imitated, so such a model has no fp32
+    traces (the built model's `fp32_not_traced` says why)."""
     config = load_config(config_path)
     attn = getattr(config, "_attn_implementation", None) or "eager"
     if attn not in ATTENTIONS:
         raise BadConfig("--config %s: attn_implementation %s is not traced (%s are)" %
                         (config_path, attn, " and ".join(ATTENTIONS)))
-    if attn == "sdpa" and target_cuda:
-        raise BadConfig("--config %s: attn_implementation sdpa is traced for --target cpu only (CUDA's sdpa "
-                        "kernels are not imitated); eager is traced for both" % config_path)
     config._attn_implementation = attn
     cls = architecture(arch, config)
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
@@ -155,6 +154,10 @@ def factory(arch, config_path, target_cuda=False):
         found = [type(m) for m in model.modules() if type(m).__name__ in blocks]
         if found:
             model.block_class = max(found, key=found.count)
+        if attn == "sdpa" and target_cuda:
+            model.fp32_not_traced = ("attn_implementation sdpa in fp32 on CUDA runs the memory-efficient kernel, "
+                                     "which is not imitated (bf16 and fp16 run cuDNN's, traced; eager attention "
+                                     "traces fp32 too)")
         return model
 
     def inputs(batch, seq_len, device):

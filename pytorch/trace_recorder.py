@@ -94,6 +94,7 @@ def use_the_cpp_meta_kernels():
     cpu_flash_attention = sibling("cpu_flash_attention")
     cpu_grouped_mm = sibling("cpu_grouped_mm")
     cpu_index_backward = sibling("cpu_index_backward")
+    cuda_attention = sibling("cuda_attention")
     lib._destroy()
     # What torch registered (activate_meta in 2.11's _meta_registrations.py):
     # per op the most specific of the meta, post- and pre-autograd tables.
@@ -110,13 +111,15 @@ def use_the_cpp_meta_kernels():
     for op, fn in table.items():
         if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op.is_view:
             continue
-        if served(op.name()) or op.name() in cpu_flash_attention.OPS + cpu_grouped_mm.OPS + cpu_index_backward.OPS:
+        if served(op.name()) or op.name() in (cpu_flash_attention.OPS + cpu_grouped_mm.OPS + cpu_index_backward.OPS +
+                                              cuda_attention.OPS):
             continue
         _PYTHON_ONLY_METAS.impl(op, fn)
 
 
 _PYTHON_ONLY_METAS = None  # the Library holding them: registrations live as long as it does
 _CPU_KERNELS = None  # cpu_flash_attention's, cpu_grouped_mm's and cpu_index_backward's kernels, for a CPU target
+_CUDA_KERNELS = None  # cuda_attention's, for a CUDA target
 
 
 def library():
@@ -177,40 +180,6 @@ def on_meta():
 
     with Meta():
         yield
-
-
-@contextlib.contextmanager
-def cuda_dropout():
-    """Dropout as a CUDA tensor runs it. at::dropout (ATen/native/Dropout.cpp,
-    1.12 and 1.13) takes the fused kernel, native_dropout, only when
-    is_fused_kernel_acceptable(input, p): a CUDA (XPU, lazy) tensor, 0 < p < 1,
-    numel > 0. A meta tensor is none of those, so on its own the trace would
-    follow the CPU path (_dropout_impl: an input-dtype noise tensor, kept by
-    the product's backward). Inside, F.dropout and torch.dropout call
-    native_dropout where CUDA would: its output and a bool mask, the mask
-    what backward keeps (planner/meta_kernels.cc allocates them as CUDA's
-    dropout_cuda does)."""
-    import torch
-    import torch.nn.functional as F
-
-    functional, builtin = F.dropout, torch.dropout
-
-    def fused(input, p, train):
-        return train and 0 < p < 1 and input.numel() > 0
-
-    def dropout(input, p=0.5, training=True, inplace=False):
-        if not inplace and fused(input, p, training):
-            return torch.native_dropout(input, p, True)[0]
-        return functional(input, p, training, inplace)
-
-    def dropout_builtin(input, p, train):
-        return torch.native_dropout(input, p, True)[0] if fused(input, p, train) else builtin(input, p, train)
-
-    F.dropout, torch.dropout = dropout, dropout_builtin
-    try:
-        yield
-    finally:
-        F.dropout, torch.dropout = functional, builtin
 
 
 def module_table(model, block_class=None):
@@ -409,7 +378,7 @@ def trace_batch(lib, model, modules_json, input_fn, batch, seq_len, grads="accum
               else contextlib.nullcontext())
     # CUDA's dropout for the forward and for what a checkpointed unit's
     # backward recomputes.
-    kernels = cuda_dropout() if target_cuda else contextlib.nullcontext()
+    kernels = sibling("cuda_dropout").fused() if target_cuda else contextlib.nullcontext()
     try:
         with kernels:
             args = input_fn(batch, seq_len, "meta")
@@ -499,16 +468,26 @@ def _low_dtypes():
 
 def prepare(target_cuda=False):
     """The library loaded and the process's meta kernels made the C++ tracer's
-    (use_the_cpp_meta_kernels); for a CPU target, what the CPU runs where the
-    meta device would not: scaled_dot_product_attention takes the CPU's
-    kernel, not the meta device's math one; _grouped_mm (mixture-of-experts
-    layers) allocates what its CPU kernel allocates; indexing's backward
-    scatters in place. Idempotent."""
-    global _CPU_KERNELS
+    (use_the_cpp_meta_kernels); then what the target runs where the meta
+    device would not. For a CPU target: scaled_dot_product_attention takes
+    the CPU's flash kernel, not the meta device's math one; _grouped_mm
+    (mixture-of-experts layers) allocates what its CPU kernel allocates;
+    indexing's backward scatters in place. For a CUDA target:
+    scaled_dot_product_attention takes cuDNN's attention, as 2.11 does on a
+    Hopper card (cuda_attention.py). The other target's kernels, registered
+    by an earlier recording in this process, are dropped first."""
+    global _CPU_KERNELS, _CUDA_KERNELS
     lib = library()
-    if not target_cuda and _CPU_KERNELS is None:
-        _CPU_KERNELS = sibling("cpu_flash_attention").register() + (sibling("cpu_grouped_mm").register(),
-                                                                    sibling("cpu_index_backward").register())
+    drop = _CPU_KERNELS if target_cuda else _CUDA_KERNELS
+    for registered in drop or ():
+        registered._destroy()
+    if target_cuda:
+        _CPU_KERNELS = None
+        _CUDA_KERNELS = _CUDA_KERNELS or sibling("cuda_attention").register()
+    else:
+        _CUDA_KERNELS = None
+        _CPU_KERNELS = _CPU_KERNELS or (sibling("cpu_flash_attention").register() +
+                                        (sibling("cpu_grouped_mm").register(), sibling("cpu_index_backward").register()))
     return lib
 
 
@@ -581,23 +560,34 @@ def record_model(factory, input_fn, seq_len, out, name, factory_name, input_name
         for grads in ("accumulate", "none"):
             for b in batches:
                 trace_batch(lib, model, modules_json, input_fn, b, seq_len, grads, target_cuda, **kind)
-    try:
-        trace_batches()
-        # The same with every block under torch.utils.checkpoint (the +ckpt
-        # candidates; blocks are what a plan recomputes without wrap units).
-        blocks = {m: index[id(m)] for m in model.modules() if block is not None and isinstance(m, block)}
-        # Both kinds of torch.utils.checkpoint: use_reentrant False, then True.
+    # The same with every block under torch.utils.checkpoint (the +ckpt
+    # candidates; blocks are what a plan recomputes without wrap units).
+    blocks = {m: index[id(m)] for m in model.modules() if block is not None and isinstance(m, block)}
+
+    def checkpointed_batches(**kind):
+        """trace_batches under both kinds of torch.utils.checkpoint:
+        use_reentrant False, then True."""
         for reentrant in ((False, True) if blocks else ()):
             ckpt = Checkpointed(lib, blocks, reentrant)
             use_cache = getattr(model, "use_cache", None)
             if use_cache is not None:
                 model.use_cache = False  # as Hugging Face's models do under gradient checkpointing
             try:
-                trace_batches(checkpointed=ckpt)
+                trace_batches(checkpointed=ckpt, **kind)
             finally:
                 ckpt.restore()
                 if use_cache is not None:
                     model.use_cache = use_cache
+    # A model whose fp32 step runs a kernel the target's imitation lacks
+    # (hf_models.py: sdpa on CUDA) says why; its plans have no fp32
+    # candidates.
+    untraced = getattr(model, "fp32_not_traced", None)
+    try:
+        if untraced:
+            print("trace_recorder.py: no fp32 traces: %s" % untraced, file=sys.stderr)
+        else:
+            trace_batches()
+            checkpointed_batches()
         # The forward under torch.autocast: bf16 on the CPU (1.13's CPU
         # autocast), fp16 with GradScaler on CUDA (1.13's CUDA autocast,
         # emulated: autocast_emulation.py).
@@ -615,12 +605,16 @@ def record_model(factory, input_fn, seq_len, out, name, factory_name, input_name
         # the block's floating inputs too (block_inputs_cast). The file says
         # how many it converted: none, and the traces are FSDP1's as well,
         # whose MixedPrecision casts the root's inputs only.
+        # A CUDA target's cast model also runs with every block checkpointed:
+        # FSDP's MixedPrecision with activation checkpointing (+ckpt bf16).
         if param_dtype:
             model.to(_low_dtypes()[param_dtype])
             casts = [] if target_cuda else block_inputs_cast(blocks, _low_dtypes()[param_dtype])
             try:
                 trace_batches(param_dtype=param_dtype)
-                if not target_cuda:
+                if target_cuda:
+                    checkpointed_batches(param_dtype=param_dtype)
+                else:
                     lib.shardfit_trace_block_input_casts(casts[0].converted[0] if casts else 0)
             finally:
                 for h in casts:

@@ -308,10 +308,16 @@ def train(args, rank, meter, torch, models, mesh=None):
                     outputs = ddp(*x)
                 # A tuple's first, or a transformers ModelOutput's (its loss).
                 loss = outputs[0] if isinstance(outputs, (tuple, dict)) else outputs
+                if args.loop_keeps == "loss":
+                    # `loss = loss_fn(model, x)`: the rest goes as the loss
+                    # function returns; the loss stays until the next one.
+                    del outputs
                 meter.mark(label + "/forward")
                 loss.backward()
             losses.append(loss.item())
-            del loss, x
+            del x
+            if args.loop_keeps == "outputs":
+                del loss  # `outputs` holds it
             meter.mark(label + "/backward")
         opt.step()
         meter.mark("step%d/optimizer" % step)
@@ -429,6 +435,7 @@ def run(args, ctx=None):
     if not ranks:
         raise SystemExit("validate.py: no rank reported (see the errors above)")
     return {"model": args.model, "wrap": args.wrap, "ckpt": args.ckpt, "bf16": args.bf16, "zero_grad": args.zero_grad,
+            "loop_keeps": args.loop_keeps,
             "nproc": args.nproc, "batch": args.batch, "seq_len": args.seq_len, "steps": args.steps,
             "grad_accum": args.grad_accum,
             "ranks": ranks}
@@ -468,6 +475,9 @@ def parser():
     p.add_argument("--zero-grad", choices=["none", "zero"], default="none",
                    help="opt.zero_grad(set_to_none=True) (none: PyTorch 2.x's default) or set_to_none=False "
                         "(zero: PyTorch 1.x's default, the gradients zeroed in place)")
+    p.add_argument("--loop-keeps", choices=["outputs", "loss"], default="outputs",
+                   help="what the loop holds until the next forward: outputs (`outputs = model(x)`) or the loss "
+                        "alone (`loss = loss_fn(model, x)`; plan --loop-keeps)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)

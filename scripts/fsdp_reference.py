@@ -9,6 +9,10 @@ ran: the attention probabilities are materialised), else a minimal GPT-2 in
 plain torch with the same shapes, names and parameter count. Nothing is
 downloaded: weights are random.
 
+The loop is `loss = loss_fn(model, x)`: the model's other outputs (the
+logits) are freed as the forward returns and the loss is held until the
+next one; `shardfit plan --stack pytorch --loop-keeps loss` plans that loop.
+
 World 2 on one GPU: a fake process group (torch.testing's FakeStore, backend
 "fake") of world size N, this process as rank 0. Why not a gloo group of one
 rank: FSDP's memory depends on the world size (a shard is 1/N of each flat

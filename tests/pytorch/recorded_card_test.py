@@ -2,8 +2,9 @@
 scripts/fsdp_reference.py: transformers' GPT2LMHeadModel under DDP, FSDP1
 and FSDP2, rank 0 of its world, the caching allocator capped) against
 `shardfit plan --stack pytorch` for the same job: the same model traced
-from transformers' own class (pytorch/trace_recorder.py --model hf:
---target cuda), planned on the H200 profile with the allocator's budget the
+from transformers' own class in the row's attention, eager or sdpa
+(pytorch/trace_recorder.py --model hf: --target cuda, --param-dtype bf16
+for a bf16 row), planned on the H200 profile with the allocator's budget the
 run's cap. Each recorded max batch is planned within one (a range a run's
 time budget left: inside it or one beyond), and where the plan's max batch
 is the recorded one, its peak reserved is within 2% of the card's. A row
@@ -63,27 +64,37 @@ class RecordedCardTest(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.traces = {}
 
-    def trace(self, model, seq_len):
-        """transformers' GPT2LMHeadModel at the card's shape, traced for CUDA."""
-        key = (model, seq_len)
+    def trace(self, model, seq_len, attn, param_dtype):
+        """transformers' class at the card's shape (scripts/fsdp_models.py)
+        and attention, traced for CUDA (with the model cast to
+        `param_dtype` too, when a row computes in it)."""
+        key = (model, seq_len, attn, param_dtype)
         if key not in self.traces:
-            shape = fsdp_models.GPT2[model]
-            config = os.path.join(self.tmp.name, model + ".json")
+            if model in fsdp_models.GPT2:
+                shape = fsdp_models.GPT2[model]
+                fields = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=shape["n_embd"],
+                              n_layer=shape["n_layer"], n_head=shape["n_head"], vocab_size=fsdp_models.VOCAB,
+                              n_positions=fsdp_models.POSITIONS)
+            else:
+                config_cls, arch, _, _, shape = fsdp_models.DECODERS[model]
+                fields = dict(shape, model_type=config_cls[:-len("Config")].lower(), architectures=[arch])
+            name = "%s-%d-%s-%s" % (model, seq_len, attn, param_dtype or "fp32")
+            config = os.path.join(self.tmp.name, name + ".json")
             with open(config, "w") as f:
-                json.dump(dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=shape["n_embd"],
-                               n_layer=shape["n_layer"], n_head=shape["n_head"], vocab_size=fsdp_models.VOCAB,
-                               n_positions=fsdp_models.POSITIONS, use_cache=False), f)
-            path = os.path.join(self.tmp.name, "%s-%d.trace.json" % key)
-            out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len",
-                                  str(seq_len), "--target", "cuda", "--out", path],
-                                 capture_output=True, text=True, timeout=600)
+                json.dump(dict(fields, use_cache=False, attn_implementation=attn), f)
+            path = os.path.join(self.tmp.name, name + ".trace.json")
+            cmd = [sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", str(seq_len),
+                   "--target", "cuda", "--out", path] + (["--param-dtype", param_dtype] if param_dtype else [])
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             self.assertEqual(out.returncode, 0, out.stderr[-2000:])
             self.traces[key] = path
         return self.traces[key]
 
     def plan(self, trace, row, gpu_mem):
+        # fsdp_reference.py's loop, `loss = loss_fn(model, x)`, keeps the
+        # loss alone: the logits go as the forward returns.
         cmd = [SHARDFIT, "plan", "--trace", trace, "--stack", "pytorch", "--device", PROFILE, "--gpu-mem",
-               str(gpu_mem), "--gpus", str(row["world"]), "--strategies", row["id"], "--json"]
+               str(gpu_mem), "--gpus", str(row["world"]), "--strategies", row["id"], "--loop-keeps", "loss", "--json"]
         if row.get("fsdp", 1) == 2:
             cmd += ["--fsdp-version", "2"]
         if row.get("reduce"):  # MixedPrecisionPolicy(reduce_dtype=...)
@@ -102,22 +113,22 @@ class RecordedCardTest(unittest.TestCase):
             if measured is None:
                 continue
             why = None
-            if row["model"] not in fsdp_models.GPT2:
-                why = "%s: only GPT-2 is traced from the card's shapes here" % row["model"]
-            elif row.get("attn", "eager") != "eager":
-                why = "attention %s: transformers' sdpa is not traced yet" % row["attn"]
-            elif row.get("gpu_mem", ref["gpu_mem"]) == "card":
-                why = "the whole card: its cap is the card less what is outside the allocator"
+            if row["model"] not in fsdp_models.GPT2 and row["model"] not in fsdp_models.DECODERS:
+                why = "%s: not one of the card's shapes (scripts/fsdp_models.py)" % row["model"]
             if why:
                 not_planned.append((stamp, row["row"], why))
                 continue
             self.assertEqual(ref["cap_mode"], "allocator", stamp)
-            trace = self.trace(row["model"], row.get("seq_len", ref["seq_len"]))
+            # A row in bf16 is FSDP's MixedPrecision: the model cast to it.
+            param_dtype = "bf16" if "/bf16/" in row["id"] else None
+            trace = self.trace(row["model"], row.get("seq_len", ref["seq_len"]), row.get("attn", "eager"), param_dtype)
             # --cap-mode allocator: the caching allocator may reserve cap
             # bytes, what the process holds outside it aside. The plan's
             # budget is its --gpu-mem less the profile's fixed overheads:
             # the card's memory that leaves exactly the cap to the allocator.
-            cap = gib(row.get("gpu_mem", ref["gpu_mem"]))
+            # The whole card: the allocator's cap is the card less what the
+            # process held outside it, as the run measured it.
+            cap = ref["cap_bytes"] if row.get("gpu_mem", ref["gpu_mem"]) == "card" else gib(row.get("gpu_mem", ref["gpu_mem"]))
             outside = cap - self.plan(trace, row, cap)["hardware"]["allocator_budget_bytes"]
             plan = self.plan(trace, row, cap + outside)
             self.assertEqual(plan["hardware"]["allocator_budget_bytes"], cap)
@@ -137,7 +148,7 @@ class RecordedCardTest(unittest.TestCase):
                 self.assertLess(abs(error), 0.02, "%s: peak reserved %+.2f%%" % (where, 100 * error))
             checked.append(where)
         print("\n".join(["planned:"] + checked + ["not planned:"] + ["%s row %d: %s" % n for n in not_planned]))
-        self.assertGreaterEqual(len(checked), 15)  # every GPT-2 row the card measured
+        self.assertGreaterEqual(len(checked), 17)  # every row the card measured
 
 
 if __name__ == "__main__":

@@ -236,6 +236,7 @@ class TraceTest(TraceCheck, unittest.TestCase):
             self.assertEqual(out.returncode, 0, out.stderr)
             job = json.loads(out.stdout)["pytorch_job"]
             jobs[" ".join(torch_flag)] = (job["torch"], job["zero_grad"], job["checkpoint"])
+            self.assertEqual(job["loop_keeps"], "outputs")  # `outputs = model(x)`, unless --loop-keeps loss
             # Planned as a PyTorch the trace was not recorded under: said, once.
             self.assertEqual("recorded under PyTorch" in out.stderr,
                              not self.file["torch"].startswith(job["torch"] + "."), out.stderr)
@@ -350,6 +351,10 @@ class TraceTest(TraceCheck, unittest.TestCase):
                                (["--stack", "pytorch", "--ddp-bucket-cap-mb", "0"], "--ddp-bucket-cap-mb 0: must be at least one byte"),
                                (["--stack", "pytorch", "--prefetch", "3"], "--prefetch 3: FSDP1 prefetches one unit"),
                                (["--single-gpu-unwrapped"], "give --stack pytorch"),
+                               (["--loop-keeps", "loss"], "--loop-keeps: what a PyTorch training loop holds; give "
+                                                          "--stack pytorch"),
+                               (["--stack", "pytorch", "--loop-keeps", "logits"],
+                                "--loop-keeps logits: expected outputs or loss"),
                                (["--stack", "pytorch", "--gpus", "2", "--single-gpu-unwrapped"],
                                 "--single-gpu-unwrapped: a one-process job's option")):
             out = subprocess.run([SHARDFIT, "plan", "--trace", cuda, "--device", "titan-rtx-24gb"] + extra,
@@ -393,13 +398,18 @@ class TraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         with open(mixed) as fh:
             traced = json.load(fh)
-        cast = [t for t in traced["traces"] if t["dtype"] == "bf16" and not t.get("autocast")]
+        cast = [t for t in traced["traces"] if t["dtype"] == "bf16" and not t.get("autocast") and not t["recompute"]]
         self.assertEqual(sorted((t["batch"], t["grads"]) for t in cast),
                          [(b, g) for b in (1, 2, 3) for g in ("accumulate", "none")])
+        # And with every block checkpointed, both kinds (FSDP2 bf16 +ckpt).
+        checkpointed = [t for t in traced["traces"] if t["dtype"] == "bf16" and t["recompute"]]
+        self.assertEqual(sorted((t["batch"], t["grads"], t.get("checkpoint", "non_reentrant")) for t in checkpointed),
+                         [(b, g, k) for b in (1, 2, 3) for g in ("accumulate", "none")
+                          for k in ("non_reentrant", "reentrant")])
 
         def kept_grads(dtype):  # what a batch-1 step with no .grad at its start leaves: the gradients
             t = next(t for t in traced["traces"] if t["dtype"] == dtype and not t.get("autocast")
-                     and t["batch"] == 1 and t["grads"] == "none" and not t.get("checkpoint"))
+                     and t["batch"] == 1 and t["grads"] == "none" and not t["recompute"])
             return replay_peak(t["events"])[1]
         # Each gradient is its bf16 parameter's: half of fp32's, byte for byte.
         self.assertEqual(2 * kept_grads("bf16"), kept_grads("fp32"))
@@ -447,7 +457,7 @@ class TraceTest(TraceCheck, unittest.TestCase):
         # The same file without the cast model's traces, as recorded without --param-dtype.
         fp32_only = os.path.join(self.tmp.name, "cuda-fp32-only.trace.json")
         with open(fp32_only, "w") as fh:
-            json.dump(dict(traced, traces=[t for t in traced["traces"] if t not in cast]), fh)
+            json.dump(dict(traced, traces=[t for t in traced["traces"] if t["dtype"] != "bf16" or t.get("autocast")]), fh)
         for strategies, device, trace, message in (
                 ("zero3/bf16/wrap=block", "titan-rtx-24gb", mixed, "titan-rtx-24gb has no bf16"),
                 ("zero3/bf16/wrap=block", "a100-40gb", self.hf_trace, "recorded for the CPU's kernels"),
