@@ -14,9 +14,8 @@ sdpa, bf16, batch 1, seq 4096, 32 query and 8 key/value heads of 64) every
 layer's attention allocates 8 + 8 bytes, its output, its 524,288-byte
 log-sum-exp and a 256-byte workspace, and its backward dq, dk and dv at
 their own heads' sizes and one 67,633,408-byte workspace: cuDNN's
-allocations, below, to the byte. (Flash's would be a 16-byte rng state
-after the output and full-head dk and dv; the memory-efficient kernel's an
-lse rounded to 32 rows and a grad_out copy.)
+allocations, below, to the byte. (Flash's would put a 16-byte rng state
+after the output, and its backward full-head dk and dv beside dq.)
 
 register() puts, for a CUDA-target trace:
 - an AutogradMeta kernel for scaled_dot_product_attention (the composite
