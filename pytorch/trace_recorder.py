@@ -30,10 +30,14 @@ Then the same under torch.autocast, emulated (autocast_emulation.py): bf16
 with the running PyTorch's CPU lists for a CPU target; fp16 with its CUDA lists and
 torch.cuda.amp.GradScaler's scaled backward for a CUDA one (--fp32-outputs:
 the forward's outputs converted to fp32 as Accelerate does). With
---param-dtype bf16 (a CUDA target), the same again with the model cast to
-bf16, as FSDP's MixedPrecision(param_dtype=torch.bfloat16) runs it: its
-forward computes with the gathered bf16 flat parameter, buffers cast to
-buffer_dtype, floating inputs to param_dtype. Then torch.optim.AdamW's
+--param-dtype bf16, the same again with the model cast to bf16, as FSDP's
+MixedPrecision(param_dtype=torch.bfloat16) runs it: its forward computes
+with the gathered bf16 flat parameter, buffers cast to buffer_dtype,
+floating inputs to param_dtype (for a CUDA target also with every block
+checkpointed: FSDP2 bf16 +ckpt). A CUDA target's sdpa runs cuDNN's
+attention (cuda_attention.py); a model whose fp32 step would run a CUDA
+kernel that is not imitated records no fp32 traces and says why. Then
+torch.optim.AdamW's
 steps on the meta parameters (trace_optimizer.py): its lazily made state and
 the temporaries of its for-loop, multi-tensor and fused implementations,
 recorded from PyTorch's own code.
