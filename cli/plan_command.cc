@@ -376,8 +376,8 @@ int run(const PlanArgs& a) {
 // --attention's help: what each value runs, and where.
 constexpr const char* kAttentionHelp =
     "sdpa (transformers' default: scaled_dot_product_attention, per candidate the kernel PyTorch "
-    "picks: flash on a CUDA device of compute capability 8.0+ in fp16/bf16, the memory-efficient "
-    "kernel on CUDA in fp32 or below 8.0, eager on a CPU profile, what shardfit's CPU engine "
+    "picks: in fp16/bf16 cuDNN's fused attention at compute capability 9.0 and 10.0 (Hopper) and "
+    "flash elsewhere from 8.0, the memory-efficient kernel on CUDA in fp32 or below 8.0, eager on a CPU profile, what shardfit's CPU engine "
     "runs; bert, and a head dimension flash refuses, stay eager), eager (softmax(QK^T)V, keeps "
     "the heads x s x s probabilities: transformers' eager, and 2022's only attention) or flash "
     "(PyTorch's FlashAttention-2 kernel: keeps the output and one fp32 log-sum-exp per row; CUDA "

@@ -165,8 +165,8 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--loss", a->loss, "full or chunked:N (N tokens at a time; llama family); default: the plan's");
   sub->add_option("--attention", a->attention,
                   "sdpa (the kernel PyTorch's scaled_dot_product_attention picks where the job runs: eager on "
-                  "the CPU; on CUDA flash in fp16/bf16 at compute capability 8.0+, else the memory-efficient "
-                  "kernel), eager or flash (a CUDA LibTorch 2.0+ build only); default: the plan's, else sdpa");
+                  "the CPU; on CUDA in fp16/bf16 cuDNN's at compute capability 9.0 and 10.0, flash elsewhere "
+                  "from 8.0, else the memory-efficient kernel), eager or flash (a CUDA LibTorch 2.0+ build only); default: the plan's, else sdpa");
   sub->add_option("--init", a->init,
                   "Start from Hugging Face weights: a .safetensors file, or a directory with model.safetensors "
                   "or model.safetensors.index.json and its shards (F32/BF16/F16, converted to the fp32 master)")

@@ -93,7 +93,7 @@ void check_engine_options(const EngineOptions& o, int world_size) {
 
 bool engine_supports_cuda() { return cuda_meter_built(); }
 bool engine_supports_nccl() { return SHARDFIT_WITH_NCCL != 0; }
-bool engine_supports_flash_attention() { return TORCH_VERSION_MAJOR >= 2 && engine_supports_cuda(); }
+bool engine_supports_fused_attention() { return TORCH_VERSION_MAJOR >= 2 && engine_supports_cuda(); }
 
 namespace engine_detail {
 

@@ -177,9 +177,10 @@ bool engine_supports_cuda();
 // True when this build has the nccl backend (NCCL and the CUDA runtime were
 // found at build time; cmake/ShardfitCuda.cmake).
 bool engine_supports_nccl();
-// Whether `--attention flash` can run: a CUDA LibTorch 2.0 or later, where
-// at::scaled_dot_product_attention exists (models/attention.h).
-bool engine_supports_flash_attention();
+// Whether the fused attention kernels (`--attention flash`, and sdpa's
+// flash, memory-efficient and cuDNN kernels) can run: a CUDA LibTorch 2.0 or
+// later (models/attention.h).
+bool engine_supports_fused_attention();
 
 
 }  // namespace shardfit::executor

@@ -114,7 +114,7 @@ Job resolve_job(const RunRequest& a) {
     job.model = models::resolve_sdpa(job.model, cuda, cc, job.candidate.precision != planner::Precision::kFp32);
     job.attention = models::attention_name(job.model);
   }
-  if ((job.model.flash_attention || job.model.efficient_attention) && !executor::engine_supports_flash_attention())
+  if (models::fused_attention(job.model) && !executor::engine_supports_fused_attention())
     throw BadInput("--attention " + job.attention + ": this build has LibTorch " + TORCH_VERSION +
                    (executor::engine_supports_cuda() ? "" : " for CPU") + "; the " + job.attention +
                    " kernel needs a CUDA LibTorch 2.0 or later (plan with it, run eager here)");

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
+#include <vector>
 
 namespace shardfit::models {
 namespace {
@@ -95,7 +97,97 @@ class EfficientAttentionMeta : public torch::autograd::Function<EfficientAttenti
   }
 };
 
+constexpr int64_t kCudnnEngineWorkspace = 256;  // bytes: the H200's recording (models/attention.h)
+
+// transformers/sdp_utils.h permute_to_matching_layout: grad_out copied into
+// the output's stride order.
+torch::Tensor permute_to_matching_layout(const torch::Tensor& out, const torch::Tensor& grad) {
+  std::vector<int64_t> outer_to_inner(out.dim());
+  std::iota(outer_to_inner.begin(), outer_to_inner.end(), 0);
+  std::stable_sort(outer_to_inner.begin(), outer_to_inner.end(),
+                   [&out](int64_t a, int64_t b) { return out.stride(a) > out.stride(b); });
+  std::vector<int64_t> inverse(out.dim());
+  for (int64_t d = 0; d < out.dim(); ++d) inverse[outer_to_inner[d]] = d;
+  return grad.permute(outer_to_inner).contiguous().permute(inverse);
+}
+
+// What cuDNN's attention allocates, on meta tensors (see attention.h for the
+// sources). Forward: seed, offset, out, [softmax stats], workspace (freed on
+// return). Backward: [grad_out in the output's layout], dq, dk, dv,
+// workspace (freed on return).
+class CudnnAttentionMeta : public torch::autograd::Function<CudnnAttentionMeta> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, bool log_sumexp) {
+    const int64_t b = q.size(0), h = q.size(1), s = q.size(2);
+    auto seed = at::zeros({1}, q.options().dtype(torch::kLong));
+    auto offset = at::zeros({1}, q.options().dtype(torch::kLong));
+    auto out = at::empty_like(q);  // alloc_with_matching_layout(q, {b, h, s, d_v}), d_v == d
+    torch::Tensor stats;
+    if (log_sumexp) stats = at::empty({b, h, s, 1}, q.options().dtype(torch::kFloat));
+    at::empty({cudnn_forward_workspace_bytes()}, q.options().dtype(torch::kByte));  // freed as the graph returns
+    ctx->save_for_backward({q, k, v, out, stats, seed, offset});
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3];
+    torch::Tensor grad_out = grads[0];
+    if (grad_out.stride(-1) != 1) grad_out = permute_to_matching_layout(out, grad_out);
+    auto dq = at::empty_like(q);
+    auto dk = at::empty_like(k);
+    auto dv = at::empty_like(v);
+    at::empty({cudnn_backward_workspace_bytes(q.size(0), q.size(1), q.size(2), q.size(3))},
+              q.options().dtype(torch::kByte));
+    return {dq, dk, dv, torch::Tensor()};
+  }
+};
+
+// scaled_dot_product_attention's should_compute_logsumexp: an input that
+// requires grad, with grad mode on.
+bool log_sumexp_needed(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  return torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+}
+
+enum class Kernel { kFlash, kEfficient, kCudnn };
+
+// The kernel on CUDA tensors. From LibTorch 2.11 (the pinned stack, whose
+// signatures these are) by its own op, with the arguments
+// scaled_dot_product_attention passes it, so the run takes the kernel its
+// plan modelled whatever the priority order; before 2.11
+// scaled_dot_product_attention's own choice.
+torch::Tensor on_cuda(Kernel kernel, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                      double dropout) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+  const bool lse = log_sumexp_needed(q, k, v);
+  switch (kernel) {
+    case Kernel::kFlash:
+      return std::get<0>(at::_scaled_dot_product_flash_attention(q, k, v, dropout, /*is_causal=*/true));
+    case Kernel::kEfficient:
+      return std::get<0>(at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, lse, dropout, true));
+    case Kernel::kCudnn:
+      return std::get<0>(at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, lse, dropout, true));
+  }
+  throw std::logic_error("unknown attention kernel");
+#elif TORCH_VERSION_MAJOR >= 2
+  (void)kernel;
+  return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
+#else
+  (void)kernel, (void)k, (void)v, (void)dropout;
+  throw std::logic_error("no CUDA attention kernel before LibTorch 2.0: " + q.toString());
+#endif
+}
+
+bool cuda_kernels_built() { return TORCH_VERSION_MAJOR >= 2; }
+
 }  // namespace
+
+int64_t cudnn_forward_workspace_bytes() { return kCudnnEngineWorkspace; }
+
+int64_t cudnn_backward_workspace_bytes(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim) {
+  return batch * heads * seq * head_dim * 4 + batch * heads * seq * 4 + kCudnnEngineWorkspace;
+}
 
 int64_t flash_num_splits(int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_k, int64_t head_dim,
                          int64_t sm_count) {
@@ -127,9 +219,7 @@ torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, co
   if (q.scalar_type() != torch::kHalf && q.scalar_type() != torch::kBFloat16)
     throw std::invalid_argument("--attention flash: the flash kernel takes fp16 or bf16, not fp32");
   if (q.is_meta()) return FlashAttentionMeta::apply(q, k, v, dropout, sm_count);
-#if TORCH_VERSION_MAJOR >= 2
-  if (q.is_cuda()) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
-#endif
+  if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kFlash, q, k, v, dropout);
   throw std::invalid_argument(
       "--attention flash: needs a CUDA LibTorch 2.0 or later (this build runs only eager attention)");
 }
@@ -137,13 +227,33 @@ torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, co
 torch::Tensor efficient_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   double dropout) {
   if (q.is_meta()) return EfficientAttentionMeta::apply(q, k, v);
-#if TORCH_VERSION_MAJOR >= 2
-  if (q.is_cuda()) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
-#endif
-  (void)dropout;
+  if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kEfficient, q, k, v, dropout);
   throw std::invalid_argument(
       "--attention sdpa: the memory-efficient kernel needs a CUDA LibTorch 2.0 or later (this build runs only "
       "eager attention)");
+}
+
+torch::Tensor cudnn_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              double dropout) {
+  // sdp_utils.cpp (check_cudnn_tensor_shapes, check_dtypes_low_precision):
+  // fp16 and bf16, equal head dimensions; k and v with q's heads here.
+  if (q.scalar_type() != torch::kHalf && q.scalar_type() != torch::kBFloat16)
+    throw std::invalid_argument("--attention sdpa: cuDNN's attention takes fp16 or bf16, not fp32");
+  if (k.size(1) != q.size(1) || v.size(1) != q.size(1) || k.size(3) != q.size(3) || v.size(3) != q.size(3))
+    throw std::invalid_argument("--attention sdpa: cuDNN's attention is modelled for k and v shaped as q");
+  if (q.is_meta()) return CudnnAttentionMeta::apply(q, k, v, log_sumexp_needed(q, k, v));
+  if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kCudnn, q, k, v, dropout);
+  throw std::invalid_argument(
+      "--attention sdpa: cuDNN's attention needs a CUDA LibTorch 2.0 or later (this build runs only eager "
+      "attention)");
+}
+
+torch::Tensor fused_attention(const ModelConfig& c, const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, double dropout) {
+  if (c.flash_attention) return flash_attention(q, k, v, dropout, c.flash_sm_count);
+  if (c.cudnn_attention) return cudnn_attention(q, k, v, dropout);
+  if (c.efficient_attention) return efficient_attention(q, k, v, dropout);
+  throw std::logic_error(c.name + ": fused_attention called for eager attention");
 }
 
 }  // namespace shardfit::models

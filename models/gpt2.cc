@@ -27,10 +27,8 @@ class GPT2AttentionImpl : public ModuleBase {
       auto qkv = c_attn(h).split(cfg.hidden, /*dim=*/2);
       auto heads = [&](const torch::Tensor& t) { return t.view({b, s, nh, hd}).permute({0, 2, 1, 3}); };
       auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-      if (cfg.flash_attention || cfg.efficient_attention) {  // transformers' GPT2SdpaAttention: no mask, is_causal
-        const double p = is_training() ? cfg.attn_dropout : 0.0;
-        auto y = cfg.flash_attention ? flash_attention(q, k, v, p, cfg.flash_sm_count)
-                                     : efficient_attention(q, k, v, p);
+      if (fused_attention(cfg)) {  // transformers' GPT2SdpaAttention: no mask, is_causal
+        auto y = fused_attention(cfg, q, k, v, is_training() ? cfg.attn_dropout : 0.0);
         y = y.transpose(1, 2).contiguous();
         return maybe_dropout(c_proj(y.view({b, s, cfg.hidden})), cfg.hidden_dropout, is_training());
       }

@@ -111,10 +111,8 @@ class AttentionImpl : public ModuleBase {
       k = repeat(k);
       v = repeat(v);
       // transformers' LlamaSdpaAttention: repeat_kv, no mask, is_causal
-      if (cfg.flash_attention || cfg.efficient_attention) {
-        const double p = is_training() ? cfg.attn_dropout : 0.0;
-        auto y = cfg.flash_attention ? flash_attention(q, k, v, p, cfg.flash_sm_count)
-                                     : efficient_attention(q, k, v, p);
+      if (fused_attention(cfg)) {
+        auto y = fused_attention(cfg, q, k, v, is_training() ? cfg.attn_dropout : 0.0);
         y = y.transpose(1, 2).contiguous();
         return o_proj(y.view({b, s, nh * hd}));
       }

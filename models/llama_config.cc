@@ -250,7 +250,7 @@ std::string flash_refusal(const ModelConfig& c) {
 }  // namespace
 
 void set_attention(ModelConfig* c, const std::string& attention) {
-  c->flash_attention = c->efficient_attention = c->sdpa_attention = false;
+  c->flash_attention = c->efficient_attention = c->cudnn_attention = c->sdpa_attention = false;
   if (attention == "eager") return;
   if (attention == "sdpa") {
     c->sdpa_attention = true;
@@ -266,8 +266,11 @@ void set_attention(ModelConfig* c, const std::string& attention) {
 const char* attention_name(const ModelConfig& c) {
   if (c.sdpa_attention) return "sdpa";
   if (c.flash_attention) return "flash";
+  if (c.cudnn_attention) return "cudnn";
   return c.efficient_attention ? "efficient" : "eager";
 }
+
+bool fused_attention(const ModelConfig& c) { return c.flash_attention || c.efficient_attention || c.cudnn_attention; }
 
 ModelConfig resolve_sdpa(const ModelConfig& c, bool cuda, double compute_capability, bool half) {
   if (!c.sdpa_attention) return c;
@@ -276,10 +279,27 @@ ModelConfig resolve_sdpa(const ModelConfig& c, bool cuda, double compute_capabil
   // The fused kernels take what the flash kernel takes here: the memory-
   // efficient one is modelled for the same models and head dimensions.
   if (!cuda || !flash_refusal(c).empty()) return out;
-  if (compute_capability >= 8.0 && half)
-    out.flash_attention = true;
-  else
+  if (!half || compute_capability < 8.0) {
     out.efficient_attention = true;
+    return out;
+  }
+  // sdp_utils.cpp (2.11): check_prefer_cudnn_attention puts cuDNN first on
+  // compute capability 9.0 and 10.0 with a runtime cuDNN newer than 9.15
+  // (the CUDA 13 wheel pins 9.19), and check_cudnn_tensor_shapes takes
+  // head dimensions that are multiples of 8 (flash_refusal has checked),
+  // up to 256 at 9.0.
+  const bool cudnn_first = compute_capability == 9.0 || compute_capability == 10.0;
+  if (!cudnn_first) {
+    out.flash_attention = true;
+    return out;
+  }
+  const int64_t hd = c.family == Family::kLlama ? c.head_dim_or_default() : c.hidden / c.heads;
+  if (hd > kCudnnAttentionMaxHeadDim)
+    throw std::invalid_argument("--attention sdpa: " + c.name + " has head dimension " + std::to_string(hd) +
+                                "; PyTorch 2.11 runs cuDNN's attention for it at compute capability 9.0 and 10.0, "
+                                "which is modelled up to " + std::to_string(kCudnnAttentionMaxHeadDim) +
+                                " (pass --attention flash or eager)");
+  out.cudnn_attention = true;
   return out;
 }
 

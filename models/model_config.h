@@ -17,6 +17,12 @@ namespace shardfit::models {
 
 enum class Family { kGpt2, kBert, kLlama };
 
+// The largest head dimension cuDNN's attention is modelled for, as in
+// pytorch/cuda_attention.py: its workspaces follow cudnn-frontend's
+// composite backward node and one card recording at head dimension 64,
+// while 2.11 runs cuDNN's kernel up to 256 at compute capability 9.0.
+constexpr int64_t kCudnnAttentionMaxHeadDim = 128;
+
 struct ModelConfig {
   std::string name;  // "gpt2-large", or the config.json path it came from
   Family family = Family::kGpt2;
@@ -79,6 +85,10 @@ struct ModelConfig {
   // scaled_dot_product_attention: what `--attention sdpa` runs on CUDA in
   // fp32 or below compute capability 8.0 (models/attention.h).
   bool efficient_attention = false;
+  // cuDNN's fused attention through scaled_dot_product_attention: what
+  // `--attention sdpa` runs on Hopper (compute capability 9.0) in fp16 and
+  // bf16 under PyTorch 2.11, which puts cuDNN first there (models/attention.h).
+  bool cudnn_attention = false;
   // `--attention sdpa` (the default) before it is resolved for a device and
   // a precision (resolve_sdpa): then one of the kernels above, or eager.
   bool sdpa_attention = false;
@@ -140,15 +150,20 @@ std::string loss_name(const ModelConfig& c);  // "full" or "chunked:N"
 // whose padding mask PyTorch's flash kernel does not take; a head dimension
 // the kernel refuses: not a multiple of 8 or above 256).
 void set_attention(ModelConfig* c, const std::string& attention);
-// "sdpa" (not yet resolved), "eager", "flash" or "efficient".
+// "sdpa" (not yet resolved), "eager", "flash", "efficient" or "cudnn".
 const char* attention_name(const ModelConfig& c);
-// `--attention sdpa` as PyTorch's scaled_dot_product_attention picks a
-// kernel for transformers' sdpa attention (causal, no mask) on a device: on
-// CUDA of compute capability 8.0 or later computing in fp16 or bf16
-// (`half`), the flash kernel; elsewhere on CUDA the memory-efficient one;
-// on a CPU eager, what shardfit's CPU engine runs. BERT (its padding mask)
-// and a head dimension the flash kernel refuses keep eager. A config that
-// is not sdpa comes back unchanged.
+// Whether `c` computes attention with a fused kernel (flash, memory-efficient
+// or cuDNN's: models/attention.h) rather than eager softmax(QK^T)V.
+bool fused_attention(const ModelConfig& c);
+// `--attention sdpa` as PyTorch 2.11's scaled_dot_product_attention picks
+// a kernel for transformers' sdpa attention (causal, no mask) on a device:
+// on CUDA computing in fp16 or bf16 (`half`), cuDNN's at compute capability
+// 9.0 and 10.0 and flash from 8.0; elsewhere on CUDA the memory-efficient
+// one; on a CPU eager, what shardfit's CPU engine runs. BERT (its padding
+// mask) and a head dimension the flash kernel refuses keep eager. Throws
+// std::invalid_argument naming --attention where 2.11 would run cuDNN's
+// kernel at a head dimension it is not modelled for (above 128). A config
+// that is not sdpa comes back unchanged.
 ModelConfig resolve_sdpa(const ModelConfig& c, bool cuda, double compute_capability, bool half);
 
 }  // namespace shardfit::models

@@ -162,8 +162,8 @@ PlanCandidate candidate_from(const FieldReader& r) {
   }
   if (r.has("attention")) {
     pc.attention = r.text("attention");
-    if (pc.attention != "eager" && pc.attention != "flash" && pc.attention != "efficient")
-      r.fail("attention", "must be \"eager\", \"flash\" or \"efficient\"");
+    if (pc.attention != "eager" && pc.attention != "flash" && pc.attention != "efficient" && pc.attention != "cudnn")
+      r.fail("attention", "must be \"eager\", \"flash\", \"efficient\" or \"cudnn\"");
   }
   return pc;
 }

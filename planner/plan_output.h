@@ -96,7 +96,7 @@ struct PlanCandidate {
   // shardfit's plans (and in PyTorch-stack plans older than candidates'
   // adamw_foreach: pytorch_job's then).
   std::string adamw_step;
-  // extra: the attention kernel it runs, "eager", "flash" or "efficient"
+  // extra: the attention kernel it runs, "eager", "flash", "efficient" or "cudnn"
   // (--attention sdpa resolves per precision); "" for a traced model (its
   // forward's own) and in older plans (model.attention's then).
   std::string attention;

@@ -48,6 +48,7 @@ the full-head dK and dV are what a grouped-query backward adds is the one
 reading of the recording that the frontend's source supports, not yet
 checked against a second shape."""
 import torch
+from torch._meta_registrations import alloc_with_matching_layout
 
 OPS = ("aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_cudnn_attention_backward")
 CUDNN_DTYPES = (torch.float16, torch.bfloat16)
@@ -89,25 +90,13 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
                                                               False, scale=scale)[0]
 
 
-def _matching_layout(like, shape):
-    """MHA.cpp alloc_with_matching_layout: `like`'s shape gives empty_like,
-    else `shape` laid out in `like`'s stride order."""
-    if tuple(like.shape) == tuple(shape):
-        return torch.empty_like(like)
-    order = sorted(range(len(shape)), key=lambda d: like.stride(d))
-    strides, stride = [0] * len(shape), 1
-    for d in order:
-        strides[d] = stride
-        stride *= shape[d]
-    return torch.empty_strided(shape, strides, dtype=like.dtype, device=like.device)
-
-
 def _forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
              return_debug_mask=False, scale=None):
     batch, heads, q_len, _ = query.shape
     seed = torch.zeros((1,), dtype=torch.int64, device=query.device)
     offset = torch.zeros((1,), dtype=torch.int64, device=query.device)
-    out = _matching_layout(query, (batch, heads, q_len, value.shape[-1]))
+    # sdp_utils.h alloc_with_matching_layout, as 2.11's own meta kernel has it
+    out = alloc_with_matching_layout(query, (batch, heads, q_len, value.shape[-1]))
     stats = (torch.empty((batch, heads, q_len, 1), dtype=torch.float32, device=query.device)
              if compute_log_sumexp else None)
     workspace = torch.empty((ENGINE_WORKSPACE,), dtype=torch.uint8, device=query.device)
@@ -131,8 +120,8 @@ def _backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_o
               cum_seq_k, max_q, max_k, dropout_p, is_causal, scale=None):
     dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
     copy = None
-    if grad_out.stride(-1) != 1:  # permute_to_matching_layout(o, dO)
-        copy = _matching_layout(out, tuple(out.shape))
+    if grad_out.stride(-1) != 1:  # permute_to_matching_layout(o, dO): grad_out in out's layout
+        copy = torch.empty_like(out)
     workspace = torch.empty((backward_workspace_bytes(query, key, value),), dtype=torch.uint8, device=query.device)
     del workspace, copy
     return dq, dk, dv

@@ -139,8 +139,12 @@ TEST(SdpaAttention, ResolvesToTheKernelPytorchPicks) {
   auto name = [](const models::ModelConfig& c, bool cuda, double cc, bool half) {
     return std::string(models::attention_name(models::resolve_sdpa(c, cuda, cc, half)));
   };
-  EXPECT_EQ(name(llama, true, 9.0, true), "flash");
-  EXPECT_EQ(name(llama, true, 8.0, false), "efficient");  // fp32: the flash kernel takes fp16/bf16 only
+  EXPECT_EQ(name(llama, true, 9.0, true), "cudnn");   // Hopper: 2.11 puts cuDNN's kernel first
+  EXPECT_EQ(name(llama, true, 10.0, true), "cudnn");  // and on compute capability 10.0
+  EXPECT_EQ(name(llama, true, 8.9, true), "flash");
+  EXPECT_EQ(name(llama, true, 8.0, true), "flash");
+  EXPECT_EQ(name(llama, true, 9.0, false), "efficient");  // fp32: neither cuDNN's nor flash takes it
+  EXPECT_EQ(name(llama, true, 8.0, false), "efficient");
   EXPECT_EQ(name(llama, true, 7.0, true), "efficient");   // below Ampere: no flash kernel
   EXPECT_EQ(name(llama, false, 0, false), "eager");       // a CPU: what shardfit's CPU engine runs
   auto bert = models::resolve_model("bert-tiny");
@@ -187,6 +191,91 @@ TEST(SdpaAttention, EfficientKernelTraceAllocatesWhatTheKernelAllocates) {
   }
 }
 
+// Every allocation made inside module `attn` in `phase`, in order.
+std::vector<int64_t> module_allocs(const planner::ModelTrace& t, int attn, planner::Phase phase) {
+  std::vector<int64_t> out;
+  for (const auto& e : t.events)
+    if (e.kind == planner::MemEvent::kAlloc && e.module == attn && e.phase == phase) out.push_back(e.bytes);
+  return out;
+}
+
+planner::ModelTrace trace_of(const models::ModelConfig& cfg, int64_t batch, int64_t seq_len, planner::DType dtype) {
+  planner::TraceOptions o;
+  o.batch = batch;
+  o.seq_len = seq_len;
+  o.dtype = dtype;
+  return planner::trace_step(cfg, o);
+}
+
+TEST(CudnnAttention, TraceAllocatesWhatTheH200Recorded) {
+  // The attention shape of the card's recording
+  // (reports/gpu/history/20261204T114826Z-row11.json.gz: Llama-3.2-1B, bf16,
+  // batch 1, seq 4096, 32 query heads of 64), one layer.
+  auto cfg = models::resolve_model("llama-3.2-1b");
+  cfg.layers = 1;
+  models::set_attention(&cfg, "sdpa");
+  cfg = models::resolve_sdpa(cfg, true, 9.0, true);
+  ASSERT_TRUE(cfg.cudnn_attention);
+  const auto t = trace_of(cfg, 1, 4096, planner::DType::kBF16);
+  const int attn = module_index(t, "model.layers.0.self_attn");
+  ASSERT_GE(attn, 0);
+  // The recording's forward, in every layer: the dropout seed and offset,
+  // the output, the log-sum-exp [1, 32, 4096, 1] fp32, the graph's workspace.
+  const std::vector<int64_t> fwd = {8, 8, 16777216, 524288, 256};
+  const auto fwd_all = module_allocs(t, attn, planner::Phase::kForward);
+  EXPECT_TRUE(has_run(fwd_all, fwd)) << testing::PrintToString(fwd_all);
+  // Backward: dq, dk, dv with 32 heads each (the engine repeats the 8
+  // key/value heads first, as transformers' eager attention does) and one
+  // workspace. The card's, for transformers' grouped heads, is 67,633,408
+  // bytes: this one and the full-head dK and dV (2 x 16 MiB) that its
+  // grouped-query backward reduces from.
+  const int64_t workspace = models::cudnn_backward_workspace_bytes(1, 32, 4096, 64);
+  EXPECT_EQ(workspace + 2 * 16777216, 67633408);
+  const std::vector<int64_t> bwd = {16777216, 16777216, 16777216, workspace};
+  const auto bwd_all = module_allocs(t, attn, planner::Phase::kBackward);
+  EXPECT_TRUE(has_run(bwd_all, bwd)) << testing::PrintToString(bwd_all);
+}
+
+TEST(CudnnAttention, Gpt2KeepsItsOutputLayoutAndDropoutAddsNothing) {
+  // GPT-2's q is a view into c_attn's output, not dense: the output cuDNN
+  // allocates (empty_like(q)) keeps its [b, s, h, d] order all the same, so
+  // the model's transpose(1, 2).contiguous() copies nothing, as under flash.
+  // Dropout (attn_pdrop) adds nothing to the kernel's own allocations.
+  auto flash = models::resolve_model("gpt2-tiny");
+  models::set_attention(&flash, "sdpa");
+  auto cudnn = models::resolve_sdpa(flash, true, 9.0, true);
+  flash = models::resolve_sdpa(flash, true, 8.0, true);
+  ASSERT_TRUE(cudnn.cudnn_attention);
+  ASSERT_TRUE(flash.flash_attention);
+  const int64_t b = 2, s = 64, h = cudnn.heads, d = cudnn.hidden / cudnn.heads;
+  const auto t = trace_of(cudnn, b, s, planner::DType::kF16);
+  const int attn = module_index(t, "transformer.h.0.attn");
+  ASSERT_GE(attn, 0);
+  const int64_t qkv = b * h * s * d * 2;
+  const auto fwd_all = module_allocs(t, attn, planner::Phase::kForward);
+  EXPECT_TRUE(has_run(fwd_all, {8, 8, qkv, b * h * s * 4, 256})) << testing::PrintToString(fwd_all);
+  const auto bwd_all = module_allocs(t, attn, planner::Phase::kBackward);
+  EXPECT_TRUE(has_run(bwd_all, {qkv, qkv, qkv, models::cudnn_backward_workspace_bytes(b, h, s, d)}))
+      << testing::PrintToString(bwd_all);
+  const auto f = trace_of(flash, b, s, planner::DType::kF16);
+  const auto flash_fwd = module_allocs(f, module_index(f, "transformer.h.0.attn"), planner::Phase::kForward);
+  EXPECT_EQ(std::count(fwd_all.begin(), fwd_all.end(), qkv), std::count(flash_fwd.begin(), flash_fwd.end(), qkv));
+}
+
+TEST(CudnnAttention, RefusedAboveTheHeadDimensionItIsModelledFor) {
+  auto llama = models::resolve_model("llama-tiny");
+  llama.head_dim = 2 * models::kCudnnAttentionMaxHeadDim;
+  models::set_attention(&llama, "sdpa");
+  try {
+    models::resolve_sdpa(llama, true, 9.0, true);
+    ADD_FAILURE() << "planned cuDNN's attention at head dimension " << llama.head_dim;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--attention sdpa: llama-tiny has head dimension 256"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(models::resolve_sdpa(llama, true, 8.0, true).flash_attention);  // Ampere: flash takes 256
+}
+
 TEST(SdpaAttention, PlanRecordsEachCandidatesKernel) {
   auto kernels = [](const std::string& device) {
     planner::PlanRequest r = request("llama-tiny", "sdpa", device, 64);
@@ -205,6 +294,9 @@ TEST(SdpaAttention, PlanRecordsEachCandidatesKernel) {
   EXPECT_EQ(a100.at("fp32"), "efficient");
   EXPECT_EQ(a100.at("bf16"), "flash");
   EXPECT_EQ(kernels("v100-32gb").at("fp16"), "efficient");
+  const auto h100 = kernels("h100-80gb");
+  EXPECT_EQ(h100.at("bf16"), "cudnn");
+  EXPECT_EQ(h100.at("fp32"), "efficient");
   EXPECT_EQ(kernels("cpu").at("fp32"), "eager");
 }
 
