@@ -1,5 +1,6 @@
 #include "models/attention.h"
 
+#include <ATen/record_function.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -15,6 +16,13 @@ using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Each meta kernel runs under a record the tracer counts the kernel's
+// matrix products from (planner/trace_recorder.cc, fused_attention_shape):
+// q [b, h, s, d], k, v, is_causal (always, here).
+std::vector<c10::IValue> products_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  return {q, k, v, true};
+}
 int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
 // What the flash kernels allocate, on meta tensors (see attention.h for the
@@ -51,6 +59,7 @@ class FlashAttentionMeta : public torch::autograd::Function<FlashAttentionMeta> 
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
+    RECORD_FUNCTION("shardfit::fused_attention_backward", products_of(saved[0], saved[1], saved[2]));
     const auto qt = saved[0].transpose(1, 2), kt = saved[1].transpose(1, 2), vt = saved[2].transpose(1, 2);
     const int64_t b = qt.size(0), s = qt.size(1), h = qt.size(2), d = qt.size(3);
     auto grad_out = grads[0].transpose(1, 2).contiguous();
@@ -82,6 +91,7 @@ class EfficientAttentionMeta : public torch::autograd::Function<EfficientAttenti
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
+    RECORD_FUNCTION("shardfit::fused_attention_backward", products_of(saved[0], saved[1], saved[2]));
     const auto qt = saved[0].transpose(1, 2), kt = saved[1].transpose(1, 2), vt = saved[2].transpose(1, 2);
     const int64_t b = qt.size(0), s = qt.size(1), h = qt.size(2), d = qt.size(3);
     auto grad_out = grads[0].transpose(1, 2).contiguous();
@@ -133,6 +143,7 @@ class CudnnAttentionMeta : public torch::autograd::Function<CudnnAttentionMeta> 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3];
+    RECORD_FUNCTION("shardfit::fused_attention_backward", products_of(q, k, v));
     torch::Tensor grad_out = grads[0];
     if (grad_out.stride(-1) != 1) grad_out = permute_to_matching_layout(out, grad_out);
     auto dq = at::empty_like(q);
@@ -218,7 +229,10 @@ torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, co
   // fp32 would fall back to another kernel with other memory.
   if (q.scalar_type() != torch::kHalf && q.scalar_type() != torch::kBFloat16)
     throw std::invalid_argument("--attention flash: the flash kernel takes fp16 or bf16, not fp32");
-  if (q.is_meta()) return FlashAttentionMeta::apply(q, k, v, dropout, sm_count);
+  if (q.is_meta()) {
+    RECORD_FUNCTION("shardfit::fused_attention", products_of(q, k, v));
+    return FlashAttentionMeta::apply(q, k, v, dropout, sm_count);
+  }
   if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kFlash, q, k, v, dropout);
   throw std::invalid_argument(
       "--attention flash: needs a CUDA LibTorch 2.0 or later (this build runs only eager attention)");
@@ -226,7 +240,10 @@ torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, co
 
 torch::Tensor efficient_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                   double dropout) {
-  if (q.is_meta()) return EfficientAttentionMeta::apply(q, k, v);
+  if (q.is_meta()) {
+    RECORD_FUNCTION("shardfit::fused_attention", products_of(q, k, v));
+    return EfficientAttentionMeta::apply(q, k, v);
+  }
   if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kEfficient, q, k, v, dropout);
   throw std::invalid_argument(
       "--attention sdpa: the memory-efficient kernel needs a CUDA LibTorch 2.0 or later (this build runs only "
@@ -241,7 +258,11 @@ torch::Tensor cudnn_attention(const torch::Tensor& q, const torch::Tensor& k, co
     throw std::invalid_argument("--attention sdpa: cuDNN's attention takes fp16 or bf16, not fp32");
   if (k.size(1) != q.size(1) || v.size(1) != q.size(1) || k.size(3) != q.size(3) || v.size(3) != q.size(3))
     throw std::invalid_argument("--attention sdpa: cuDNN's attention is modelled for k and v shaped as q");
-  if (q.is_meta()) return CudnnAttentionMeta::apply(q, k, v, log_sumexp_needed(q, k, v));
+  if (q.is_meta()) {
+    const bool log_sumexp = log_sumexp_needed(q, k, v);
+    RECORD_FUNCTION("shardfit::fused_attention", products_of(q, k, v));
+    return CudnnAttentionMeta::apply(q, k, v, log_sumexp);
+  }
   if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kCudnn, q, k, v, dropout);
   throw std::invalid_argument(
       "--attention sdpa: cuDNN's attention needs a CUDA LibTorch 2.0 or later (this build runs only eager "

@@ -1,5 +1,6 @@
 #include "planner/trace_recorder.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -109,11 +110,54 @@ void install_meta_allocator() {
   (void)alloc;
 }
 
+// A fused attention kernel: its op (PyTorch 2.11's schemas, and the C++
+// tracer's stand-ins, models/attention.cc), where its query is among the
+// inputs (key next) and where is_causal is, and how many matrix products of
+// QK^T's shape it runs per batch and head: forward QK^T and PV, backward
+// five (S recomputed, dP, dV, dQ, dK), the FlashAttention-2 paper's count
+// (Dao 2023, section 4.1: backward 2.5 times the forward). A causal mask
+// skips about half of each (the same paper): counted as half the rows,
+// rounded up.
+struct FusedAttentionOp {
+  const char* name;
+  size_t query, causal;
+  int64_t products;
+};
+constexpr FusedAttentionOp kFusedAttention[] = {
+    {"aten::_scaled_dot_product_flash_attention", 0, 4, 2},
+    {"aten::_scaled_dot_product_flash_attention_backward", 1, 11, 5},
+    {"aten::_scaled_dot_product_efficient_attention", 0, 6, 2},
+    {"aten::_scaled_dot_product_efficient_attention_backward", 1, 11, 5},
+    {"aten::_scaled_dot_product_cudnn_attention", 0, 6, 2},
+    {"aten::_scaled_dot_product_cudnn_attention_backward", 1, 14, 5},
+    {"aten::_scaled_dot_product_flash_attention_for_cpu", 0, 4, 2},
+    {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", 1, 7, 5},
+    {"shardfit::fused_attention", 0, 3, 2},
+    {"shardfit::fused_attention_backward", 0, 3, 5},
+};
+
+GemmShape fused_attention_shape(const std::string& name, c10::ArrayRef<const c10::IValue> in) {
+  GemmShape g;
+  g.count = 0;
+  for (const auto& op : kFusedAttention) {
+    if (name != op.name) continue;
+    if (in.size() <= std::max(op.query + 1, op.causal) || !in[op.query].isTensor() || !in[op.query + 1].isTensor() ||
+        !in[op.causal].isBool())
+      return g;
+    const auto q = in[op.query].toTensor().sizes(), k = in[op.query + 1].toTensor().sizes();  // [b, h, s, d]
+    if (q.size() != 4 || k.size() != 4) return g;
+    const int64_t rows = in[op.causal].toBool() ? (q[2] + 1) / 2 : q[2];
+    return {op.products * q[0] * q[1], rows, k[2], q[3]};
+  }
+  return g;
+}
+
 // The shape of the matmul-like leaf ops every linear layer and attention
 // product ends in (count 0: not one of them).
 GemmShape matmul_shape(const at::RecordFunction& fn) {
   const std::string name = fn.name();
   auto in = fn.inputs();
+  if (name.find("_attention") != std::string::npos) return fused_attention_shape(name, in);
   auto shape = [&](size_t i) { return in[i].toTensor().sizes(); };
   auto two = [&](size_t a, size_t b) { return in.size() > b && in[a].isTensor() && in[b].isTensor(); };
   GemmShape g;

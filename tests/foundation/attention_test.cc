@@ -276,6 +276,32 @@ TEST(CudnnAttention, RefusedAboveTheHeadDimensionItIsModelledFor) {
   EXPECT_TRUE(models::resolve_sdpa(llama, true, 8.0, true).flash_attention);  // Ampere: flash takes 256
 }
 
+TEST(FusedAttention, TheTraceCountsTheKernelsProducts) {
+  // Eager attention's four products per layer are bmm's the tracer counts:
+  // QK^T and PV forward (2 b h s^2 d FLOPs each), and two per product in
+  // backward. A fused kernel runs inside one op; the tracer counts it as
+  // FlashAttention-2 does: QK^T and PV forward, five such backward, each
+  // over half the rows under the causal mask. So per layer eager counts
+  // 2 b h s^2 d more forward and 3 b h s^2 d more backward.
+  struct Kernel {
+    double cc;
+    planner::DType dtype;
+  };
+  for (const Kernel& k : {Kernel{8.0, planner::DType::kF16}, Kernel{9.0, planner::DType::kBF16},
+                          Kernel{8.0, planner::DType::kF32}}) {
+    auto cfg = models::resolve_model("llama-tiny");
+    const auto eager = trace_of(cfg, 2, 64, k.dtype);
+    models::set_attention(&cfg, "sdpa");
+    cfg = models::resolve_sdpa(cfg, true, k.cc, k.dtype != planner::DType::kF32);
+    SCOPED_TRACE(models::attention_name(cfg));
+    ASSERT_TRUE(models::fused_attention(cfg));
+    const auto fused = trace_of(cfg, 2, 64, k.dtype);
+    const double per_layer = 2.0 * cfg.heads * 64 * 64 * cfg.head_dim_or_default();  // b h s^2 d, b = 2
+    EXPECT_DOUBLE_EQ(eager.forward_flops - fused.forward_flops, cfg.layers * 2 * per_layer);
+    EXPECT_DOUBLE_EQ(eager.backward_flops - fused.backward_flops, cfg.layers * 3 * per_layer);
+  }
+}
+
 TEST(SdpaAttention, PlanRecordsEachCandidatesKernel) {
   auto kernels = [](const std::string& device) {
     planner::PlanRequest r = request("llama-tiny", "sdpa", device, 64);

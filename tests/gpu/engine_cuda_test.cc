@@ -12,7 +12,8 @@
 //  - the report's figures: reserved >= allocated (peak and every timeline
 //    point), the timeline at the planner's labels, the sharded state at
 //    init equal to the prediction's, activation growth with the batch
-//    within 10% of the prediction's;
+//    equal to the prediction's, also in bf16 with the fused attention
+//    kernels (cuDNN's and flash);
 //  - offload (pinned host state, cross-device gradient adds) and fp16 (loss
 //    scaling's norm and overflow check on the device) train finite losses;
 //  - --gpu-mem as a card too small: an OOM in the result, not a crash, and
@@ -176,24 +177,57 @@ TEST(EngineCuda, InitStateIsThePredictedShards) {
       << "measured " << measured << " B after init, predicted " << predicted << " B (without the workspace)";
 }
 
-// What a bigger batch adds at the peak is activations (and their
-// gradients): the workspaces and state cancel. The allocator model should
-// track it; 10% is a first bound for an uncalibrated model, to tighten with
-// the card's numbers.
+// What a bigger batch adds at the peak (batch `small` to `big` of the same
+// job), measured and predicted: activations and their gradients, while the
+// workspaces and the state cancel.
+struct Growth {
+  int64_t measured = 0, predicted = 0;
+};
+
+Growth peak_growth(const EngineOptions& small, const EngineOptions& big) {
+  const EngineResult rs = train_loopback(small), rb = train_loopback(big);
+  EXPECT_FALSE(rs.oom || rb.oom) << rs.oom_message << rb.oom_message;
+  return {rb.peak_allocated_bytes - rs.peak_allocated_bytes,
+          predict(big).sim.peak_allocated_bytes - predict(small).sim.peak_allocated_bytes};
+}
+
 TEST(EngineCuda, ActivationGrowthWithTheBatchMatchesThePrediction) {
   SKIP_WITHOUT_DEVICE();
-  const EngineOptions small = tiny("zero3/fp32/wrap=block", 4), big = tiny("zero3/fp32/wrap=block", 32);
-  const EngineResult rs = train_loopback(small), rb = train_loopback(big);
-  ASSERT_FALSE(rs.oom || rb.oom);
-  const int64_t measured = rb.peak_allocated_bytes - rs.peak_allocated_bytes;
-  const int64_t predicted = predict(big).sim.peak_allocated_bytes - predict(small).sim.peak_allocated_bytes;
-  ASSERT_GT(predicted, 4 * kMiB) << "batch 32 should add megabytes of activations";
+  const Growth g = peak_growth(tiny("zero3/fp32/wrap=block", 4), tiny("zero3/fp32/wrap=block", 32));
+  ASSERT_GT(g.predicted, 4 * kMiB) << "batch 32 should add megabytes of activations";
   // Exact: 30,184,448 bytes measured and predicted on an H200 with torch
   // 2.11 (reports/gpu/gpu-check-20261130T161414Z.md).
-  EXPECT_EQ(measured, predicted) << "batch 4 -> 32 added " << measured << " B measured, " << predicted
-                                 << " B predicted";
-  RecordProperty("measured_growth_bytes", std::to_string(measured));
-  RecordProperty("predicted_growth_bytes", std::to_string(predicted));
+  EXPECT_EQ(g.measured, g.predicted) << "batch 4 -> 32 added " << g.measured << " B measured, " << g.predicted
+                                     << " B predicted";
+  RecordProperty("measured_growth_bytes", std::to_string(g.measured));
+  RecordProperty("predicted_growth_bytes", std::to_string(g.predicted));
+}
+
+// The same in bf16 with the fused attention kernels the engine calls by
+// their own ops (models/attention.h): `sdpa` as 2.11 resolves it for the
+// profile's card (cuDNN's on the H200), and flash. Each
+// kernel's allocations grow with the batch, so a kernel traced with
+// another's sizes shows here.
+TEST(EngineCuda, FusedAttentionGrowthWithTheBatchMatchesThePrediction) {
+  SKIP_WITHOUT_DEVICE();
+  // The profile's card (the engine calls each kernel by its op, so the run
+  // takes the kernel the plan resolved, on any card of 8.0 or later).
+  const double cc = planner::load_profile(kProfile, profiles_dir()).compute_capability;
+  for (const char* attention : {"sdpa", "flash"}) {
+    SCOPED_TRACE(attention);
+    auto with = [&](int64_t batch) {
+      EngineOptions o = tiny("zero3/bf16/wrap=block", batch);
+      models::set_attention(&o.model, attention);
+      o.model = models::resolve_sdpa(o.model, true, cc, true);
+      return o;
+    };
+    const std::string kernel = models::attention_name(with(4).model);
+    const Growth g = peak_growth(with(4), with(32));
+    EXPECT_EQ(g.measured, g.predicted) << kernel << ": batch 4 -> 32 added " << g.measured << " B measured, "
+                                       << g.predicted << " B predicted";
+    RecordProperty(kernel + "_measured_growth_bytes", std::to_string(g.measured));
+    RecordProperty(kernel + "_predicted_growth_bytes", std::to_string(g.predicted));
+  }
 }
 
 TEST(EngineCuda, OffloadAndMixedPrecisionTrain) {

@@ -84,6 +84,13 @@ class CudaAttentionTest(unittest.TestCase):
         # history's batch, no .grad at the start: as the card's step ran.
         trace = next(t for t in file["traces"] if t["dtype"] == "bf16" and not t.get("autocast") and
                      t["batch"] == spec["batch"] and t["grads"] == "none" and not t.get("recompute"))
+        # The kernel's products, counted as FlashAttention-2's (planner/trace_recorder.cc): QK^T and PV
+        # forward, five backward, half the rows under the causal mask.
+        cfg, b, s = spec["config"], spec["batch"], spec["seq_len"]
+        heads = cfg.get("num_attention_heads") or cfg["n_head"]
+        dim = cfg.get("head_dim") or cfg["n_embd"] // cfg["n_head"]
+        self.assertIn([2 * b * heads, (s + 1) // 2, s, dim], trace["work"]["forward"]["gemms"])
+        self.assertIn([5 * b * heads, (s + 1) // 2, s, dim], trace["work"]["backward"]["gemms"])
         # Each op's tensors are made by its meta kernel's own empty/zeros
         # calls, then the op frees its workspace: the allocations in a row
         # before that free are the op's.

@@ -54,6 +54,15 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
                     # No attention dropout: the CPU's flash kernel, as the real step takes it (no softmax
                     # kept: its scratch is cpu_flash_attention.py's empty tensors).
                     self.assertNotIn("aten::_softmax", self.ops_of(file))
+                    # Its products, inside the one op, are counted as FlashAttention-2's (QK^T and PV
+                    # forward, five backward, half the rows under the causal mask): 2 and 5 x batch x
+                    # heads products of [32 x 64] by [64 x 16] in every batch-2 trace.
+                    cfg = HF_CONFIGS[arch]
+                    heads, dim = cfg["num_attention_heads"], cfg["head_dim"]
+                    for t in file["traces"]:
+                        if t["batch"] == 2 and "work" in t:
+                            self.assertIn([2 * 2 * heads, 32, 64, dim], t["work"]["forward"]["gemms"])
+                            self.assertIn([5 * 2 * heads, 32, 64, dim], t["work"]["backward"]["gemms"])
                 if arch == "GPT2LMHeadModel" and attn == "sdpa":
                     # attn_pdrop 0.1 in training: the CPU's math kernel (its softmax kept).
                     self.assertIn("aten::_softmax", self.ops_of(file))
