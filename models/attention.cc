@@ -109,7 +109,7 @@ class EfficientAttentionMeta : public torch::autograd::Function<EfficientAttenti
 
 constexpr int64_t kCudnnEngineWorkspace = 256;  // bytes: the H200's recording (models/attention.h)
 
-// transformers/sdp_utils.h permute_to_matching_layout: grad_out copied into
+// ATen/native/transformers/sdp_utils.h permute_to_matching_layout: grad_out copied into
 // the output's stride order.
 torch::Tensor permute_to_matching_layout(const torch::Tensor& out, const torch::Tensor& grad) {
   std::vector<int64_t> outer_to_inner(out.dim());
