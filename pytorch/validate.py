@@ -94,6 +94,33 @@ def settled_when_synchronous(meter, collective):
     return call
 
 
+def released_when_synchronous(torch, collective, timeout_s=10.0):
+    """`collective(output_tensor, input_tensor, ...)` that, called without async_op,
+    returns once nothing but the caller holds the storages of its output and
+    input again (or `timeout_s` has passed: the function's `unsettled`
+    attribute counts those calls). Gloo's work object keeps views of both
+    until the worker thread that ran it drops it, after wait() has returned;
+    where the caller frees the tensor next, that free would otherwise be the
+    worker thread's, at its timing. Allocates nothing."""
+    use_count = torch._C._storage_Use_Count
+
+    def call(output_tensor, input_tensor, *args, async_op=False, **kwargs):
+        if async_op:
+            return collective(output_tensor, input_tensor, *args, async_op=True, **kwargs)
+        storages = [output_tensor.untyped_storage(), input_tensor.untyped_storage()]
+        before = [use_count(s._cdata) for s in storages]
+        collective(output_tensor, input_tensor, *args, **kwargs)
+        deadline = time.monotonic() + timeout_s
+        while any(use_count(s._cdata) > b for s, b in zip(storages, before)):
+            if time.monotonic() > deadline:
+                call.unsettled += 1
+                break
+            time.sleep(0.0001)
+
+    call.unsettled = 0
+    return call
+
+
 class Unmetered:
     """--unmetered's stand-in for the meter: the job's marks cost nothing
     and nothing is counted, so its steps run as they would in a user's
@@ -130,12 +157,19 @@ def worker(rank, args, queue):
     # and FSDP2 call it synchronously (dist.reduce_scatter_tensor, looked up at
     # each call), so each such call here returns once the clone is freed: the
     # program order the plan simulates. Nothing more is allocated.
+    # all_gather_into_tensor (FSDP2's, synchronous on a CPU): its work object
+    # holds views of the caller's output buffer, so the caller's free of it
+    # is the worker thread's whenever the worker drops the work late (FSDP2's
+    # 262,400-byte root buffer on transformers' Qwen2 at 1 x 8, held into the
+    # next group's all-gather): each such call returns once the worker has
+    # let go.
     # DDP's broadcasts of the module's state at init and of its buffers before
     # a forward: dist._broadcast_coalesced (looked up at each call, always
     # synchronous) flattens the tensors into buckets that Gloo's worker thread
     # holds the same way.
     if not args.unmetered:
         dist.reduce_scatter_tensor = settled_when_synchronous(meter, dist.reduce_scatter_tensor)
+        dist.all_gather_into_tensor = released_when_synchronous(torch, dist.all_gather_into_tensor)
         dist._broadcast_coalesced = meter.settled(dist._broadcast_coalesced)
     mesh = None
     if args.wrap.startswith("fsdp2"):
@@ -171,6 +205,7 @@ def worker(rank, args, queue):
     rebase(result["timeline"], base)
     # Inputs still live after the timeout: their frees are the thread timing's again.
     unsettled = 0 if args.unmetered else (dist.reduce_scatter_tensor.settled.unsettled +
+                                          dist.all_gather_into_tensor.unsettled +
                                           dist._broadcast_coalesced.unsettled)
     if unsettled:
         result["unsettled_collectives"] = unsettled
