@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace shardfit::models {
@@ -16,6 +17,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
 // Each meta kernel runs under a record the tracer counts the kernel's
 // matrix products from (planner/trace_recorder.cc, fused_attention_shape):
@@ -23,7 +25,29 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 std::vector<c10::IValue> products_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
   return {q, k, v, true};
 }
-int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+enum class Kernel { kFlash, kEfficient, kCudnn };
+
+// A kernel as its messages name it: the option that chose it, and the kernel.
+std::string named(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kFlash:
+      return "--attention flash: the flash kernel";
+    case Kernel::kEfficient:
+      return "--attention sdpa: the memory-efficient kernel";
+    case Kernel::kCudnn:
+      return "--attention sdpa: cuDNN's attention";
+  }
+  throw std::logic_error("unknown attention kernel");
+}
+
+// sdp_utils.cpp (check_flash_attention_datatype, check_dtypes_low_precision):
+// the flash kernel and cuDNN's take fp16 and bf16 only; fp32 would fall back
+// to another kernel with other memory.
+void require_half(Kernel kernel, const torch::Tensor& q) {
+  if (q.scalar_type() != torch::kHalf && q.scalar_type() != torch::kBFloat16)
+    throw std::invalid_argument(named(kernel) + " takes fp16 or bf16, not fp32");
+}
 
 // What the flash kernels allocate, on meta tensors (see attention.h for the
 // sources). Forward: out, softmax_lse, [split-KV accumulators, freed on
@@ -161,15 +185,17 @@ bool log_sumexp_needed(const torch::Tensor& q, const torch::Tensor& k, const tor
   return torch::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
 }
 
-enum class Kernel { kFlash, kEfficient, kCudnn };
-
 // The kernel on CUDA tensors. From LibTorch 2.11 (the pinned stack, whose
 // signatures these are) by its own op, with the arguments
 // scaled_dot_product_attention passes it, so the run takes the kernel its
 // plan modelled whatever the priority order; before 2.11
-// scaled_dot_product_attention's own choice.
+// scaled_dot_product_attention's own choice; before 2.0 none (1.13 runs
+// eager attention only). shardfit's CPU engine runs eager attention.
 torch::Tensor on_cuda(Kernel kernel, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                       double dropout) {
+  if (!q.is_cuda())
+    throw std::invalid_argument(named(kernel) + " runs on CUDA tensors, not on " + q.device().str() +
+                                " (shardfit's CPU engine runs eager attention)");
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
   const bool lse = log_sumexp_needed(q, k, v);
   switch (kernel) {
@@ -182,15 +208,13 @@ torch::Tensor on_cuda(Kernel kernel, const torch::Tensor& q, const torch::Tensor
   }
   throw std::logic_error("unknown attention kernel");
 #elif TORCH_VERSION_MAJOR >= 2
-  (void)kernel;
   return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
 #else
-  (void)kernel, (void)k, (void)v, (void)dropout;
-  throw std::logic_error("no CUDA attention kernel before LibTorch 2.0: " + q.toString());
+  (void)k, (void)v, (void)dropout;
+  throw std::invalid_argument(named(kernel) +
+                              " needs a CUDA LibTorch 2.0 or later (this build runs only eager attention)");
 #endif
 }
-
-bool cuda_kernels_built() { return TORCH_VERSION_MAJOR >= 2; }
 
 }  // namespace
 
@@ -225,17 +249,12 @@ int64_t flash_num_splits(int64_t batch, int64_t heads, int64_t seq_q, int64_t se
 
 torch::Tensor flash_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               double dropout, int64_t sm_count) {
-  // sdp_utils.cpp (check_flash_attention_datatype): half and bfloat16 only;
-  // fp32 would fall back to another kernel with other memory.
-  if (q.scalar_type() != torch::kHalf && q.scalar_type() != torch::kBFloat16)
-    throw std::invalid_argument("--attention flash: the flash kernel takes fp16 or bf16, not fp32");
+  require_half(Kernel::kFlash, q);
   if (q.is_meta()) {
     RECORD_FUNCTION("shardfit::fused_attention", products_of(q, k, v));
     return FlashAttentionMeta::apply(q, k, v, dropout, sm_count);
   }
-  if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kFlash, q, k, v, dropout);
-  throw std::invalid_argument(
-      "--attention flash: needs a CUDA LibTorch 2.0 or later (this build runs only eager attention)");
+  return on_cuda(Kernel::kFlash, q, k, v, dropout);
 }
 
 torch::Tensor efficient_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -244,29 +263,22 @@ torch::Tensor efficient_attention(const torch::Tensor& q, const torch::Tensor& k
     RECORD_FUNCTION("shardfit::fused_attention", products_of(q, k, v));
     return EfficientAttentionMeta::apply(q, k, v);
   }
-  if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kEfficient, q, k, v, dropout);
-  throw std::invalid_argument(
-      "--attention sdpa: the memory-efficient kernel needs a CUDA LibTorch 2.0 or later (this build runs only "
-      "eager attention)");
+  return on_cuda(Kernel::kEfficient, q, k, v, dropout);
 }
 
 torch::Tensor cudnn_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               double dropout) {
-  // sdp_utils.cpp (check_cudnn_tensor_shapes, check_dtypes_low_precision):
-  // fp16 and bf16, equal head dimensions; k and v with q's heads here.
-  if (q.scalar_type() != torch::kHalf && q.scalar_type() != torch::kBFloat16)
-    throw std::invalid_argument("--attention sdpa: cuDNN's attention takes fp16 or bf16, not fp32");
+  // sdp_utils.cpp (check_cudnn_tensor_shapes): equal head dimensions; k and
+  // v with q's heads here.
+  require_half(Kernel::kCudnn, q);
   if (k.size(1) != q.size(1) || v.size(1) != q.size(1) || k.size(3) != q.size(3) || v.size(3) != q.size(3))
-    throw std::invalid_argument("--attention sdpa: cuDNN's attention is modelled for k and v shaped as q");
+    throw std::invalid_argument(named(Kernel::kCudnn) + " is modelled for k and v shaped as q");
   if (q.is_meta()) {
     const bool log_sumexp = log_sumexp_needed(q, k, v);
     RECORD_FUNCTION("shardfit::fused_attention", products_of(q, k, v));
     return CudnnAttentionMeta::apply(q, k, v, log_sumexp);
   }
-  if (q.is_cuda() && cuda_kernels_built()) return on_cuda(Kernel::kCudnn, q, k, v, dropout);
-  throw std::invalid_argument(
-      "--attention sdpa: cuDNN's attention needs a CUDA LibTorch 2.0 or later (this build runs only eager "
-      "attention)");
+  return on_cuda(Kernel::kCudnn, q, k, v, dropout);
 }
 
 torch::Tensor fused_attention(const ModelConfig& c, const torch::Tensor& q, const torch::Tensor& k,

@@ -235,13 +235,19 @@ std::string loss_name(const ModelConfig& c) {
 
 namespace {
 
+// The head dimension q, k and v have when attention runs: Llama's own
+// (head_dim, or hidden / heads), GPT-2's and BERT's hidden / heads.
+int64_t attention_head_dim(const ModelConfig& c) {
+  return c.family == Family::kLlama ? c.head_dim_or_default() : c.hidden / c.heads;
+}
+
 // Why PyTorch's flash kernel cannot run `c`'s attention, or "" when it can.
 std::string flash_refusal(const ModelConfig& c) {
   if (c.family == Family::kBert)
     return c.name + " adds a padding mask to its scores, which PyTorch's flash kernel does not take";
   // flash_api.cpp (mha_fwd): "head_size must be a multiple of 8" after
   // padding, and at most 256; we do not model the padded copies.
-  const int64_t hd = c.family == Family::kLlama ? c.head_dim_or_default() : c.hidden / c.heads;
+  const int64_t hd = attention_head_dim(c);
   if (hd % 8 != 0 || hd > 256)
     return c.name + " has head dimension " + std::to_string(hd) + "; the flash kernel takes multiples of 8 up to 256";
   return "";
@@ -293,7 +299,7 @@ ModelConfig resolve_sdpa(const ModelConfig& c, bool cuda, double compute_capabil
     out.flash_attention = true;
     return out;
   }
-  const int64_t hd = c.family == Family::kLlama ? c.head_dim_or_default() : c.hidden / c.heads;
+  const int64_t hd = attention_head_dim(c);
   if (hd > kCudnnAttentionMaxHeadDim)
     throw std::invalid_argument("--attention sdpa: " + c.name + " has head dimension " + std::to_string(hd) +
                                 "; PyTorch 2.11 runs cuDNN's attention for it at compute capability 9.0 and 10.0, "
