@@ -424,9 +424,12 @@ def launch(target, args, nproc, ctx=None, timeout_s=600):
     The first rank to fail ends the others, as torchrun's agent does, so
     none waits on a collective for a rank that is gone. A rank out of
     memory reports, then exits 3 (or is aborted by Gloo's threads as it
-    goes); a rank that fails before it reports is an error naming it and
-    its exit code (its traceback is on stderr above), and so are ranks
-    still running after `timeout_s`."""
+    goes), and its peers' collectives may fail with it as its connections
+    close, whichever exits first: a job where a rank reported running out
+    of memory is that result. Otherwise a rank that fails before it
+    reports is an error naming the first seen and its exit code (its
+    traceback is on stderr above), and so are ranks still running after
+    `timeout_s`."""
     from multiprocessing.connection import wait
     ctx = ctx or rank_context()
     queue = ctx.SimpleQueue()
@@ -459,7 +462,7 @@ def launch(target, args, nproc, ctx=None, timeout_s=600):
             p.join()
     while not queue.empty():
         reported.append(queue.get())
-    if failed is not None and procs.index(failed) not in [r["rank"] for r in reported]:
+    if failed is not None and not any("oom" in r for r in reported):
         raise SystemExit("validate.py: %s exited with code %d before it reported (see its error above)"
                          % (failed.name, failed.exitcode))
     return reported
