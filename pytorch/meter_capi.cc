@@ -79,10 +79,11 @@ void shardfit_meter_set_observer(void (*observer)(const void* data, int64_t byte
 }
 
 // The watch: from shardfit_meter_watch_begin() on, the storages this thread
-// allocates are noted; shardfit_meter_watch_settle(timeout_ms) stops noting
+// allocates are noted; shardfit_meter_watch_settle(timeout_ms, ...) stops noting
 // and waits (at most timeout_ms) until every noted storage is freed, on
 // whichever thread frees it. Returns how many are still live then (0:
-// settled). validate.py waits so around a synchronous collective on Gloo,
+// settled), and sets *live_when_called (when not null) to how many were live
+// before the wait. validate.py waits so around a synchronous collective on Gloo,
 // whose worker thread may drop the finished work (and the storages it holds)
 // after wait() has returned (docs/pytorch-validation.md, "Late frees").
 void shardfit_meter_watch_begin() {
@@ -93,9 +94,10 @@ void shardfit_meter_watch_begin() {
   g_watching = true;
 }
 
-int64_t shardfit_meter_watch_settle(int64_t timeout_ms) {
+int64_t shardfit_meter_watch_settle(int64_t timeout_ms, int64_t* live_when_called) {
   std::unique_lock<std::mutex> lock(g_mu);
   g_watching = false;
+  if (live_when_called) *live_when_called = static_cast<int64_t>(g_watched.size());
   g_freed.wait_for(lock, std::chrono::milliseconds(timeout_ms), [] { return g_watched.empty(); });
   const auto left = static_cast<int64_t>(g_watched.size());
   g_watched.clear();

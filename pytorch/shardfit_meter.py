@@ -56,7 +56,7 @@ def load_library():
     lib.shardfit_meter_set_observer.argtypes = [_OBSERVER]
     lib.shardfit_meter_watch_begin.argtypes = []
     lib.shardfit_meter_watch_settle.restype = i64
-    lib.shardfit_meter_watch_settle.argtypes = [i64]
+    lib.shardfit_meter_watch_settle.argtypes = [i64, ctypes.POINTER(i64)]
     lib.shardfit_meter_timeline_point.restype = ctypes.c_int
     lib.shardfit_meter_timeline_point.argtypes = [i64, ctypes.c_char_p, i64,
                                                   ctypes.POINTER(i64), ctypes.POINTER(i64)]
@@ -95,25 +95,22 @@ class Meter:
     def mark(self, label):
         self._lib.shardfit_meter_mark(label.encode())
 
-    def settled(self, call, timeout_s=10.0):
-        """`call`, a function, wrapped: each call returns only once every
-        storage allocated on the calling thread during it has been freed
-        again, on any thread (or `timeout_s` has passed: the function's
-        `unsettled` attribute counts those calls). For a collective whose
-        input copies die on the process group's worker thread after the call
-        returned. Allocates nothing."""
+    def watch(self):
+        """From now on, note the storages allocated on the calling thread;
+        returns settle(timeout_s), which stops noting and waits (at most
+        `timeout_s`) until every noted storage is freed again, on any thread,
+        and returns (whether any was still live when it was called, whether
+        any still is). For a collective whose input copies die on the process
+        group's worker thread after the call returned (validate.Settled).
+        Allocates nothing."""
         lib = self._lib
+        lib.shardfit_meter_watch_begin()
 
-        def wrapped(*args, **kwargs):
-            lib.shardfit_meter_watch_begin()
-            try:
-                return call(*args, **kwargs)
-            finally:
-                if lib.shardfit_meter_watch_settle(int(timeout_s * 1000)):
-                    wrapped.unsettled += 1
-
-        wrapped.unsettled = 0
-        return wrapped
+        def settle(timeout_s):
+            live = ctypes.c_int64(0)
+            left = lib.shardfit_meter_watch_settle(int(timeout_s * 1000), ctypes.byref(live))
+            return live.value > 0, left > 0
+        return settle
 
     def log_allocations(self, phase=lambda: ""):
         """From now on, every allocation and release appended to the list

@@ -80,45 +80,67 @@ def rank_threads(nproc):
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
-def settled_when_synchronous(meter, collective):
-    """`collective` that, called without async_op, returns once what it
-    allocated on this thread is freed (shardfit_meter.Meter.settled)."""
-    settled = meter.settled(collective)
+class Settled:
+    """`collective`, whose synchronous calls (no async_op: FSDP's and DDP's on
+    a CPU) return only once the process group's worker thread has let go of
+    what the call made or was given: Gloo's worker may drop a finished work
+    object, and what it holds, after wait() has returned, and a free that
+    follows is then the worker's, at its timing (docs/pytorch-validation.md,
+    "Late frees"). `hold`, called with the call's arguments before it runs,
+    returns release(timeout_s), which waits for that and returns (whether it
+    was still held when the call returned, whether it still is after
+    `timeout_s`). `waited` counts the calls that had to wait, `unsettled`
+    those that gave up. async_op calls are passed through: their wait() is
+    the caller's. Allocates nothing."""
 
-    def call(*args, async_op=False, **kwargs):
+    def __init__(self, collective, hold, timeout_s=10.0):
+        self.collective, self.hold, self.timeout_s = collective, hold, timeout_s
+        self.waited = self.unsettled = 0
+
+    def __call__(self, *args, async_op=False, **kwargs):
         if async_op:
-            return collective(*args, async_op=True, **kwargs)
-        return settled(*args, **kwargs)
+            return self.collective(*args, async_op=True, **kwargs)
+        release = self.hold(*args, **kwargs)
+        try:
+            return self.collective(*args, **kwargs)
+        finally:
+            waited, unsettled = release(self.timeout_s)
+            self.waited += waited
+            self.unsettled += unsettled
 
-    call.settled = settled
-    return call
+
+def made_during(meter):
+    """Settled's hold for a collective that copies what it is given (Gloo's
+    reduce_scatter_tensor all-reduces a clone of its input;
+    _broadcast_coalesced flattens its tensors into buckets): the storages
+    allocated on the calling thread during the call, until they are freed
+    (the meter's watch)."""
+    return lambda *args, **kwargs: meter.watch()
 
 
-def released_when_synchronous(torch, collective, timeout_s=10.0):
-    """`collective(output_tensor, input_tensor, ...)` that, called without async_op,
-    returns once nothing but the caller holds the storages of its output and
-    input again (or `timeout_s` has passed: the function's `unsettled`
-    attribute counts those calls). Gloo's work object keeps views of both
-    until the worker thread that ran it drops it, after wait() has returned;
-    where the caller frees the tensor next, that free would otherwise be the
-    worker thread's, at its timing. Allocates nothing."""
+def views_of_arguments(torch):
+    """Settled's hold for `collective(output_tensor, input_tensor, ...)` whose
+    work object keeps views of both (Gloo's all_gather_into_tensor): their
+    storages, until nothing but the caller holds them again (their
+    torch._C._storage_Use_Count back to its value before the call)."""
     use_count = torch._C._storage_Use_Count
 
-    def call(output_tensor, input_tensor, *args, async_op=False, **kwargs):
-        if async_op:
-            return collective(output_tensor, input_tensor, *args, async_op=True, **kwargs)
+    def hold(output_tensor, input_tensor, *args, **kwargs):
         storages = [output_tensor.untyped_storage(), input_tensor.untyped_storage()]
         before = [use_count(s._cdata) for s in storages]
-        collective(output_tensor, input_tensor, *args, **kwargs)
-        deadline = time.monotonic() + timeout_s
-        while any(use_count(s._cdata) > b for s, b in zip(storages, before)):
-            if time.monotonic() > deadline:
-                call.unsettled += 1
-                break
-            time.sleep(0.0001)
 
-    call.unsettled = 0
-    return call
+        def held():
+            return any(use_count(s._cdata) > b for s, b in zip(storages, before))
+
+        def release(timeout_s):
+            was_held, deadline = held(), time.monotonic() + timeout_s
+            while held():
+                if time.monotonic() > deadline:
+                    return was_held, True
+                time.sleep(0.0001)
+            return was_held, False
+        return release
+    return hold
 
 
 class Unmetered:
@@ -167,10 +189,13 @@ def worker(rank, args, queue):
     # a forward: dist._broadcast_coalesced (looked up at each call, always
     # synchronous) flattens the tensors into buckets that Gloo's worker thread
     # holds the same way.
+    settled = {}
     if not args.unmetered:
-        dist.reduce_scatter_tensor = settled_when_synchronous(meter, dist.reduce_scatter_tensor)
-        dist.all_gather_into_tensor = released_when_synchronous(torch, dist.all_gather_into_tensor)
-        dist._broadcast_coalesced = meter.settled(dist._broadcast_coalesced)
+        settled = {"reduce_scatter_tensor": made_during(meter), "all_gather_into_tensor": views_of_arguments(torch),
+                   "_broadcast_coalesced": made_during(meter)}
+        for name, hold in settled.items():
+            settled[name] = Settled(getattr(dist, name), hold)
+            setattr(dist, name, settled[name])
     mesh = None
     if args.wrap.startswith("fsdp2"):
         # FSDP2's 1-D mesh over the Gloo ranks, made with the process group
@@ -203,10 +228,13 @@ def worker(rank, args, queue):
         raise SystemExit(3)  # the other ranks are ended by launch()
     result["peak_allocated_bytes"] = meter.peak - base
     rebase(result["timeline"], base)
-    # Inputs still live after the timeout: their frees are the thread timing's again.
-    unsettled = 0 if args.unmetered else (dist.reduce_scatter_tensor.settled.unsettled +
-                                          dist.all_gather_into_tensor.unsettled +
-                                          dist._broadcast_coalesced.unsettled)
+    # The calls, per collective, whose worker thread still held what they
+    # made or were given when they returned (each waited for it); and those
+    # that gave up after the timeout: their frees are the thread timing's again.
+    waited = {name: c.waited for name, c in settled.items() if c.waited}
+    if waited:
+        result["waited_collectives"] = waited
+    unsettled = sum(c.unsettled for c in settled.values())
     if unsettled:
         result["unsettled_collectives"] = unsettled
     if alloc_log is not None:

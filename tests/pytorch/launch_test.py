@@ -1,7 +1,7 @@
 """pytorch/validate.py's harness around the real jobs: launch(), which runs
 the ranks and takes the job down when one fails, and
-released_when_synchronous(), which returns from a collective only once the
-process group's worker thread has let go of the caller's tensors."""
+Settled, which returns from a synchronous collective only once the process
+group's worker thread has let go of what the call made or was given."""
 import os
 import sys
 import tempfile
@@ -62,7 +62,7 @@ class LaunchTest(unittest.TestCase):
         self.assertLess(time.monotonic() - started, 50, "rank 1 was not ended when rank 0 failed")
 
 
-class ReleasedWhenSynchronousTest(unittest.TestCase):
+class SettledTest(unittest.TestCase):
     @staticmethod
     def collective(hold_s):
         """A stand-in for Gloo's synchronous all-gather: it fills the output
@@ -80,30 +80,46 @@ class ReleasedWhenSynchronousTest(unittest.TestCase):
             del view
         return call
 
+    def settled(self, fake, timeout_s=10.0):
+        return validate.Settled(fake, validate.views_of_arguments(torch), timeout_s)
+
     def test_returns_once_the_worker_has_let_go(self):
         fake = self.collective(0.2)
-        settled = validate.released_when_synchronous(torch, fake)
+        settled = self.settled(fake)
         out, inp = torch.zeros(8), torch.zeros(2)
         settled(out, inp)
         self.assertFalse(fake.worker.is_alive(), "returned while the worker still held the output")
-        self.assertEqual(settled.unsettled, 0)
+        self.assertEqual((settled.waited, settled.unsettled), (1, 0))
         self.assertEqual(out.sum().item(), 8.0)
+
+    def test_a_call_whose_worker_has_let_go_does_not_count_as_waited(self):
+        fake = self.collective(0.0)
+        settled = self.settled(fake)
+        out, inp = torch.zeros(8), torch.zeros(2)
+
+        def collective(output_tensor, input_tensor):
+            fake(output_tensor, input_tensor)
+            fake.worker.join()
+        settled.collective = collective
+        settled(out, inp)
+        self.assertEqual((settled.waited, settled.unsettled), (0, 0))
 
     def test_counts_a_call_whose_worker_holds_on_past_the_timeout(self):
         fake = self.collective(2.0)
-        settled = validate.released_when_synchronous(torch, fake, timeout_s=0.1)
+        settled = self.settled(fake, timeout_s=0.1)
         settled(torch.zeros(8), torch.zeros(2))
         self.assertTrue(fake.worker.is_alive())
-        self.assertEqual(settled.unsettled, 1)
+        self.assertEqual((settled.waited, settled.unsettled), (1, 1))
         fake.worker.join()
 
     def test_an_asynchronous_call_is_passed_through(self):
         fake = self.collective(0.5)
-        settled = validate.released_when_synchronous(torch, fake)
+        settled = self.settled(fake)
         started = time.monotonic()
         settled(torch.zeros(8), torch.zeros(2), async_op=True)
         self.assertTrue(fake.worker.is_alive(), "an async_op call waited for the worker")
         self.assertLess(time.monotonic() - started, 0.5)
+        self.assertEqual((settled.waited, settled.unsettled), (0, 0))
         fake.worker.join()
 
 

@@ -59,36 +59,35 @@ class MeterTest(unittest.TestCase):
         torch.empty(100)  # 400 bytes: under the budget
         METER.set_budget(0)
 
-    def test_a_settled_call_returns_once_what_it_made_is_freed_on_another_thread(self):
+    def test_a_watch_settles_once_what_was_made_is_freed_on_another_thread(self):
         # As Gloo's worker thread holds a collective's input clone after
-        # wait(): the call hands its storage to a thread that drops it later.
+        # wait(): what the watched thread made is dropped by a thread later.
         import threading
         import time
         base = METER.allocated
         dropped = []
+        settle = METER.watch()
+        held = [torch.empty(1000)]  # 4000 bytes, made on this thread
 
-        def call():
-            held = [torch.empty(1000)]  # 4000 bytes, made on this thread
+        def worker():
+            time.sleep(0.2)
+            dropped.append(METER.allocated - base)
+            held.clear()
+        threading.Thread(target=worker).start()
+        self.assertEqual(settle(10.0), (True, False))  # live when called, freed in time
+        self.assertEqual(dropped, [4000])              # the worker still held it when it ran
+        self.assertEqual(METER.allocated, base)        # and settle returned after the free
 
-            def worker():
-                time.sleep(0.2)
-                dropped.append(METER.allocated - base)
-                held.clear()
-            threading.Thread(target=worker).start()
-            return "done"
-        settled = METER.settled(call)
-        self.assertEqual(settled(), "done")
-        self.assertEqual(dropped, [4000])           # the worker still held it when it ran
-        self.assertEqual(METER.allocated, base)     # and the call returned after the free
-        self.assertEqual(settled.unsettled, 0)
-
-    def test_a_call_whose_storage_outlives_the_timeout_is_counted(self):
-        kept = []
-        settled = METER.settled(lambda: kept.append(torch.empty(10)), timeout_s=0.05)
-        settled()
-        self.assertEqual(settled.unsettled, 1)
+    def test_a_watch_of_nothing_live_does_not_wait_and_one_past_its_timeout_says_so(self):
+        settle = METER.watch()
+        freed = torch.empty(10)
+        del freed
+        self.assertEqual(settle(10.0), (False, False))
+        settle = METER.watch()
+        kept = torch.empty(10)
+        self.assertEqual(settle(0.05), (True, True))
         before = METER.allocated
-        del kept[:]
+        del kept
         self.assertEqual(METER.allocated, before - 40)
 
     def test_a_real_ddp_job_is_measured_on_every_rank(self):
