@@ -407,7 +407,7 @@ Command add_plan_command(CLI::App& app) {
                   "DistributedDataParallel or ZeroRedundancyOptimizer and torch.optim.AdamW in the loop "
                   "pytorch/validate.py runs, torch.utils.checkpoint as +ckpt; PyTorch FSDP when --strategies "
                   "names zero2|zero3[+offload]/PRECISION/wrap=size:N or block, or FSDP1's NO_SHARD as "
-                  "ddp/PRECISION/wrap=size:N or block (docs/pytorch-stack.md); needs --trace or a --model "
+                  "ddp/PRECISION/wrap=size:N or block (docs/pytorch-fsdp.md); needs --trace or a --model "
                   "traced through transformers' own class; fp32, and the trace's autocast: bf16 on a CPU, fp16 "
                   "with GradScaler on CUDA)")
       ->capture_default_str();

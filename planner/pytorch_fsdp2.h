@@ -25,7 +25,7 @@
 // PyTorch 1.13; torch 2.11's fully_shard measured on an H200 by
 // scripts/fsdp_reference.py (reports/gpu/README.md), not yet held against
 // this model there; on CPU ranks held against real 2.11 jobs, every peak to
-// the byte (scripts/pytorch-validate's fsdp2 wraps, docs/pytorch-stack.md).
+// the byte (scripts/pytorch-validate's fsdp2 wraps, docs/pytorch-fsdp.md).
 #pragma once
 
 #include <cstdint>
