@@ -1,6 +1,7 @@
-// `shardfit models [FILE|DIR] [--json]`: the built-in models with exact
-// parameter counts, or what shardfit builds from one Hugging Face
-// config.json (a file, or a model directory holding one).
+// `shardfit models [MODEL] [--json | --hf-config]`: the built-in models with
+// exact parameter counts, or what shardfit builds from one (a built-in name,
+// or a Hugging Face config.json, a model directory holding one or a Hub id),
+// or that model's config.json as transformers reads it.
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -25,12 +26,16 @@ nlohmann::json describe(const models::ModelConfig& m) {
   return j;
 }
 
-int describe_one(const std::string& path, bool json) {
+int describe_one(const std::string& path, bool json, bool hf_config) {
   models::ModelConfig m;
   try {
     m = models::resolve_model(path);
   } catch (const std::invalid_argument& e) {
     throw BadInput(e.what());
+  }
+  if (hf_config) {  // what `plan --stack pytorch` traces for it, and `run --export` writes
+    std::cout << models::to_hf_config(m).dump(2) << "\n";
+    return kExitOk;
   }
   const models::HfArchitecture& arch = models::architecture_of(m);
   nlohmann::json j = describe(m);
@@ -58,11 +63,18 @@ Command add_models_command(CLI::App& app) {
                                  "List the built-in models with exact parameter counts, or "
                                  "describe one config.json / model dir");
   auto json = std::make_shared<bool>(false);
+  auto hf_config = std::make_shared<bool>(false);
   auto path = std::make_shared<std::string>();
-  sub->add_option("MODEL", *path, "A Hugging Face config.json or a model directory holding one");
-  sub->add_flag("--json", *json, "Print JSON instead of a table");
-  return {sub, [json, path] {
-            if (!path->empty()) return describe_one(*path, *json);
+  sub->add_option("MODEL", *path,
+                  "A built-in name, a Hugging Face config.json, a model directory holding one, or a Hub id");
+  auto* json_flag = sub->add_flag("--json", *json, "Print JSON instead of a table");
+  sub->add_flag("--hf-config", *hf_config,
+                "Print MODEL's config.json as transformers reads it: what plan --stack pytorch traces for a "
+                "built-in and run --export writes beside the weights")
+      ->excludes(json_flag);
+  return {sub, [json, hf_config, path] {
+            if (*hf_config && path->empty()) throw BadInput("models --hf-config: name the MODEL");
+            if (!path->empty()) return describe_one(*path, *json, *hf_config);
             const auto& all = models::builtin_models();
             if (*json) {
               nlohmann::json out = nlohmann::json::array();

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <spdlog/spdlog.h>
 
@@ -14,6 +15,7 @@
 #include "launch/hf_trace_route.h"
 #include "launch/output_file.h"
 #include "cli/validators.h"
+#include "models/hf_architecture.h"
 #include "models/model_config.h"
 #include "planner/plan_builder.h"
 #include "planner/plan_text.h"
@@ -217,6 +219,51 @@ spec::JobOptions job_from(const PlanArgs& a) {
   return job;
 }
 
+// --stack pytorch with --model: PyTorch's own step runs the model as
+// transformers builds it, so it is traced through transformers' own class
+// (launch/hf_trace_route.h) and `r.model` left unset, as for a model_type
+// with no built-in. A config.json (a file, directory or Hub id) is traced as
+// it is, in its own attn_implementation, and read by transformers alone; a
+// built-in name from its config as transformers reads it
+// (models::to_hf_config), --attention eager or sdpa its attn_implementation
+// (none given: the recorder's eager). A CUDA trace's sdpa is cuDNN's
+// (pytorch/cuda_attention.py), which 2.11 runs on compute capability 9.0 and
+// 10.0 only: elsewhere it is refused.
+std::unique_ptr<HfTraceRoute> pytorch_stack_route(const PlanArgs& a, const planner::PlanRequest& r) {
+  const std::string reason = "--stack pytorch runs the model as transformers builds it";
+  if (a.loss != "full")
+    throw BadInput("--loss " + a.loss + ": --stack pytorch runs transformers' own class, whose loss is the full "
+                   "one; drop --loss");
+  bool builtin = false;
+  for (const auto& m : models::builtin_models()) builtin = builtin || m.name == a.model;
+  HfTraceOptions options = hf_trace_options(a, r);
+  if (builtin) {
+    if (a.attention_given && a.attention != "eager" && a.attention != "sdpa")
+      throw BadInput("--attention " + a.attention + ": --stack pytorch runs transformers' own class, in eager or "
+                     "sdpa attention (its attn_implementation)");
+    const double cc = r.profile.compute_capability;
+    if (a.attention_given && a.attention == "sdpa" && options.cuda && cc != 9.0 && cc != 10.0)
+      throw BadInput(fmt::format("--attention sdpa: --stack pytorch traces CUDA's sdpa as cuDNN's attention, which "
+                                 "PyTorch 2.11 runs on compute capability 9.0 and 10.0, and {} is {}; use --attention "
+                                 "eager", a.device, cc));
+    nlohmann::json config = models::to_hf_config(models::resolve_model(a.model));
+    if (a.attention_given) config["attn_implementation"] = a.attention;
+    options.name = a.model;
+    return HfTraceRoute::of_builtin(a.model, config.dump(2), reason, options);
+  }
+  std::string path;
+  try {
+    path = models::hf_config_file(a.model);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
+  if (!std::ifstream(path)) throw BadInput(path + ": cannot read file");
+  if (a.attention_given)
+    throw BadInput("--attention " + a.attention + ": --stack pytorch traces " + path +
+                   " in its own attn_implementation; drop --attention (or set attn_implementation there)");
+  return std::make_unique<HfTraceRoute>(path, reason, options);
+}
+
 // Everything a plan is asked but the sweep's axes (--seq-len, --gpus,
 // --nodes, --gpu-mem), which sweep_points sets per point. A --model whose
 // model_type has no built-in comes back as `route`: sweep_points traces it
@@ -230,6 +277,7 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
   // A model traced in its own process (pytorch/trace_recorder.py): its loss
   // and attention are what its forward does.
   const bool loss_or_attention = a.loss != "full" || (a.attention_given && a.attention != "eager");
+  const bool stack_route = !a.model.empty() && r.stack == planner::Stack::kPytorch;
   if (!a.trace.empty()) {
     if (loss_or_attention) throw BadInput("--trace: --loss and --attention are the traced model's own; drop them");
     try {
@@ -238,7 +286,7 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
       throw BadInput(e.what());
     }
     warn_on_trace_torch("--trace " + a.trace, r);
-  } else {
+  } else if (!stack_route) {
     try {
       r.model = models::resolve_model(a.model);
       models::set_loss(&r.model, a.loss);
@@ -254,7 +302,10 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
     }
   }
   r.profile = planner::load_profile(a.device, profiles_dir());
-  if (no_builtin) *route = std::make_unique<HfTraceRoute>(*no_builtin, hf_trace_options(a, r));
+  if (no_builtin)
+    *route = std::make_unique<HfTraceRoute>(*no_builtin, hf_trace_options(a, r));
+  else if (stack_route)
+    *route = pytorch_stack_route(a, r);
   r.candidates.strategies = planner::split_list(a.strategies);
   r.candidates.precisions = planner::split_list(a.precision);
   if (a.optimizer != "adamw" && a.optimizer != "sgd")
@@ -396,7 +447,8 @@ Command add_plan_command(CLI::App& app) {
                   "Built-in model name, or a Hugging Face config.json, model directory or Hub id (org/name, from "
                   "the local Hugging Face cache). A model_type with no built-in (gemma2, phi3, mixtral, ...) is "
                   "traced through transformers' own class by pytorch/trace_recorder.py, run by $SHARDFIT_PYTHON "
-                  "(default: the build's Python), and planned as --trace plans it")
+                  "(default: the build's Python), and planned as --trace plans it; so is every model with --stack "
+                  "pytorch (a built-in from its config as `shardfit models NAME --hf-config` prints it)")
       ->check(Named);
   sub->add_option("--trace", a->trace,
                   "Plan a model traced in its own process instead (a shardfit.trace/1 file, e.g. from "
@@ -407,8 +459,8 @@ Command add_plan_command(CLI::App& app) {
                   "DistributedDataParallel or ZeroRedundancyOptimizer and torch.optim.AdamW in the loop "
                   "pytorch/validate.py runs, torch.utils.checkpoint as +ckpt; PyTorch FSDP when --strategies "
                   "names zero2|zero3[+offload]/PRECISION/wrap=size:N or block, or FSDP1's NO_SHARD as "
-                  "ddp/PRECISION/wrap=size:N or block (docs/pytorch-fsdp.md); needs --trace or a --model "
-                  "traced through transformers' own class; fp32, and the trace's autocast: bf16 on a CPU, fp16 "
+                  "ddp/PRECISION/wrap=size:N or block (docs/pytorch-fsdp.md); a --trace, or a --model traced "
+                  "through transformers' own class; fp32, and the trace's autocast: bf16 on a CPU, fp16 "
                   "with GradScaler on CUDA)")
       ->capture_default_str();
   sub->add_option("--steps", a->steps,

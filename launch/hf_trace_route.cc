@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <spdlog/spdlog.h>
 #include <vector>
 
@@ -50,10 +51,32 @@ struct TempDir {
 
 }  // namespace
 
-HfTraceRoute::HfTraceRoute(const models::NoBuiltinModel& no_builtin, HfTraceOptions options)
-    : config_path_(no_builtin.config_path),
-      model_type_(no_builtin.model_type),
+HfTraceRoute::HfTraceRoute(std::string config_path, std::string reason, HfTraceOptions options)
+    : config_path_(std::move(config_path)),
+      reason_(std::move(reason)),
+      config_shown_(config_path_),
       options_(std::move(options)) {}
+
+HfTraceRoute::HfTraceRoute(const models::NoBuiltinModel& no_builtin, HfTraceOptions options)
+    : HfTraceRoute(no_builtin.config_path, "model_type '" + no_builtin.model_type + "' has no built-in",
+                   std::move(options)) {}
+
+std::unique_ptr<HfTraceRoute> HfTraceRoute::of_builtin(const std::string& name, const std::string& hf_config,
+                                                       std::string reason, HfTraceOptions options) {
+  std::shared_ptr<TempDir> dir;
+  try {
+    dir = std::make_shared<TempDir>();
+  } catch (const RouteFailure& e) {
+    throw std::runtime_error(std::string("plan: ") + e.what());
+  }
+  const std::string path = dir->path + "/config.json";
+  std::ofstream(path) << hf_config << "\n";
+  auto route = std::make_unique<HfTraceRoute>(path, std::move(reason), std::move(options));
+  route->config_shown_ = "config.json";
+  route->config_prefix_ = "shardfit models " + name + " --hf-config > config.json; ";
+  route->config_dir_ = dir;
+  return route;
+}
 
 std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len, int threads) {
   if (auto it = traced_.find({seq_len, threads}); it != traced_.end()) return it->second;
@@ -70,10 +93,13 @@ std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len, int thr
     const std::string out = dir.path + "/model.trace.json", log = dir.path + "/recorder.log";
     std::vector<std::string> argv = {python, script, "--model", "hf:", "--config", config_path_, "--seq-len",
                                      std::to_string(seq_len), "--target", options_.cuda ? "cuda" : "cpu"};
+    if (!options_.name.empty()) argv.insert(argv.end(), {"--name", options_.name});
     if (!options_.param_dtype.empty()) argv.insert(argv.end(), {"--param-dtype", options_.param_dtype});
     if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
-    std::string shown;  // the command as a user would type it, less the temporary --out
-    for (const std::string& word : argv) shown += (shown.empty() ? "" : " ") + word;
+    // The command as a user would type it, less the temporary --out.
+    std::string shown = config_prefix_;
+    for (size_t i = 0; i < argv.size(); ++i)
+      shown += (i ? " " : "") + (argv[i] == config_path_ ? config_shown_ : argv[i]);
     argv.insert(argv.end(), {"--out", out});
     const std::string torch_lib = project_torch_lib();
     std::vector<std::pair<std::string, std::string>> env;
@@ -83,18 +109,18 @@ std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len, int thr
     try {
       auto file = std::make_shared<planner::TraceFile>(planner::read_trace_file(out));
       // Said once it worked, so that a failure is the one line below.
-      spdlog::info("plan: model_type '{}' has no built-in: traced {} through transformers' own class ({})",
-                   model_type_, file->model_name, shown);
+      spdlog::info("plan: {}: traced {} through transformers' own class ({})", reason_, file->model_name,
+                   shown);
       traced_[{seq_len, threads}] = file;
       return file;
     } catch (const std::invalid_argument& e) {
       throw RouteFailure(std::string("its trace cannot be read: ") + e.what());
     }
   } catch (const RouteFailure& e) {
-    throw BadInput(config_path_ + ": model_type '" + model_type_ +
-                   "' has no built-in and tracing it through transformers' own class failed: " + e.what() +
-                   "; the route: " + python + " pytorch/trace_recorder.py --model hf: --config " + config_path_ +
-                   " --seq-len " + std::to_string(seq_len) +
+    const std::string named = options_.name.empty() ? config_path_ : options_.name;
+    throw BadInput(named + ": " + reason_ + " and tracing it through transformers' own class failed: " + e.what() +
+                   "; the route: " + config_prefix_ + python + " pytorch/trace_recorder.py --model hf: --config " +
+                   config_shown_ + " --seq-len " + std::to_string(seq_len) +
                    " --out model.trace.json, then plan --trace model.trace.json");
   }
 }

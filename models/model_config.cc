@@ -210,9 +210,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& origin) 
   return c;
 }
 
-ModelConfig resolve_model(const std::string& name_or_path) {
-  for (const auto& m : builtin_models())
-    if (m.name == name_or_path) return m;
+std::string hf_config_file(const std::string& name_or_path) {
   const bool looks_like_path = name_or_path.find('/') != std::string::npos ||
                                is_model_dir(name_or_path) ||
                                (name_or_path.size() > 5 &&
@@ -238,6 +236,13 @@ ModelConfig resolve_model(const std::string& name_or_path) {
                                   " config.json) or give a config.json's path");
     path = *cached;
   }
+  return path;
+}
+
+ModelConfig resolve_model(const std::string& name_or_path) {
+  for (const auto& m : builtin_models())
+    if (m.name == name_or_path) return m;
+  const std::string path = hf_config_file(name_or_path);
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(path + ": cannot read file");
   std::stringstream ss;

@@ -116,6 +116,12 @@ struct NoBuiltinModel : std::invalid_argument {
   std::string model_type;
 };
 
+// The config.json a model names that is not a built-in: a path to it, a
+// model directory holding one, or a Hub id's in the local Hugging Face
+// cache. Throws std::invalid_argument with one line naming the input (an
+// unknown name, a Hub id not in the cache); the file is not read.
+std::string hf_config_file(const std::string& name_or_path);
+
 // A built-in name or a path to a Hugging Face config.json (model_type gpt2
 // or bert). Throws std::invalid_argument with one line naming the input and
 // what is wrong (unknown name, unreadable file, malformed JSON, missing or

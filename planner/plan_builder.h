@@ -32,7 +32,7 @@ struct TraceCache;
 std::shared_ptr<TraceCache> make_trace_cache();
 
 // Whose training step a plan predicts: shardfit's engine (`shardfit run`),
-// or PyTorch's own stack (planner/pytorch_stack.h; needs --trace).
+// or PyTorch's own stack (planner/pytorch_stack.h; a traced model).
 enum class Stack : uint8_t { kShardfit, kPytorch };
 
 // The job (spec::JobOptions: --seq-len, --steps, --grad-accum and the

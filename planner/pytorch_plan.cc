@@ -561,8 +561,8 @@ PlanCandidate search_pytorch_candidate(const Candidate& c, const PlanRequest& r,
 Plan build_pytorch_plan(const PlanRequest& r, int64_t budget, int64_t device_mem) {
   const TraceFile* file = r.trace_file.get();
   if (!file)
-    throw std::invalid_argument("--stack pytorch: needs --trace (a model traced in its own Python process by "
-                                "pytorch/trace_recorder.py)");
+    throw std::invalid_argument("--stack pytorch: needs --trace or --model (a model traced in its own Python "
+                                "process by pytorch/trace_recorder.py)");
   const bool cuda = r.profile.kind == DeviceKind::kCuda;
   // (A trace for the other kind of device was refused in build_plan.)
   PytorchTraces traces;

@@ -82,10 +82,17 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
             for attn in ("eager", "sdpa"):
                 self.record_hf(arch, attn)
 
-
     def plan(self, *args, env=None):
         return subprocess.run([SHARDFIT, "plan", *args], capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, **(env or {})))
+
+    def trace_by_hand(self, config, *extra):
+        """trace_recorder.py --model hf: on `config` at 64 tokens: the trace file's path."""
+        path = config + ".trace.json"
+        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
+                              *extra, "--out", path], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        return path
 
     def refused(self, name, fields):
         """The recorder's one line (exit 2) for a config it cannot trace."""
@@ -215,6 +222,70 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         self.assertIn("acme/other: no such file, nor a Hub id in the local Hugging Face cache (%s/models--acme--other"
                       % hub, out.stderr)
+
+
+    def test_stack_pytorch_traces_every_model_through_transformers(self):
+        # PyTorch's own step runs the model as transformers builds it: with --stack pytorch a built-in is traced
+        # from its config as `shardfit models NAME --hf-config` prints it (--attention its attn_implementation,
+        # else the recorder's eager), a config.json whose model_type has a built-in as it is, each planned exactly
+        # as plan --trace plans the same trace recorded by hand.
+        gpus = ("--stack", "pytorch", "--gpus", "2", "--seq-len", "64")
+        shape = gpus + ("--device", "cpu", "--gpu-mem", "64MiB")
+        # (llama-tiny: its sdpa is the CPU's flash kernel, which keeps less than eager does.)
+        configs = {}
+        for model in ("gpt2-tiny", "llama-tiny"):
+            printed = subprocess.run([SHARDFIT, "models", model, "--hf-config"], capture_output=True, text=True)
+            self.assertEqual(printed.returncode, 0, printed.stderr)
+            for attn in ("sdpa", "eager"):
+                configs[model, attn] = os.path.join(self.tmp.name, "%s-%s.json" % (model, attn))
+                with open(configs[model, attn], "w") as f:
+                    json.dump(dict(json.loads(printed.stdout), **({"attn_implementation": attn} if attn == "sdpa"
+                                                                  else {})), f)
+        llama = os.path.join(self.tmp.name, "llama-eager.json")
+        with open(llama, "w") as f:
+            json.dump(dict(HF_CONFIGS["LlamaForCausalLM"], attn_implementation="eager"), f)
+        cases = [(("--model", "gpt2-tiny"), configs["gpt2-tiny", "eager"], ("--name", "gpt2-tiny"), "gpt2-tiny"),
+                 (("--model", "llama-tiny"), configs["llama-tiny", "eager"], ("--name", "llama-tiny"), "llama-tiny"),
+                 (("--model", "llama-tiny", "--attention", "sdpa"), configs["llama-tiny", "sdpa"],
+                  ("--name", "llama-tiny"), "llama-tiny"),
+                 (("--model", llama), llama, (), "LlamaForCausalLM")]
+        plans = {}
+        for args, config, extra, name in cases:
+            by_hand = self.plan("--trace", self.trace_by_hand(config, *extra), *shape, "--json")
+            self.assertEqual(by_hand.returncode, 0, by_hand.stderr)
+            traced = self.plan(*args, *shape, "--json")
+            self.assertEqual(traced.returncode, 0, traced.stderr)
+            plans[args] = json.loads(traced.stdout)
+            self.assertEqual(plans[args], json.loads(by_hand.stdout), args)
+            self.assertEqual(plans[args]["model"]["name"], name)
+            said = [line for line in traced.stderr.splitlines() if "transformers' own class" in line]
+            self.assertEqual(len(said), 1, traced.stderr)
+            self.assertIn("--stack pytorch runs the model as transformers builds it", said[0])
+        self.assertNotEqual(plans["--model", "llama-tiny"]["candidates"],
+                            plans["--model", "llama-tiny", "--attention", "sdpa"]["candidates"])
+        # What transformers' class does not take, and a route that cannot be taken: one line, exit 2.
+        missing = os.path.join(self.tmp.name, "no-such-python")
+        for args, why, env in [
+                (("--model", "gpt2-tiny", "--loss", "chunked:2") + shape, "--loss chunked:2: --stack pytorch runs "
+                 "transformers' own class", None),
+                (("--model", "gpt2-tiny", "--attention", "flash") + shape, "--attention flash: --stack pytorch runs",
+                 None),
+                (("--model", llama, "--attention", "sdpa") + shape, "in its own attn_implementation", None),
+                (("--model", "gpt2-tiny", "--attention", "sdpa", "--device", "titan-rtx-24gb") + gpus,
+                 "PyTorch 2.11 runs on compute capability 9.0 and 10.0, and titan-rtx-24gb is 7.5; use --attention "
+                 "eager", None),
+                (("--model", "gpt2-tiny") + shape, "gpt2-tiny: --stack pytorch runs the model as transformers builds "
+                 "it and tracing it through transformers' own class failed: SHARDFIT_PYTHON=%s is not an executable "
+                 "file; the route: shardfit models gpt2-tiny --hf-config > config.json; " % missing,
+                 {"SHARDFIT_PYTHON": missing})]:
+            out = self.plan(*args, env=env)
+            self.assertEqual(out.returncode, 2, out.stderr)
+            lines = out.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, out.stderr)
+            self.assertIn(why, lines[0])
+        out = subprocess.run([SHARDFIT, "models", "--hf-config"], capture_output=True, text=True)
+        self.assertEqual((out.returncode, out.stderr.strip()),
+                         (2, "shardfit models: error: models --hf-config: name the MODEL"))
 
 
 if __name__ == "__main__":
