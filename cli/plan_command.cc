@@ -169,19 +169,65 @@ void set_stack_options(const PlanArgs& a, planner::PlanRequest& r) {
     throw BadInput("--steps: --stack pytorch only (shardfit's plans are for a job's steady state)");
 }
 
-// What the recorder is asked for a --model traced through transformers' own
-// class: the profile's kernels (a CUDA profile: --target cuda) and, for
-// --stack pytorch, the model cast to the bf16
-// or fp16 (CUDA only) that --strategies or --precision names, as FSDP's
-// MixedPrecision candidates need (bf16 when both are named: the recorder
-// casts to one).
-HfTraceOptions hf_trace_options(const PlanArgs& a, const planner::PlanRequest& r) {
+// The attn_implementation a config.json names, or "" (none, or not JSON:
+// the recorder says what is wrong with it).
+std::string named_attention(const std::string& config_path) {
+  std::ifstream in(config_path);
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto it = config.is_object() ? config.find("attn_implementation") : config.end();
+  return it != config.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// What the recorder is asked for `label`, a --model traced through
+// transformers' own class from `config_path` ("" for a built-in, whose config
+// names no attn_implementation):
+// - the profile's kernels (a CUDA profile: --target cuda);
+// - for --stack pytorch, the model cast to the bf16 or fp16 (CUDA only) that
+//   --strategies or --precision names, as FSDP's MixedPrecision candidates
+//   need (bf16 when both are named: the recorder casts to one);
+// - the attention where the config names none: --attention, else what
+//   transformers 5.17 runs there, sdpa, wherever the trace follows its
+//   kernel for every candidate: on a CPU (pytorch/cpu_flash_attention.py;
+//   eager where the recorder refuses it, said once). A CUDA trace's sdpa is
+//   cuDNN's attention (pytorch/cuda_attention.py), bf16 and fp16 only, which
+//   2.11 runs at compute capability 9.0 and 10.0: there it is asked for with
+//   --attention sdpa; by default a CUDA profile traces eager and says so.
+HfTraceOptions hf_trace_options(const PlanArgs& a, const planner::PlanRequest& r, const std::string& label,
+                                const std::string& config_path) {
   HfTraceOptions o;
   o.cuda = r.profile.kind == planner::DeviceKind::kCuda;
   if (r.stack == planner::Stack::kPytorch)
     for (const char* dtype : {"fp16", "bf16"})
       if ((o.cuda || std::string(dtype) == "bf16") && (a.strategies + "," + a.precision).find(dtype) != std::string::npos)
         o.param_dtype = dtype;
+  const std::string names = config_path.empty() ? "" : named_attention(config_path);
+  if (a.attention_given && a.attention != "eager" && a.attention != "sdpa")
+    throw BadInput("--attention " + a.attention + ": " + label + " is traced through transformers' own class, in "
+                   "eager or sdpa attention (its attn_implementation)");
+  if (a.attention_given && !names.empty() && names != a.attention)
+    throw BadInput("--attention " + a.attention + ": " + config_path + " names attn_implementation " + names +
+                   "; drop --attention (or change it there)");
+  const double cc = r.profile.compute_capability;
+  const bool cudnn = cc == 9.0 || cc == 10.0;
+  const std::string sdpa_by =
+      a.attention_given ? "--attention sdpa" : config_path + " names attn_implementation sdpa";
+  if (o.cuda && !cudnn && (a.attention_given ? a.attention : names) == "sdpa")
+    throw BadInput(fmt::format("{}: a CUDA trace's sdpa is cuDNN's attention, which PyTorch 2.11 runs on compute "
+                               "capability 9.0 and 10.0, and {} is {:.1f}; use eager attention",
+                               sdpa_by, a.device, cc));
+  if (a.attention_given && names.empty()) {
+    o.attention = a.attention;
+  } else if (names.empty() && !o.cuda) {
+    o.attention = "sdpa";
+    o.sdpa_or_eager = true;
+  } else if (names.empty()) {
+    o.attention = "eager";
+    spdlog::warn("plan: {}: traced in eager attention; transformers runs sdpa where the config names no "
+                 "attn_implementation, but CUDA's fp32 sdpa (the memory-efficient kernel) is not traced{}",
+                 label,
+                 cudnn ? ": --attention sdpa plans the bf16 and fp16 candidates with cuDNN's attention"
+                       : fmt::format(", nor, on {} (compute capability {:.1f}), its other kernels", a.device, cc));
+  }
   return o;
 }
 
@@ -223,32 +269,18 @@ spec::JobOptions job_from(const PlanArgs& a) {
 // transformers builds it, so it is traced through transformers' own class
 // (launch/hf_trace_route.h) and `r.model` left unset, as for a model_type
 // with no built-in. A config.json (a file, directory or Hub id) is traced as
-// it is, in its own attn_implementation, and read by transformers alone; a
-// built-in name from its config as transformers reads it
-// (models::to_hf_config), --attention eager or sdpa its attn_implementation
-// (none given: the recorder's eager). A CUDA trace's sdpa is cuDNN's
-// (pytorch/cuda_attention.py), which 2.11 runs on compute capability 9.0 and
-// 10.0 only: elsewhere it is refused.
+// it is, read by transformers alone; a built-in name from its config as
+// transformers reads it (models::to_hf_config). The attention where the
+// config names none: hf_trace_options.
 std::unique_ptr<HfTraceRoute> pytorch_stack_route(const PlanArgs& a, const planner::PlanRequest& r) {
   const std::string reason = "--stack pytorch runs the model as transformers builds it";
   if (a.loss != "full")
     throw BadInput("--loss " + a.loss + ": --stack pytorch runs transformers' own class, whose loss is the full "
                    "one; drop --loss");
-  bool builtin = false;
-  for (const auto& m : models::builtin_models()) builtin = builtin || m.name == a.model;
-  HfTraceOptions options = hf_trace_options(a, r);
-  if (builtin) {
-    if (a.attention_given && a.attention != "eager" && a.attention != "sdpa")
-      throw BadInput("--attention " + a.attention + ": --stack pytorch runs transformers' own class, in eager or "
-                     "sdpa attention (its attn_implementation)");
-    const double cc = r.profile.compute_capability;
-    if (a.attention_given && a.attention == "sdpa" && options.cuda && cc != 9.0 && cc != 10.0)
-      throw BadInput(fmt::format("--attention sdpa: --stack pytorch traces CUDA's sdpa as cuDNN's attention, which "
-                                 "PyTorch 2.11 runs on compute capability 9.0 and 10.0, and {} is {}; use --attention "
-                                 "eager", a.device, cc));
-    nlohmann::json config = models::to_hf_config(models::resolve_model(a.model));
-    if (a.attention_given) config["attn_implementation"] = a.attention;
+  if (const models::ModelConfig* builtin = models::find_builtin(a.model)) {
+    HfTraceOptions options = hf_trace_options(a, r, a.model, "");
     options.name = a.model;
+    const nlohmann::json config = models::to_hf_config(*builtin);
     return HfTraceRoute::of_builtin(a.model, config.dump(2), reason, options);
   }
   std::string path;
@@ -258,10 +290,7 @@ std::unique_ptr<HfTraceRoute> pytorch_stack_route(const PlanArgs& a, const plann
     throw BadInput(e.what());
   }
   if (!std::ifstream(path)) throw BadInput(path + ": cannot read file");
-  if (a.attention_given)
-    throw BadInput("--attention " + a.attention + ": --stack pytorch traces " + path +
-                   " in its own attn_implementation; drop --attention (or set attn_implementation there)");
-  return std::make_unique<HfTraceRoute>(path, reason, options);
+  return std::make_unique<HfTraceRoute>(path, reason, hf_trace_options(a, r, path, path));
 }
 
 // Everything a plan is asked but the sweep's axes (--seq-len, --gpus,
@@ -292,10 +321,9 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
       models::set_loss(&r.model, a.loss);
       models::set_attention(&r.model, a.attention);
     } catch (const models::NoBuiltinModel& e) {
-      if (loss_or_attention)
+      if (a.loss != "full")
         throw BadInput("--model " + a.model + ": model_type '" + e.model_type + "' is traced through transformers' "
-                       "own class, whose loss and attention (the config's attn_implementation) are its own; drop "
-                       "--loss and --attention");
+                       "own class, whose loss is its own; drop --loss");
       no_builtin = e;
     } catch (const std::invalid_argument& e) {
       throw BadInput(e.what());
@@ -303,7 +331,8 @@ planner::PlanRequest request_from(const PlanArgs& a, std::unique_ptr<HfTraceRout
   }
   r.profile = planner::load_profile(a.device, profiles_dir());
   if (no_builtin)
-    *route = std::make_unique<HfTraceRoute>(*no_builtin, hf_trace_options(a, r));
+    *route = std::make_unique<HfTraceRoute>(
+        *no_builtin, hf_trace_options(a, r, no_builtin->config_path, no_builtin->config_path));
   else if (stack_route)
     *route = pytorch_stack_route(a, r);
   r.candidates.strategies = planner::split_list(a.strategies);
@@ -433,7 +462,10 @@ constexpr const char* kAttentionHelp =
     "the heads x s x s probabilities: transformers' eager, and 2022's only attention) or flash "
     "(PyTorch's FlashAttention-2 kernel: keeps the output and one fp32 log-sum-exp per row; CUDA "
     "devices of compute capability 8.0+, fp16/bf16; gpt2 and llama families). The plan JSON "
-    "names each candidate's. A CPU build of shardfit plans flash but runs only eager";
+    "names each candidate's. A CPU build of shardfit plans flash but runs only eager. A model traced "
+    "through transformers' own class (--stack pytorch, a model_type with no built-in): the "
+    "attn_implementation where its config names none, eager or sdpa; by default sdpa on a CPU "
+    "profile, eager on CUDA";
 
 }  // namespace
 

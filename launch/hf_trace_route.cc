@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -80,48 +81,70 @@ std::unique_ptr<HfTraceRoute> HfTraceRoute::of_builtin(const std::string& name, 
 
 std::shared_ptr<planner::TraceFile> HfTraceRoute::trace(int64_t seq_len, int threads) {
   if (auto it = traced_.find({seq_len, threads}); it != traced_.end()) return it->second;
-  std::string python = "python";
+  const std::string named = options_.name.empty() ? config_path_ : options_.name;
   try {
-    std::string script;
     try {
-      python = project_python();
-      script = project_script("trace_recorder.py");
-    } catch (const ProjectPythonMissing& e) {
-      throw RouteFailure(e.what());
-    }
-    const TempDir dir;
-    const std::string out = dir.path + "/model.trace.json", log = dir.path + "/recorder.log";
-    std::vector<std::string> argv = {python, script, "--model", "hf:", "--config", config_path_, "--seq-len",
-                                     std::to_string(seq_len), "--target", options_.cuda ? "cuda" : "cpu"};
-    if (!options_.name.empty()) argv.insert(argv.end(), {"--name", options_.name});
-    if (!options_.param_dtype.empty()) argv.insert(argv.end(), {"--param-dtype", options_.param_dtype});
-    if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
-    // The command as a user would type it, less the temporary --out.
-    std::string shown = config_prefix_;
-    for (size_t i = 0; i < argv.size(); ++i)
-      shown += (i ? " " : "") + (argv[i] == config_path_ ? config_shown_ : argv[i]);
-    argv.insert(argv.end(), {"--out", out});
-    const std::string torch_lib = project_torch_lib();
-    std::vector<std::pair<std::string, std::string>> env;
-    if (!torch_lib.empty()) env.emplace_back("SHARDFIT_TORCH_LIB", torch_lib);
-    const int status = launch::run_child(argv, log, env).status;
-    if (status != 0) throw RouteFailure(failure_reason(status, python, last_line(log)));
-    try {
-      auto file = std::make_shared<planner::TraceFile>(planner::read_trace_file(out));
-      // Said once it worked, so that a failure is the one line below.
-      spdlog::info("plan: {}: traced {} through transformers' own class ({})", reason_, file->model_name,
-                   shown);
-      traced_[{seq_len, threads}] = file;
-      return file;
-    } catch (const std::invalid_argument& e) {
-      throw RouteFailure(std::string("its trace cannot be read: ") + e.what());
+      return traced_[{seq_len, threads}] = record(seq_len, threads);
+    } catch (const RouteFailure& e) {
+      // The recorder's refusal of the kernel, from its own words on.
+      std::string why = e.what();
+      const size_t at = why.find("scaled_dot_product_attention");
+      if (!options_.sdpa_or_eager || at == std::string::npos) throw;
+      why = why.substr(at);
+      while (!why.empty() && why.back() == ')' && std::count(why.begin(), why.end(), ')') >
+                                                      std::count(why.begin(), why.end(), '('))
+        why.pop_back();
+      // Every later length is traced in eager too: one attention per plan.
+      spdlog::warn("plan: {}: transformers runs sdpa where the config names no attn_implementation, and the trace "
+                   "cannot follow its kernel here ({}); traced in eager instead: set attn_implementation eager to "
+                   "run what is planned",
+                   named, why);
+      options_.attention = "eager";
+      options_.sdpa_or_eager = false;
+      return traced_[{seq_len, threads}] = record(seq_len, threads);
     }
   } catch (const RouteFailure& e) {
-    const std::string named = options_.name.empty() ? config_path_ : options_.name;
+    const std::string attention = options_.attention.empty() ? "" : " --attention " + options_.attention;
     throw BadInput(named + ": " + reason_ + " and tracing it through transformers' own class failed: " + e.what() +
-                   "; the route: " + config_prefix_ + python + " pytorch/trace_recorder.py --model hf: --config " +
-                   config_shown_ + " --seq-len " + std::to_string(seq_len) +
+                   "; the route: " + config_prefix_ + python_ + " pytorch/trace_recorder.py --model hf: --config " +
+                   config_shown_ + attention + " --seq-len " + std::to_string(seq_len) +
                    " --out model.trace.json, then plan --trace model.trace.json");
+  }
+}
+
+std::shared_ptr<planner::TraceFile> HfTraceRoute::record(int64_t seq_len, int threads) {
+  std::string script;
+  try {
+    python_ = project_python();
+    script = project_script("trace_recorder.py");
+  } catch (const ProjectPythonMissing& e) {
+    throw RouteFailure(e.what());
+  }
+  const TempDir dir;
+  const std::string out = dir.path + "/model.trace.json", log = dir.path + "/recorder.log";
+  std::vector<std::string> argv = {python_, script, "--model", "hf:", "--config", config_path_};
+  if (!options_.attention.empty()) argv.insert(argv.end(), {"--attention", options_.attention});
+  argv.insert(argv.end(), {"--seq-len", std::to_string(seq_len), "--target", options_.cuda ? "cuda" : "cpu"});
+  if (!options_.name.empty()) argv.insert(argv.end(), {"--name", options_.name});
+  if (!options_.param_dtype.empty()) argv.insert(argv.end(), {"--param-dtype", options_.param_dtype});
+  if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
+  // The command as a user would type it, less the temporary --out.
+  std::string shown = config_prefix_;
+  for (size_t i = 0; i < argv.size(); ++i)
+    shown += (i ? " " : "") + (argv[i] == config_path_ ? config_shown_ : argv[i]);
+  argv.insert(argv.end(), {"--out", out});
+  const std::string torch_lib = project_torch_lib();
+  std::vector<std::pair<std::string, std::string>> env;
+  if (!torch_lib.empty()) env.emplace_back("SHARDFIT_TORCH_LIB", torch_lib);
+  const int status = launch::run_child(argv, log, env).status;
+  if (status != 0) throw RouteFailure(failure_reason(status, python_, last_line(log)));
+  try {
+    auto file = std::make_shared<planner::TraceFile>(planner::read_trace_file(out));
+    // Said once it worked, so that a failure is the one line of trace().
+    spdlog::info("plan: {}: traced {} through transformers' own class ({})", reason_, file->model_name, shown);
+    return file;
+  } catch (const std::invalid_argument& e) {
+    throw RouteFailure(std::string("its trace cannot be read: ") + e.what());
   }
 }
 

@@ -26,6 +26,13 @@ struct HfTraceOptions {
   bool cuda = false;        // --target cuda (a CUDA profile's kernels), else cpu
   std::string param_dtype;  // --param-dtype bf16|fp16 (FSDP MixedPrecision candidates), or ""
   std::string name;         // --name: the model's name in the plan, or "" (the config's architecture)
+  // --attention: the attention where the config names no attn_implementation,
+  // or "" (the recorder's eager). `sdpa_or_eager`: sdpa there is
+  // transformers' own default, not asked for: where the recorder refuses its
+  // kernel (pytorch/cpu_flash_attention.py: a mask on the CPU's flash
+  // kernel), the route traces eager instead and says so once.
+  std::string attention;
+  bool sdpa_or_eager = false;
 };
 
 class HfTraceRoute {
@@ -49,7 +56,11 @@ class HfTraceRoute {
   std::shared_ptr<planner::TraceFile> trace(int64_t seq_len, int threads = 0);
 
  private:
+  // The recorder run once: the trace, or RouteFailure.
+  std::shared_ptr<planner::TraceFile> record(int64_t seq_len, int threads);
+
   std::string config_path_, reason_;
+  std::string python_ = "python";  // the project's Python, once found
   // How the route's messages name the config: its path; for a built-in
   // "config.json", after the command that writes it (config_prefix_).
   std::string config_shown_, config_prefix_;

@@ -239,9 +239,14 @@ std::string hf_config_file(const std::string& name_or_path) {
   return path;
 }
 
-ModelConfig resolve_model(const std::string& name_or_path) {
+const ModelConfig* find_builtin(const std::string& name) {
   for (const auto& m : builtin_models())
-    if (m.name == name_or_path) return m;
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+ModelConfig resolve_model(const std::string& name_or_path) {
+  if (const ModelConfig* m = find_builtin(name_or_path)) return *m;
   const std::string path = hf_config_file(name_or_path);
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(path + ": cannot read file");

@@ -105,6 +105,8 @@ struct ModelConfig {
 // Built-in names: gpt2, gpt2-medium, gpt2-large, gpt2-xl, bert-base,
 // bert-large, gpt2-tiny, bert-tiny, then the llama family's (llama_builtins).
 const std::vector<ModelConfig>& builtin_models();
+// The built-in named `name`, or nullptr.
+const ModelConfig* find_builtin(const std::string& name);
 
 // A config.json whose model_type has no built-in C++ model (gemma2, phi3,
 // mixtral, ...): what plan needs to trace it through transformers' own class

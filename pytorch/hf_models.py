@@ -10,7 +10,9 @@ The attention mask is the tokenizer's all-ones one. `hf:` alone takes the
 config's own `architectures[0]`.
 
 Attention is the config's `attn_implementation` when it names one (eager or
-sdpa), else eager. Under sdpa transformers 5.17 decides from the mask's
+sdpa), else the recorder's --attention (default eager; transformers 5.17
+itself runs sdpa there for every class that has it, which `shardfit plan`
+traces where the target's kernel is imitated). Under sdpa transformers 5.17 decides from the mask's
 values whether to build it at all (masking_utils.sdpa_mask): an all-ones
 mask is dropped, and attention runs with is_causal=True (a causal model) or
 no mask (a bidirectional one), which a meta tensor cannot answer. The mask
@@ -103,15 +105,19 @@ def architecture(arch, config):
     return cls
 
 
-def factory(arch, config_path, target_cuda=False):
+def factory(arch, config_path, target_cuda=False, attention=None):
     """The recorder's model factory, input function and the model's name
     (its architecture) for hf:<arch>. sdpa takes the target's kernel: the
     CPU's flash kernel (cpu_flash_attention.py), or on CUDA cuDNN's, which
     2.11 runs for bf16 and fp16 (cuda_attention.py); CUDA's fp32 sdpa runs
     the memory-efficient kernel, not imitated, so such a model has no fp32
-    traces (the built model's `fp32_not_traced` says why)."""
+    traces (the built model's `fp32_not_traced` says why). `attention`: the
+    attention where the config names none (None: eager)."""
     config = load_config(config_path)
-    attn = getattr(config, "_attn_implementation", None) or "eager"
+    named = getattr(config, "_attn_implementation", None)
+    if named and attention and named != attention:
+        raise BadConfig("--attention %s: --config %s names attn_implementation %s" % (attention, config_path, named))
+    attn = named or attention or "eager"
     if attn not in ATTENTIONS:
         raise BadConfig("--config %s: attn_implementation %s is not traced (%s are)" %
                         (config_path, attn, " and ".join(ATTENTIONS)))

@@ -495,23 +495,23 @@ def prepare(target_cuda=False):
     return lib
 
 
-def resolve_model(model_spec, input_spec, config=None, target_cuda=False):
-    """The command line's --model, --input and --config -> (factory, input_fn,
-    the architecture's name for an hf: model, else None)."""
+def resolve_model(model_spec, input_spec, config=None, target_cuda=False, attention=None):
+    """The command line's --model, --input, --config and --attention ->
+    (factory, input_fn, the architecture's name for an hf: model, else None)."""
     if model_spec.startswith("hf:"):
         # transformers' own class from a config (hf_models.py): its inputs too.
         hf_models = sibling("hf_models")
         if not config:
             raise BadInput("--model %s: needs --config (a config.json or a model directory)" % model_spec)
         try:
-            factory, input_fn, arch = hf_models.factory(model_spec[3:], config, target_cuda)
+            factory, input_fn, arch = hf_models.factory(model_spec[3:], config, target_cuda, attention)
         except hf_models.BadConfig as e:
             raise BadInput(str(e))
         if input_spec:
             input_fn = resolve(input_spec, "input")
         return factory, input_fn, arch
-    if config:
-        raise BadInput("--config: a transformers config for --model hf:<Architecture>")
+    if config or attention:
+        raise BadInput("--%s: for --model hf:<Architecture>" % ("config" if config else "attention"))
     factory = resolve(model_spec, "model")
     if not input_spec and model_spec not in sibling("models").CONFIGS:
         raise BadInput("--input: needed with --model %s (module:function(batch, seq_len, device) returning the "
@@ -520,11 +520,11 @@ def resolve_model(model_spec, input_spec, config=None, target_cuda=False):
 
 
 def record(model_spec, input_spec, seq_len, out, name=None, block_class=None, batches=(1, 2, 3), target_cuda=False,
-           fp32_outputs=False, param_dtype=None, config=None):
+           fp32_outputs=False, param_dtype=None, config=None, attention=None):
     """The command line's recording: --model and --input resolved, then
     record_model."""
     prepare(target_cuda)
-    factory, input_fn, arch = resolve_model(model_spec, input_spec, config, target_cuda)
+    factory, input_fn, arch = resolve_model(model_spec, input_spec, config, target_cuda, attention)
     record_model(factory, input_fn, seq_len, out, name or arch or model_spec, model_spec, input_spec or model_spec,
                  "--model " + model_spec, block_class=block_class, batches=batches, target_cuda=target_cuda,
                  fp32_outputs=fp32_outputs, param_dtype=param_dtype)
@@ -643,6 +643,9 @@ def main():
                                                   "hf:<ArchitectureName> (transformers' own class, with --config)")
     p.add_argument("--config", help="--model hf:...: a transformers config.json or a model directory holding one "
                                     "(no weights are read)")
+    p.add_argument("--attention", choices=["eager", "sdpa"],
+                   help="--model hf:...: the attention where the config names no attn_implementation (default "
+                        "eager; transformers itself runs sdpa there)")
     p.add_argument("--input", help="module:function(batch, seq_len, device) -> forward's arguments")
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--name", help="the model's name in plans (default: --model)")
@@ -675,7 +678,7 @@ def main():
             raise BadInput("--param-dtype fp16: FSDP's fp16 MixedPrecision with ShardedGradScaler, traced for CUDA "
                            "only (--target cuda); on a CPU, --param-dtype bf16")
         record(a.model, a.input, a.seq_len, a.out, a.name, target_cuda=a.target == "cuda",
-               fp32_outputs=a.fp32_outputs, param_dtype=a.param_dtype, config=a.config)
+               fp32_outputs=a.fp32_outputs, param_dtype=a.param_dtype, config=a.config, attention=a.attention)
     except BadInput as e:
         print("trace_recorder: %s" % e, file=sys.stderr)
         sys.exit(2)

@@ -94,14 +94,14 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr[-2000:])
         return path
 
-    def refused(self, name, fields):
+    def refused(self, name, fields, *extra):
         """The recorder's one line (exit 2) for a config it cannot trace."""
         config = os.path.join(self.tmp.name, name)
         with open(config, "w") as f:
             json.dump(fields, f)
         out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
-                              "--out", os.path.join(self.tmp.name, "x.json")], capture_output=True, text=True,
-                             timeout=300)
+                              "--out", os.path.join(self.tmp.name, "x.json"), *extra], capture_output=True,
+                             text=True, timeout=300)
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         return out.stderr
@@ -134,6 +134,11 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         # Gemma-2's sliding layers (window 32 < 64) give sdpa a mask, which the CPU's flash kernel takes: refused.
         self.assertIn("with a mask on the CPU's flash kernel",
                       self.refused("gemma2-sdpa.json", dict(HF_CONFIGS["Gemma2ForCausalLM"], attn_implementation="sdpa")))
+        # --attention is the attention of a config that names none: another than the config's own is refused.
+        self.assertIn("--attention sdpa: --config %s names attn_implementation eager" %
+                      os.path.join(self.tmp.name, "gemma2-eager.json"),
+                      self.refused("gemma2-eager.json", dict(HF_CONFIGS["Gemma2ForCausalLM"],
+                                                             attn_implementation="eager"), "--attention", "sdpa"))
         # transformers' eager experts kernel routes tokens by the router's values: refused, naming the two traced.
         fields = dict(HF_CONFIGS["MixtralForCausalLM"], experts_implementation="eager")
         self.assertIn('"experts_implementation" to grouped_mm', self.refused("mixtral-eager-experts.json", fields))
@@ -149,16 +154,13 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
 
     def test_plan_model_traces_a_model_type_with_no_builtin_and_finds_hub_ids_in_the_local_cache(self):
         # A model_type with no built-in: plan traces it through transformers' own class (the recorder, run by the
-        # build's Python) and plans that trace exactly as plan --trace plans the same trace recorded by hand.
+        # build's Python) and plans that trace exactly as plan --trace plans the same trace recorded by hand. The
+        # config names no attn_implementation, so transformers runs sdpa: so does the trace, on a CPU profile.
         config = os.path.join(self.tmp.name, "phi3.json")
         with open(config, "w") as f:
             json.dump(HF_CONFIGS["Phi3ForCausalLM"], f)
-        path = os.path.join(self.tmp.name, "phi3.trace.json")
-        out = subprocess.run([sys.executable, RECORDER, "--model", "hf:", "--config", config, "--seq-len", "64",
-                              "--out", path], capture_output=True, text=True, timeout=300)
-        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
         shape = ("--device", "cpu", "--gpus", "2", "--gpu-mem", "64MiB", "--seq-len", "64", "--json")
-        by_hand = self.plan("--trace", path, *shape)
+        by_hand = self.plan("--trace", self.trace_by_hand(config, "--attention", "sdpa"), *shape)
         self.assertEqual(by_hand.returncode, 0, by_hand.stderr)
         traced = self.plan("--model", config, *shape)
         self.assertEqual(traced.returncode, 0, traced.stderr)
@@ -167,6 +169,23 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
         said = [line for line in traced.stderr.splitlines() if "transformers' own class" in line]
         self.assertEqual(len(said), 1, traced.stderr)
         self.assertIn("model_type 'phi3' has no built-in", said[0])
+        self.assertIn("--config %s --attention sdpa --seq-len 64" % config, said[0])
+        # Gemma-2's sliding layers (window 32 < 64) give sdpa a mask on the CPU's flash kernel, which the trace
+        # cannot follow: the plan is eager's, the same as the trace recorded by hand in eager, and says so once.
+        gemma = os.path.join(self.tmp.name, "gemma2.json")
+        with open(gemma, "w") as f:
+            json.dump(HF_CONFIGS["Gemma2ForCausalLM"], f)
+        by_hand = self.plan("--trace", self.trace_by_hand(gemma, "--attention", "eager"), *shape)
+        self.assertEqual(by_hand.returncode, 0, by_hand.stderr)
+        traced = self.plan("--model", gemma, *shape)
+        self.assertEqual(traced.returncode, 0, traced.stderr)
+        self.assertEqual(json.loads(traced.stdout), json.loads(by_hand.stdout))
+        warned = [line for line in traced.stderr.splitlines() if "[warning]" in line]
+        self.assertEqual(len(warned), 1, traced.stderr)
+        self.assertIn("transformers runs sdpa where the config names no attn_implementation, and the trace cannot "
+                      "follow its kernel here (scaled_dot_product_attention with a mask on the CPU's flash kernel",
+                      warned[0])
+        self.assertIn("traced in eager instead: set attn_implementation eager to run what is planned", warned[0])
         # No Python to trace with, a model_type transformers does not know, an architecture it has no class for:
         # one line naming the route and why, exit 2.
         def refused_route(config_path, why, env=None, traced=None):
@@ -226,28 +245,27 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
 
     def test_stack_pytorch_traces_every_model_through_transformers(self):
         # PyTorch's own step runs the model as transformers builds it: with --stack pytorch a built-in is traced
-        # from its config as `shardfit models NAME --hf-config` prints it (--attention its attn_implementation,
-        # else the recorder's eager), a config.json whose model_type has a built-in as it is, each planned exactly
-        # as plan --trace plans the same trace recorded by hand.
+        # from its config as `shardfit models NAME --hf-config` prints it, in --attention's attention, else
+        # transformers' own default, sdpa (on a CPU profile); a config.json whose model_type has a built-in as it
+        # is. Each is planned exactly as plan --trace plans the same trace recorded by hand.
         gpus = ("--stack", "pytorch", "--gpus", "2", "--seq-len", "64")
         shape = gpus + ("--device", "cpu", "--gpu-mem", "64MiB")
-        # (llama-tiny: its sdpa is the CPU's flash kernel, which keeps less than eager does.)
         configs = {}
         for model in ("gpt2-tiny", "llama-tiny"):
             printed = subprocess.run([SHARDFIT, "models", model, "--hf-config"], capture_output=True, text=True)
             self.assertEqual(printed.returncode, 0, printed.stderr)
-            for attn in ("sdpa", "eager"):
-                configs[model, attn] = os.path.join(self.tmp.name, "%s-%s.json" % (model, attn))
-                with open(configs[model, attn], "w") as f:
-                    json.dump(dict(json.loads(printed.stdout), **({"attn_implementation": attn} if attn == "sdpa"
-                                                                  else {})), f)
+            configs[model] = os.path.join(self.tmp.name, "%s.json" % model)
+            with open(configs[model], "w") as f:
+                f.write(printed.stdout)
         llama = os.path.join(self.tmp.name, "llama-eager.json")
         with open(llama, "w") as f:
             json.dump(dict(HF_CONFIGS["LlamaForCausalLM"], attn_implementation="eager"), f)
-        cases = [(("--model", "gpt2-tiny"), configs["gpt2-tiny", "eager"], ("--name", "gpt2-tiny"), "gpt2-tiny"),
-                 (("--model", "llama-tiny"), configs["llama-tiny", "eager"], ("--name", "llama-tiny"), "llama-tiny"),
-                 (("--model", "llama-tiny", "--attention", "sdpa"), configs["llama-tiny", "sdpa"],
-                  ("--name", "llama-tiny"), "llama-tiny"),
+        cases = [(("--model", "gpt2-tiny"), configs["gpt2-tiny"], ("--name", "gpt2-tiny", "--attention", "sdpa"),
+                  "gpt2-tiny"),
+                 (("--model", "llama-tiny"), configs["llama-tiny"], ("--name", "llama-tiny", "--attention", "sdpa"),
+                  "llama-tiny"),
+                 (("--model", "llama-tiny", "--attention", "eager"), configs["llama-tiny"],
+                  ("--name", "llama-tiny", "--attention", "eager"), "llama-tiny"),
                  (("--model", llama), llama, (), "LlamaForCausalLM")]
         plans = {}
         for args, config, extra, name in cases:
@@ -261,19 +279,35 @@ class HfTraceTest(TraceCheck, unittest.TestCase):
             said = [line for line in traced.stderr.splitlines() if "transformers' own class" in line]
             self.assertEqual(len(said), 1, traced.stderr)
             self.assertIn("--stack pytorch runs the model as transformers builds it", said[0])
+        # llama-tiny's sdpa is the CPU's flash kernel, which keeps less than eager does.
         self.assertNotEqual(plans["--model", "llama-tiny"]["candidates"],
-                            plans["--model", "llama-tiny", "--attention", "sdpa"]["candidates"])
+                            plans["--model", "llama-tiny", "--attention", "eager"]["candidates"])
+        # On a CUDA profile the default is eager (CUDA's fp32 sdpa is not traced), said once; --attention sdpa
+        # traces cuDNN's attention where 2.11 runs it.
+        cuda = self.plan("--model", "gpt2-tiny", *gpus, "--device", "h100-80gb")
+        self.assertEqual(cuda.returncode, 0, cuda.stderr)
+        warned = [line for line in cuda.stderr.splitlines() if "[warning]" in line]
+        self.assertEqual(len(warned), 1, cuda.stderr)
+        self.assertIn("gpt2-tiny: traced in eager attention; transformers runs sdpa where the config names no "
+                      "attn_implementation, but CUDA's fp32 sdpa (the memory-efficient kernel) is not traced: "
+                      "--attention sdpa plans the bf16 and fp16 candidates with cuDNN's attention", warned[0])
         # What transformers' class does not take, and a route that cannot be taken: one line, exit 2.
         missing = os.path.join(self.tmp.name, "no-such-python")
+        sdpa = os.path.join(self.tmp.name, "llama-sdpa.json")
+        with open(sdpa, "w") as f:
+            json.dump(dict(HF_CONFIGS["LlamaForCausalLM"], attn_implementation="sdpa"), f)
         for args, why, env in [
                 (("--model", "gpt2-tiny", "--loss", "chunked:2") + shape, "--loss chunked:2: --stack pytorch runs "
                  "transformers' own class", None),
-                (("--model", "gpt2-tiny", "--attention", "flash") + shape, "--attention flash: --stack pytorch runs",
-                 None),
-                (("--model", llama, "--attention", "sdpa") + shape, "in its own attn_implementation", None),
+                (("--model", "gpt2-tiny", "--attention", "flash") + shape, "--attention flash: gpt2-tiny is traced "
+                 "through transformers' own class, in eager or sdpa attention", None),
+                (("--model", llama, "--attention", "sdpa") + shape, "--attention sdpa: %s names attn_implementation "
+                 "eager; drop --attention" % llama, None),
                 (("--model", "gpt2-tiny", "--attention", "sdpa", "--device", "titan-rtx-24gb") + gpus,
-                 "PyTorch 2.11 runs on compute capability 9.0 and 10.0, and titan-rtx-24gb is 7.5; use --attention "
-                 "eager", None),
+                 "--attention sdpa: a CUDA trace's sdpa is cuDNN's attention, which PyTorch 2.11 runs on compute "
+                 "capability 9.0 and 10.0, and titan-rtx-24gb is 7.5; use eager attention", None),
+                (("--model", sdpa, "--device", "titan-rtx-24gb") + gpus, "%s names attn_implementation sdpa: a CUDA "
+                 "trace's sdpa is cuDNN's attention" % sdpa, None),
                 (("--model", "gpt2-tiny") + shape, "gpt2-tiny: --stack pytorch runs the model as transformers builds "
                  "it and tracing it through transformers' own class failed: SHARDFIT_PYTHON=%s is not an executable "
                  "file; the route: shardfit models gpt2-tiny --hf-config > config.json; " % missing,
